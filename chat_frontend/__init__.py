@@ -1,0 +1,1 @@
+"""chat_frontend package."""

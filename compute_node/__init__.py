@@ -1,0 +1,1 @@
+"""compute_node package."""

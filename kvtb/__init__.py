@@ -1,0 +1,1 @@
+"""kvtestbed: shared plumbing (settings, service launch, gRPC health) and the `kvtb` CLI."""

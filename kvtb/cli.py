@@ -1,0 +1,71 @@
+"""The `kvtb` command: a thin dispatcher to each package's own entry point.
+
+Each subcommand names a module and a function taking the remaining argv, so that every
+package owns its own argument parsing and this file never grows logic.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# (words) -> "module:function"; the function receives the argv that follows the words.
+COMMANDS: dict[tuple[str, ...], str] = {
+    ("serve", "storage"): "storage_node.main:main",
+    ("serve", "smartnic"): "smartnic.main:main",
+    ("serve", "compute"): "compute_node.main:main",
+    ("serve", "frontend"): "chat_frontend.main:main",
+    ("bench", "storage"): "storage_node.bench:main",
+    ("bench", "smartnic"): "smartnic.bench:main",
+    ("bench", "offload"): "compute_node.bench:main",
+    ("chat",): "chat_frontend.cli:main",
+    ("up",): "kvtb.up:main",
+    ("stats",): "chat_frontend.stats_cli:main",
+    ("health",): "kvtb.grpc_health:main",
+}
+
+HELP = """usage: kvtb COMMAND [ARGS...]
+
+commands:
+{commands}
+
+Run `kvtb COMMAND --help` for a command's own options."""
+
+
+def _usage() -> str:
+    rows = sorted(" ".join(words) for words in COMMANDS)
+    return HELP.format(commands="\n".join(f"  {r}" for r in rows))
+
+
+def resolve(argv: list[str]) -> tuple[str, list[str]] | None:
+    """Find the longest command prefix of argv; return its target and the rest."""
+    for n in (2, 1):
+        key = tuple(argv[:n])
+        if len(key) == n and key in COMMANDS:
+            return COMMANDS[key], argv[n:]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    found = resolve(argv)
+    if found is None:
+        print(f"kvtb: unknown command: {' '.join(argv[:2])}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    target, rest = found
+    module_name, func_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            print(f"kvtb: `{' '.join(argv[:2])}` is not available yet ({module_name})", file=sys.stderr)
+            return 2
+        raise
+    result = getattr(module, func_name)(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

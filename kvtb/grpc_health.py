@@ -1,0 +1,89 @@
+"""gRPC health checking (grpc.health.v1) and server reflection for every service.
+
+Servers call `add_health_and_reflection` before they start: everything is NOT_SERVING
+until the service calls `health.set_serving()`, and again while it shuts down.
+`kvtb health ADDR` probes a server (used by `kvtb up` and by the containers' health checks).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class Health:
+    """The health servicer of one server and the service names it answers for."""
+
+    def __init__(self, servicer: health.HealthServicer, service_names: Iterable[str]):
+        self.servicer = servicer
+        self.service_names = ["", *service_names]
+
+    def _set(self, status: int) -> None:
+        for name in self.service_names:
+            self.servicer.set(name, status)
+
+    def set_serving(self) -> None:
+        self._set(SERVING)
+
+    def set_not_serving(self) -> None:
+        self._set(NOT_SERVING)
+
+
+def add_health_and_reflection(server, service_names: Iterable[str], *, aio: bool = False) -> Health:
+    """Register health (NOT_SERVING for now) and reflection for the named services."""
+    names = list(service_names)
+    servicer = health.aio.HealthServicer() if aio else health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME], server)
+    status = Health(servicer, names)
+    status.set_not_serving()
+    return status
+
+
+def check(address: str, service: str = "", timeout_s: float = 2.0) -> int | None:
+    """Return the server's health status, or None when it cannot be reached."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s).status
+        except grpc.RpcError:
+            return None
+
+
+def wait_serving(address: str, timeout_s: float = 60.0, service: str = "") -> bool:
+    """Poll until the server at address answers SERVING; False after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check(address, service) == SERVING:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvtb health", description="Probe a gRPC server's health.")
+    parser.add_argument("address", help="host:port of a kvtb service")
+    parser.add_argument("--service", default="", help="service name (default: the server)")
+    parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait")
+    parser.add_argument("--wait", action="store_true", help="poll until SERVING or timeout")
+    args = parser.parse_args(argv)
+    if args.wait:
+        ok = wait_serving(args.address, args.timeout, args.service)
+    else:
+        ok = check(args.address, args.service, args.timeout) == SERVING
+    print(f"{args.address}: {'SERVING' if ok else 'NOT SERVING or unreachable'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

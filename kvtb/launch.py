@@ -1,0 +1,147 @@
+"""Start services as real processes and wait until they say they are ready.
+
+A service announces readiness by printing one line on stdout:
+
+    KVTB_READY {"service": "storage", "addresses": {"fabric": "tcp://127.0.0.1:5555", ...}}
+
+(`announce_ready` below). Services bind to port 0 in tests, so the line is how a test,
+`kvtb up` or a benchmark learns where each one listens. Everything else the process prints
+goes to its log file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+READY_PREFIX = "KVTB_READY "
+
+
+def announce_ready(service: str, addresses: dict[str, str], **extra: Any) -> None:
+    """Print the ready line on stdout (the only line a service prints there)."""
+    record = {"service": service, "addresses": addresses, "pid": os.getpid(), **extra}
+    sys.stdout.write(READY_PREFIX + json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def kvtb_argv(*args: str) -> list[str]:
+    """argv that runs `kvtb ARGS` with this interpreter (works without the console script)."""
+    return [sys.executable, "-m", "kvtb.cli", *args]
+
+
+class ServiceProcess:
+    """One service running as a child process.
+
+    Not thread-safe: one owner starts and stops it. The process is put in its own session so
+    that SIGSTOP/SIGKILL hit only it.
+    """
+
+    def __init__(self, name: str, argv: list[str], log_path: str | os.PathLike,
+                 env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None):
+        self.name = name
+        self.argv = argv
+        self.log_path = Path(log_path)
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+        self.ready: dict[str, Any] = {}
+        self._ready_event = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        return self.ready.get("addresses", {})
+
+    def start(self, timeout_s: float = 180.0) -> dict[str, Any]:
+        """Start the process and block until its ready line (or raise with its log's tail)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self._ready_event.clear()
+        self.ready = {}
+        self.proc = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=log, env=self.env, cwd=self.cwd,
+            start_new_session=True,
+        )
+        log.close()
+        self._reader = threading.Thread(target=self._read_stdout, daemon=True,
+                                        name=f"{self.name}-stdout")
+        self._reader.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._ready_event.wait(0.05):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was "
+                                   f"ready; log {self.log_path}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s; "
+                                   f"log {self.log_path}:\n{self.log_tail()}")
+        return self.ready
+
+    def _read_stdout(self) -> None:
+        assert self.proc and self.proc.stdout
+        with open(self.log_path, "ab") as log:
+            for raw in self.proc.stdout:
+                line = raw.decode(errors="replace")
+                if line.startswith(READY_PREFIX) and not self._ready_event.is_set():
+                    self.ready = json.loads(line[len(READY_PREFIX):])
+                    self._ready_event.set()
+                log.write(raw)
+                log.flush()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc
+            os.kill(self.proc.pid, sig)
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc is None:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after timeout_s; return the exit code."""
+        if self.proc is None:
+            return None
+        if self.alive():
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop within %.0f s; killing it", self.name, timeout_s)
+                self.kill()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServiceProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""smartnic package."""

@@ -1,0 +1,31 @@
+"""Fixtures shared by every test package: real service processes with clean-up."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kvtb.launch import ServiceProcess, kvtb_argv
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def start_service(tmp_path):
+    """Start `kvtb ARGS` as a real process; every one started is stopped after the test.
+
+    Usage: `proc = start_service("storage", "serve", "storage", "--config", cfg)`;
+    `proc.addresses` holds what the service announced.
+    """
+    started: list[ServiceProcess] = []
+
+    def start(name: str, *args: str, env: dict[str, str] | None = None,
+              timeout_s: float = 180.0) -> ServiceProcess:
+        proc = ServiceProcess(name, kvtb_argv(*args), tmp_path / "logs" / f"{name}.log", env=env)
+        started.append(proc)
+        proc.start(timeout_s=timeout_s)
+        return proc
+
+    yield start
+    for proc in reversed(started):
+        proc.stop()
