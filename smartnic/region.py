@@ -1,0 +1,148 @@
+"""A registered memory region: named shared memory mapped by its owner and by the agent.
+
+The compute node creates the region (its "GPU memory"); the agent attaches to the same
+name (the "PCIe peer-to-peer" link). Both use plain mmap on /dev/shm rather than
+multiprocessing.shared_memory, whose resource tracker would unlink the region when an
+attaching process exits (Python < 3.13).
+
+Counters live in the region as 16-byte records, [success u64, error u64]. Each counter has
+one writer: the compute node stores token counts into trigger counters; the agent bumps
+completion counters. Aligned 8-byte stores are single machine stores, so a reader never sees
+a torn value; an add is a read and a store by that one writer.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+SHM_DIR = Path("/dev/shm")
+
+
+class RegionError(ValueError):
+    """An access outside the region, or a region that cannot be mapped."""
+
+
+def _shm_path(name: str) -> Path:
+    if not name or "/" in name.strip("/"):
+        raise RegionError(f"invalid shared memory name {name!r}")
+    return SHM_DIR / name.strip("/")
+
+
+class Region:
+    """A mapped region with bounds-checked views and fi_cntr-like counters.
+
+    Thread-safety: views may be used from any thread; a counter must have one writer.
+    """
+
+    def __init__(self, name: str, size: int, counter_offset: int, counter_count: int,
+                 *, create: bool = False):
+        self.name = name
+        self.size = size
+        self.path = _shm_path(name)
+        self.owner = create
+        if size <= 0:
+            raise RegionError(f"region size must be positive, got {size}")
+        if counter_offset < 0 or counter_offset + counter_count * 16 > size or counter_offset % 8:
+            raise RegionError(f"counter page [{counter_offset}, +{counter_count * 16}) "
+                              f"does not fit in a region of {size} bytes (or is unaligned)")
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except FileExistsError as exc:
+            raise RegionError(f"shared memory {name!r} already exists") from exc
+        except FileNotFoundError as exc:
+            raise RegionError(f"shared memory {name!r} does not exist") from exc
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            actual = os.fstat(fd).st_size
+            if actual < size:
+                raise RegionError(f"shared memory {name!r} has {actual} bytes, expected {size}")
+            self._mmap = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.buffer = memoryview(self._mmap)
+        # counters: [counter, success|error] uint64
+        self.counters = np.frombuffer(self._mmap, dtype=np.uint64, count=counter_count * 2,
+                                      offset=counter_offset).reshape(counter_count, 2)
+        self.counter_count = counter_count
+
+    @classmethod
+    def create(cls, name: str, size: int, counter_offset: int, counter_count: int) -> "Region":
+        return cls(name, size, counter_offset, counter_count, create=True)
+
+    @classmethod
+    def attach(cls, name: str, size: int, counter_offset: int, counter_count: int) -> "Region":
+        return cls(name, size, counter_offset, counter_count, create=False)
+
+    # -- memory
+    def check(self, offset: int, length: int) -> None:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise RegionError(f"range [{offset}, {offset + length}) is outside the region "
+                              f"{self.name!r} of {self.size} bytes")
+
+    def view(self, offset: int, length: int) -> memoryview:
+        """A zero-copy view of [offset, offset + length)."""
+        self.check(offset, length)
+        return self.buffer[offset:offset + length]
+
+    def write(self, offset: int, data) -> None:
+        """Copy data (any buffer) into the region at offset."""
+        src = memoryview(data).cast("B")
+        self.check(offset, src.nbytes)
+        self.buffer[offset:offset + src.nbytes] = src
+
+    # -- counters
+    def _check_counter(self, counter: int) -> None:
+        if not 0 <= counter < self.counter_count:
+            raise RegionError(f"counter {counter} out of range [0, {self.counter_count})")
+
+    def read_counter(self, counter: int) -> tuple[int, int]:
+        """(success, error)."""
+        self._check_counter(counter)
+        row = self.counters[counter]
+        return int(row[0]), int(row[1])
+
+    def counter_total(self, counter: int) -> int:
+        """success + error: what a threshold is compared with."""
+        success, error = self.read_counter(counter)
+        return success + error
+
+    def store_counter(self, counter: int, success: int, error: int | None = None) -> None:
+        """A plain store (the GPU thread's flag write)."""
+        self._check_counter(counter)
+        self.counters[counter, 0] = success
+        if error is not None:
+            self.counters[counter, 1] = error
+
+    def add_counter(self, counter: int, success: int = 0, error: int = 0) -> tuple[int, int]:
+        self._check_counter(counter)
+        if success:
+            self.counters[counter, 0] += np.uint64(success)
+        if error:
+            self.counters[counter, 1] += np.uint64(error)
+        return self.read_counter(counter)
+
+    # -- lifetime
+    def close(self) -> None:
+        """Unmap; the owner also removes the shared memory name."""
+        self.counters = None  # drop the numpy export before closing the mmap
+        try:
+            self.buffer.release()
+            self._mmap.close()
+        except BufferError:
+            pass  # a view is still alive somewhere (e.g. a frame in flight); the GC will unmap
+        if self.owner:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
