@@ -1,0 +1,305 @@
+"""The host side of the storage fabric: capsules over a ZeroMQ DEALER, pipelined, without copies.
+
+    client = FabricClient("tcp://127.0.0.1:55061", "nqn.2026-11.org.kvtestbed:agent-0")
+    client.connect()
+    client.store(1, key, [kv_bytes])            # acknowledged means durable
+    done = client.retrieve(1, key)              # payload in done.frames (zmq.Frame, not copied)
+    client.close()
+
+Wire (one ZeroMQ multipart message each way):
+    host -> target: [CommandCapsule, payload frame 0, payload frame 1, ...]
+    target -> host: [ResponseCapsule, payload frame 0, ...]
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import zmq
+
+from kvtb_proto import nvmeof_pb2
+from storage_node import status as st
+from storage_node.crc import crc32c as compute_crc32c
+
+logger = logging.getLogger(__name__)
+
+CID_SPACE = 1 << 16  # command ids rotate through 16 bits, skipping those still outstanding
+
+
+class FabricError(Exception):
+    """The fabric failed: refused connection, closed client, or a non-zero status."""
+
+    def __init__(self, message: str, sct: int | None = None, sc: int | None = None):
+        super().__init__(message)
+        self.sct = sct
+        self.sc = sc
+
+
+class FabricTimeout(FabricError, TimeoutError):
+    """No completion arrived within the client's timeout_s."""
+
+
+class StorageStatusError(FabricError):
+    """A command completed with a non-zero NVMe status."""
+
+    def __init__(self, sct: int, sc: int, message: str = ""):
+        super().__init__(f"{st.status_name(sct, sc)} (sct {sct:#x}, sc {sc:#04x})"
+                         + (f": {message}" if message else ""), sct, sc)
+        self.message = message
+
+    @property
+    def status(self) -> st.Status:
+        return st.Status(self.sct, self.sc)
+
+
+@dataclass
+class Completion:
+    """A command's response capsule and the payload frames that followed it."""
+
+    response: nvmeof_pb2.ResponseCapsule
+    frames: list = field(default_factory=list)  # list[zmq.Frame]; .buffer is a memoryview
+
+    @property
+    def ok(self) -> bool:
+        return self.response.status_code_type == 0 and self.response.status_code == 0
+
+    def raise_for_status(self) -> "Completion":
+        """Return self, or raise StorageStatusError on a non-zero status."""
+        if not self.ok:
+            r = self.response
+            raise StorageStatusError(r.status_code_type, r.status_code, r.message)
+        return self
+
+    def payload(self) -> memoryview:
+        """The payload as one buffer (no copy when it came as one frame)."""
+        if len(self.frames) == 1:
+            return self.frames[0].buffer
+        return memoryview(b"".join(f.bytes for f in self.frames))
+
+
+class FabricClient:
+    """A host's queue pair to one storage node.
+
+    Thread-safe: any thread may submit; one I/O thread owns the socket. At most queue_depth
+    commands are outstanding; submit blocks past that (back-pressure). Futures resolve on the
+    I/O thread, so their callbacks must be short.
+    """
+
+    def __init__(self, fabric_address: str, host_nqn: str, subsystem_nqn: str | None = None,
+                 queue_depth: int = 128, timeout_s: float = 5.0, context: zmq.Context | None = None):
+        assert queue_depth > 0 and timeout_s > 0
+        self.fabric_address = fabric_address
+        self.host_nqn = host_nqn
+        self.subsystem_nqn = subsystem_nqn or ""
+        self.queue_depth = queue_depth
+        self.timeout_s = timeout_s
+        self.queue_id: int | None = None
+        self.sq_head = 0
+        self._ctx = context or zmq.Context.instance()
+        self._slots = threading.BoundedSemaphore(queue_depth)
+        self._lock = threading.Lock()
+        self._pending: dict[int, concurrent.futures.Future] = {}
+        self._deadlines: list[tuple[float, int, concurrent.futures.Future]] = []
+        self._outbox: deque[list] = deque()
+        self._cids = itertools.count()
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._closed = False
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 0)  # outstanding work is bounded by queue_depth instead
+        self._sock.setsockopt(zmq.RCVHWM, 0)
+        self._sock.connect(fabric_address)
+        self._thread = threading.Thread(target=self._run, name=f"fabric-client-{host_nqn}", daemon=True)
+        self._thread.start()
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def connect(self) -> Completion:
+        """Send the Fabrics Connect capsule; raise FabricError with the status when refused."""
+        capsule = nvmeof_pb2.CommandCapsule(
+            command_set=nvmeof_pb2.FABRICS, opcode=nvmeof_pb2.FABRICS_CONNECT,
+            host_nqn=self.host_nqn, subsystem_nqn=self.subsystem_nqn)
+        done = self._wait(self.submit(capsule))
+        if not done.ok:
+            r = done.response
+            raise FabricError(f"connect refused: {st.status_name(r.status_code_type, r.status_code)}"
+                              f" {r.message}", r.status_code_type, r.status_code)
+        self.queue_id = done.response.sq_id
+        return done
+
+    def close(self) -> None:
+        """Disconnect (best effort), stop the I/O thread and fail what is still pending."""
+        if self._closed:
+            return
+        if self.queue_id is not None:
+            capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.FABRICS,
+                                                opcode=nvmeof_pb2.FABRICS_DISCONNECT)
+            try:
+                self.submit(capsule).result(timeout=min(1.0, self.timeout_s))
+            except Exception:  # noqa: BLE001 - the node may be gone; closing goes on
+                logger.debug("disconnect from %s got no answer", self.fabric_address)
+        self._closed = True
+        os.eventfd_write(self._wake, 1)
+        self._thread.join()
+        self._sock.close(linger=0)
+        os.close(self._wake)
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if future.set_running_or_notify_cancel():
+                future.set_exception(FabricError("client closed"))
+
+    def __enter__(self) -> "FabricClient":
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- submission ---------------------------------------------------------------------------
+
+    def submit(self, capsule: nvmeof_pb2.CommandCapsule, frames: Sequence = ()) -> concurrent.futures.Future:
+        """Send capsule (its command id is assigned here) and frames; return a Future of Completion.
+
+        The frames are sent with copy=False: leave them unmodified until the Future resolves.
+        """
+        if self._closed:
+            raise FabricError("client closed")
+        self._slots.acquire()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        with self._lock:
+            cid = self._next_cid()
+            capsule.command_id = cid
+            self._pending[cid] = future
+            heapq.heappush(self._deadlines, (time.monotonic() + self.timeout_s, cid, future))
+            self._outbox.append([capsule.SerializeToString(), *frames])
+        os.eventfd_write(self._wake, 1)
+        return future
+
+    def _next_cid(self) -> int:
+        for _ in range(CID_SPACE):
+            cid = next(self._cids) % CID_SPACE
+            if cid not in self._pending:
+                return cid
+        raise FabricError("no free command id")  # unreachable while queue_depth < CID_SPACE
+
+    def _wait(self, future: concurrent.futures.Future) -> Completion:
+        return future.result(timeout=self.timeout_s + 5.0)
+
+    # -- key-value helpers --------------------------------------------------------------------
+
+    def store(self, nsid: int, key: bytes, frames: Sequence, crc32c: int | None = None, *,
+              only_if_absent: bool = False, only_if_present: bool = False) -> Completion:
+        """Store the concatenation of frames under key; return once it is durable."""
+        frames = list(frames)
+        length = sum(memoryview(f).nbytes for f in frames)
+        capsule = nvmeof_pb2.CommandCapsule(
+            command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_STORE, namespace_id=nsid,
+            key=key, value_length=length, crc32c=compute_crc32c(frames) if crc32c is None else crc32c,
+            has_crc32c=True, store_only_if_absent=only_if_absent,
+            store_only_if_present=only_if_present)
+        return self._wait(self.submit(capsule, frames)).raise_for_status()
+
+    def retrieve(self, nsid: int, key: bytes, max_bytes: int = 0) -> Completion:
+        """Fetch key's value (at most max_bytes leading bytes; 0 = all) into completion.frames."""
+        capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE,
+                                            namespace_id=nsid, key=key, value_length=max_bytes)
+        return self._wait(self.submit(capsule)).raise_for_status()
+
+    def delete(self, nsid: int, key: bytes) -> Completion:
+        """Delete key (raises StorageStatusError "key does not exist" when absent)."""
+        capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_DELETE,
+                                            namespace_id=nsid, key=key)
+        return self._wait(self.submit(capsule)).raise_for_status()
+
+    def exist(self, nsid: int, key: bytes) -> bool:
+        """True when key is stored (the node answers "key does not exist" otherwise)."""
+        capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_EXIST,
+                                            namespace_id=nsid, key=key)
+        done = self._wait(self.submit(capsule))
+        if (done.response.status_code_type, done.response.status_code) == st.KEY_DOES_NOT_EXIST:
+            return False
+        return done.raise_for_status().response.exists
+
+    def list_keys(self, nsid: int, start_key: bytes = b"", max_keys: int = 1000) -> list[bytes]:
+        """Keys greater than start_key, in order, at most max_keys."""
+        capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_LIST,
+                                            namespace_id=nsid, list_start_key=start_key, max_keys=max_keys)
+        return list(self._wait(self.submit(capsule)).raise_for_status().response.keys)
+
+    def flush(self, nsid: int) -> Completion:
+        """NVM Flush: everything written to nsid is on stable storage when this returns."""
+        capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.NVM, opcode=nvmeof_pb2.NVM_FLUSH,
+                                            namespace_id=nsid)
+        return self._wait(self.submit(capsule)).raise_for_status()
+
+    # -- I/O thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake, zmq.POLLIN)
+        while not self._closed:
+            events = dict(poller.poll(self._poll_timeout_ms()))
+            if self._wake in events:
+                try:
+                    os.eventfd_read(self._wake)
+                except BlockingIOError:
+                    pass
+            self._send_outbox()
+            if self._sock in events:
+                self._receive_all()
+            self._expire(time.monotonic())
+
+    def _poll_timeout_ms(self) -> int:
+        with self._lock:
+            if not self._deadlines:
+                return 1000
+            return max(0, int((self._deadlines[0][0] - time.monotonic()) * 1000) + 1)
+
+    def _send_outbox(self) -> None:
+        while self._outbox:
+            message = self._outbox.popleft()
+            self._sock.send_multipart(message, copy=False)
+
+    def _receive_all(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            response = nvmeof_pb2.ResponseCapsule()
+            try:
+                response.ParseFromString(frames[0].bytes)
+            except Exception:  # noqa: BLE001 - protobuf raises DecodeError; log and drop
+                logger.warning("unparsable response from %s dropped", self.fabric_address)
+                continue
+            with self._lock:
+                future = self._pending.pop(response.command_id, None)
+            if future is None:
+                logger.debug("late completion for command id %d dropped", response.command_id)
+                continue
+            self.sq_head = response.sq_head
+            self._slots.release()
+            future.set_result(Completion(response, frames[1:]))
+
+    def _expire(self, now: float) -> None:
+        expired = []
+        with self._lock:
+            while self._deadlines and self._deadlines[0][0] <= now:
+                _, cid, future = heapq.heappop(self._deadlines)
+                if self._pending.get(cid) is future:
+                    del self._pending[cid]
+                    expired.append((cid, future))
+        for cid, future in expired:
+            self._slots.release()
+            future.set_exception(FabricTimeout(f"command id {cid} timed out after {self.timeout_s} s"))
