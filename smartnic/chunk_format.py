@@ -1,0 +1,151 @@
+"""The stored chunk: header + token ids + KV bytes (pure: no zmq, grpc or torch).
+
+    value  = header | token_ids | kv
+    header = fixed (little endian, see _FIXED) | user id utf-8 | context id utf-8 | crc32c u32
+      fixed: magic "KVTC", version u16, header_len u16, chunk_index u32, token_start u32,
+             token_end u32, user_len u16, context_len u16, kv_bytes u64,
+             token_ids_hash [16]  (blake2b-128 of the token ids as uint32 LE)
+    token_ids: [token_end - token_start] uint32 LE
+    kv:        the chunk's KvLayout.kv_ranges in order: [layer, K|V, kv_head, token, head_dim]
+    key = blake2b-128 keyed by the deployment's salt over (user, context, chunk index)
+
+The header alone (at most MAX_HEADER_BYTES) says whose chunk it is and which tokens it
+covers, so the agent rebuilds its hashmap from partial Retrieves.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+from typing import Iterable, Sequence
+
+from smartnic import crc as _crc
+
+MAGIC = b"KVTC"
+VERSION = 1
+_FIXED = struct.Struct("<4sHHIIIHHQ16s")
+_CRC = struct.Struct("<I")
+MAX_ID_BYTES = 1024
+MAX_HEADER_BYTES = _FIXED.size + 2 * MAX_ID_BYTES + _CRC.size
+TOKEN_ID_BYTES = 4
+
+
+class ChunkFormatError(ValueError):
+    """A value that is not a well-formed chunk."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkHeader:
+    """What a stored chunk says about itself."""
+
+    user_id: str
+    context_id: str
+    chunk_index: int
+    token_start: int
+    token_end: int
+    kv_bytes: int
+    token_ids_hash: bytes
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_end - self.token_start
+
+    @property
+    def token_ids_bytes(self) -> int:
+        return self.num_tokens * TOKEN_ID_BYTES
+
+
+def chunk_key(salt: bytes | str, user_id: str, context_id: str, chunk_index: int) -> bytes:
+    """16-byte storage key of a chunk; without the salt nobody can compute another's key."""
+    salt = salt.encode() if isinstance(salt, str) else salt
+    h = hashlib.blake2b(digest_size=16, key=salt[:64])
+    for part in (user_id.encode(), context_id.encode()):
+        h.update(struct.pack("<I", len(part)) + part)
+    h.update(struct.pack("<I", chunk_index))
+    return h.digest()
+
+
+def token_ids_hash(token_ids) -> bytes:
+    """blake2b-128 of token ids given as a buffer of uint32 LE or a sequence of ints."""
+    if not isinstance(token_ids, (bytes, bytearray, memoryview)):
+        token_ids = struct.pack(f"<{len(token_ids)}I", *token_ids)
+    return hashlib.blake2b(token_ids, digest_size=16).digest()
+
+
+def encode_header(header: ChunkHeader) -> bytes:
+    """The header bytes, with their own crc32c at the end."""
+    user, context = header.user_id.encode(), header.context_id.encode()
+    if len(user) > MAX_ID_BYTES or len(context) > MAX_ID_BYTES:
+        raise ChunkFormatError(f"user or context id longer than {MAX_ID_BYTES} bytes")
+    if not 0 <= header.token_start <= header.token_end:
+        raise ChunkFormatError(f"bad token range [{header.token_start}, {header.token_end})")
+    length = _FIXED.size + len(user) + len(context) + _CRC.size
+    body = _FIXED.pack(MAGIC, VERSION, length, header.chunk_index, header.token_start,
+                       header.token_end, len(user), len(context), header.kv_bytes,
+                       header.token_ids_hash) + user + context
+    return body + _CRC.pack(_crc.value(body))
+
+
+def decode_header(data) -> tuple[ChunkHeader, int]:
+    """(header, its length in bytes) from the leading bytes of a value."""
+    data = memoryview(data).cast("B")
+    if data.nbytes < _FIXED.size:
+        raise ChunkFormatError(f"value of {data.nbytes} bytes is shorter than a chunk header")
+    (magic, version, length, index, start, end, user_len, ctx_len, kv_bytes,
+     ids_hash) = _FIXED.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        raise ChunkFormatError(f"not a chunk (magic {bytes(magic)!r}, version {version})")
+    if length != _FIXED.size + user_len + ctx_len + _CRC.size or data.nbytes < length:
+        raise ChunkFormatError(f"header length {length} inconsistent or truncated")
+    body = data[:length - _CRC.size]
+    (crc,) = _CRC.unpack_from(data, length - _CRC.size)
+    if _crc.value(body) != crc:
+        raise ChunkFormatError("header crc32c mismatch")
+    user = bytes(data[_FIXED.size:_FIXED.size + user_len]).decode()
+    context = bytes(data[_FIXED.size + user_len:_FIXED.size + user_len + ctx_len]).decode()
+    if end < start:
+        raise ChunkFormatError(f"bad token range [{start}, {end})")
+    return ChunkHeader(user, context, index, start, end, kv_bytes, bytes(ids_hash)), length
+
+
+def value_length(header: ChunkHeader, header_bytes: int) -> int:
+    return header_bytes + header.token_ids_bytes + header.kv_bytes
+
+
+def crc32c_of(buffers: Iterable) -> int:
+    """crc32c over the concatenation of buffers, without concatenating them."""
+    crc = 0
+    for buf in buffers:
+        crc = _crc.extend(crc, buf)
+    return crc
+
+
+def scatter(frames: Sequence, targets: Sequence[memoryview]) -> int:
+    """Copy the byte stream split over `frames` into `targets` in order (one copy); return bytes."""
+    copied, fi, fpos = 0, 0, 0
+    sources = [memoryview(f).cast("B") for f in frames]
+    for target in targets:
+        tpos, need = 0, target.nbytes
+        while tpos < need:
+            if fi >= len(sources):
+                raise ChunkFormatError(f"payload ends after {copied} bytes")
+            src = sources[fi]
+            n = min(need - tpos, src.nbytes - fpos)
+            target[tpos:tpos + n] = src[fpos:fpos + n]
+            tpos, fpos, copied = tpos + n, fpos + n, copied + n
+            if fpos == src.nbytes:
+                fi, fpos = fi + 1, 0
+    return copied
+
+
+def skip(frames: Sequence, nbytes: int) -> list[memoryview]:
+    """The frames' byte stream without its first nbytes, as views (no copy)."""
+    out = []
+    for frame in frames:
+        view = memoryview(frame).cast("B")
+        if nbytes >= view.nbytes:
+            nbytes -= view.nbytes
+            continue
+        out.append(view[nbytes:])
+        nbytes = 0
+    return out
