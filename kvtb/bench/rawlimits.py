@@ -1,0 +1,158 @@
+"""This machine's raw limits, measured now: memcpy, pwrite+fsync, page-cache pread, ZeroMQ tcp/ipc.
+
+Each function runs for about `budget_s` seconds (at least one full iteration) and returns bytes
+per second, so a benchmark can put its own throughput beside the machine's in the same run.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BUDGET_S = 1.0
+_SEND_POLL_MS = 50
+
+
+def _timed_loop(step, budget_s: float) -> tuple[int, float]:
+    """Run step() until budget_s has passed (at least once); return (iterations, seconds)."""
+    iterations = 0
+    start = time.perf_counter()
+    while True:
+        step()
+        iterations += 1
+        elapsed_s = time.perf_counter() - start
+        if elapsed_s >= budget_s:
+            return iterations, elapsed_s
+
+
+def _payload(size_bytes: int) -> np.ndarray:
+    # Random bytes: nothing on the path (filesystem, page cache) can compress or dedupe them.
+    return np.random.default_rng(0).integers(0, 256, size_bytes, dtype=np.uint8)
+
+
+def memcpy_bytes_per_s(size_bytes: int = 64 << 20, budget_s: float = DEFAULT_BUDGET_S) -> float:
+    """Copy size_bytes between two preallocated buffers (numpy copyto), bytes copied per second."""
+    src = _payload(size_bytes)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault both buffers in before timing
+    n, elapsed_s = _timed_loop(lambda: np.copyto(dst, src), budget_s)
+    return n * size_bytes / elapsed_s
+
+
+def pwrite_fsync_bytes_per_s(size_bytes: int = 16 << 20, budget_s: float = DEFAULT_BUDGET_S,
+                             directory: str | Path | None = None) -> float:
+    """os.pwrite of size_bytes then os.fsync, repeated, in a temp dir under directory; bytes/s."""
+    buf = memoryview(_payload(size_bytes))
+    with tempfile.TemporaryDirectory(prefix="kvtb-rawlimits-", dir=directory) as tmp:
+        fd = os.open(os.path.join(tmp, "pwrite.bin"), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            def step():
+                written = 0
+                while written < size_bytes:
+                    written += os.pwrite(fd, buf[written:], written)
+                os.fsync(fd)
+
+            n, elapsed_s = _timed_loop(step, budget_s)
+        finally:
+            os.close(fd)
+    return n * size_bytes / elapsed_s
+
+
+def pread_cached_bytes_per_s(size_bytes: int = 16 << 20, budget_s: float = DEFAULT_BUDGET_S,
+                             directory: str | Path | None = None) -> float:
+    """os.preadv of a size_bytes file already in the page cache into one buffer; bytes/s."""
+    with tempfile.TemporaryDirectory(prefix="kvtb-rawlimits-", dir=directory) as tmp:
+        path = os.path.join(tmp, "pread.bin")
+        Path(path).write_bytes(_payload(size_bytes).tobytes())
+        buf = bytearray(size_bytes)
+        view = memoryview(buf)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            def step():
+                done = 0
+                while done < size_bytes:
+                    got = os.preadv(fd, [view[done:]], done)
+                    if got == 0:
+                        raise OSError("short read")
+                    done += got
+
+            step()  # make sure the page cache holds the file
+            n, elapsed_s = _timed_loop(step, budget_s)
+        finally:
+            os.close(fd)
+    return n * size_bytes / elapsed_s
+
+
+def zmq_bytes_per_s(transport: str = "tcp", message_bytes: int = 1 << 20,
+                    budget_s: float = DEFAULT_BUDGET_S) -> float:
+    """PUSH->PULL over loopback tcp or ipc, multipart [header, payload] with copy=False; bytes/s."""
+    import zmq
+
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    push = ctx.socket(zmq.PUSH)
+    for sock in (pull, push):
+        sock.setsockopt(zmq.LINGER, 0)
+    tmp = tempfile.TemporaryDirectory(prefix="kvtb-zmq-") if transport == "ipc" else None
+    try:
+        if transport == "tcp":
+            port = pull.bind_to_random_port("tcp://127.0.0.1")
+            push.connect(f"tcp://127.0.0.1:{port}")
+        elif transport == "ipc":
+            address = f"ipc://{tmp.name}/raw.sock"
+            pull.bind(address)
+            push.connect(address)
+        else:
+            raise ValueError(f"unknown transport {transport!r} (tcp or ipc)")
+        stop = threading.Event()
+        payload = _payload(message_bytes)
+        header = b"kvtb-raw"
+
+        def send_until_stopped():
+            while not stop.is_set():
+                if push.poll(_SEND_POLL_MS, zmq.POLLOUT):
+                    push.send_multipart([header, payload], copy=False)
+
+        sender = threading.Thread(target=send_until_stopped, name="zmq-raw-sender", daemon=True)
+        sender.start()
+        try:
+            pull.recv_multipart(copy=False)  # first message: connection up, start the clock
+            received = 0
+            start = time.perf_counter()
+            while True:
+                frames = pull.recv_multipart(copy=False)
+                received += len(frames[-1].buffer)
+                elapsed_s = time.perf_counter() - start
+                if elapsed_s >= budget_s:
+                    break
+        finally:
+            stop.set()
+            sender.join(timeout=5)
+        return received / elapsed_s
+    finally:
+        push.close()
+        pull.close()
+        ctx.term()
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def measure_all(size_bytes: int = 16 << 20, message_bytes: int = 1 << 20,
+                budget_s: float = DEFAULT_BUDGET_S, directory: str | Path | None = None) -> dict[str, float]:
+    """Every raw limit in bytes/s, keyed memcpy, pwrite_fsync, pread_cached, zmq_tcp, zmq_ipc."""
+    limits = {
+        "memcpy": memcpy_bytes_per_s(size_bytes, budget_s),
+        "pwrite_fsync": pwrite_fsync_bytes_per_s(size_bytes, budget_s, directory),
+        "pread_cached": pread_cached_bytes_per_s(size_bytes, budget_s, directory),
+        "zmq_tcp": zmq_bytes_per_s("tcp", message_bytes, budget_s),
+        "zmq_ipc": zmq_bytes_per_s("ipc", message_bytes, budget_s),
+    }
+    logger.info("raw limits (GB/s): %s", {k: round(v / 1e9, 2) for k, v in limits.items()})
+    return limits
