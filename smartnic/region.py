@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-SHM_DIR = Path("/dev/shm")
+# Where named regions live: /dev/shm, or a directory both processes mount (KVTB_SHM_DIR; the
+# swarm deployment shares a tmpfs volume because swarm services cannot share an IPC namespace).
+SHM_DIR = Path(os.environ.get("KVTB_SHM_DIR", "/dev/shm"))
 
 
 class RegionError(ValueError):
