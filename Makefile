@@ -43,3 +43,5 @@ demo: install
 
 clean:
 	rm -rf $(VENV) kvtb_proto/*_pb2*.py kvtb_proto/*_pb2.pyi $(PROTO_STAMP) var out
+
+include deploy/deploy.mk

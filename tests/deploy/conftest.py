@@ -1,0 +1,106 @@
+"""Fixtures for the integration tests across containers (`make compose-test`).
+
+They run only when KVTB_COMPOSE_TEST=1 (set by `make compose-test`, which also builds the
+image and starts the Docker engine); `make test` skips them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from kvtb.grpc_health import wait_serving
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
+IMAGE = os.environ.get("KVTB_IMAGE", "kvtb:latest")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("KVTB_COMPOSE_TEST") == "1":
+        return
+    skip = pytest.mark.skip(reason="container tests run with `make compose-test`")
+    for item in items:
+        if "compose" in item.keywords:
+            item.add_marker(skip)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def compose_command() -> list[str]:
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    return [shutil.which("docker-compose") or "docker-compose"]
+
+
+class Deployment:
+    """A compose project of kvtestbed started for one test module."""
+
+    def __init__(self, project: str, port: int):
+        self.project = project
+        self.port = port
+        self.env = {**os.environ, "KVTB_IMAGE": IMAGE, "KVTB_FRONTEND_PORT": str(port)}
+
+    def compose(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+        cmd = [*compose_command(), "-p", self.project, "-f", str(COMPOSE_FILE), *args]
+        result = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def container(self, service: str) -> str:
+        return self.compose("ps", "-q", service).stdout.strip()
+
+    def docker(self, *args: str) -> None:
+        subprocess.run(["docker", *args], check=True, capture_output=True, timeout=120)
+
+    def wait_healthy(self, service: str, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        cid = self.container(service)
+        while time.monotonic() < deadline:
+            out = subprocess.run(["docker", "inspect", "-f", "{{.State.Health.Status}}", cid],
+                                 capture_output=True, text=True).stdout.strip()
+            if out == "healthy":
+                return
+            time.sleep(1)
+        raise AssertionError(f"{service} not healthy after {timeout_s} s:\n{self.logs(service)}")
+
+    def logs(self, service: str) -> str:
+        return self.compose("logs", "--no-color", "--tail", "60", service, check=False).stdout
+
+    def chat(self, *messages: str, context: str | None = None, timeout: float = 300) -> list[dict]:
+        """Chat from the host through the published port; one JSON record per turn."""
+        script = ROOT / "var" / f"compose-script-{os.getpid()}-{time.monotonic_ns()}.txt"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text("\n".join(messages) + "\n")
+        cmd = [str(ROOT / ".venv" / "bin" / "kvtb"), "chat", "--frontend", f"127.0.0.1:{self.port}",
+               "--script", str(script), "--json", "--max-new-tokens", "32"]
+        if context:
+            cmd += ["--context", context]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        script.unlink()
+        assert result.returncode == 0, f"chat failed: {result.stderr}"
+        return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    dep = Deployment(f"kvtbtest{os.getpid()}", free_port())
+    dep.compose("up", "-d", timeout=900)
+    try:
+        for service in ("storage0", "storage1", "compute", "smartnic", "frontend"):
+            dep.wait_healthy(service)
+        assert wait_serving(f"127.0.0.1:{dep.port}", 60)
+        yield dep
+    finally:
+        dep.compose("down", "-v", "--timeout", "20", check=False)

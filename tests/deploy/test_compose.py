@@ -1,0 +1,79 @@
+"""Integration tests across containers: the paper's workflow with faults injected into one
+container at a time (`make compose-test`)."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.compose, pytest.mark.slow]
+
+RECIPE = "Please give me a short recipe for cheesecake."
+CELSIUS = "Only give temperatures in °C from now on."
+OVEN = "What temperature should I set the oven to?"
+
+
+def test_paper_conversation_through_the_client_container(deployment):
+    result = deployment.compose("run", "--rm", "-T", "client", "chat", "--frontend", "frontend:50050",
+                                "--script", "/src/deploy/demo-chat.txt", "--json", timeout=600)
+    turns = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    assert turns[0]["kv_source"] == "none"
+    for turn in turns[1:]:
+        assert turn["kv_source"] == "restored", turn
+        assert turn["bytes_restored"] > 0 and turn["tokens_reused"] > 0
+        assert {5, 6, 7, 8} <= {s["step"] for s in turn["steps"]}
+
+
+def test_killed_storage_node_falls_back_then_restores_after_restart(deployment):
+    first = deployment.chat(RECIPE)[0]
+    ctx = first["context_id"]
+    # Both nodes hold chunks (rendezvous placement); killing either loses part of the context.
+    for service in ("storage0", "storage1"):
+        deployment.docker("kill", deployment.container(service))
+    down = deployment.chat(CELSIUS, context=ctx)[0]
+    assert down["kv_source"] == "recomputed" and down["fallback_reason"], down
+    for service in ("storage0", "storage1"):
+        deployment.docker("start", deployment.container(service))
+        deployment.wait_healthy(service)
+    time.sleep(3)  # the agent reconnects and re-reads what the nodes hold
+    back = deployment.chat(OVEN, context=ctx)[0]
+    assert back["kv_source"] == "restored", back
+    assert back["tokens_reused"] > 0
+
+
+def test_paused_storage_node_falls_back_within_a_bounded_time(deployment):
+    ctx = deployment.chat(RECIPE)[0]["context_id"]
+    containers = [deployment.container(s) for s in ("storage0", "storage1")]
+    for cid in containers:
+        deployment.docker("pause", cid)
+    try:
+        start = time.monotonic()
+        paused = deployment.chat(CELSIUS, context=ctx, timeout=120)[0]
+        elapsed = time.monotonic() - start
+    finally:
+        for cid in containers:
+            deployment.docker("unpause", cid)
+    assert paused["kv_source"] == "recomputed" and paused["fallback_reason"], paused
+    assert elapsed < 60, f"the paused turn took {elapsed:.0f} s"
+    time.sleep(2)
+    again = deployment.chat(OVEN, context=ctx)[0]
+    assert again["kv_source"] == "restored", again
+
+
+def test_restarted_agent_rebuilds_its_hashmap(deployment):
+    ctx = deployment.chat(RECIPE)[0]["context_id"]
+    deployment.compose("restart", "smartnic")
+    deployment.wait_healthy("smartnic")
+    follow_up = deployment.chat(CELSIUS, context=ctx)[0]
+    assert follow_up["kv_source"] == "restored", follow_up
+
+
+def test_restarted_frontend_keeps_conversations(deployment):
+    first = deployment.chat(RECIPE)[0]
+    deployment.compose("restart", "frontend")
+    deployment.wait_healthy("frontend")
+    follow_up = deployment.chat(CELSIUS, context=first["context_id"])[0]
+    assert follow_up["turn"] == 2
+    assert follow_up["kv_source"] == "restored", follow_up
