@@ -63,6 +63,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _is_number(v: Any) -> bool:
+    if isinstance(v, str):  # pre-formatted numbers such as "1.000" or "+3.2%" align right too
+        try:
+            float(v.rstrip("%x"))
+        except ValueError:
+            return False
+        return True
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
