@@ -7,7 +7,7 @@ COMPOSE_FILE := deploy/docker-compose.yml
 DC = $(COMPOSE) -f $(COMPOSE_FILE)
 FRONTEND_PORT ?= 50050
 
-.PHONY: docker base-image wheelhouse image up down compose-test stack-test
+.PHONY: docker base-image wheelhouse image up down compose-test stack-up
 
 docker:
 	@deploy/ensure-docker.sh
@@ -48,3 +48,13 @@ down:
 
 compose-test: install image
 	KVTB_IMAGE=$(IMAGE) $(BIN)/python -m pytest -m compose tests/deploy -p no:cacheprovider $(PYTEST_ARGS)
+
+# The swarm form of the compose file (see deploy/stack_file.py).
+deploy/docker-stack.yml: deploy/docker-compose.yml deploy/stack_file.py
+	$(BIN)/python deploy/stack_file.py
+
+stack-up: image deploy/docker-stack.yml
+	@[ "$$(docker info --format '{{.Swarm.LocalNodeState}}')" = active ] || docker swarm init --advertise-addr 127.0.0.1
+	docker node update --label-add kvtb.compute=true $$(docker info --format '{{.Swarm.NodeID}}')
+	cd deploy && KVTB_IMAGE=$(IMAGE) docker stack deploy -c docker-stack.yml kvtb
+	@echo "deployed stack kvtb; chat: .venv/bin/kvtb chat --frontend localhost:$(FRONTEND_PORT); remove: docker stack rm kvtb"

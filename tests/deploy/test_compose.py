@@ -7,13 +7,15 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.compose, pytest.mark.slow]
+
 
 RECIPE = "Please give me a short recipe for cheesecake."
 CELSIUS = "Only give temperatures in °C from now on."
 OVEN = "What temperature should I set the oven to?"
 
 
+@pytest.mark.compose
+@pytest.mark.slow
 def test_paper_conversation_through_the_client_container(deployment):
     result = deployment.compose("run", "--rm", "-T", "client", "chat", "--frontend", "frontend:50050",
                                 "--script", "/src/deploy/demo-chat.txt", "--json", timeout=600)
@@ -26,6 +28,8 @@ def test_paper_conversation_through_the_client_container(deployment):
         assert {5, 6, 7, 8} <= {s["step"] for s in turn["steps"]}
 
 
+@pytest.mark.compose
+@pytest.mark.slow
 def test_killed_storage_node_falls_back_then_restores_after_restart(deployment):
     first = deployment.chat(RECIPE)[0]
     ctx = first["context_id"]
@@ -43,6 +47,8 @@ def test_killed_storage_node_falls_back_then_restores_after_restart(deployment):
     assert back["tokens_reused"] > 0
 
 
+@pytest.mark.compose
+@pytest.mark.slow
 def test_paused_storage_node_falls_back_within_a_bounded_time(deployment):
     ctx = deployment.chat(RECIPE)[0]["context_id"]
     containers = [deployment.container(s) for s in ("storage0", "storage1")]
@@ -62,6 +68,8 @@ def test_paused_storage_node_falls_back_within_a_bounded_time(deployment):
     assert again["kv_source"] == "restored", again
 
 
+@pytest.mark.compose
+@pytest.mark.slow
 def test_restarted_agent_rebuilds_its_hashmap(deployment):
     ctx = deployment.chat(RECIPE)[0]["context_id"]
     deployment.compose("restart", "smartnic")
@@ -70,6 +78,8 @@ def test_restarted_agent_rebuilds_its_hashmap(deployment):
     assert follow_up["kv_source"] == "restored", follow_up
 
 
+@pytest.mark.compose
+@pytest.mark.slow
 def test_restarted_frontend_keeps_conversations(deployment):
     first = deployment.chat(RECIPE)[0]
     deployment.compose("restart", "frontend")
@@ -77,3 +87,15 @@ def test_restarted_frontend_keeps_conversations(deployment):
     follow_up = deployment.chat(CELSIUS, context=first["context_id"])[0]
     assert follow_up["turn"] == 2
     assert follow_up["kv_source"] == "restored", follow_up
+
+
+def test_stack_file_is_generated_from_the_compose_file():
+    """The swarm form must not drift from the compose file it is derived from."""
+    import subprocess
+    import sys
+
+    from tests.deploy.conftest import ROOT
+
+    result = subprocess.run([sys.executable, str(ROOT / "deploy" / "stack_file.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

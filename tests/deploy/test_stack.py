@@ -1,0 +1,61 @@
+"""The same deployment on a swarm (`docker stack deploy`), here a single-node swarm."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from kvtb.grpc_health import wait_serving
+from tests.deploy.conftest import IMAGE, ROOT, Deployment, free_port
+
+STACK_FILE = ROOT / "deploy" / "docker-stack.yml"
+
+
+def _docker(*args: str, check: bool = True) -> str:
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)}: {result.stderr}")
+    return result.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def stack():
+    joined_here = False
+    if _docker("info", "--format", "{{.Swarm.LocalNodeState}}") != "active":
+        _docker("swarm", "init", "--advertise-addr", "127.0.0.1")
+        joined_here = True
+    node = _docker("info", "--format", "{{.Swarm.NodeID}}")
+    _docker("node", "update", "--label-add", "kvtb.compute=true", node)
+    name = f"kvtbstack{os.getpid()}"
+    port = free_port()
+    env = {**os.environ, "KVTB_IMAGE": IMAGE, "KVTB_FRONTEND_PORT": str(port)}
+    subprocess.run(["docker", "stack", "deploy", "-c", str(STACK_FILE), name], env=env, check=True,
+                   capture_output=True, cwd=STACK_FILE.parent, timeout=300)
+    try:
+        if not wait_serving(f"127.0.0.1:{port}", timeout_s=300):
+            logs = _docker("service", "logs", "--tail", "30", f"{name}_frontend", check=False)
+            raise AssertionError(f"the stack's frontend did not become healthy:\n{logs}")
+        dep = Deployment(name, port)
+        yield dep
+    finally:
+        _docker("stack", "rm", name, check=False)
+        for _ in range(60):
+            if not _docker("ps", "-q", "--filter", f"label=com.docker.stack.namespace={name}", check=False):
+                break
+            time.sleep(1)
+        if joined_here:
+            _docker("swarm", "leave", "--force", check=False)
+        for volume in _docker("volume", "ls", "-q", "--filter", f"label=com.docker.stack.namespace={name}",
+                              check=False).split():
+            _docker("volume", "rm", volume, check=False)
+
+
+@pytest.mark.compose
+@pytest.mark.slow
+def test_demo_conversation_restores_on_a_swarm(stack):
+    turns = stack.chat("Please give me a short recipe for cheesecake.",
+                       "Only give temperatures in °C from now on.",
+                       "What temperature should I set the oven to?")
+    assert [t["kv_source"] for t in turns] == ["none", "restored", "restored"], turns
