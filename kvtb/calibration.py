@@ -146,7 +146,8 @@ def compare(transfers: list[Transfer], fits: dict[tuple[str, str], LinearFit]) -
     return rows
 
 
-def paper_model_s(mode: str, direction: str, num_bytes: int, p: am.ModelParams = am.ModelParams()) -> float | None:
+def paper_model_s(mode: str, direction: str, num_bytes: int,
+                  p: am.ModelParams = am.ModelParams()) -> float | None:
     """The paper-parameter model's time for one put of num_bytes (None for get: not modelled)."""
     if direction != "put":
         return None

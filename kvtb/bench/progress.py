@@ -43,7 +43,8 @@ class Progress:
         frac = self.done / self.total if self.total else 0.0
         filled = int(round(frac * BAR_WIDTH))
         elapsed_s = time.monotonic() - self._start_s
-        text = f"{self.label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {self.done}/{self.total} {elapsed_s:.1f}s"
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        text = f"{self.label} [{bar}] {self.done}/{self.total} {elapsed_s:.1f}s"
         return f"{text} {note}".rstrip()
 
     def close(self) -> None:

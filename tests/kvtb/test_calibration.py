@@ -10,8 +10,9 @@ SIZES = [64 << 10, 1 << 20, 16 << 20, 64 << 20]
 def _results(noise=1.0):
     transfers = []
     for size in SIZES:
-        transfers.append({"mode": "cpu", "direction": "put", "bytes": size, "seconds": (1e-4 + 1e-9 * size) * noise})
-        transfers.append({"mode": "triggered", "direction": "put", "bytes": size, "seconds": 5e-5 + 2e-10 * size})
+        cpu_s, triggered_s = (1e-4 + 1e-9 * size) * noise, 5e-5 + 2e-10 * size
+        transfers.append({"mode": "cpu", "direction": "put", "bytes": size, "seconds": cpu_s})
+        transfers.append({"mode": "triggered", "direction": "put", "bytes": size, "seconds": triggered_s})
         transfers.append({"mode": "resident", "direction": "put", "bytes": size, "seconds": 1e-6})
     return {"bench": "datapath", "results": {"transfers": transfers}, "ratios": {}}
 
