@@ -149,3 +149,15 @@ def skip(frames: Sequence, nbytes: int) -> list[memoryview]:
         out.append(view[nbytes:])
         nbytes = 0
     return out
+
+
+def leading_bytes(frames: Sequence, n: int) -> bytes:
+    """The first n bytes of the frames' byte stream (a small copy, for headers)."""
+    out = []
+    for frame in frames:
+        if n <= 0:
+            break
+        view = memoryview(frame).cast("B")[:n]
+        out.append(bytes(view))
+        n -= view.nbytes
+    return b"".join(out)

@@ -1,0 +1,261 @@
+"""The SmartNIC agent: regions, triggered engine, requester, eviction and data path together.
+
+Invariants: a chunk is in the requester only after its Store was acknowledged (durable); a
+context with GETs in flight is leased and not evicted; a GET that fails drops its chunk
+from the requester and bumps its completion counter's error part.
+Thread-safety: `lock` guards the requester and the eviction policy; the engine, regions,
+statistics and data path have their own locks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Sequence
+
+from smartnic.datapath import ChunkRef, Datapath, read_headers
+from smartnic.engine import DataWork, TriggerEngine
+from smartnic.eviction import make_policy
+from smartnic.fabric import StorageNodes
+from smartnic.match_action import Table
+from smartnic.regions import Registered, Regions
+from smartnic.region import RegionError
+from smartnic.requester import Chunk, Requester
+from smartnic.settings import SmartNicSettings
+from smartnic.stats import Stats
+from smartnic.triggered import Entry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Restore:
+    """GETs of a context's leading chunks into a slot (steps 6 and 7)."""
+
+    region_id: int
+    slot: int
+    context_id: str
+    chunks: int
+    tokens_announced: int
+    completion_counter: int
+    threshold: int
+    error_base: int
+    bytes: int
+    started_ns: int
+    done_ns: int = 0
+    failed: int = 0
+    _left: int = 0
+
+
+class Agent:
+    """One agent process's state and logic; see the module docstring for invariants."""
+
+    def __init__(self, settings: SmartNicSettings):
+        self.settings = settings
+        self.lock = threading.RLock()
+        self.requester = Requester()
+        self.policy = make_policy(settings.eviction_policy, settings.capacity_high_bytes,
+                                  settings.capacity_low_bytes, settings.ttl_s)
+        self.tables = {"ingress": Table("ingress")}  # the pipeline matches every turn in "ingress"
+        self.stats = Stats()
+        self.regions = Regions()
+        self.nodes = StorageNodes([(n.name, n.fabric_address) for n in settings.storage_nodes],
+                                  settings.host_nqn, settings.queue_depth, settings.fabric_timeout_s,
+                                  settings.reconnect_interval_s, on_up=self._rebuild_from)
+        self.datapath = Datapath(self.nodes, settings.namespace_id, settings.salt, settings.get_timeout_s,
+                                 settings.datapath_workers)
+        self.engine = TriggerEngine(self.regions, self.stats, self._handle_data, settings.queue_bound,
+                                    settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6)
+        self._stop = threading.Event()
+        self._evictor = threading.Thread(target=self._eviction_loop, name="eviction", daemon=True)
+
+    def start(self) -> None:
+        """Connect to the storage nodes (rebuilding the hashmap), start the watcher and eviction."""
+        self.engine.start()
+        self.nodes.start()
+        self._evictor.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.engine.stop()
+        self.datapath.close()
+        self.nodes.close()
+        self.regions.close()
+
+    # -- rebuild
+    def _rebuild_from(self, node: str, client) -> None:
+        found = read_headers(client, self.settings.namespace_id, node)
+        now = time.time()
+        with self.lock:
+            loaded = self.requester.rebuild(found, now)
+            for ctx in self.requester.contexts():
+                self.policy.touch(ctx.context_id, ctx.bytes, ctx.last_use)
+        logger.info("rebuilt %d chunks of %d found on %s", loaded, len(found), node)
+
+    # -- registration
+    def deregister(self, region_id: int, access_key: str) -> None:
+        self.regions.get(region_id, access_key)
+        self.engine.flush(region_id)
+        self.regions.deregister(region_id, access_key)
+
+    # -- data operations fired by the engine
+    def _handle_data(self, reg: Registered, entry: Entry, done) -> None:
+        work: DataWork = entry.op
+        if work.kind == "put":
+            self.datapath.put(reg.region, work.ref, work.ranges, work.token_ids,
+                              lambda chunk, err: self._put_done(work, chunk, err, done))
+            return
+        chunk = work.chunk
+        if chunk is None:
+            with self.lock:
+                ctx = self.requester.get(work.ref.user_id, work.ref.context_id)
+                chunk = ctx.chunks.get(work.ref.chunk_index) if ctx else None
+            if chunk is None:
+                return self._get_done(work, None, 0, "not_found", "no such chunk in the requester", done)
+        self.datapath.get(reg.region, work.ref, chunk, work.ranges, work.token_ids,
+                          lambda nbytes, err: self._get_done(work, chunk, nbytes, err and err.kind,
+                                                             str(err or ""), done))
+
+    def _put_done(self, work: DataWork, chunk: Chunk | None, err, done) -> None:
+        if err is not None:
+            return done(err.kind, str(err))
+        now = time.time()
+        with self.lock:
+            try:
+                old = self.requester.publish(work.ref.user_id, work.ref.context_id, chunk, now)
+            except PermissionError as exc:
+                self.datapath.delete(chunk)
+                return done("not_owner", str(exc))
+            self.policy.touch(work.ref.context_id, self.requester.get(work.ref.user_id,
+                                                                      work.ref.context_id).bytes, now)
+        if old is not None and old.storage_node != chunk.storage_node:
+            self.datapath.delete(old)
+        self.stats.inc("bytes_put", chunk.length)
+        self.stats.inc("chunks_put")
+        done(None, "")
+
+    def _get_done(self, work: DataWork, chunk: Chunk | None, nbytes: int, kind, message: str, done) -> None:
+        restore: Restore | None = work.tag if isinstance(work.tag, Restore) else None
+        if kind is not None and chunk is not None:
+            with self.lock:
+                if self.requester.drop_chunk(work.ref.user_id, work.ref.context_id, chunk.chunk_index):
+                    self.stats.inc_kind("dropped_chunks", kind)
+        if kind is None and chunk is not None:
+            self.stats.inc("bytes_got", chunk.length)  # the value moved, as bytes_put counts it
+        if restore is not None:
+            with self.lock:
+                self.requester.release(restore.context_id)
+                restore._left -= 1
+                restore.failed += kind is not None
+                if restore._left == 0:
+                    restore.done_ns = time.time_ns()
+        done(kind, message)
+
+    # -- match-action
+    def table(self, name: str = "") -> Table:
+        """A table by name ("" is "ingress"), created on first use; call with `lock` held."""
+        name = name or "ingress"
+        if name not in self.tables:
+            self.tables[name] = Table(name)
+        return self.tables[name]
+
+    # -- requester
+    def lookup(self, user_id: str, context_id: str) -> list[Chunk]:
+        with self.lock:
+            ctx = self.requester.get(user_id, context_id)
+            return ctx.ordered() if ctx else []
+
+    def check_owner(self, user_id: str, context_id: str) -> None:
+        with self.lock:
+            self.requester.check_owner(user_id, context_id)
+
+    def matching_chunks(self, user_id: str, context_id: str, token_ids: Sequence[int]) -> list[Chunk]:
+        with self.lock:
+            return self.requester.match_prefix(user_id, context_id, token_ids, time.time())
+
+    def restore(self, reg: Registered, user_id: str, context_id: str, slot: int,
+                token_ids: Sequence[int]) -> Restore:
+        """Queue GETs (due at once) of the chunks covering a prefix of token_ids into `slot`."""
+        if reg.layout is None:
+            raise RegionError(f"region {reg.region_id} was registered without a kv_layout")
+        layout = reg.layout
+        counter = layout.restore_counter(slot)
+        now = time.time()
+        with self.lock:
+            chunks = self.requester.match_prefix(user_id, context_id, token_ids, now)
+            if chunks and chunks[-1].token_end > layout.max_tokens:
+                chunks = [c for c in chunks if c.token_end <= layout.max_tokens]
+            success, error = reg.region.read_counter(counter)
+            restore = Restore(reg.region_id, slot, context_id, len(chunks),
+                              chunks[-1].token_end if chunks else 0, counter, success + error + len(chunks),
+                              error, sum(c.length for c in chunks), time.time_ns(), _left=len(chunks))
+            if chunks:
+                self.requester.lease(context_id, len(chunks))
+                ctx = self.requester.get(user_id, context_id)
+                self.policy.touch(context_id, ctx.bytes, now)
+        self.stats.inc("hits" if chunks else "misses")
+        if not chunks:
+            restore.done_ns = restore.started_ns
+            return restore
+        works = [(counter, 0, DataWork("get", ChunkRef(user_id, context_id, c.chunk_index, c.token_start,
+                                                        c.token_end),
+                                       tuple(layout.kv_ranges(slot, c.token_start, c.token_end)),
+                                       layout.token_ids_range(slot, c.token_start, c.token_end), c, restore),
+                  counter) for c in chunks]
+        try:
+            self.engine.queue(reg, works)
+        except Exception:
+            with self.lock:
+                self.requester.release(context_id, len(chunks))
+            raise
+        self.stats.inc("prefetches")
+        return restore
+
+    def drop_context(self, user_id: str, context_id: str, reason: str = "dropped") -> int:
+        with self.lock:
+            self.requester.check_owner(user_id, context_id)
+            ctx = self.requester.remove(context_id)
+            self.policy.remove(context_id)
+        return self._delete(ctx, reason)
+
+    def _delete(self, ctx, reason: str) -> int:
+        if ctx is None:
+            return 0
+        for chunk in ctx.chunks.values():
+            self.datapath.delete(chunk)
+        self.stats.inc_kind("evictions", reason)
+        logger.info("evicted context %s of %s (%s): %d chunks", ctx.context_id, ctx.user_id, reason,
+                    len(ctx.chunks))
+        return len(ctx.chunks)
+
+    # -- eviction
+    def evict(self, now: float) -> int:
+        """Run the policy once; delete the victims' chunks and hashmap entries."""
+        with self.lock:
+            victims = self.policy.victims(now, self.requester.leased)
+            removed = [(self.requester.remove(key), reason) for key, reason in victims]
+        return sum(self._delete(ctx, reason) for ctx, reason in removed)
+
+    def _eviction_loop(self) -> None:
+        while not self._stop.wait(self.settings.eviction_interval_s):
+            try:
+                self.evict(time.time())
+            except Exception:  # noqa: BLE001 - eviction must keep running
+                logger.exception("eviction pass failed")
+
+    # -- statistics
+    def snapshot(self) -> dict:
+        counts, by_kind = self.stats.snapshot()
+        p50, p99 = self.stats.percentiles()
+        with self.lock:
+            contexts = self.requester.contexts()
+            by_node: dict[str, int] = {}
+            for ctx in contexts:
+                for c in ctx.chunks.values():
+                    by_node[c.storage_node] = by_node.get(c.storage_node, 0) + c.length
+        return {**counts, "evictions_by_reason": by_kind.get("evictions", {}),
+                "errors_by_kind": by_kind.get("errors", {}), "p50": p50, "p99": p99,
+                "queue_depth": self.engine.depth, "contexts": len(contexts),
+                "chunks": sum(len(c.chunks) for c in contexts), "bytes_by_storage_node": by_node,
+                "bytes_stored": sum(by_node.values())}

@@ -1,0 +1,165 @@
+"""The ComputeNode service served by the agent in front of its compute node (steps 5 and 6).
+
+Generate matches the turn in the "ingress" table on (user id, context id, the peer's 5-tuple),
+refuses what the table or the requester's owner check refuses, starts the prefetch of the
+context's KV into a slot reserved on the compute node, forwards the turn with `restore`
+filled in, and adds its own steps to the record on the way back. The other methods are
+forwarded unchanged.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+
+from kvtb_proto import compute_pb2, compute_pb2_grpc
+from smartnic import match_action as ma
+from smartnic.agent import Agent, Restore
+from smartnic.regions import Registered
+from smartnic.smartnic_servicer import restore_info
+
+logger = logging.getLogger(__name__)
+
+TCP = 6
+
+
+def parse_peer(peer: str) -> tuple[str, int]:
+    """("127.0.0.1", 54321) from a gRPC peer string such as "ipv4:127.0.0.1:54321"."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        host, _, port = rest.rpartition(":")
+        return host.strip("[]"), int(port or 0)
+    return "0.0.0.0", 0
+
+
+class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
+    """Thread-safe: stubs are cached per compute address under a lock."""
+
+    def __init__(self, agent: Agent, listen_host: str = "127.0.0.1", listen_port: int = 0):
+        self.agent = agent
+        self.listen_host, self.listen_port = listen_host, listen_port
+        self._lock = threading.Lock()
+        self._stubs: dict[str, compute_pb2_grpc.ComputeNodeStub] = {}
+        self._channels: list[grpc.Channel] = []
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def _stub(self, address: str) -> compute_pb2_grpc.ComputeNodeStub:
+        with self._lock:
+            if address not in self._stubs:
+                channel = grpc.insecure_channel(address)
+                self._channels.append(channel)
+                self._stubs[address] = compute_pb2_grpc.ComputeNodeStub(channel)
+            return self._stubs[address]
+
+    def _target(self, context, name: str = "") -> tuple[str, Registered | None]:
+        reg = self.agent.regions.for_compute(name)
+        if reg is not None:
+            return reg.compute_address, reg
+        address = name if ":" in name else self.agent.settings.compute_address
+        if not address:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "no compute node known: none registered a region "
+                                                       "with compute_address and none is configured")
+        return address, self.agent.regions.for_compute(address)
+
+    def _packet(self, request, context) -> dict:
+        src, sport = parse_peer(context.peer())
+        return {"user_id": request.user_id, "context_id": request.context_id, "src_addr": src,
+                "src_port": sport, "dst_addr": self.listen_host, "dst_port": self.listen_port,
+                "protocol": TCP}
+
+    def Generate(self, request, context):
+        arrival_ns = time.time_ns()
+        with self.agent.lock:
+            decision = self.agent.table().lookup(self._packet(request, context), time.monotonic())
+        if decision.action.type == ma.DENY:
+            self.agent.stats.inc("denied")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"denied by match-action entry {decision.entry_id}")
+        if decision.over_limit:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"rate limit of match-action entry {decision.entry_id} exceeded")
+        try:
+            self.agent.check_owner(request.user_id, request.context_id)
+        except PermissionError as exc:
+            self.agent.stats.inc("denied")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        address, reg = self._target(context, decision.action.compute_node)
+        stub = self._stub(address)
+        forwarded = compute_pb2.TurnRequest()
+        forwarded.CopyFrom(request)
+        restore = None
+        if decision.action.type != ma.FORWARD and not request.has_restore and reg is not None:
+            restore = self._prefetch(stub, reg, request)
+            if restore is not None:
+                forwarded.restore.CopyFrom(restore_info(restore))
+                forwarded.has_restore = True
+        matched_ns = time.time_ns()
+        call = stub.Generate(forwarded)
+        context.add_callback(call.cancel)
+        try:
+            for event in call:
+                if event.HasField("record"):
+                    self._add_steps(event.record, arrival_ns, matched_ns, restore)
+                yield event
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED or context.is_active():
+                context.abort(exc.code(), exc.details() or str(exc))
+
+    def _prefetch(self, stub, reg: Registered, request) -> Restore | None:
+        """Reserve a slot and queue the GETs when the requester has a matching prefix (step 5)."""
+        if reg.layout is None:
+            return None
+        if not self.agent.matching_chunks(request.user_id, request.context_id, request.token_ids):
+            self.agent.stats.inc("misses")
+            return None
+        try:
+            slot = stub.ReserveSlot(compute_pb2.ReserveSlotRequest(
+                request_id=request.request_id, user_id=request.user_id, context_id=request.context_id,
+                lease_s=self.agent.settings.prefetch_lease_s), timeout=5.0)
+        except grpc.RpcError as exc:
+            logger.warning("ReserveSlot failed (%s): forwarding without prefetch", exc.code())
+            return None
+        if not slot.reserved:
+            return None
+        target = self.agent.regions.get(slot.region_id) if slot.region_id else reg
+        return self.agent.restore(target, request.user_id, request.context_id, slot.slot,
+                                  list(request.token_ids))
+
+    @staticmethod
+    def _add_steps(record, arrival_ns: int, matched_ns: int, restore: Restore | None) -> None:
+        record.steps.append(compute_pb2.Step(step=5, name="match-action and requester lookup",
+                                             start_unix_ns=arrival_ns, end_unix_ns=matched_ns,
+                                             service="smartnic"))
+        if restore is not None and restore.chunks:
+            record.steps.append(compute_pb2.Step(step=6, name="KV GET from storage",
+                                                 start_unix_ns=restore.started_ns,
+                                                 end_unix_ns=restore.done_ns or time.time_ns(),
+                                                 bytes=restore.bytes, service="smartnic"))
+        record.steps.sort(key=lambda s: (s.step, s.start_unix_ns))
+
+    def _forward(self, name: str, request, context):
+        address, _ = self._target(context)
+        try:
+            return getattr(self._stub(address), name)(request, timeout=context.time_remaining())
+        except grpc.RpcError as exc:
+            context.abort(exc.code(), exc.details() or str(exc))
+
+    def ReserveSlot(self, request, context):
+        return self._forward("ReserveSlot", request, context)
+
+    def EncodeChat(self, request, context):
+        return self._forward("EncodeChat", request, context)
+
+    def Decode(self, request, context):
+        return self._forward("Decode", request, context)
+
+    def Info(self, request, context):
+        return self._forward("Info", request, context)
+
+    def Stats(self, request, context):
+        return self._forward("Stats", request, context)

@@ -1,0 +1,186 @@
+"""The triggered-operation engine: the deferred work queue, its counter watcher, firing.
+
+The watcher reads only the counters that have entries queued. When something fired it
+polls again at once; with nothing due it spins for `spin_s`, then sleeps with exponential
+backoff up to `max_sleep_s`; with nothing queued at all it sleeps until woken. Trigger-to-
+fire latency is measured from when the watcher first saw the counter's new value (or from
+queuing, for an entry due at once) to the firing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Callable, Sequence
+
+from smartnic.datapath import ChunkRef
+from smartnic.regions import Registered, Regions, UnknownRegion
+from smartnic.requester import Chunk
+from smartnic.stats import Stats
+from smartnic.triggered import CounterKey, DeferredWorkQueue, Entry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterWork:
+    """Add to or set a counter's success part (chaining); no completion counter."""
+
+    kind: str  # "add" or "set"
+    counter: int
+    value: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DataWork:
+    """A PUT or GET of one chunk; `chunk` is the descriptor when the agent already knows it."""
+
+    kind: str  # "put" or "get"
+    ref: ChunkRef
+    ranges: tuple[tuple[int, int], ...]
+    token_ids: tuple[int, int]
+    chunk: Chunk | None = None
+    tag: object = None  # the agent's bookkeeping (a restore)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpError:
+    op_id: int
+    completion_counter: int
+    kind: str
+    message: str
+    ref: ChunkRef | None
+
+
+Done = Callable[[str | None, str], None]  # (error kind or None, message)
+
+
+class TriggerEngine:
+    """Thread-safe: queue/cancel/flush from any thread; one watcher thread fires."""
+
+    def __init__(self, regions: Regions, stats: Stats, handle_data: Callable[[Registered, Entry, Done], None],
+                 bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 1e-3):
+        self.regions, self.stats, self.handle_data = regions, stats, handle_data
+        self.spin_s, self.max_sleep_s = spin_s, max_sleep_s
+        self._dwq = DeferredWorkQueue(bound)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._seen: dict[CounterKey, tuple[int, int]] = {}  # trigger -> (total, first seen ns)
+        self.on_fire: list[Callable[[Entry, int], None]] = []  # hooks (benchmarks): (entry, fire ns)
+        self._thread = threading.Thread(target=self._run, name="counter-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    @property
+    def depth(self) -> int:
+        with self._lock:
+            return len(self._dwq)
+
+    def queue(self, reg: Registered, works: Sequence[tuple[int, int, object, int | None]]) -> list[int]:
+        """Queue (trigger counter, threshold, work, completion counter) all or none; QueueFull past the bound."""
+        for trigger, _, work, completion in works:
+            reg.region.read_counter(trigger)  # RegionError when out of range
+            if completion is not None:
+                reg.region.read_counter(completion)
+            if isinstance(work, CounterWork):
+                reg.region.read_counter(work.counter)
+        now = time.monotonic_ns()
+        with self._lock:
+            entries = self._dwq.queue(
+                [(CounterKey(reg.region_id, t), th, w, None if c is None else CounterKey(reg.region_id, c))
+                 for t, th, w, c in works], now=now)
+        self._wake.set()
+        return [e.op_id for e in entries]
+
+    def cancel(self, region_id: int, counter: int) -> int:
+        with self._lock:
+            return self._dwq.cancel(CounterKey(region_id, counter))
+
+    def flush(self, region_id: int | None = None) -> int:
+        with self._lock:
+            return self._dwq.flush(None if region_id is None else (lambda t: t.region_id == region_id))
+
+    # -- the watcher
+    def _run(self) -> None:
+        sleep, idle_since = 10e-6, None
+        while not self._stop.is_set():
+            if self._poll():
+                sleep, idle_since = 10e-6, None
+                continue
+            if self.depth == 0:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            now = time.perf_counter()
+            idle_since = idle_since or now
+            if now - idle_since < self.spin_s:
+                continue
+            if self._wake.wait(sleep):
+                self._wake.clear()
+                sleep = 10e-6
+            else:
+                sleep = min(sleep * 2, self.max_sleep_s)
+
+    def _poll(self) -> int:
+        due: list[tuple[Registered, Entry, int]] = []
+        with self._lock:
+            now = time.monotonic_ns()
+            for trigger in self._dwq.triggers():
+                try:
+                    reg = self.regions.get(trigger.region_id)
+                    total = reg.region.counter_total(trigger.counter)
+                except (UnknownRegion, TypeError, ValueError):
+                    self._dwq.cancel(trigger)  # the region went away
+                    continue
+                seen = self._seen.get(trigger)
+                if seen is None or seen[0] != total:
+                    seen = self._seen[trigger] = (total, now)
+                due.extend((reg, e, seen[1]) for e in self._dwq.pop_due(trigger, total))
+                if self._dwq.min_threshold(trigger) is None:
+                    self._seen.pop(trigger, None)
+        for reg, entry, observed_ns in due:
+            self._fire(reg, entry, observed_ns)
+        return len(due)
+
+    def _fire(self, reg: Registered, entry: Entry, observed_ns: int) -> None:
+        fire_ns = time.monotonic_ns()
+        self.stats.inc("triggered_fired")
+        self.stats.latency((fire_ns - max(observed_ns, int(entry.queued_at))) / 1000)
+        for hook in self.on_fire:
+            hook(entry, fire_ns)
+        work = entry.op
+        if isinstance(work, CounterWork):
+            if work.kind == "add":
+                reg.add(work.counter, work.value)
+            else:
+                reg.set(work.counter, work.value)
+            return
+        try:
+            self.handle_data(reg, entry, lambda kind, message: self.complete(reg, entry, kind, message))
+        except Exception as exc:  # noqa: BLE001 - a bug must end on the counter, not kill the watcher
+            logger.exception("firing op %d failed", entry.op_id)
+            self.complete(reg, entry, "internal", str(exc))
+
+    def complete(self, reg: Registered, entry: Entry, kind: str | None, message: str = "") -> None:
+        """Bump the completion counter: success part, or error part with the error queued."""
+        if kind is not None:
+            self.stats.inc_kind("errors", kind)
+            ref = entry.op.ref if isinstance(entry.op, DataWork) else None
+            counter = entry.completion.counter if entry.completion else 0
+            reg.errors.append(OpError(entry.op_id, counter, kind, message, ref))
+            logger.warning("op %d failed (%s): %s", entry.op_id, kind, message)
+        if entry.completion is None or reg.closed:
+            return
+        if kind is None:
+            reg.add(entry.completion.counter, success=1)
+        else:
+            reg.add(entry.completion.counter, error=1)

@@ -1,0 +1,132 @@
+"""Registered regions: a compute node's shared memory mapped by the agent (fi_mr_reg).
+
+Every call about a region presents its access key. The agent is the one writer of the
+counters it bumps (completions, counter ops); the lock makes its read-add-store atomic
+against its own threads.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import threading
+
+from smartnic.kv_layout import COUNTERS_PER_SLOT, KvLayout
+from smartnic.region import Region, RegionError
+
+logger = logging.getLogger(__name__)
+
+
+class UnknownRegion(LookupError):
+    """No region with that id is registered."""
+
+
+class AccessDenied(PermissionError):
+    """The access key does not match the region's."""
+
+
+@dataclasses.dataclass
+class Registered:
+    """One registered region. Counter updates by the agent go through `lock`."""
+
+    region_id: int
+    region: Region
+    access_key: str
+    layout: KvLayout | None = None
+    owner: str = ""
+    compute_address: str = ""
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    errors: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=1024))
+    closed: bool = False
+
+    def add(self, counter: int, success: int = 0, error: int = 0) -> tuple[int, int]:
+        with self.lock:
+            return self.region.add_counter(counter, success, error)
+
+    def set(self, counter: int, success: int, error: int | None = None) -> tuple[int, int]:
+        with self.lock:
+            self.region.store_counter(counter, success, error)
+            return self.region.read_counter(counter)
+
+
+def layout_from_proto(msg, counter_count: int) -> KvLayout:
+    """A KvLayout from its message; refuse one whose offsets differ from KvLayout's arithmetic."""
+    layout = KvLayout(num_slots=msg.num_slots, num_layers=msg.num_layers, num_kv_heads=msg.num_kv_heads,
+                      max_tokens=msg.max_tokens, head_dim=msg.head_dim, dtype_bytes=msg.dtype_bytes or 4,
+                      chunk_tokens=msg.chunk_tokens or 32,
+                      extra_counters=max(0, counter_count - msg.num_slots * COUNTERS_PER_SLOT))
+    wanted = {"kv_offset": layout.kv_offset, "token_ids_offset": layout.token_ids_offset}
+    for name, value in wanted.items():
+        if getattr(msg, name) != value:
+            raise RegionError(f"kv_layout.{name} is {getattr(msg, name)}, KvLayout computes {value}")
+    for name, fn in (("slot_token_counter", layout.token_counter),
+                     ("slot_restore_counter", layout.restore_counter),
+                     ("slot_offload_counter", layout.offload_counter)):
+        given = list(getattr(msg, name))
+        if given and given != [fn(s) for s in range(layout.num_slots)]:
+            raise RegionError(f"kv_layout.{name} differs from KvLayout's counters")
+    return layout
+
+
+class Regions:
+    """Region id -> Registered. Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._regions: dict[int, Registered] = {}
+        self._ids = itertools.count(1)
+
+    def register(self, shm_name: str, size: int, access_key: str, counter_offset: int,
+                 counter_count: int, layout_msg=None, owner: str = "", compute_address: str = "") -> Registered:
+        """Map the region; raise RegionError when it cannot be mapped or its layout is wrong."""
+        if not access_key:
+            raise RegionError("an access key is required")
+        layout = layout_from_proto(layout_msg, counter_count) if layout_msg is not None else None
+        if layout is not None:
+            if layout.region_bytes > size or layout.counter_offset != counter_offset:
+                raise RegionError(f"kv_layout needs {layout.region_bytes} bytes with counters at "
+                                  f"{layout.counter_offset}; got {size} bytes, counters at {counter_offset}")
+        region = Region.attach(shm_name, size, counter_offset, counter_count)
+        with self._lock:
+            reg = Registered(next(self._ids), region, access_key, layout, owner, compute_address)
+            self._regions[reg.region_id] = reg
+        logger.info("registered region %d: %s (%d bytes, %d counters) of %r", reg.region_id, shm_name,
+                    size, counter_count, owner)
+        return reg
+
+    def get(self, region_id: int, access_key: str | None = None) -> Registered:
+        """The region; with a key, check it (None: an internal caller)."""
+        with self._lock:
+            reg = self._regions.get(region_id)
+        if reg is None:
+            raise UnknownRegion(f"no registered region {region_id}")
+        if access_key is not None and access_key != reg.access_key:
+            raise AccessDenied(f"wrong access key for region {region_id}")
+        return reg
+
+    def deregister(self, region_id: int, access_key: str) -> Registered:
+        reg = self.get(region_id, access_key)
+        with self._lock:
+            self._regions.pop(region_id, None)
+        reg.closed = True
+        reg.region.close()
+        logger.info("deregistered region %d", region_id)
+        return reg
+
+    def all(self) -> list[Registered]:
+        with self._lock:
+            return list(self._regions.values())
+
+    def for_compute(self, name_or_address: str = "") -> Registered | None:
+        """The latest region with a compute address (matching an owner or address when given)."""
+        for reg in reversed(self.all()):
+            if reg.compute_address and (not name_or_address
+                                        or name_or_address in (reg.owner, reg.compute_address)):
+                return reg
+        return None
+
+    def close(self) -> None:
+        for reg in self.all():
+            reg.closed = True
+            reg.region.close()

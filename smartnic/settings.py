@@ -1,0 +1,75 @@
+"""The agent's settings (section `smartnic`): one frozen dataclass."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+EVICTION_POLICIES = ("lru", "timer", "both")
+
+
+class StorageNodeRef(NamedTuple):
+    name: str
+    admin_address: str
+    fabric_address: str
+
+
+DEFAULT_STORAGE_NODES = (
+    StorageNodeRef("storage-0", "127.0.0.1:50061", "tcp://127.0.0.1:55061"),
+    StorageNodeRef("storage-1", "127.0.0.1:50062", "tcp://127.0.0.1:55062"),
+)
+
+
+def _node(value: Any) -> StorageNodeRef:
+    """From a mapping {name, admin_address, fabric_address} or "name=admin=fabric" (environment)."""
+    if isinstance(value, StorageNodeRef):
+        return value
+    if isinstance(value, str):
+        parts = value.split("=")
+        if len(parts) == 2:
+            parts = [parts[0], "", parts[1]]
+        assert len(parts) == 3, f"storage node {value!r}: expected name=admin_address=fabric_address"
+        return StorageNodeRef(*parts)
+    value = dict(value)
+    assert "name" in value and "fabric_address" in value, f"storage node {value}: name and fabric_address"
+    return StorageNodeRef(str(value["name"]), str(value.get("admin_address", "")), str(value["fabric_address"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class SmartNicSettings:
+    """Immutable, validated at construction; sizes in bytes, times in seconds."""
+
+    listen_address: str = "127.0.0.1:50051"
+    storage_nodes: tuple = DEFAULT_STORAGE_NODES
+    host_nqn: str = "nqn.2026-11.org.kvtestbed:smartnic-0"
+    namespace_id: int = 1
+    salt: str = "kvtestbed-default-salt"   # per deployment; the compute node's `cpu` policy must use the same
+    queue_bound: int = 512                 # deferred work queue entries (a Cassini service's limit)
+    capacity_high_bytes: int = 8 << 30     # LRU eviction starts above this many bytes stored
+    capacity_low_bytes: int = 6 << 30      # ... and stops at this many
+    ttl_s: float = 3600.0                  # idle time-to-live of a context
+    eviction_policy: str = "both"          # lru, timer or both
+    eviction_interval_s: float = 0.5
+    get_timeout_s: float = 3.0             # a GET not done by then completes with an error
+    fabric_timeout_s: float = 5.0
+    queue_depth: int = 128                 # per storage node
+    reconnect_interval_s: float = 1.0
+    compute_address: str = ""              # where turns go when no region named a compute node
+    watcher_spin_us: float = 200.0
+    watcher_max_sleep_us: float = 1000.0
+    datapath_workers: int = 4
+    grpc_workers: int = 32
+    prefetch_lease_s: float = 10.0         # ReserveSlot lease asked of the compute node
+
+    def __post_init__(self) -> None:
+        nodes = self.storage_nodes
+        if isinstance(nodes, str):
+            nodes = [n for n in nodes.split(",") if n.strip()]
+        object.__setattr__(self, "storage_nodes", tuple(_node(n) for n in nodes))
+        names = [n.name for n in self.storage_nodes]
+        assert names and len(set(names)) == len(names), "storage_nodes: at least one, unique names"
+        assert self.namespace_id >= 1, "namespace_id is 1-based"
+        assert self.salt, "salt must not be empty"
+        assert self.queue_bound > 0, "queue_bound must be positive"
+        assert 0 <= self.capacity_low_bytes <= self.capacity_high_bytes, "need low <= high watermark"
+        assert self.ttl_s > 0 and self.get_timeout_s > 0 and self.fabric_timeout_s > 0
+        assert self.eviction_policy in EVICTION_POLICIES, f"eviction_policy: one of {EVICTION_POLICIES}"

@@ -1,0 +1,180 @@
+"""The SmartNic gRPC service: registration, counters, triggered operations, requester, stats."""
+from __future__ import annotations
+
+import time
+
+from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
+from smartnic.agent import Agent, Restore
+from smartnic.datapath import ChunkRef
+from smartnic.engine import CounterWork, DataWork, OpError
+from smartnic.grpc_errors import rpc
+from smartnic.requester import Chunk
+
+
+def _ref(chunk: smartnic_pb2.ChunkRef) -> ChunkRef:
+    if not chunk.user_id or not chunk.context_id or chunk.token_end <= chunk.token_start:
+        raise ValueError(f"chunk ref needs a user, a context and tokens [start, end) with end > start; "
+                         f"got {chunk.user_id!r}, {chunk.context_id!r}, [{chunk.token_start}, {chunk.token_end})")
+    return ChunkRef(chunk.user_id, chunk.context_id, chunk.chunk_index, chunk.token_start, chunk.token_end)
+
+
+def _work(op: smartnic_pb2.TriggeredOp):
+    """(work, completion counter or None) of one TriggeredOp."""
+    kind = op.WhichOneof("op")
+    if kind in ("put", "get"):
+        data = getattr(op, kind)
+        return DataWork(kind, _ref(data.chunk), tuple((r.offset, r.length) for r in data.ranges),
+                        (data.token_ids.offset, data.token_ids.length)), op.completion_counter
+    if kind in ("counter_add", "counter_set"):
+        c = getattr(op, kind)
+        return CounterWork(kind.removeprefix("counter_"), c.counter, c.value), None
+    raise ValueError("a triggered op needs put, get, counter_add or counter_set")
+
+
+def restore_info(r: Restore) -> smartnic_pb2.RestoreInfo:
+    return smartnic_pb2.RestoreInfo(slot=r.slot, tokens_announced=r.tokens_announced, chunks=r.chunks,
+                                    completion_counter=r.completion_counter, threshold=r.threshold,
+                                    error_base=r.error_base, bytes=r.bytes, started_unix_s=r.started_ns / 1e9)
+
+
+def descriptor(c: Chunk) -> smartnic_pb2.ChunkDescriptor:
+    return smartnic_pb2.ChunkDescriptor(chunk_index=c.chunk_index, token_start=c.token_start,
+                                        token_end=c.token_end, storage_node=c.storage_node, key=c.key,
+                                        length=c.length, crc32c=c.crc32c, token_ids_hash=c.token_ids_hash,
+                                        last_use_unix_s=c.last_use)
+
+
+def _op_error(e: OpError) -> smartnic_pb2.OpError:
+    msg = smartnic_pb2.OpError(op_id=e.op_id, completion_counter=e.completion_counter, kind=e.kind,
+                               message=e.message)
+    if e.ref:
+        msg.chunk.CopyFrom(smartnic_pb2.ChunkRef(user_id=e.ref.user_id, context_id=e.ref.context_id,
+                                                 chunk_index=e.ref.chunk_index, token_start=e.ref.token_start,
+                                                 token_end=e.ref.token_end))
+    return msg
+
+
+class SmartNicServicer(smartnic_pb2_grpc.SmartNicServicer):
+    """Thin: translate messages and call the agent."""
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+
+    def _reg(self, ref):
+        return self.agent.regions.get(ref.region_id, ref.access_key)
+
+    @rpc
+    def RegisterMemory(self, request, context):
+        reg = self.agent.regions.register(
+            request.shm_name, request.size_bytes, request.access_key, request.counter_offset,
+            request.counter_count, request.kv_layout if request.HasField("kv_layout") else None,
+            request.owner, request.compute_address)
+        return smartnic_pb2.RegisterMemoryResponse(region_id=reg.region_id)
+
+    @rpc
+    def DeregisterMemory(self, request, context):
+        self.agent.deregister(request.region_id, request.access_key)
+        return smartnic_pb2.DeregisterMemoryResponse()
+
+    @rpc
+    def CounterAdd(self, request, context):
+        s, e = self._reg(request.counter).add(request.counter.counter, request.success, request.error)
+        return smartnic_pb2.CounterValue(success=s, error=e)
+
+    @rpc
+    def CounterSet(self, request, context):
+        s, e = self._reg(request.counter).set(request.counter.counter, request.success, request.error)
+        return smartnic_pb2.CounterValue(success=s, error=e)
+
+    @rpc
+    def CounterRead(self, request, context):
+        s, e = self._reg(request).region.read_counter(request.counter)
+        return smartnic_pb2.CounterValue(success=s, error=e)
+
+    @rpc
+    def CounterWait(self, request, context):
+        reg, counter = self._reg(request.counter), request.counter.counter
+        deadline = time.monotonic() + (request.timeout_s or 10.0)
+        sleep = 20e-6
+        while True:
+            s, e = reg.region.read_counter(counter)
+            if s + e >= request.threshold:
+                return smartnic_pb2.CounterValue(success=s, error=e)
+            if time.monotonic() > deadline or not context.is_active():
+                raise TimeoutError(f"counter {counter} is at {s}+{e}, below {request.threshold}, "
+                                   f"after {request.timeout_s} s")
+            time.sleep(sleep)
+            sleep = min(sleep * 2, 1e-3)
+
+    @rpc
+    def QueueTriggered(self, request, context):
+        if not request.ops:
+            return smartnic_pb2.QueueTriggeredResponse()
+        first = request.ops[0]
+        if any((op.region_id, op.access_key) != (first.region_id, first.access_key) for op in request.ops):
+            raise ValueError("every op of one QueueTriggered call must name the same region")
+        reg = self.agent.regions.get(first.region_id, first.access_key)
+        works = []
+        for op in request.ops:
+            work, completion = _work(op)
+            if isinstance(work, DataWork):
+                self.agent.check_owner(work.ref.user_id, work.ref.context_id)
+            works.append((op.trigger_counter, op.threshold, work, completion))
+        return smartnic_pb2.QueueTriggeredResponse(op_ids=self.agent.engine.queue(reg, works))
+
+    @rpc
+    def CancelCounter(self, request, context):
+        reg = self._reg(request.counter)
+        return smartnic_pb2.CancelResponse(cancelled=self.agent.engine.cancel(reg.region_id,
+                                                                              request.counter.counter))
+
+    @rpc
+    def Flush(self, request, context):
+        reg = self.agent.regions.get(request.region_id, request.access_key)
+        return smartnic_pb2.FlushResponse(cancelled=self.agent.engine.flush(reg.region_id))
+
+    @rpc
+    def ReadErrors(self, request, context):
+        reg = self.agent.regions.get(request.region_id, request.access_key)
+        limit = request.max_errors or 100
+        errors = []
+        while reg.errors and len(errors) < limit:
+            errors.append(_op_error(reg.errors.popleft()))
+        return smartnic_pb2.ReadErrorsResponse(errors=errors)
+
+    @rpc
+    def Lookup(self, request, context):
+        chunks = self.agent.lookup(request.user_id, request.context_id)
+        return smartnic_pb2.LookupResponse(chunks=[descriptor(c) for c in chunks],
+                                           bytes=sum(c.length for c in chunks))
+
+    @rpc
+    def Restore(self, request, context):
+        reg = self.agent.regions.get(request.region_id, request.access_key)
+        restore = self.agent.restore(reg, request.context.user_id, request.context.context_id, request.slot,
+                                     list(request.token_ids))
+        return restore_info(restore)
+
+    @rpc
+    def ListContexts(self, request, context):
+        with self.agent.lock:
+            refs = [smartnic_pb2.ContextRef(user_id=c.user_id, context_id=c.context_id)
+                    for c in self.agent.requester.contexts(request.user_id)]
+        return smartnic_pb2.ListContextsResponse(contexts=refs)
+
+    @rpc
+    def DropContext(self, request, context):
+        return smartnic_pb2.DropContextResponse(
+            chunks_deleted=self.agent.drop_context(request.user_id, request.context_id))
+
+    @rpc
+    def Stats(self, request, context):
+        s = self.agent.snapshot()
+        return smartnic_pb2.StatsResponse(
+            hits=s.get("hits", 0), misses=s.get("misses", 0), bytes_put=s.get("bytes_put", 0),
+            bytes_got=s.get("bytes_got", 0), evictions_by_reason=s["evictions_by_reason"],
+            triggered_fired=s.get("triggered_fired", 0), trigger_to_fire_p50_us=s["p50"],
+            trigger_to_fire_p99_us=s["p99"], queue_depth=s["queue_depth"], errors_by_kind=s["errors_by_kind"],
+            bytes_stored=s["bytes_stored"], contexts=s["contexts"], chunks=s["chunks"],
+            bytes_by_storage_node=s["bytes_by_storage_node"], prefetches=s.get("prefetches", 0),
+            denied=s.get("denied", 0))
