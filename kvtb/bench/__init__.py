@@ -1,1 +1,1 @@
-"""Benchmarks (`kvtb bench ...`) and the helpers they share: stats, progress, output, machine, rawlimits."""
+"""Benchmarks (`kvtb bench ...`) and the helpers they share: common, stats, progress, output, machine, rawlimits."""
