@@ -1,0 +1,91 @@
+"""The compute node's calls to its SmartNIC agent (smartnic.proto): registration, arming, restore."""
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
+
+from compute_node.kv_pool import KvPool, layout_to_proto
+
+logger = logging.getLogger(__name__)
+
+
+class AgentClient:
+    """One registered region at one agent. Thread-safe (gRPC stubs are)."""
+
+    def __init__(self, address: str, timeout_s: float = 10.0):
+        self.address = address
+        self.timeout_s = timeout_s
+        self.channel = grpc.insecure_channel(address)
+        self.stub = smartnic_pb2_grpc.SmartNicStub(self.channel)
+        self.region_id: int | None = None
+        self.access_key = ""
+
+    def register(self, pool: KvPool, access_key: str, owner: str, compute_address: str,
+                 deadline_s: float) -> int:
+        """RegisterMemory (step 1), retrying until the agent answers or deadline_s passes."""
+        request = smartnic_pb2.RegisterMemoryRequest(
+            shm_name=pool.region.name, size_bytes=pool.region.size, access_key=access_key,
+            counter_offset=pool.layout.counter_offset, counter_count=pool.layout.counter_count,
+            kv_layout=layout_to_proto(pool.layout), owner=owner, compute_address=compute_address)
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                response = self.stub.RegisterMemory(request, timeout=self.timeout_s,
+                                                    wait_for_ready=True)
+                break
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
+                        or time.monotonic() > deadline:
+                    raise
+                logger.info("agent at %s not reachable yet (%s); retrying", self.address, exc.code())
+                time.sleep(0.5)
+        self.region_id, self.access_key = response.region_id, access_key
+        logger.info("region %s registered with the agent at %s as region %d",
+                    pool.region.name, self.address, self.region_id)
+        return self.region_id
+
+    def deregister(self) -> None:
+        if self.region_id is None:
+            return
+        try:
+            self.stub.DeregisterMemory(smartnic_pb2.DeregisterMemoryRequest(
+                region_id=self.region_id, access_key=self.access_key), timeout=5.0)
+        except grpc.RpcError as exc:
+            logger.warning("deregistering region %d failed: %s", self.region_id, exc.details())
+        self.region_id = None
+
+    def counter_ref(self, counter: int) -> smartnic_pb2.CounterRef:
+        return smartnic_pb2.CounterRef(region_id=self.region_id, access_key=self.access_key,
+                                       counter=counter)
+
+    def queue(self, ops: list[smartnic_pb2.TriggeredOp]) -> list[int]:
+        """QueueTriggered: all ops or none."""
+        response = self.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=ops),
+                                            timeout=self.timeout_s)
+        return list(response.op_ids)
+
+    def cancel(self, counter: int) -> int:
+        """Cancel every queued entry triggered by counter; return how many."""
+        response = self.stub.CancelCounter(smartnic_pb2.CancelRequest(counter=self.counter_ref(counter)),
+                                           timeout=self.timeout_s)
+        return response.cancelled
+
+    def restore(self, user_id: str, context_id: str, slot: int, token_ids) -> smartnic_pb2.RestoreInfo:
+        """Ask the agent to GET the chunks covering a prefix of token_ids into slot."""
+        return self.stub.Restore(smartnic_pb2.RestoreRequest(
+            region_id=self.region_id, access_key=self.access_key,
+            context=smartnic_pb2.ContextRef(user_id=user_id, context_id=context_id),
+            slot=slot, token_ids=token_ids), timeout=self.timeout_s)
+
+    def read_errors(self, max_errors: int = 16) -> list[smartnic_pb2.OpError]:
+        response = self.stub.ReadErrors(smartnic_pb2.ReadErrorsRequest(
+            region_id=self.region_id, access_key=self.access_key, max_errors=max_errors),
+            timeout=self.timeout_s)
+        return list(response.errors)
+
+    def close(self) -> None:
+        self.channel.close()

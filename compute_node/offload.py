@@ -1,0 +1,145 @@
+"""Step 2/8 offload from the compute side: the triggered design and the no-offload policies.
+
+Triggered (docs/contracts.md "A turn", point 4): after prefill one QueueTriggered call arms
+a PUT per chunk the turn can fill (trigger: the slot's token counter at (i+1)*chunk_tokens,
+completion: the slot's offload counter). While decoding, the compute process only stores
+the token count into the counter at each chunk boundary. At the end it cancels what did
+not fire and queues the partial last chunk at once; the slot is free once the offload
+counter shows every fired PUT completed.
+
+Every offloader measures its own stall: the time the engine thread spent inside it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from kvtb_proto import smartnic_pb2
+
+from compute_node.kv_pool import KvPool
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class OffloadTurn:
+    """One turn's offload: which slot and context, and what the offloader did."""
+
+    slot: int
+    user_id: str
+    context_id: str
+    first_chunk: int         # chunks before it are already stored (restored unchanged)
+    capacity_tokens: int     # tokens the slot can hold at the end of this turn
+    stall_s: float = 0.0
+    arm_s: float = 0.0
+    arm_start_ns: int = 0
+    arm_end_ns: int = 0
+    armed: int = 0           # PUTs queued by arm()
+    chunks: int = 0          # chunks offloaded (fired or stored)
+    bytes: int = 0
+    drain_counter: int = -1  # the slot is free once this counter reaches drain_target
+    drain_target: int = 0
+    last_stored: int = 0
+
+
+class NoOffload:
+    """resident and recompute: nothing leaves the slot."""
+
+    def begin(self, turn: OffloadTurn, count: int) -> None:
+        pass
+
+    def arm(self, turn: OffloadTurn) -> None:
+        pass
+
+    def on_tokens(self, turn: OffloadTurn, count: int) -> None:
+        pass
+
+    def end(self, turn: OffloadTurn, count: int) -> None:
+        pass
+
+
+def chunk_bytes(pool: KvPool, start: int, end: int) -> int:
+    """KV plus token id bytes of tokens [start, end)."""
+    return (end - start) * (pool.layout.kv_bytes_per_token + 4)
+
+
+class TriggeredOffload:
+    """Arms triggered PUTs with the agent and bumps the slot's token counter (steps 2 and 8)."""
+
+    def __init__(self, pool: KvPool, agent):
+        self.pool = pool
+        self.agent = agent
+        self.layout = pool.layout
+        self._ranges: dict[tuple[int, int, int], list] = {}
+
+    def _put(self, turn: OffloadTurn, index: int, start: int, end: int,
+             threshold: int) -> smartnic_pb2.TriggeredOp:
+        L = self.layout
+        key = (turn.slot, start, end)
+        ranges = self._ranges.get(key)
+        if ranges is None:
+            ranges = [smartnic_pb2.Range(offset=o, length=n) for o, n in L.kv_ranges(turn.slot, start, end)]
+            if end - start == L.chunk_tokens:
+                self._ranges[key] = ranges
+        offset, length = L.token_ids_range(turn.slot, start, end)
+        return smartnic_pb2.TriggeredOp(
+            region_id=self.agent.region_id, access_key=self.agent.access_key,
+            trigger_counter=L.token_counter(turn.slot), threshold=threshold,
+            completion_counter=L.offload_counter(turn.slot),
+            put=smartnic_pb2.PutOp(ranges=ranges, token_ids=smartnic_pb2.Range(offset=offset, length=length),
+                                   chunk=smartnic_pb2.ChunkRef(user_id=turn.user_id, context_id=turn.context_id,
+                                                               chunk_index=index, token_start=start,
+                                                               token_end=end)))
+
+    def begin(self, turn: OffloadTurn, count: int) -> None:
+        """Before prefill: the token counter goes back to the tokens already in the slot."""
+        start = time.perf_counter()
+        turn.drain_counter = self.layout.offload_counter(turn.slot)
+        turn.drain_target = self.pool.counter_total(turn.drain_counter)
+        self.pool.store_tokens(turn.slot, count)
+        turn.last_stored = count
+        turn.stall_s += time.perf_counter() - start
+
+    def arm(self, turn: OffloadTurn) -> None:
+        """Queue one PUT per full chunk the turn can fill, in one call."""
+        start = time.perf_counter()
+        turn.arm_start_ns = time.time_ns()
+        c = self.layout.chunk_tokens
+        ops = [self._put(turn, i, i * c, (i + 1) * c, (i + 1) * c)
+               for i in range(turn.first_chunk, turn.capacity_tokens // c)]
+        turn.armed = len(ops)
+        if ops:
+            self.agent.queue(ops)
+        turn.arm_end_ns = time.time_ns()
+        turn.arm_s = time.perf_counter() - start
+        turn.stall_s += turn.arm_s
+
+    def on_tokens(self, turn: OffloadTurn, count: int) -> None:
+        """The GPU thread's flag write, at each chunk boundary crossed."""
+        c = self.layout.chunk_tokens
+        if count // c > turn.last_stored // c:
+            start = time.perf_counter()
+            self.pool.store_tokens(turn.slot, count)
+            turn.last_stored = count
+            turn.stall_s += time.perf_counter() - start
+
+    def end(self, turn: OffloadTurn, count: int) -> None:
+        """Cancel what did not fire; queue the partial last chunk; set the drain target."""
+        start = time.perf_counter()
+        c = self.layout.chunk_tokens
+        cancelled = self.agent.cancel(self.layout.token_counter(turn.slot)) if turn.armed else 0
+        fired_full = turn.armed - cancelled
+        first = turn.first_chunk * c
+        turn.chunks += fired_full
+        turn.bytes += sum(chunk_bytes(self.pool, i * c, (i + 1) * c)
+                          for i in range(turn.first_chunk, turn.first_chunk + fired_full))
+        tail = count // c * c
+        if count % c and tail >= first:
+            self.pool.store_tokens(turn.slot, count)
+            turn.last_stored = count
+            self.agent.queue([self._put(turn, count // c, tail, count, count)])
+            turn.chunks += 1
+            turn.bytes += chunk_bytes(self.pool, tail, count)
+        turn.drain_target += turn.chunks
+        turn.stall_s += time.perf_counter() - start

@@ -1,0 +1,60 @@
+"""The compute node's settings: one frozen dataclass, section `compute` of the config file."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+POLICIES = ("triggered", "cpu", "resident", "recompute")
+
+
+def _default_cache_dir() -> str:
+    return os.path.join(os.path.expanduser("~"), ".cache", "kvtestbed", "smollm2-135m-instruct")
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeSettings:
+    """Validated in __post_init__; read with kvtb.settings.load_settings(ComputeSettings, "compute")."""
+
+    policy: str = "triggered"
+    num_slots: int = 8
+    max_context_tokens: int = 4096
+    chunk_tokens: int = 32
+    listen_address: str = "127.0.0.1:50071"
+    agent_address: str = "127.0.0.1:50051"
+    # Under `cpu`: the storage nodes' fabric addresses (tcp://host:port) the compute process
+    # writes its own chunks to, and the NVMe-oF names it connects with.
+    storage_fabric_addresses: tuple[str, ...] = ("tcp://127.0.0.1:55061",)
+    storage_host_nqn: str = "nqn.2024-01.io.kvtestbed:compute"
+    storage_nsid: int = 1
+    key_salt: str = "kvtestbed"
+    restore_timeout_s: float = 10.0
+    drain_timeout_s: float = 10.0
+    register_timeout_s: float = 60.0
+    queue_bound: int = 64
+    lease_s: float = 30.0
+    default_max_new_tokens: int = 256
+    model_cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
+    model_dtype: str = "float32"
+    torch_threads: int = 0  # 0: all cores
+    node_name: str = "compute0"
+    access_key: str = ""  # empty: a random key per start
+    require_agent: bool = False  # under resident/recompute, fail when the agent cannot be reached
+
+    def __post_init__(self):
+        assert self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}"
+        assert self.num_slots > 0, "num_slots must be positive"
+        assert self.max_context_tokens > 0, "max_context_tokens must be positive"
+        assert 0 < self.chunk_tokens <= self.max_context_tokens, "chunk_tokens must be in (0, max]"
+        assert self.restore_timeout_s > 0, "restore_timeout_s must be positive"
+        assert self.queue_bound > 0, "queue_bound must be positive"
+        assert self.model_dtype == "float32", "only float32 KV is supported (the pool is fp32)"
+        assert self.node_name and "/" not in self.node_name, "node_name must be a plain name"
+
+    @property
+    def shm_name(self) -> str:
+        """The region's /dev/shm name, unique per node name and process."""
+        return f"kvtb-{self.node_name}-{os.getpid()}"
+
+    @property
+    def offloads(self) -> bool:
+        return self.policy in ("triggered", "cpu")
