@@ -1,0 +1,241 @@
+"""`kvtb bench smartnic [--json]`: trigger-to-fire latency, and PUT/GET throughput beside raw limits.
+
+The agent runs in this process (its real engine, watcher and data path) against a real storage
+node process; the counter stores come from a child process, as the compute node's would, each
+with its CLOCK_MONOTONIC timestamp, so trigger-to-fire is measured from the store itself.
+Raw limits are measured in the same run on the storage node's disk: ZeroMQ tcp loopback,
+pread of a cached file, pwrite + fsync. The PUT limit is min(zmq, pwrite+fsync); the GET
+limit is min(zmq, pread).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import random
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from kvtb.bench import rawlimits
+from kvtb.bench.common import add_common_args, new_result
+from kvtb.bench.output import emit_json, format_table, write_json
+from kvtb.bench.stats import percentile
+from kvtb.launch import ServiceProcess, kvtb_argv
+from kvtb_proto import nvmeof_pb2 as pb
+from smartnic import chunk_format as cf
+from smartnic.agent import Agent
+from smartnic.datapath import ChunkRef
+from smartnic.engine import CounterWork, DataWork
+from smartnic.region import Region
+from smartnic.settings import SmartNicSettings, StorageNodeRef
+from storage_node.client import FabricClient
+
+logger = logging.getLogger(__name__)
+
+RANGES_PER_CHUNK = 128  # a chunk is gathered from many ranges, like [layer, K|V, head] rows
+TRIGGER, FIRED = 0, 1   # counters of the bench region
+
+
+def _storer(name: str, size: int, counter_offset: int, counters: int, n: int, seed: int, queue) -> None:
+    """Child process: store 1..n into the trigger counter at random gaps, timestamping each store."""
+    region = Region.attach(name, size, counter_offset, counters)
+    rng = random.Random(seed)
+    stamps = []
+    for i in range(1, n + 1):
+        time.sleep(rng.uniform(0.0002, 0.003))
+        stamps.append(time.monotonic_ns())
+        region.store_counter(TRIGGER, i)
+    queue.put(stamps)
+    region.close()
+
+
+def _wait(region: Region, counter: int, total: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while region.counter_total(counter) < total:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"counter {counter} stuck at {region.read_counter(counter)}, wanted {total}")
+        time.sleep(0.0005)
+
+
+def trigger_latency(agent: Agent, samples: int) -> dict:
+    """Store-to-fire latency in µs over `samples` counter stores from another process."""
+    region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", 1 << 16, 0, 16)
+    reg = agent.regions.register(region.name, region.size, "bench", 0, 16)
+    fired: dict[int, int] = {}
+    agent.engine.on_fire.append(lambda entry, ns: fired.__setitem__(entry.threshold, ns))
+    try:
+        agent.engine.queue(reg, [(TRIGGER, i, CounterWork("add", FIRED, 1), None) for i in range(1, samples + 1)])
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_storer, args=(region.name, region.size, 0, 16, samples, 1, queue))
+        child.start()
+        stamps = queue.get(timeout=120)
+        child.join()
+        _wait(region, FIRED, samples)
+    finally:
+        agent.engine.on_fire.clear()
+        agent.deregister(reg.region_id, "bench")
+        region.close()
+    latencies = [(fired[i + 1] - t) / 1000 for i, t in enumerate(stamps)]
+    return {"samples": samples, "p50_us": percentile(latencies, 50), "p99_us": percentile(latencies, 99),
+            "mean_us": float(np.mean(latencies))}
+
+
+def _strided(base: int, index: int, count: int, chunk_bytes: int) -> tuple[tuple[int, int], ...]:
+    """The ranges of chunk `index`: row k of every chunk lies at (k * count + index) * row, as in a KV pool."""
+    row = chunk_bytes // RANGES_PER_CHUNK
+    return tuple((base + (k * count + index) * row, row) for k in range(RANGES_PER_CHUNK))
+
+
+def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int) -> dict:
+    """PUT then GET `total_bytes` in chunks of `chunk_bytes` through the engine; best bytes/s over rounds."""
+    count = max(2, total_bytes // chunk_bytes)
+    area = count * chunk_bytes
+    size = 2 * area + 4096
+    region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", size, size - 4096, 4)
+    src = np.frombuffer(region.view(0, area), dtype=np.uint8)
+    src[:] = np.random.default_rng(0).integers(0, 256, src.size, dtype=np.uint8)
+    reg = agent.regions.register(region.name, size, "bench", size - 4096, 4)
+    put_s, get_s = [], []
+    try:
+        for r in range(rounds):
+            refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
+            puts = [(0, 0, DataWork("put", ref, _strided(0, i, count, chunk_bytes), (0, 0)), 1)
+                    for i, ref in enumerate(refs)]
+            start = time.perf_counter()
+            agent.engine.queue(reg, puts)
+            _wait(region, 1, (r + 1) * count)
+            put_s.append(time.perf_counter() - start)
+            chunks = agent.lookup("bench", refs[0].context_id)
+            gets = [(0, 0, DataWork("get", refs[c.chunk_index], _strided(area, c.chunk_index, count, chunk_bytes),
+                                    (0, 0), c), 2) for c in chunks]
+            start = time.perf_counter()
+            agent.engine.queue(reg, gets)
+            _wait(region, 2, (r + 1) * count)
+            get_s.append(time.perf_counter() - start)
+            assert region.read_counter(1)[1] == region.read_counter(2)[1] == 0, "a transfer failed"
+            assert bytes(region.view(area, area)) == bytes(region.view(0, area)), "GET gave other bytes"
+            agent.drop_context("bench", refs[0].context_id)
+    finally:
+        agent.deregister(reg.region_id, "bench")
+        region.close()
+    return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK, "rounds": rounds,
+            "put_bytes_per_s": area / min(put_s), "get_bytes_per_s": area / min(get_s)}
+
+
+def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int) -> dict:
+    """The storage node alone: the same frames stored and retrieved by a bare FabricClient."""
+    count = max(2, total_bytes // chunk_bytes)
+    data = np.random.default_rng(1).integers(0, 256, count * chunk_bytes, dtype=np.uint8)
+    view = memoryview(data)
+    client = FabricClient(fabric_address, "nqn.2026-11.org.kvtestbed:bench-direct")
+    client.connect()
+    put_s, get_s = [], []
+    try:
+        for r in range(rounds):
+            keys = [cf.chunk_key("direct", "bench", str(r), i) for i in range(count)]
+            start = time.perf_counter()
+            futures = [client.submit(pb.CommandCapsule(
+                command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1, key=key, value_length=chunk_bytes,
+                crc32c=cf.crc32c_of(frames), has_crc32c=True), frames)
+                for key, frames in ((k, [view[o:o + n] for o, n in _strided(0, i, count, chunk_bytes)])
+                                    for i, k in enumerate(keys))]
+            for f in futures:
+                f.result().raise_for_status()
+            put_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            futures = [client.submit(pb.CommandCapsule(command_set=pb.KEY_VALUE, opcode=pb.KV_RETRIEVE,
+                                                       namespace_id=1, key=k)) for k in keys]
+            for f in futures:
+                f.result().raise_for_status()
+            get_s.append(time.perf_counter() - start)
+            for k in keys:
+                client.delete(1, k)
+    finally:
+        client.close()
+    return {"put_bytes_per_s": count * chunk_bytes / min(put_s), "get_bytes_per_s": count * chunk_bytes / min(get_s)}
+
+
+def run(args) -> dict:
+    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="kvtb-bench-smartnic-"))
+    result = new_result("smartnic", {"sizes_mib": args.sizes_mib, "total_mib": args.total_mib,
+                                     "rounds": args.rounds, "trigger_samples": args.trigger_samples,
+                                     "data_dir": str(data_dir), "fsync": True})
+    storage = ServiceProcess("storage-bench", kvtb_argv("serve", "storage"), Path(args.out) / "storage.log", env={
+        "KVTB_STORAGE_DATA_DIR": str(data_dir / "storage"), "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0",
+        "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0", "KVTB_STORAGE_NODE_NAME": "bench"})
+    storage.start()
+    settings = SmartNicSettings(listen_address="127.0.0.1:0", queue_bound=max(512, args.trigger_samples),
+                                storage_nodes=(StorageNodeRef("bench", storage.addresses["admin"],
+                                                              storage.addresses["fabric"]),),
+                                eviction_policy="timer", ttl_s=3600)
+    agent = Agent(settings)
+    try:
+        agent.start()
+        result["results"]["trigger_to_fire"] = trigger_latency(agent, args.trigger_samples)
+        result["results"]["agent_observe_to_fire_us"] = dict(zip(("p50", "p99"), agent.stats.percentiles()))
+        transfers = [transfer(agent, mib << 20, args.total_mib << 20, args.rounds) for mib in args.sizes_mib]
+        for t, mib in zip(transfers, args.sizes_mib):
+            t["storage_node_direct"] = direct(storage.addresses["fabric"], mib << 20, args.total_mib << 20,
+                                              args.rounds)
+    finally:
+        agent.close()
+        storage.stop()
+    limits = {}
+    for mib in args.sizes_mib:
+        size = mib << 20
+        limits[mib] = {"zmq_tcp": rawlimits.zmq_bytes_per_s("tcp", size, args.budget_s),
+                       "pread_cached": rawlimits.pread_cached_bytes_per_s(size, args.budget_s, data_dir),
+                       "pwrite_fsync": rawlimits.pwrite_fsync_bytes_per_s(size, args.budget_s, data_dir)}
+    rows = []
+    for t, mib in zip(transfers, args.sizes_mib):
+        lim = limits[mib]
+        t["put_limit_bytes_per_s"] = min(lim["zmq_tcp"], lim["pwrite_fsync"])
+        t["get_limit_bytes_per_s"] = min(lim["zmq_tcp"], lim["pread_cached"])
+        t["put_vs_limit"] = t["put_bytes_per_s"] / t["put_limit_bytes_per_s"]
+        t["get_vs_limit"] = t["get_bytes_per_s"] / t["get_limit_bytes_per_s"]
+        t["raw_limits_bytes_per_s"] = lim
+        t["put_vs_direct"] = t["put_bytes_per_s"] / t["storage_node_direct"]["put_bytes_per_s"]
+        t["get_vs_direct"] = t["get_bytes_per_s"] / t["storage_node_direct"]["get_bytes_per_s"]
+        rows.append([f"{mib} MiB", t["put_bytes_per_s"] / 1e6, t["storage_node_direct"]["put_bytes_per_s"] / 1e6,
+                     t["put_limit_bytes_per_s"] / 1e6, t["put_vs_limit"],
+                     t["get_bytes_per_s"] / 1e6, t["storage_node_direct"]["get_bytes_per_s"] / 1e6,
+                     t["get_limit_bytes_per_s"] / 1e6, t["get_vs_limit"]])
+    result["results"]["transfers"] = transfers
+    result["ratios"]["put_vs_limit"] = min(t["put_vs_limit"] for t in transfers)
+    result["ratios"]["get_vs_limit"] = min(t["get_vs_limit"] for t in transfers)
+    result["ratios"]["floor"] = 0.5
+    result["ratios"]["put_vs_storage_node_direct"] = min(t["put_vs_direct"] for t in transfers)
+    result["ratios"]["get_vs_storage_node_direct"] = min(t["get_vs_direct"] for t in transfers)
+    result["table"] = format_table(["chunk", "PUT MB/s", "node alone", "raw limit", "ratio",
+                                    "GET MB/s", "node alone", "raw limit", "ratio"], rows)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvtb bench smartnic", description=__doc__.splitlines()[0])
+    add_common_args(parser, "smartnic")
+    parser.add_argument("--sizes-mib", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
+    parser.add_argument("--total-mib", type=int, default=128, help="bytes moved per size and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trigger-samples", type=int, default=1000)
+    parser.add_argument("--budget-s", type=float, default=1.0, help="seconds per raw-limit measurement")
+    parser.add_argument("--data-dir", help="where the storage node and raw limits write (default: a temp dir)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    result = run(args)
+    write_json(args.out, "smartnic.json", result)
+    if args.json:
+        emit_json(result)
+    else:
+        tf = result["results"]["trigger_to_fire"]
+        print(f"trigger-to-fire: p50 {tf['p50_us']:.0f} µs, p99 {tf['p99_us']:.0f} µs ({tf['samples']} stores)")
+        print(result["table"])
+        print(f"ratios: put_vs_limit {result['ratios']['put_vs_limit']:.2f}, "
+              f"get_vs_limit {result['ratios']['get_vs_limit']:.2f} (floor 0.5)")
+    return 0
