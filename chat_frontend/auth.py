@@ -1,0 +1,39 @@
+"""Bearer-token authentication: which configured user a request speaks for."""
+from __future__ import annotations
+
+import hmac
+from typing import Iterable, Mapping
+
+from chat_frontend.errors import ChatError
+
+
+def token_from(request_token: str, metadata: Iterable[tuple[str, str]] = ()) -> str:
+    """The request's token field, else the `authorization: Bearer TOKEN` metadata; '' if none."""
+    if request_token:
+        return request_token.strip()
+    for key, value in metadata:
+        if key.lower() == "authorization" and isinstance(value, str):
+            scheme, _, rest = value.strip().partition(" ")
+            if scheme.lower() == "bearer":
+                return rest.strip()
+    return ""
+
+
+class Authenticator:
+    """Maps tokens to user names; compares every token in constant time. Immutable."""
+
+    def __init__(self, users: Mapping[str, str]):
+        self._users = tuple((name, token.encode()) for name, token in users.items())
+
+    def user_for(self, token: str) -> str:
+        """The user whose token this is, or UNAUTHENTICATED."""
+        if not token:
+            raise ChatError("UNAUTHENTICATED", "no token: give one in the request or as "
+                            "'authorization: Bearer TOKEN' metadata")
+        found = ""
+        for name, known in self._users:
+            if hmac.compare_digest(known, token.encode()):
+                found = name
+        if not found:
+            raise ChatError("UNAUTHENTICATED", "unknown token")
+        return found

@@ -1,0 +1,126 @@
+"""One chat turn from the user's request to the stored transcript, independent of transport.
+
+The gRPC servicer (and later an HTTP API) calls `ChatService.chat` and relays its events.
+The engine is the SmartNIC agent in front of the compute node (`agent_client.AgentClient`);
+tests pass a fake with the same methods.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import AsyncIterator, Iterable, Protocol
+
+from chat_frontend import conversation, limits
+from chat_frontend.admission import Admission
+from chat_frontend.auth import Authenticator, token_from
+from chat_frontend.errors import ChatError
+from chat_frontend.record import TurnClock, build_summary
+from chat_frontend.settings import FrontendSettings
+from chat_frontend.store import Context, SessionStore, TurnRow
+from kvtb_proto import compute_pb2, frontend_pb2
+
+logger = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    async def info(self) -> compute_pb2.InfoResponse: ...
+    async def encode_chat(self, request: compute_pb2.EncodeChatRequest) -> list[int]: ...
+    def generate(self, request: compute_pb2.TurnRequest) -> AsyncIterator[compute_pb2.TurnEvent]: ...
+
+
+def new_context_id() -> str:
+    return "ctx-" + uuid.uuid4().hex[:20]
+
+
+class ChatService:
+    """Authenticates, checks limits, runs turns through the engine and keeps transcripts."""
+
+    def __init__(self, settings: FrontendSettings, store: SessionStore, engine: Engine):
+        self.settings = settings
+        self.store = store
+        self.engine = engine
+        self.auth = Authenticator(settings.users)
+        self.admission = Admission(settings.max_concurrent_turns, settings.max_waiting_turns,
+                                   settings.queue_timeout_s)
+        self.turns_completed = 0
+        self.turns_failed = 0
+
+    def user(self, token: str, metadata: Iterable[tuple[str, str]] = ()) -> str:
+        """The authenticated user, or UNAUTHENTICATED."""
+        return self.auth.user_for(token_from(token, metadata))
+
+    def owned_context(self, user: str, context_id: str) -> Context:
+        """The user's context, NOT_FOUND or PERMISSION_DENIED."""
+        ctx = self.store.get_context(context_id)
+        if ctx is None:
+            raise ChatError("NOT_FOUND", f"unknown context {context_id!r}")
+        if ctx.user_id != user:
+            raise ChatError("PERMISSION_DENIED", f"context {context_id!r} belongs to another user")
+        return ctx
+
+    async def chat(self, request: frontend_pb2.ChatRequest,
+                   metadata: Iterable[tuple[str, str]] = ()) -> AsyncIterator[frontend_pb2.ChatEvent]:
+        """Run one turn: yields text deltas, then the turn's summary."""
+        clock = TurnClock(start_ns=time.time_ns())
+        user = self.user(request.token, metadata)
+        limits.check_message(request.message, self.settings.message_max_chars)
+        max_new = limits.resolve_max_new_tokens(request.max_new_tokens,
+                                                self.settings.max_new_tokens_default,
+                                                self.settings.max_new_tokens_cap)
+        context_id = request.context_id
+        if context_id:
+            self.owned_context(user, context_id)
+        else:
+            context_id = new_context_id()
+        async with self.admission.turn(context_id):
+            try:
+                async for event in self._turn(user, context_id, request, max_new, clock):
+                    yield event
+            except BaseException:
+                self.turns_failed += 1
+                raise
+
+    async def _turn(self, user: str, context_id: str, request: frontend_pb2.ChatRequest,
+                    max_new: int, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
+        ctx = self.store.get_context(context_id)  # again: an earlier turn may have just ended
+        history = ctx.token_ids if ctx else ()
+        info = await self.engine.info()
+        prompt_ids = await self.engine.encode_chat(
+            conversation.encode_request(self.settings.system_prompt, request.message, ctx is not None))
+        limits.check_context_fits(len(history), len(prompt_ids), max_new, info.max_context_tokens)
+        request_id = uuid.uuid4().hex
+        turn_request = compute_pb2.TurnRequest(
+            request_id=request_id, user_id=user, context_id=context_id,
+            token_ids=[*history, *prompt_ids], max_new_tokens=max_new, sampling=request.sampling)
+        logger.info("turn %s: user %s context %s turn %d, %d tokens", request_id, user, context_id,
+                    (ctx.turns if ctx else 0) + 1, len(turn_request.token_ids))
+        yield frontend_pb2.ChatEvent(context_id=context_id)
+        texts: list[str] = []
+        token_ids: list[int] = []
+        record = None
+        async for event in self.engine.generate(turn_request):
+            if event.HasField("token"):
+                token_ids.append(event.token.id)
+                if event.token.text:
+                    clock.first_text_ns = clock.first_text_ns or time.time_ns()
+                    texts.append(event.token.text)
+                    yield frontend_pb2.ChatEvent(text=event.token.text)
+            elif event.HasField("record"):
+                record = event.record
+        if record is None:
+            raise ChatError("UNAVAILABLE", "the agent ended the turn without its record")
+        reply = "".join(texts)
+        reply_ids = list(record.output_token_ids) or token_ids
+        clock.end_ns = time.time_ns()
+        turn_no = (ctx.turns if ctx else 0) + 1
+        summary = build_summary(turn_no, context_id, request_id, reply, record, clock)
+        row = TurnRow(turn_no, request.message, reply, tuple(prompt_ids), tuple(reply_ids),
+                      summary.SerializeToString())
+        kept = [*turn_request.token_ids, *conversation.closed_reply(reply_ids, info.stop_token_ids)]
+        self.store.add_turn(context_id, user, row, kept, time.time())
+        self.turns_completed += 1
+        logger.info("turn %s done: kv_source %s, %d tokens out, e2e %.1f ms, gateway %.1f ms",
+                    request_id, summary.kv_source, summary.tokens_out, summary.e2e_ms,
+                    summary.gateway_ms)
+        yield frontend_pb2.ChatEvent(summary=summary)

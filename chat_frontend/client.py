@@ -1,0 +1,82 @@
+"""A blocking client of the frontend for the CLI: turns as events, errors as one-line messages."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+
+from kvtb.settings import SettingsError, read_config_file
+from kvtb_proto import compute_pb2, frontend_pb2, frontend_pb2_grpc
+
+DEFAULT_FRONTEND = "127.0.0.1:50050"
+DEFAULT_USER = "demo"
+REPO_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "kvtb.yaml"
+
+
+def default_config_path() -> str | None:
+    """$KVTB_CONFIG, else the repository's deploy/kvtb.yaml when there is one."""
+    if os.environ.get("KVTB_CONFIG"):
+        return os.environ["KVTB_CONFIG"]
+    return str(REPO_CONFIG) if REPO_CONFIG.exists() else None
+
+
+def token_for(user: str, config_path: str | None) -> str:
+    """The user's token from the config's frontend.users ('' when not found)."""
+    try:
+        users = (read_config_file(config_path).get("frontend") or {}).get("users") or {}
+    except SettingsError:
+        return ""
+    return str(users.get(user, ""))
+
+
+@dataclasses.dataclass
+class RpcFailure(Exception):
+    """The frontend could not be reached or refused: a status name and its message."""
+
+    address: str
+    code: str
+    details: str
+
+    def __str__(self) -> str:
+        if self.code == "UNAVAILABLE":
+            return f"cannot reach the frontend at {self.address} ({self.details}); is `kvtb up` running?"
+        return f"the frontend refused: {self.code}: {self.details}"
+
+
+class FrontendClient:
+    """Blocking ChatFrontend client; not thread-safe."""
+
+    def __init__(self, address: str, token: str, timeout_s: float = 600.0):
+        self.address = address
+        self.timeout_s = timeout_s
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel = grpc.insecure_channel(address)
+        self._stub = frontend_pb2_grpc.ChatFrontendStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _failure(self, exc: grpc.RpcError) -> RpcFailure:
+        return RpcFailure(self.address, exc.code().name, exc.details() or "")
+
+    def chat(self, message: str, context_id: str = "", max_new_tokens: int = 0,
+             sampling: compute_pb2.Sampling | None = None) -> Iterator[frontend_pb2.ChatEvent]:
+        """The turn's events (text deltas, then the summary); RpcFailure on errors."""
+        request = frontend_pb2.ChatRequest(context_id=context_id, message=message,
+                                           max_new_tokens=max_new_tokens, sampling=sampling)
+        try:
+            yield from self._stub.Chat(request, metadata=self._metadata, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise self._failure(exc) from None
+
+    def system_stats(self) -> dict:
+        """The whole system's figures."""
+        try:
+            reply = self._stub.SystemStats(frontend_pb2.SystemStatsRequest(), timeout=30.0)
+        except grpc.RpcError as exc:
+            raise self._failure(exc) from None
+        return json.loads(reply.json)

@@ -1,0 +1,36 @@
+"""Limits on a turn: message length, tokens to generate, the model's context. Pure."""
+from __future__ import annotations
+
+from chat_frontend.errors import ChatError
+
+
+def check_message(message: str, max_chars: int) -> None:
+    """INVALID_ARGUMENT when the message is empty or longer than max_chars."""
+    if not message.strip():
+        raise ChatError("INVALID_ARGUMENT", "message is empty")
+    if len(message) > max_chars:
+        raise ChatError("INVALID_ARGUMENT",
+                        f"message is {len(message)} characters, over the limit of {max_chars} "
+                        f"by {len(message) - max_chars}")
+
+
+def resolve_max_new_tokens(requested: int, default: int, cap: int) -> int:
+    """The tokens to generate: the default when 0 is asked, INVALID_ARGUMENT above the cap."""
+    if requested == 0:
+        return default
+    if requested > cap:
+        raise ChatError("INVALID_ARGUMENT",
+                        f"max_new_tokens is {requested}, over the limit of {cap} by {requested - cap}")
+    return requested
+
+
+def check_context_fits(tokens_so_far: int, new_tokens: int, max_new_tokens: int,
+                       max_context_tokens: int) -> None:
+    """INVALID_ARGUMENT when the conversation plus this turn would pass the model's context."""
+    needed = tokens_so_far + new_tokens + max_new_tokens
+    if needed > max_context_tokens:
+        raise ChatError("INVALID_ARGUMENT",
+                        f"conversation would need {needed} tokens ({tokens_so_far} so far + "
+                        f"{new_tokens} for this message + {max_new_tokens} to generate), over the "
+                        f"model's context of {max_context_tokens} tokens by "
+                        f"{needed - max_context_tokens}; start a new context")

@@ -1,0 +1,89 @@
+"""The turn's record: built from the engine's TurnRecord and the frontend's own clock. Pure.
+
+Times follow the ScaleLLM paper's split: e2e is from the frontend receiving the request to it
+sending the last event; engine time is what the compute node reports for the turn; gateway
+time is the rest (routing, authentication, the agent, streaming back): e2e - engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kvtb_proto import compute_pb2, frontend_pb2
+
+STEP_NAMES = {
+    1: "setup: register region, arm triggers",
+    2: "inference, triggered PUTs",
+    3: "stream response to user",
+    4: "release KV slot",
+    5: "match-action hit, lookup",
+    6: "GETs to storage",
+    7: "KV lands in region",
+    8: "inference on restored KV",
+}
+
+# The keys of `kvtb chat --json`, in order (issue 5).
+RECORD_KEYS = ("turn", "context_id", "reply", "kv_source", "fallback_reason", "ttft_ms", "tbt_ms",
+               "e2e_ms", "gateway_ms", "tokens_prefilled", "tokens_reused", "tokens_out",
+               "bytes_restored", "bytes_offloaded", "steps")
+STEP_KEYS = ("step", "name", "start_ms", "end_ms", "bytes")
+
+
+@dataclasses.dataclass
+class TurnClock:
+    """The frontend's timestamps of one turn (time.time_ns())."""
+
+    start_ns: int
+    first_text_ns: int = 0   # first reply text sent to the user
+    end_ns: int = 0          # last event sent
+
+
+def _ms(ns: int) -> float:
+    return round(ns / 1e6, 3)
+
+
+def stream_step(clock: TurnClock, reply_bytes: int) -> compute_pb2.Step:
+    """Step 3, the response streamed to the user, as the frontend saw it."""
+    start = clock.first_text_ns or clock.end_ns
+    return compute_pb2.Step(step=3, name=STEP_NAMES[3], start_unix_ns=start,
+                            end_unix_ns=clock.end_ns, bytes=reply_bytes, service="frontend")
+
+
+def build_summary(turn: int, context_id: str, request_id: str, reply: str,
+                  record: compute_pb2.TurnRecord, clock: TurnClock) -> frontend_pb2.TurnSummary:
+    """The TurnSummary of a completed turn (steps absolute, sorted by start)."""
+    e2e_ms = (clock.end_ns - clock.start_ns) / 1e6
+    ttft_ms = ((clock.first_text_ns or clock.end_ns) - clock.start_ns) / 1e6
+    steps = [*record.steps, stream_step(clock, len(reply.encode()))]
+    steps.sort(key=lambda s: (s.start_unix_ns, s.step))
+    return frontend_pb2.TurnSummary(
+        turn=turn, context_id=context_id, reply=reply, kv_source=record.kv_source or "none",
+        fallback_reason=record.fallback_reason, ttft_ms=round(ttft_ms, 3),
+        tbt_ms=round(record.tbt_ms, 3), e2e_ms=round(e2e_ms, 3),
+        gateway_ms=round(max(0.0, e2e_ms - record.engine_ms), 3),
+        tokens_prefilled=record.tokens_prefilled, tokens_reused=record.tokens_reused,
+        tokens_out=record.tokens_out, bytes_restored=record.bytes_restored,
+        bytes_offloaded=record.bytes_offloaded, steps=steps, turn_start_unix_ns=clock.start_ns,
+        request_id=request_id, engine_ms=round(record.engine_ms, 3))
+
+
+def relative_steps(summary: frontend_pb2.TurnSummary) -> list[dict[str, Any]]:
+    """The summary's steps as {step, name, start_ms, end_ms, bytes}, relative to the turn's start."""
+    base = summary.turn_start_unix_ns
+    return [{"step": s.step, "name": s.name or STEP_NAMES.get(s.step, f"step {s.step}"),
+             "start_ms": _ms(s.start_unix_ns - base), "end_ms": _ms(s.end_unix_ns - base),
+             "bytes": s.bytes}
+            for s in summary.steps]
+
+
+def summary_to_dict(summary: frontend_pb2.TurnSummary) -> dict[str, Any]:
+    """The record as `kvtb chat --json` prints it (one JSON object per turn)."""
+    return {
+        "turn": summary.turn, "context_id": summary.context_id, "reply": summary.reply,
+        "kv_source": summary.kv_source or "none", "fallback_reason": summary.fallback_reason or None,
+        "ttft_ms": summary.ttft_ms, "tbt_ms": summary.tbt_ms, "e2e_ms": summary.e2e_ms,
+        "gateway_ms": summary.gateway_ms, "tokens_prefilled": summary.tokens_prefilled,
+        "tokens_reused": summary.tokens_reused, "tokens_out": summary.tokens_out,
+        "bytes_restored": summary.bytes_restored, "bytes_offloaded": summary.bytes_offloaded,
+        "steps": relative_steps(summary),
+    }

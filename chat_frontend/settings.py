@@ -1,0 +1,50 @@
+"""The chat frontend's settings: section `frontend` of the config file."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping
+
+from kvtb.settings import load_settings
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontendSettings:
+    """Where the frontend listens, whom it forwards to, who may use it and its limits."""
+
+    listen_address: str = "127.0.0.1:50050"
+    agent_address: str = "127.0.0.1:50051"   # the SmartNIC agent in front of the compute node
+    storage_admin_addresses: tuple[str, ...] = ("127.0.0.1:50061", "127.0.0.1:50062")
+    data_dir: str = "var/frontend"
+    users: Mapping[str, str] = dataclasses.field(default_factory=dict)  # user name -> token
+    system_prompt: str = ""                  # empty: the chat template's default
+    message_max_chars: int = 4000
+    max_new_tokens_default: int = 256
+    max_new_tokens_cap: int = 1024
+    max_concurrent_turns: int = 4            # turns forwarded to the agent at once
+    max_waiting_turns: int = 32              # turns waiting for one of those; past it RESOURCE_EXHAUSTED
+    queue_timeout_s: float = 60.0            # how long a turn may wait for its turn
+    agent_timeout_s: float = 300.0           # deadline of one forwarded turn
+    info_retry_s: float = 0.5                # how often to ask the agent's Info until it answers
+
+    def __post_init__(self):
+        assert self.listen_address, "listen_address must be set"
+        assert self.agent_address, "agent_address must be set"
+        assert self.message_max_chars > 0, "message_max_chars must be positive"
+        assert 0 < self.max_new_tokens_default <= self.max_new_tokens_cap, \
+            "need 0 < max_new_tokens_default <= max_new_tokens_cap"
+        assert self.max_concurrent_turns > 0, "max_concurrent_turns must be positive"
+        assert self.max_waiting_turns >= 0, "max_waiting_turns must not be negative"
+        assert self.queue_timeout_s > 0, "queue_timeout_s must be positive"
+        tokens = list(self.users.values())
+        assert all(isinstance(t, str) and t for t in tokens), "every user needs a non-empty token"
+        assert len(set(tokens)) == len(tokens), "two users share a token"
+
+    @property
+    def db_path(self) -> str:
+        return os.path.join(self.data_dir, "frontend.sqlite3")
+
+
+def load(config_path: str | None = None, **overrides) -> FrontendSettings:
+    """Read the `frontend` section (and KVTB_FRONTEND_* overrides)."""
+    return load_settings(FrontendSettings, "frontend", config_path, overrides=overrides)

@@ -1,0 +1,44 @@
+"""A stand-in for the agent's ComputeNode service: deterministic tokens, no model."""
+from __future__ import annotations
+
+from kvtb_proto import compute_pb2
+
+STOP = 2
+
+
+class FakeEngine:
+    """Encodes a message as one id per word (+ markers); replies with `reply_words` words."""
+
+    def __init__(self, max_context_tokens: int = 200, reply_words: int = 3, stop: bool = True):
+        self.max_context_tokens = max_context_tokens
+        self.reply_words = reply_words
+        self.stop = stop
+        self.encoded: list[compute_pb2.EncodeChatRequest] = []
+        self.turns: list[compute_pb2.TurnRequest] = []
+
+    async def info(self) -> compute_pb2.InfoResponse:
+        return compute_pb2.InfoResponse(model="fake", max_context_tokens=self.max_context_tokens,
+                                        stop_token_ids=[STOP])
+
+    async def encode_chat(self, request: compute_pb2.EncodeChatRequest) -> list[int]:
+        self.encoded.append(request)
+        ids = [1] if not request.continuation else [3]
+        for m in request.messages:
+            ids += [10 + len(w) for w in m.content.split()]
+        return ids + [4]
+
+    async def generate(self, request: compute_pb2.TurnRequest):
+        self.turns.append(request)
+        out = []
+        for i in range(self.reply_words):
+            out.append(50 + i)
+            yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=50 + i, text=f" w{i}"))
+        if self.stop:
+            out.append(STOP)
+            yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=STOP, text=""))
+        restored = len(self.turns) > 1
+        yield compute_pb2.TurnEvent(record=compute_pb2.TurnRecord(
+            request_id=request.request_id, context_id=request.context_id,
+            kv_source="restored" if restored else "none", engine_ms=1.0, tokens_out=len(out),
+            output_token_ids=out,
+            steps=[compute_pb2.Step(step=8 if restored else 2, name="inference")]))

@@ -1,0 +1,32 @@
+import pytest
+
+from chat_frontend import limits
+from chat_frontend.errors import ChatError
+
+
+def refusal(fn, *args) -> ChatError:
+    with pytest.raises(ChatError) as err:
+        fn(*args)
+    assert err.value.code == "INVALID_ARGUMENT"
+    return err.value
+
+
+def test_message_empty_or_too_long():
+    assert "empty" in refusal(limits.check_message, "  \n", 10).message
+    assert refusal(limits.check_message, "x" * 13, 10).message == \
+        "message is 13 characters, over the limit of 10 by 3"
+    limits.check_message("x" * 10, 10)
+
+
+def test_max_new_tokens_default_and_cap():
+    assert limits.resolve_max_new_tokens(0, 64, 128) == 64
+    assert limits.resolve_max_new_tokens(128, 64, 128) == 128
+    assert refusal(limits.resolve_max_new_tokens, 130, 64, 128).message == \
+        "max_new_tokens is 130, over the limit of 128 by 2"
+
+
+def test_context_limit_names_the_excess():
+    limits.check_context_fits(100, 20, 8, 128)
+    msg = refusal(limits.check_context_fits, 100, 20, 10, 128).message
+    assert "would need 130 tokens (100 so far + 20 for this message + 10 to generate)" in msg
+    assert "context of 128 tokens by 2" in msg
