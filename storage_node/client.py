@@ -51,8 +51,9 @@ class StorageStatusError(FabricError):
     """A command completed with a non-zero NVMe status."""
 
     def __init__(self, sct: int, sc: int, message: str = ""):
-        super().__init__(f"{st.status_name(sct, sc)} (sct {sct:#x}, sc {sc:#04x})"
-                         + (f": {message}" if message else ""), sct, sc)
+        name = st.status_name(sct, sc)
+        detail = f": {message}" if message and message != name else ""
+        super().__init__(f"{name} (sct {sct:#x}, sc {sc:#04x}){detail}", sct, sc)
         self.message = message
 
     @property
@@ -106,8 +107,11 @@ class FabricClient:
         self._ctx = context or zmq.Context.instance()
         self._slots = threading.BoundedSemaphore(queue_depth)
         self._lock = threading.Lock()
-        self._pending: dict[int, concurrent.futures.Future] = {}
-        self._deadlines: list[tuple[float, int, concurrent.futures.Future]] = []
+        self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}  # cid -> (seq, future)
+        # (deadline, seq, cid): no reference to the future, so a completed one (and its frames)
+        # is freed at once rather than when its deadline passes
+        self._deadlines: list[tuple[float, int, int]] = []
+        self._seqs = itertools.count()
         self._outbox: deque[list] = deque()
         self._cids = itertools.count()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -153,9 +157,8 @@ class FabricClient:
         os.close(self._wake)
         with self._lock:
             pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if future.set_running_or_notify_cancel():
-                future.set_exception(FabricError("client closed"))
+        for _, future in pending.values():
+            future.set_exception(FabricError("client closed"))
 
     def __enter__(self) -> "FabricClient":
         self.connect()
@@ -179,8 +182,9 @@ class FabricClient:
         with self._lock:
             cid = self._next_cid()
             capsule.command_id = cid
-            self._pending[cid] = future
-            heapq.heappush(self._deadlines, (time.monotonic() + self.timeout_s, cid, future))
+            seq = next(self._seqs)
+            self._pending[cid] = (seq, future)
+            heapq.heappush(self._deadlines, (time.monotonic() + self.timeout_s, seq, cid))
             self._outbox.append([capsule.SerializeToString(), *frames])
         os.eventfd_write(self._wake, 1)
         return future
@@ -284,7 +288,7 @@ class FabricClient:
                 logger.warning("unparsable response from %s dropped", self.fabric_address)
                 continue
             with self._lock:
-                future = self._pending.pop(response.command_id, None)
+                _, future = self._pending.pop(response.command_id, (None, None))
             if future is None:
                 logger.debug("late completion for command id %d dropped", response.command_id)
                 continue
@@ -296,10 +300,11 @@ class FabricClient:
         expired = []
         with self._lock:
             while self._deadlines and self._deadlines[0][0] <= now:
-                _, cid, future = heapq.heappop(self._deadlines)
-                if self._pending.get(cid) is future:
+                _, seq, cid = heapq.heappop(self._deadlines)
+                entry = self._pending.get(cid)
+                if entry is not None and entry[0] == seq:
                     del self._pending[cid]
-                    expired.append((cid, future))
+                    expired.append((cid, entry[1]))
         for cid, future in expired:
             self._slots.release()
             future.set_exception(FabricTimeout(f"command id {cid} timed out after {self.timeout_s} s"))

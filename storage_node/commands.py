@@ -1,0 +1,147 @@
+"""Capsules in, responses out: parsing, access control, queue admission and dispatch of commands."""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Callable
+
+from google.protobuf.message import DecodeError
+
+from kvtb_proto import nvmeof_pb2 as pb
+from storage_node import handlers
+from storage_node import status as st
+from storage_node.handlers import OPS, Command, Result
+from storage_node.stats import Stats
+from storage_node.status import NvmeError, Status
+from storage_node.subsystem import Controller, Subsystem
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Reply:
+    """A response to send: the session (routing id) it goes to, its capsule and payload buffers."""
+
+    session: bytes
+    capsule: pb.ResponseCapsule
+    frames: list
+
+
+Post = Callable[[Command, Result], None]
+
+
+class CommandProcessor:
+    """Turns received capsules into executions and finished executions into replies.
+
+    Invariants: a capsule from a session without a controller is never executed; each
+    received capsule gets exactly one reply. Thread-safety: receive() and complete() run on
+    the fabric thread only; executions post their Result back through `post` (thread-safe).
+    """
+
+    def __init__(self, subsystem: Subsystem, executor: Executor, post: Post, stats: Stats):
+        self.subsystem = subsystem
+        self.executor = executor
+        self.post = post
+        self.stats = stats
+        self.max_value_bytes = subsystem.settings.max_value_bytes
+        self.env = {"committers": subsystem.committers}
+
+    def receive(self, session: bytes, frames: list) -> list[Reply]:
+        """Handle one received message: [header, payload buffers...] (buffers, not copied)."""
+        capsule = pb.CommandCapsule()
+        try:
+            if not frames:
+                raise DecodeError("no header frame")
+            capsule.ParseFromString(bytes(frames[0]))
+        except (DecodeError, ValueError, TypeError) as exc:
+            return [self._error(session, 0, None, st.INVALID_FIELD, f"unparsable command capsule: {exc}")]
+        payload = frames[1:]
+        if capsule.command_set == pb.FABRICS:
+            return [self._fabrics(session, capsule, payload)]
+        controller = self.subsystem.controller_for(session)
+        if controller is None:
+            return [self._error(session, capsule.command_id, None, st.CONNECT_INVALID_HOST,
+                                "host is not connected (send a Fabrics Connect first)")]
+        try:
+            cmd = self._validate(session, capsule, payload, controller)
+            admitted = controller.queue.submit(capsule.command_id, cmd)
+        except NvmeError as exc:
+            return [self._error(session, capsule.command_id, controller, exc.status, exc.message)]
+        if admitted:
+            self._start(cmd)
+        return []
+
+    def complete(self, cmd: Command, result: Result) -> list[Reply]:
+        """Retire a finished command, start what waited for its slot, and build its reply."""
+        for waiting in cmd.controller.queue.complete(cmd.capsule.command_id):
+            self._start(waiting)
+        self.stats.record(cmd.spec.name, st.status_name(*result.status),
+                          result.bytes_written, result.bytes_read)
+        response = pb.ResponseCapsule(
+            command_id=cmd.capsule.command_id, status_code_type=result.status.sct,
+            status_code=result.status.sc, sq_head=cmd.controller.queue.sq_head,
+            sq_id=cmd.controller.qid, value_length=result.value_length, crc32c=result.crc32c,
+            keys=result.keys, message=result.message, exists=result.exists)
+        return [Reply(cmd.session, response, result.frames if result.status.ok else [])]
+
+    def _validate(self, session: bytes, capsule: pb.CommandCapsule, payload: list,
+                  controller: Controller) -> Command:
+        spec = OPS.get((capsule.command_set, capsule.opcode))
+        if spec is None:
+            raise NvmeError(st.INVALID_OPCODE, f"opcode {capsule.opcode:#04x} in command set "
+                                               f"{capsule.command_set} is not supported")
+        ns = self.subsystem.namespace_for(controller, capsule.namespace_id)
+        if not isinstance(ns, spec.kind):
+            raise NvmeError(st.INVALID_OPCODE, f"{spec.name} on a {ns.command_set} namespace")
+        nbytes = handlers.payload_size(payload)
+        if nbytes and not spec.carries_payload:
+            raise NvmeError(st.INVALID_FIELD, f"{spec.name} carries no payload, got {nbytes} bytes")
+        spec.validate(capsule, ns, nbytes, self.max_value_bytes)
+        return Command(session, capsule, payload, nbytes, controller, ns, spec)
+
+    def _start(self, cmd: Command) -> None:
+        def finish(result: Result) -> None:
+            self.post(cmd, result)
+
+        if cmd.spec.inline:
+            handlers.run(cmd, finish, self.env)
+        else:
+            self.executor.submit(handlers.run, cmd, finish, self.env)
+
+    def _fabrics(self, session: bytes, capsule: pb.CommandCapsule, payload: list) -> Reply:
+        """Connect binds the session to a controller (or refuses it); Disconnect unbinds it."""
+        try:
+            if payload:
+                raise NvmeError(st.INVALID_FIELD, "fabrics commands carry no payload")
+            if capsule.opcode == pb.FABRICS_CONNECT:
+                controller = self.subsystem.connect(session, capsule.host_nqn, capsule.subsystem_nqn)
+                self.stats.record("connect", "success")
+                return self._reply(session, capsule.command_id, controller, st.SUCCESS, "")
+            if capsule.opcode == pb.FABRICS_DISCONNECT:
+                controller = self.subsystem.controller_for(session)
+                if controller is None:
+                    raise NvmeError(st.CONNECT_INVALID_HOST, "not connected")
+                self.subsystem.disconnect_session(session)
+                self.stats.record("disconnect", "success")
+                return self._reply(session, capsule.command_id, controller, st.SUCCESS, "")
+            raise NvmeError(st.INVALID_OPCODE, f"fabrics opcode {capsule.opcode:#04x} is not supported")
+        except NvmeError as exc:
+            logger.info("fabrics command refused: %s", exc.message)
+            return self._error(session, capsule.command_id, None, exc.status, exc.message)
+
+    def _error(self, session: bytes, cid: int, controller: Controller | None, status: Status,
+               message: str) -> Reply:
+        self.stats.record("rejected", st.status_name(*status))
+        logger.debug("command %d rejected: %s", cid, message)
+        return self._reply(session, cid, controller, status, message)
+
+    @staticmethod
+    def _reply(session: bytes, cid: int, controller: Controller | None, status: Status,
+               message: str) -> Reply:
+        response = pb.ResponseCapsule(command_id=cid, status_code_type=status.sct, status_code=status.sc,
+                                      message=message)
+        if controller is not None:
+            response.sq_head = controller.queue.sq_head
+            response.sq_id = controller.qid
+        return Reply(session, response, [])

@@ -1,0 +1,78 @@
+"""Group commit: one thread per key-value namespace makes concurrent Stores and Deletes durable together."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable
+
+from storage_node import status as st
+from storage_node.kv_namespace import KvNamespace, Op
+from storage_node.status import Status
+
+logger = logging.getLogger(__name__)
+
+Callback = Callable[[Status], None]
+
+
+class GroupCommitter:
+    """Commits whatever is queued as one batch: one data fdatasync and one journal fsync.
+
+    Thread-safe: submit from any thread; callbacks run on the committer thread, in the order
+    the ops were submitted. Invariant: an op's callback runs only after its batch is durable.
+    """
+
+    def __init__(self, namespace: KvNamespace, max_batch: int = 512):
+        self.namespace = namespace
+        self.max_batch = max_batch
+        self.batches = 0
+        self.ops_committed = 0
+        self._queue: queue.SimpleQueue[tuple[Op, Callback] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"commit-ns{namespace.nsid}", daemon=True)
+
+    def start(self) -> "GroupCommitter":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Commit what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def submit(self, op: Op, callback: Callback) -> None:
+        """Queue op; callback(status) runs once it is durable and visible (or failed)."""
+        self._queue.put((op, callback))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            stopping = False
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            self._commit(batch)
+            if stopping:
+                return
+
+    def _commit(self, batch: list[tuple[Op, Callback]]) -> None:
+        try:
+            statuses = self.namespace.commit([op for op, _ in batch])
+        except Exception:  # noqa: BLE001 - never leave a host waiting on an unanswered command
+            logger.exception("namespace %d: group commit failed", self.namespace.nsid)
+            statuses = [st.INTERNAL_ERROR] * len(batch)
+        self.batches += 1
+        self.ops_committed += len(batch)
+        for (_, callback), status in zip(batch, statuses):
+            try:
+                callback(status)
+            except Exception:  # noqa: BLE001
+                logger.exception("commit callback failed")

@@ -1,0 +1,124 @@
+"""The fabric front end: a ZeroMQ ROUTER that carries capsules between hosts and the processor.
+
+Wire (per message): host -> node [routing id, CommandCapsule, payload...]; node -> host
+[routing id, ResponseCapsule, payload...]. Frames are received with copy=False and handed on
+as memoryviews; replies go out with copy=False from buffers made for that reply alone.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+
+import zmq
+
+from storage_node.commands import CommandProcessor, Reply
+from storage_node.handlers import Command, Result
+
+logger = logging.getLogger(__name__)
+
+RECV_BATCH = 64  # messages taken per loop turn before completions get their turn
+
+
+def bindable(address: str) -> str:
+    """ZeroMQ spells "any free port" as "*"; accept port 0 too."""
+    return address[:-2] + ":*" if address.startswith("tcp://") and address.endswith(":0") else address
+
+
+class FabricServer:
+    """Owns the ROUTER socket on one thread; other threads only call post() and stop().
+
+    Back-pressure: while any queue pair has `depth` commands waiting, the socket is not read,
+    so ZeroMQ's and TCP's buffers fill and the hosts' sends block; nothing is dropped.
+    """
+
+    def __init__(self, address: str, context: zmq.Context | None = None):
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 0)
+        self._sock.setsockopt(zmq.RCVHWM, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable reply raises, not vanishes
+        self._sock.bind(bindable(address))
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._done: queue.SimpleQueue[tuple[Command, Result]] = queue.SimpleQueue()
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.processor: CommandProcessor | None = None
+
+    def post(self, cmd: Command, result: Result) -> None:
+        """Hand a finished command to the fabric thread (thread-safe)."""
+        self._done.put((cmd, result))
+        os.eventfd_write(self._wake, 1)
+
+    def start(self, processor: CommandProcessor) -> None:
+        self.processor = processor
+        self._thread = threading.Thread(target=self._run, name="fabric", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop and close the socket."""
+        self._stopping.set()
+        os.eventfd_write(self._wake, 1)
+        if self._thread:
+            self._thread.join()
+        self._sock.close(linger=0)
+        os.close(self._wake)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake, zmq.POLLIN)
+        reading = True
+        while not self._stopping.is_set():
+            events = dict(poller.poll(500))
+            if self._wake in events:
+                try:
+                    os.eventfd_read(self._wake)
+                except BlockingIOError:
+                    pass
+            self._drain_completions()
+            if self._sock in events:
+                self._receive_batch()
+            backlogged = self._backlogged()
+            if backlogged == reading:
+                reading = not backlogged
+                poller.modify(self._sock, zmq.POLLIN if reading else 0)
+                logger.debug("fabric %s reading", "resumes" if reading else "stops")
+
+    def _backlogged(self) -> bool:
+        return any(c.queue.waiting >= c.queue.depth for c in self.processor.subsystem.controllers())
+
+    def _receive_batch(self) -> None:
+        for _ in range(RECV_BATCH):
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            session = frames[0].bytes
+            try:
+                replies = self.processor.receive(session, [f.buffer for f in frames[1:]])
+            except Exception:  # noqa: BLE001 - one bad message must not stop the node
+                logger.exception("unexpected failure handling a capsule")
+                continue
+            self._send(replies)
+            if self._backlogged():
+                return
+
+    def _drain_completions(self) -> None:
+        while True:
+            try:
+                cmd, result = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self._send(self.processor.complete(cmd, result))
+
+    def _send(self, replies: list[Reply]) -> None:
+        for reply in replies:
+            try:
+                self._sock.send_multipart([reply.session, reply.capsule.SerializeToString(), *reply.frames],
+                                          copy=False)
+            except zmq.ZMQError as exc:
+                logger.warning("reply to a departed host dropped: %s", exc)

@@ -1,0 +1,193 @@
+"""Per-opcode validation (cheap, on the fabric thread) and execution (on an I/O worker)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kvtb_proto import nvmeof_pb2 as pb
+from storage_node import status as st
+from storage_node.commit import GroupCommitter
+from storage_node.crc import crc32c
+from storage_node.kv_namespace import KvNamespace, PendingDelete, check_key
+from storage_node.namespace import LBA_BYTES, BlockNamespace, Namespace, byte_view
+from storage_node.status import NvmeError, Status
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Command:
+    """An admitted command: its capsule, payload buffers and where it runs."""
+
+    session: bytes
+    capsule: pb.CommandCapsule
+    payload: list  # buffers (memoryviews of received frames), in order
+    payload_bytes: int
+    controller: Any
+    namespace: Namespace
+    spec: "OpSpec"
+
+
+@dataclass
+class Result:
+    """What a command produced: its status and the fields and frames of its response."""
+
+    status: Status = st.SUCCESS
+    message: str = ""
+    value_length: int = 0
+    crc32c: int = 0
+    keys: list = field(default_factory=list)
+    exists: bool = False
+    frames: list = field(default_factory=list)
+    bytes_written: int = 0
+    bytes_read: int = 0
+
+
+Finish = Callable[[Result], None]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An opcode: its name, the namespace kind it needs, its checks and its execution."""
+
+    name: str
+    kind: type
+    validate: Callable[[pb.CommandCapsule, Namespace, int, int], None]
+    execute: Callable[[Command, Finish, dict], None]
+    inline: bool = False  # cheap enough to run on the fabric thread
+    carries_payload: bool = False
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+def _no_checks(capsule, ns, payload_bytes, max_value) -> None:
+    pass
+
+
+def _check_key(capsule, ns, payload_bytes, max_value) -> None:
+    check_key(capsule.key)
+
+
+def _check_store(capsule, ns, payload_bytes, max_value) -> None:
+    check_key(capsule.key)
+    if capsule.value_length > max_value:
+        raise NvmeError(st.INVALID_VALUE_SIZE, f"value of {capsule.value_length} bytes over {max_value}")
+    if payload_bytes != capsule.value_length:
+        raise NvmeError(st.INVALID_FIELD, f"payload of {payload_bytes} bytes, header says {capsule.value_length}")
+    if capsule.store_only_if_absent and capsule.store_only_if_present:
+        raise NvmeError(st.INVALID_FIELD, "store_only_if_absent and store_only_if_present both set")
+
+
+def _check_lbas(capsule, ns, payload_bytes, max_value) -> None:
+    ns.check_range(capsule.starting_lba, capsule.number_of_lbas)
+    if capsule.number_of_lbas * LBA_BYTES > max_value:
+        raise NvmeError(st.INVALID_FIELD, "transfer larger than the maximum data transfer size")
+
+
+def _check_write(capsule, ns, payload_bytes, max_value) -> None:
+    _check_lbas(capsule, ns, payload_bytes, max_value)
+    if payload_bytes != capsule.number_of_lbas * LBA_BYTES:
+        raise NvmeError(st.INVALID_FIELD, f"payload of {payload_bytes} bytes for {capsule.number_of_lbas} LBAs")
+
+
+# -- execution ----------------------------------------------------------------------------------
+
+def _verify_payload_crc(cmd: Command) -> int:
+    crc = crc32c(cmd.payload)
+    if cmd.capsule.has_crc32c and crc != cmd.capsule.crc32c:
+        raise NvmeError(st.GUARD_CHECK_ERROR, "payload does not match its crc32c")
+    return crc
+
+
+def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
+    ns: KvNamespace = cmd.namespace
+    c = cmd.capsule
+    crc = _verify_payload_crc(cmd)
+    pending = ns.reserve(c.key, c.value_length, crc, only_if_absent=c.store_only_if_absent,
+                         only_if_present=c.store_only_if_present)
+    try:
+        ns.write(pending, cmd.payload)
+    except OSError as exc:
+        ns.abort(pending)
+        raise NvmeError(st.WRITE_FAULT, str(exc)) from exc
+    committer: GroupCommitter = env["committers"][ns.nsid]
+    committer.submit(pending, lambda status: finish(
+        Result(status, crc32c=crc, value_length=c.value_length,
+               bytes_written=c.value_length if status.ok else 0)))
+
+
+def _kv_retrieve(cmd: Command, finish: Finish, env: dict) -> None:
+    data, length, crc = cmd.namespace.retrieve(cmd.capsule.key, cmd.capsule.value_length)
+    finish(Result(value_length=length, crc32c=crc, frames=[data], bytes_read=data.nbytes))
+
+
+def _kv_delete(cmd: Command, finish: Finish, env: dict) -> None:
+    env["committers"][cmd.namespace.nsid].submit(PendingDelete(cmd.capsule.key),
+                                                 lambda status: finish(Result(status)))
+
+
+def _kv_exist(cmd: Command, finish: Finish, env: dict) -> None:
+    if not cmd.namespace.exist(cmd.capsule.key):
+        raise NvmeError(st.KEY_DOES_NOT_EXIST)
+    finish(Result(exists=True))
+
+
+def _kv_list(cmd: Command, finish: Finish, env: dict) -> None:
+    max_keys = cmd.capsule.max_keys or 1000
+    finish(Result(keys=cmd.namespace.list_keys(cmd.capsule.list_start_key, max_keys)))
+
+
+def _nvm_write(cmd: Command, finish: Finish, env: dict) -> None:
+    c = cmd.capsule
+    _verify_payload_crc(cmd)
+    try:
+        cmd.namespace.write(c.starting_lba, c.number_of_lbas, cmd.payload)
+    except OSError as exc:
+        raise NvmeError(st.WRITE_FAULT, str(exc)) from exc
+    finish(Result(bytes_written=cmd.payload_bytes))
+
+
+def _nvm_read(cmd: Command, finish: Finish, env: dict) -> None:
+    c = cmd.capsule
+    data = cmd.namespace.read(c.starting_lba, c.number_of_lbas)
+    finish(Result(value_length=data.nbytes, crc32c=crc32c(data), frames=[data], bytes_read=data.nbytes))
+
+
+def _nvm_deallocate(cmd: Command, finish: Finish, env: dict) -> None:
+    cmd.namespace.deallocate(cmd.capsule.starting_lba, cmd.capsule.number_of_lbas)
+    finish(Result())
+
+
+def _flush(cmd: Command, finish: Finish, env: dict) -> None:
+    cmd.namespace.flush()
+    finish(Result())
+
+
+OPS: dict[tuple[int, int], OpSpec] = {
+    (pb.KEY_VALUE, pb.KV_STORE): OpSpec("kv_store", KvNamespace, _check_store, _kv_store, carries_payload=True),
+    (pb.KEY_VALUE, pb.KV_RETRIEVE): OpSpec("kv_retrieve", KvNamespace, _check_key, _kv_retrieve),
+    (pb.KEY_VALUE, pb.KV_DELETE): OpSpec("kv_delete", KvNamespace, _check_key, _kv_delete, inline=True),
+    (pb.KEY_VALUE, pb.KV_EXIST): OpSpec("kv_exist", KvNamespace, _check_key, _kv_exist, inline=True),
+    (pb.KEY_VALUE, pb.KV_LIST): OpSpec("kv_list", KvNamespace, _no_checks, _kv_list, inline=True),
+    (pb.NVM, pb.NVM_WRITE): OpSpec("nvm_write", BlockNamespace, _check_write, _nvm_write, carries_payload=True),
+    (pb.NVM, pb.NVM_READ): OpSpec("nvm_read", BlockNamespace, _check_lbas, _nvm_read),
+    (pb.NVM, pb.NVM_DATASET_MANAGEMENT): OpSpec("nvm_deallocate", BlockNamespace, _check_lbas, _nvm_deallocate),
+    (pb.NVM, pb.NVM_FLUSH): OpSpec("flush", Namespace, _no_checks, _flush),
+}
+
+
+def payload_size(payload: list) -> int:
+    """Total bytes of the payload buffers."""
+    return sum(byte_view(b).nbytes for b in payload)
+
+
+def run(cmd: Command, finish: Finish, env: dict) -> None:
+    """Execute cmd; every outcome, errors included, reaches finish exactly once."""
+    try:
+        cmd.spec.execute(cmd, finish, env)
+    except NvmeError as exc:
+        finish(Result(exc.status, exc.message))
+    except Exception as exc:  # noqa: BLE001 - a bug must not leave the host waiting
+        logger.exception("%s failed", cmd.spec.name)
+        finish(Result(st.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))

@@ -1,0 +1,234 @@
+"""The key-value namespace: values on extents of the backing file, a journaled index, crc32c checks."""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import numpy as np
+
+from storage_node import journal as jr
+from storage_node import status as st
+from storage_node.allocator import AllocationError, Extent, ExtentAllocator
+from storage_node.crc import crc32c
+from storage_node.namespace import LBA_BYTES, Namespace, new_buffer, read_extents, write_extents
+from storage_node.status import NvmeError, Status
+
+logger = logging.getLogger(__name__)
+
+MAX_KEY_BYTES = 16
+
+
+@dataclass
+class IndexEntry:
+    """A committed value. pins counts readers; a retired entry's extents are freed at pins == 0."""
+
+    length: int
+    crc32c: int
+    extents: tuple[Extent, ...]
+    pins: int = 0
+    retired: bool = False
+
+
+@dataclass
+class PendingStore:
+    """A Store whose data is written (or being written) to its own, not yet indexed, extents."""
+
+    key: bytes
+    length: int
+    crc32c: int
+    extents: tuple[Extent, ...]
+    only_if_absent: bool = False
+    only_if_present: bool = False
+
+
+@dataclass
+class PendingDelete:
+    """A Delete waiting for its journal record."""
+
+    key: bytes
+
+
+Op = Union[PendingStore, PendingDelete]
+
+
+def check_key(key: bytes) -> None:
+    """Raise the KV "invalid key size" status for an empty key or one over 16 bytes."""
+    if not 1 <= len(key) <= MAX_KEY_BYTES:
+        raise NvmeError(st.INVALID_KEY_SIZE, f"key of {len(key)} bytes (1..{MAX_KEY_BYTES})")
+
+
+class KvNamespace(Namespace):
+    """Key-value command set over an extent allocator, with a journal for the index.
+
+    Invariants: the index holds only values whose data and journal record are durable; a
+    Store writes to fresh extents, so a reader never sees a half-replaced value; extents of a
+    replaced or deleted value return to the allocator only when no reader holds them.
+    Thread-safe: _lock guards the index and the allocator; commit() runs on one thread.
+    """
+
+    command_set = "key_value"
+
+    def __init__(self, nsid: int, path: str | os.PathLike, size_bytes: int, fsync: bool = True,
+                 compact_min_records: int = 10_000):
+        super().__init__(nsid, path, size_bytes, fsync)
+        self.journal = jr.Journal(self.path + ".journal", fsync)
+        self.compact_min_records = compact_min_records
+        self.integrity_errors = 0
+        self._lock = threading.Lock()
+        self._index: dict[bytes, IndexEntry] = {}
+        self._sorted_keys: list[bytes] | None = None
+        self.allocator = ExtentAllocator(self.size_bytes, LBA_BYTES)
+
+    def open(self) -> None:
+        """Open the file and replay the journal into the index and the allocator."""
+        super().open()
+        records = self.journal.open()
+        for record in records:
+            if record.kind == jr.PUT:
+                self._index[record.key] = IndexEntry(record.value_length, record.crc32c, record.extents)
+            else:
+                self._index.pop(record.key, None)
+        used = [e for entry in self._index.values() for e in entry.extents]
+        self.allocator = ExtentAllocator.from_used(self.size_bytes, used, LBA_BYTES)
+        logger.info("namespace %d: replayed %d journal records, %d keys, %d bytes used",
+                    self.nsid, len(records), len(self._index), self.allocator.used_bytes)
+        if len(records) > max(self.compact_min_records, 2 * len(self._index)):
+            self.journal.rewrite(jr.Record(jr.PUT, k, e.length, e.crc32c, e.extents)
+                                 for k, e in self._index.items())
+            logger.info("namespace %d: journal compacted to %d records", self.nsid, len(self._index))
+
+    def close(self) -> None:
+        self.journal.close()
+        super().close()
+
+    # -- Store and Delete (the committer thread commits them) ---------------------------------
+
+    def reserve(self, key: bytes, length: int, crc: int, *, only_if_absent: bool = False,
+                only_if_present: bool = False) -> PendingStore:
+        """Allocate fresh extents for a value of length bytes (CAPACITY_EXCEEDED when full)."""
+        check_key(key)
+        with self._lock:
+            present = key in self._index
+            if only_if_absent and present:
+                raise NvmeError(st.KEY_EXISTS)
+            if only_if_present and not present:
+                raise NvmeError(st.KEY_DOES_NOT_EXIST)
+            try:
+                extents = tuple(self.allocator.allocate(length))
+            except AllocationError as exc:
+                raise NvmeError(st.CAPACITY_EXCEEDED, str(exc)) from exc
+        return PendingStore(key, length, crc, extents, only_if_absent, only_if_present)
+
+    def write(self, pending: PendingStore, buffers: Sequence) -> None:
+        """Write the value's bytes to its extents (not yet durable, not yet visible)."""
+        write_extents(self.fd, buffers, pending.extents)
+
+    def abort(self, pending: PendingStore) -> None:
+        """Give a Store's extents back (it failed before its record was written)."""
+        with self._lock:
+            self.allocator.free(pending.extents)
+
+    def commit(self, ops: Sequence[Op]) -> list[Status]:
+        """Make a batch durable (one data fdatasync, one journal append) and visible, in order."""
+        statuses, records = self._decide(ops)
+        try:
+            if any(isinstance(op, PendingStore) for op, s in zip(ops, statuses) if s.ok):
+                self.sync_data()
+            self.journal.append(records)
+        except OSError as exc:
+            logger.error("namespace %d: commit failed: %s", self.nsid, exc)
+            statuses = [st.INTERNAL_ERROR if s.ok else s for s in statuses]
+        with self._lock:
+            for op, status in zip(ops, statuses):
+                if isinstance(op, PendingStore) and not status.ok:
+                    self.allocator.free(op.extents)
+                elif status.ok:
+                    self._apply(op)
+        return statuses
+
+    def _decide(self, ops: Sequence[Op]) -> tuple[list[Status], list[jr.Record]]:
+        """Check each op's condition against the index as the earlier ops of the batch leave it."""
+        statuses, records, shadow = [], [], {}
+        with self._lock:
+            for op in ops:
+                present = shadow.get(op.key, op.key in self._index)
+                if isinstance(op, PendingDelete):
+                    status = st.SUCCESS if present else st.KEY_DOES_NOT_EXIST
+                elif op.only_if_absent and present:
+                    status = st.KEY_EXISTS
+                elif op.only_if_present and not present:
+                    status = st.KEY_DOES_NOT_EXIST
+                else:
+                    status = st.SUCCESS
+                statuses.append(status)
+                if status.ok:
+                    shadow[op.key] = isinstance(op, PendingStore)
+                    records.append(jr.Record(jr.PUT, op.key, op.length, op.crc32c, op.extents)
+                                   if isinstance(op, PendingStore) else jr.Record(jr.DELETE, op.key))
+        return statuses, records
+
+    def _apply(self, op: Op) -> None:
+        old = self._index.pop(op.key, None)
+        if isinstance(op, PendingStore):
+            self._index[op.key] = IndexEntry(op.length, op.crc32c, op.extents)
+        if old is None or not isinstance(op, PendingStore):
+            self._sorted_keys = None  # the set of keys changed
+        if old is not None:
+            self._release(old, retire=True)
+
+    def _release(self, entry: IndexEntry, retire: bool = False) -> None:
+        if retire:
+            entry.retired = True
+        if entry.retired and entry.pins == 0:
+            self.allocator.free(entry.extents)
+
+    # -- Retrieve, Exist, List ----------------------------------------------------------------
+
+    def retrieve(self, key: bytes, max_bytes: int = 0) -> tuple[np.ndarray, int, int]:
+        """(leading bytes, value length, crc32c); UNRECOVERED_READ_ERROR when the crc differs."""
+        check_key(key)
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None:
+                raise NvmeError(st.KEY_DOES_NOT_EXIST)
+            entry.pins += 1
+        try:
+            out = new_buffer(entry.length)  # [value length] uint8; all of it, to verify the crc
+            read_extents(self.fd, entry.extents, memoryview(out))
+        finally:
+            with self._lock:
+                entry.pins -= 1
+                self._release(entry)
+        if crc32c(out) != entry.crc32c:
+            self.integrity_errors += 1
+            logger.error("namespace %d: crc32c mismatch for key %s", self.nsid, key.hex())
+            raise NvmeError(st.UNRECOVERED_READ_ERROR, "stored value fails its crc32c")
+        n = entry.length if max_bytes == 0 else min(max_bytes, entry.length)
+        return out[:n], entry.length, entry.crc32c
+
+    def exist(self, key: bytes) -> bool:
+        """True when key holds a committed value."""
+        check_key(key)
+        with self._lock:
+            return key in self._index
+
+    def list_keys(self, start_key: bytes = b"", max_keys: int = 1000) -> list[bytes]:
+        """Keys greater than start_key in byte order, at most max_keys."""
+        with self._lock:
+            if self._sorted_keys is None:
+                self._sorted_keys = sorted(self._index)
+            keys = self._sorted_keys
+            i = bisect.bisect_right(keys, start_key) if start_key else 0
+            return keys[i:i + max_keys]
+
+    @property
+    def key_count(self) -> int:
+        return len(self._index)
+
+    @property
+    def used_bytes(self) -> int:
+        return self.allocator.used_bytes

@@ -1,0 +1,176 @@
+"""Namespaces backed by files: the common part, buffer <-> extent I/O, and the NVM block namespace."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import threading
+from collections import deque
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from storage_node import status as st
+from storage_node.allocator import Extent
+from storage_node.status import NvmeError
+
+logger = logging.getLogger(__name__)
+
+LBA_BYTES = 4096
+IOV_MAX = 1024
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def byte_view(buf) -> memoryview:
+    """A flat unsigned-byte view of any contiguous buffer (no copy)."""
+    view = memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def pwritev_all(fd: int, views: list[memoryview], offset: int) -> None:
+    """Write views back to back at offset, retrying short writes."""
+    pending = deque(v for v in views if v.nbytes)
+    while pending:
+        batch = [pending[i] for i in range(min(IOV_MAX, len(pending)))]
+        written = os.pwritev(fd, batch, offset)
+        offset += written
+        while written:
+            head = pending[0]
+            if written >= head.nbytes:
+                written -= head.nbytes
+                pending.popleft()
+            else:
+                pending[0] = head[written:]
+                written = 0
+
+
+def write_extents(fd: int, buffers: Sequence, extents: Iterable[Extent]) -> None:
+    """Scatter the concatenation of buffers over extents (in order) with pwritev, without copies."""
+    views = deque(v for v in (byte_view(b) for b in buffers) if v.nbytes)
+    for ext in extents:
+        room, iov = ext.length, []
+        while room and views:
+            head = views[0]
+            take = min(room, head.nbytes)
+            iov.append(head[:take])
+            if take == head.nbytes:
+                views.popleft()
+            else:
+                views[0] = head[take:]
+            room -= take
+        pwritev_all(fd, iov, ext.offset)
+        if not views:
+            return
+
+
+def read_extents(fd: int, extents: Iterable[Extent], out: memoryview) -> None:
+    """Fill out (a writable byte view) from extents in order; the file reads zeros past its data."""
+    pos = 0
+    for ext in extents:
+        end = min(pos + ext.length, out.nbytes)
+        offset = ext.offset
+        while pos < end:
+            n = os.preadv(fd, [out[pos:end]], offset)
+            if n == 0:
+                out[pos:end] = bytes(end - pos)
+                n = end - pos
+            pos += n
+            offset += n
+        if pos >= out.nbytes:
+            return
+
+
+def new_buffer(nbytes: int) -> np.ndarray:
+    """An uninitialised byte buffer for a read: [nbytes] uint8 (not zero-filled, not reused)."""
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+class Namespace:
+    """A namespace backed by one sparse file of size_bytes.
+
+    Thread-safe: file I/O uses pread/pwrite at explicit offsets; flush may run concurrently.
+    """
+
+    command_set = ""
+
+    def __init__(self, nsid: int, path: str | os.PathLike, size_bytes: int, fsync: bool = True):
+        self.nsid = nsid
+        self.path = os.fspath(path)
+        self.size_bytes = size_bytes - size_bytes % LBA_BYTES
+        self.fsync_enabled = fsync
+        self.fsyncs = 0
+        self._fsync_lock = threading.Lock()
+        self.fd = -1
+
+    def open(self) -> None:
+        """Open (create) the backing file and make it size_bytes long."""
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if os.fstat(self.fd).st_size < self.size_bytes:
+            os.ftruncate(self.fd, self.size_bytes)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def sync_data(self) -> None:
+        """fdatasync the backing file (skipped when fsync is off)."""
+        if self.fsync_enabled:
+            os.fdatasync(self.fd)
+            with self._fsync_lock:
+                self.fsyncs += 1
+
+    def flush(self) -> None:
+        """NVM Flush: what was written is on stable storage when this returns."""
+        self.sync_data()
+
+    @property
+    def used_bytes(self) -> int:
+        return os.fstat(self.fd).st_blocks * 512
+
+    @property
+    def key_count(self) -> int:
+        return 0
+
+
+class BlockNamespace(Namespace):
+    """NVM command set on 4,096-byte LBAs. Writes reach stable storage at the next Flush."""
+
+    command_set = "nvm"
+
+    @property
+    def lba_count(self) -> int:
+        return self.size_bytes // LBA_BYTES
+
+    def check_range(self, slba: int, nlb: int) -> None:
+        """Raise INVALID_FIELD for zero LBAs and LBA_OUT_OF_RANGE past the namespace."""
+        if nlb == 0:
+            raise NvmeError(st.INVALID_FIELD, "number_of_lbas is 0")
+        if slba + nlb > self.lba_count:
+            raise NvmeError(st.LBA_OUT_OF_RANGE, f"LBAs {slba}+{nlb} past {self.lba_count}")
+
+    def write(self, slba: int, nlb: int, buffers: Sequence) -> None:
+        """Write nlb LBAs from buffers (their total is nlb * 4096, checked by the caller)."""
+        self.check_range(slba, nlb)
+        write_extents(self.fd, buffers, [Extent(slba * LBA_BYTES, nlb * LBA_BYTES)])
+
+    def read(self, slba: int, nlb: int) -> np.ndarray:
+        """Read nlb LBAs into a new buffer: [nlb * 4096] uint8."""
+        self.check_range(slba, nlb)
+        out = new_buffer(nlb * LBA_BYTES)
+        read_extents(self.fd, [Extent(slba * LBA_BYTES, nlb * LBA_BYTES)], memoryview(out))
+        return out
+
+    def deallocate(self, slba: int, nlb: int) -> None:
+        """Dataset Management deallocate: the LBAs read as zeros afterwards (a punched hole)."""
+        self.check_range(slba, nlb)
+        offset, length = slba * LBA_BYTES, nlb * LBA_BYTES
+        rc = _libc.fallocate(self.fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
+                             ctypes.c_long(offset), ctypes.c_long(length))
+        if rc != 0:
+            logger.debug("punch hole failed (errno %d); writing zeros", ctypes.get_errno())
+            zeros = bytes(min(length, 1 << 20))
+            for pos in range(offset, offset + length, len(zeros)):
+                os.pwrite(self.fd, zeros[:min(len(zeros), offset + length - pos)], pos)

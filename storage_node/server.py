@@ -1,0 +1,71 @@
+"""The storage node service: subsystem, I/O workers, fabric front end and admin gRPC server."""
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+
+import grpc
+
+from kvtb.grpc_health import Health, add_health_and_reflection
+from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
+from storage_node.admin import StorageAdminServicer
+from storage_node.commands import CommandProcessor
+from storage_node.fabric import FabricServer
+from storage_node.settings import StorageSettings
+from storage_node.stats import Stats
+from storage_node.subsystem import Subsystem
+
+logger = logging.getLogger(__name__)
+
+ADMIN_SERVICE = storage_admin_pb2.DESCRIPTOR.services_by_name["StorageAdmin"].full_name
+
+
+class StorageNode:
+    """One running storage node. start() binds and serves; stop() drains and closes.
+
+    Not thread-safe: one owner starts and stops it.
+    """
+
+    def __init__(self, settings: StorageSettings):
+        self.settings = settings
+        self.stats = Stats()
+        self.subsystem = Subsystem(settings)
+        self.executor: futures.ThreadPoolExecutor | None = None
+        self.fabric: FabricServer | None = None
+        self.grpc_server: grpc.Server | None = None
+        self.health: Health | None = None
+        self.addresses: dict[str, str] = {}
+
+    def start(self) -> dict[str, str]:
+        """Open the namespaces, bind both endpoints and serve; return the bound addresses."""
+        self.subsystem.open()
+        self.executor = futures.ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="io")
+        self.fabric = FabricServer(self.settings.fabric_address)
+        processor = CommandProcessor(self.subsystem, self.executor, self.fabric.post, self.stats)
+        self.grpc_server = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="admin"))
+        storage_admin_pb2_grpc.add_StorageAdminServicer_to_server(
+            StorageAdminServicer(self.subsystem, self.stats, self.fabric.address), self.grpc_server)
+        self.health = add_health_and_reflection(self.grpc_server, [ADMIN_SERVICE])
+        host = self.settings.admin_address.rsplit(":", 1)[0]
+        port = self.grpc_server.add_insecure_port(self.settings.admin_address)
+        if port == 0:
+            raise OSError(f"cannot bind the admin address {self.settings.admin_address}")
+        self.grpc_server.start()
+        self.fabric.start(processor)
+        self.health.set_serving()
+        self.addresses = {"admin": f"{host}:{port}", "fabric": self.fabric.address}
+        logger.info("storage node %s serving: %s", self.settings.node_name, self.addresses)
+        return self.addresses
+
+    def stop(self) -> None:
+        """Stop taking capsules, finish what runs, commit what is queued, close the files."""
+        if self.health:
+            self.health.set_not_serving()
+        if self.grpc_server:
+            self.grpc_server.stop(grace=1.0).wait()
+        if self.executor:
+            self.executor.shutdown(wait=True)
+        if self.fabric:
+            self.fabric.stop()
+        self.subsystem.close()
+        logger.info("storage node %s stopped", self.settings.node_name)

@@ -1,0 +1,58 @@
+"""The storage node's settings (section `storage`): one frozen dataclass."""
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Mapping
+
+WILDCARD = "*"
+COMMAND_SETS = ("key_value", "nvm")
+
+
+def _normalise_hosts(hosts: Mapping[str, Any]) -> Mapping[str, Any]:
+    """host NQN (or "*") -> "*" (every namespace) or a tuple of namespace ids."""
+    out: dict[str, Any] = {}
+    for nqn, nsids in dict(hosts).items():
+        if nsids == WILDCARD or nsids == [WILDCARD] or nsids == (WILDCARD,):
+            out[str(nqn)] = WILDCARD
+        else:
+            if isinstance(nsids, (int, str)):
+                nsids = [nsids]
+            out[str(nqn)] = tuple(int(n) for n in nsids)
+    return types.MappingProxyType(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageSettings:
+    """Settings of one storage node; sizes in bytes. Immutable and validated at construction."""
+
+    node_name: str = "storage-0"
+    data_dir: str = "var/storage-0"
+    subsystem_nqn: str = "nqn.2026-11.org.kvtestbed:storage-0"
+    namespace_size_bytes: int = 64 << 30     # sparse files: only written blocks use disk
+    namespaces: tuple[str, ...] = ("key_value", "nvm")  # command set of nsid 1, 2, ... at first start
+    queue_depth: int = 128
+    max_value_bytes: int = 1 << 30
+    admin_address: str = "127.0.0.1:50061"
+    fabric_address: str = "tcp://127.0.0.1:55061"
+    # host NQN (or "*") -> namespace ids it may reach (or "*"): the NIC-2 access list
+    allowed_hosts: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {WILDCARD: WILDCARD})
+    io_threads: int = 4
+    fsync: bool = True                         # off only for benchmarks: acks are then not durable
+    compact_min_records: int = 10_000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed_hosts", _normalise_hosts(self.allowed_hosts))
+        object.__setattr__(self, "namespaces", tuple(self.namespaces))
+        assert self.namespace_size_bytes >= 1 << 20, "namespace_size_bytes must be at least 1 MiB"
+        assert 1 <= self.queue_depth <= 65535, "queue_depth must be in 1..65535"
+        assert self.max_value_bytes >= 64 << 20, "max_value_bytes must be at least 64 MiB"
+        assert self.io_threads >= 1, "io_threads must be at least 1"
+        assert all(cs in COMMAND_SETS for cs in self.namespaces), f"namespaces: one of {COMMAND_SETS}"
+        assert self.fabric_address.startswith(("tcp://", "ipc://", "inproc://")), "fabric_address: a ZeroMQ endpoint"
+
+    def allowed_namespaces(self, host_nqn: str) -> Any:
+        """The namespace ids host_nqn may reach ("*" for all), or None when it is refused."""
+        if host_nqn in self.allowed_hosts:
+            return self.allowed_hosts[host_nqn]
+        return self.allowed_hosts.get(WILDCARD)

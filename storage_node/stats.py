@@ -1,0 +1,30 @@
+"""Counters of the storage node (commands by opcode and status, bytes, integrity errors)."""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+
+class Stats:
+    """Thread-safe counters; every method takes the lock briefly."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.commands: Counter[tuple[str, str]] = Counter()
+        self.commands_completed = 0
+        self.bytes_written = 0
+        self.bytes_read = 0
+
+    def record(self, opcode: str, status: str, bytes_written: int = 0, bytes_read: int = 0) -> None:
+        """Count one completed command."""
+        with self._lock:
+            self.commands[(opcode, status)] += 1
+            self.commands_completed += 1
+            self.bytes_written += bytes_written
+            self.bytes_read += bytes_read
+
+    def snapshot(self) -> dict:
+        """A consistent copy of the counters."""
+        with self._lock:
+            return {"commands": dict(self.commands), "commands_completed": self.commands_completed,
+                    "bytes_written": self.bytes_written, "bytes_read": self.bytes_read}

@@ -1,0 +1,133 @@
+"""Each malformed input gets its NVMe status and the queue goes on serving (no sockets)."""
+import pytest
+
+from kvtb_proto import nvmeof_pb2 as pb
+from storage_node import status as st
+from storage_node.crc import crc32c
+
+from .conftest import GOOD_HOST, Harness, settings_for
+
+KV, NVM = pb.KEY_VALUE, pb.NVM
+
+
+def status(capsule) -> st.Status:
+    return st.Status(capsule.status_code_type, capsule.status_code)
+
+
+def store(h: Harness, key=b"k", value=b"v" * 100, **extra):
+    return h.command([value], command_set=KV, opcode=pb.KV_STORE, namespace_id=1, key=key,
+                     value_length=len(value), crc32c=crc32c(value), has_crc32c=True, **extra)[0]
+
+
+def assert_still_serving(h: Harness):
+    value = bytes(range(256)) * 17
+    assert status(store(h, b"good", value)) == st.SUCCESS
+    rsp, frames = h.command(command_set=KV, opcode=pb.KV_RETRIEVE, namespace_id=1, key=b"good")
+    assert status(rsp) == st.SUCCESS and bytes(frames[0]) == value
+
+
+MALFORMED = {
+    "unparsable header": (lambda h: h.send(b"\xff\xff\xff garbage")[0], st.INVALID_FIELD),
+    "empty message": (lambda h: h.processor.receive(b"s1", [])[0].capsule, st.INVALID_FIELD),
+    "unknown opcode": (lambda h: h.command(command_set=KV, opcode=0x7F, namespace_id=1, key=b"k")[0],
+                       st.INVALID_OPCODE),
+    "unknown command set": (lambda h: h.command(command_set=9, opcode=1, namespace_id=1)[0], st.INVALID_OPCODE),
+    "block opcode on a key-value namespace": (
+        lambda h: h.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=1, number_of_lbas=1)[0],
+        st.INVALID_OPCODE),
+    "namespace 0": (lambda h: h.command(command_set=KV, opcode=pb.KV_EXIST, namespace_id=0, key=b"k")[0],
+                    st.INVALID_NAMESPACE),
+    "unknown namespace": (lambda h: h.command(command_set=KV, opcode=pb.KV_EXIST, namespace_id=99, key=b"k")[0],
+                          st.INVALID_NAMESPACE),
+    "key over 16 bytes": (lambda h: store(h, key=b"k" * 17), st.INVALID_KEY_SIZE),
+    "empty key": (lambda h: h.command(command_set=KV, opcode=pb.KV_RETRIEVE, namespace_id=1, key=b"")[0],
+                  st.INVALID_KEY_SIZE),
+    "payload shorter than the header says": (
+        lambda h: h.command([b"abc"], command_set=KV, opcode=pb.KV_STORE, namespace_id=1, key=b"k",
+                            value_length=10)[0], st.INVALID_FIELD),
+    "payload on a retrieve": (
+        lambda h: h.command([b"abc"], command_set=KV, opcode=pb.KV_RETRIEVE, namespace_id=1, key=b"k")[0],
+        st.INVALID_FIELD),
+    "payload crc mismatch": (
+        lambda h: h.command([b"abc"], command_set=KV, opcode=pb.KV_STORE, namespace_id=1, key=b"k",
+                            value_length=3, crc32c=crc32c(b"abd"), has_crc32c=True)[0], st.GUARD_CHECK_ERROR),
+    "both store conditions": (lambda h: store(h, store_only_if_absent=True, store_only_if_present=True),
+                              st.INVALID_FIELD),
+    "zero LBAs": (lambda h: h.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2, number_of_lbas=0)[0],
+                  st.INVALID_FIELD),
+    "LBA range past the namespace": (
+        lambda h: h.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2,
+                            starting_lba=(256 << 20) // 4096 - 1, number_of_lbas=2)[0], st.LBA_OUT_OF_RANGE),
+    "write payload not nlb * 4096": (
+        lambda h: h.command([b"x" * 4095], command_set=NVM, opcode=pb.NVM_WRITE, namespace_id=2,
+                            number_of_lbas=1)[0], st.INVALID_FIELD),
+    "retrieve of a missing key": (
+        lambda h: h.command(command_set=KV, opcode=pb.KV_RETRIEVE, namespace_id=1, key=b"missing")[0],
+        st.KEY_DOES_NOT_EXIST),
+    "unknown fabrics opcode": (lambda h: h.command(command_set=pb.FABRICS, opcode=0x55)[0], st.INVALID_OPCODE),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+def test_malformed_input_gets_its_status_and_the_queue_goes_on(harness, kind):
+    harness.connect()
+    send, expected = MALFORMED[kind]
+    assert status(send(harness)) == expected
+    assert_still_serving(harness)
+
+
+def test_command_id_conflict_while_outstanding(harness):
+    harness.connect()
+    controller = harness.subsystem.controller_for(b"s1")
+    controller.queue.submit(42)  # pretend command 42 is executing
+    rsp = store(harness, command_id=42)
+    assert status(rsp) == st.COMMAND_ID_CONFLICT and rsp.sq_id == controller.qid
+    controller.queue.complete(42)
+    assert status(store(harness, command_id=42)) == st.SUCCESS
+
+
+def test_unconnected_or_refused_host_is_never_executed(tmp_path):
+    h = Harness(settings_for(tmp_path, allowed_hosts={GOOD_HOST: [1]}))
+    try:
+        assert status(store(h)) == st.CONNECT_INVALID_HOST          # no Connect yet
+        assert status(h.connect("nqn.2026-11.org.evil:host")) == st.CONNECT_INVALID_HOST
+        assert status(store(h)) == st.CONNECT_INVALID_HOST
+        assert h.subsystem.namespaces[1].key_count == 0
+        assert status(h.connect()) == st.SUCCESS
+        rsp = h.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2, number_of_lbas=1)[0]
+        assert status(rsp) == st.INVALID_NAMESPACE                  # not in this host's access list
+        assert_still_serving(h)
+    finally:
+        h.close()
+
+
+def test_store_conditions_exist_list_delete_flush(harness):
+    harness.connect()
+    assert status(store(harness, b"a", store_only_if_present=True)) == st.KEY_DOES_NOT_EXIST
+    assert status(store(harness, b"a", store_only_if_absent=True)) == st.SUCCESS
+    assert status(store(harness, b"a", store_only_if_absent=True)) == st.KEY_EXISTS
+    assert status(store(harness, b"b")) == st.SUCCESS
+    rsp = harness.command(command_set=KV, opcode=pb.KV_EXIST, namespace_id=1, key=b"a")[0]
+    assert status(rsp) == st.SUCCESS and rsp.exists
+    rsp = harness.command(command_set=KV, opcode=pb.KV_LIST, namespace_id=1, list_start_key=b"a")[0]
+    assert list(rsp.keys) == [b"b"]
+    assert status(harness.command(command_set=KV, opcode=pb.KV_DELETE, namespace_id=1, key=b"a")[0]) == st.SUCCESS
+    assert status(harness.command(command_set=KV, opcode=pb.KV_DELETE, namespace_id=1, key=b"a")[0]) \
+        == st.KEY_DOES_NOT_EXIST
+    assert status(harness.command(command_set=NVM, opcode=pb.NVM_FLUSH, namespace_id=1)[0]) == st.SUCCESS
+
+
+def test_block_write_read_deallocate(harness):
+    harness.connect()
+    data = bytes(range(256)) * 32  # 2 LBAs
+    rsp = harness.command([data[:5000], data[5000:]], command_set=NVM, opcode=pb.NVM_WRITE, namespace_id=2,
+                          starting_lba=7, number_of_lbas=2)[0]
+    assert status(rsp) == st.SUCCESS
+    rsp, frames = harness.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2, starting_lba=7,
+                                  number_of_lbas=2)
+    assert bytes(frames[0]) == data and rsp.crc32c == crc32c(data)
+    harness.command(command_set=NVM, opcode=pb.NVM_DATASET_MANAGEMENT, namespace_id=2, starting_lba=7,
+                    number_of_lbas=1)
+    _, frames = harness.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2, starting_lba=7,
+                                number_of_lbas=2)
+    assert bytes(frames[0]) == bytes(4096) + data[4096:]

@@ -1,0 +1,111 @@
+"""The key-value namespace: atomic replace, replay, integrity, capacity, pinned extents, group commit."""
+import os
+import threading
+
+import pytest
+
+from storage_node import status as st
+from storage_node.commit import GroupCommitter
+from storage_node.crc import crc32c
+from storage_node.kv_namespace import KvNamespace, PendingDelete
+from storage_node.status import NvmeError
+
+MIB = 1 << 20
+
+
+def put(ns: KvNamespace, key: bytes, value: bytes, **conditions) -> st.Status:
+    pending = ns.reserve(key, len(value), crc32c(value), **conditions)
+    ns.write(pending, [value])
+    return ns.commit([pending])[0]
+
+
+def get(ns: KvNamespace, key: bytes, max_bytes: int = 0) -> bytes:
+    return bytes(ns.retrieve(key, max_bytes)[0])
+
+
+@pytest.fixture
+def ns(tmp_path):
+    namespace = KvNamespace(1, tmp_path / "ns1.data", 4 * MIB)
+    namespace.open()
+    yield namespace
+    namespace.close()
+
+
+def test_store_replace_delete_and_replay(tmp_path, ns):
+    assert put(ns, b"a", b"first") == st.SUCCESS
+    assert put(ns, b"b", os.urandom(100_000)) == st.SUCCESS
+    assert put(ns, b"a", b"second value") == st.SUCCESS
+    assert ns.commit([PendingDelete(b"b")]) == [st.SUCCESS]
+    assert get(ns, b"a") == b"second value" and get(ns, b"a", 3) == b"sec"
+    assert ns.used_bytes == 4096  # the replaced and deleted values' extents were freed
+    ns.close()
+    again = KvNamespace(1, tmp_path / "ns1.data", 4 * MIB)
+    again.open()
+    assert get(again, b"a") == b"second value" and not again.exist(b"b")
+    assert again.used_bytes == 4096
+    again.close()
+
+
+def test_uncommitted_store_is_invisible_and_its_space_returns_on_replay(tmp_path, ns):
+    pending = ns.reserve(b"x", MIB, 0)
+    ns.write(pending, [os.urandom(MIB)])
+    assert not ns.exist(b"x")
+    ns.close()
+    again = KvNamespace(1, tmp_path / "ns1.data", 4 * MIB)
+    again.open()
+    assert not again.exist(b"x") and again.used_bytes == 0
+    again.close()
+
+
+def test_corrupt_bytes_answer_unrecovered_read_error(tmp_path, ns):
+    put(ns, b"a", b"x" * 10_000)
+    with open(tmp_path / "ns1.data", "r+b") as f:
+        f.seek(5000)
+        f.write(b"y")
+    with pytest.raises(NvmeError) as err:
+        ns.retrieve(b"a")
+    assert err.value.status == st.UNRECOVERED_READ_ERROR and ns.integrity_errors == 1
+
+
+def test_full_namespace_answers_capacity_exceeded(ns):
+    put(ns, b"a", bytes(3 * MIB))
+    with pytest.raises(NvmeError) as err:
+        ns.reserve(b"b", 2 * MIB, 0)
+    assert err.value.status == st.CAPACITY_EXCEEDED
+    assert put(ns, b"b", bytes(MIB)) == st.SUCCESS
+
+
+def test_extents_of_a_replaced_value_stay_allocated_while_a_reader_holds_them(ns):
+    put(ns, b"a", b"1" * 8192)
+    entry = ns._index[b"a"]
+    entry.pins += 1                      # a Retrieve is reading it
+    put(ns, b"a", b"2" * 8192)
+    assert ns.used_bytes == 4 * 4096
+    with ns._lock:
+        entry.pins -= 1
+        ns._release(entry)
+    assert ns.used_bytes == 2 * 4096
+
+
+def test_concurrent_stores_are_group_committed(ns):
+    committer = GroupCommitter(ns).start()
+    results, done = {}, threading.Event()
+
+    def finished(i, status):
+        results[i] = status
+        if len(results) == 32:
+            done.set()
+
+    def store(i: int):
+        value = bytes([i]) * 1000
+        pending = ns.reserve(b"k%d" % i, len(value), crc32c(value))
+        ns.write(pending, [value])
+        committer.submit(pending, lambda s: finished(i, s))
+
+    for i in range(32):
+        threading.Thread(target=store, args=(i,)).start()
+    assert done.wait(timeout=10)
+    committer.stop()
+    assert all(s == st.SUCCESS for s in results.values()) and len(results) == 32
+    assert committer.batches < 32 or ns.journal.fsyncs < 32
+    assert all(get(ns, b"k%d" % i) == bytes([i]) * 1000 for i in range(32))
