@@ -144,8 +144,10 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
 
     def _forward(self, name: str, request, context):
         address, _ = self._target(context)
+        remaining = context.time_remaining()  # 0 when the caller set no deadline
+        timeout = remaining if 0 < remaining < 3600 else 60.0
         try:
-            return getattr(self._stub(address), name)(request, timeout=context.time_remaining())
+            return getattr(self._stub(address), name)(request, timeout=timeout)
         except grpc.RpcError as exc:
             context.abort(exc.code(), exc.details() or str(exc))
 

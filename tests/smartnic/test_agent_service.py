@@ -39,9 +39,10 @@ def pool(agent):
 def offload(pool: Pool, slot: int = 0, num_tokens: int = 64, user: str = USER, context: str = CTX) -> None:
     """Queue the PUTs of a slot, bump its token counter, wait for the offload counter."""
     pool.fill(slot, IDS[:num_tokens])
+    pool.region.store_counter(LAYOUT.token_counter(slot), 0)
+    base = pool.region.counter_total(LAYOUT.offload_counter(slot))
     ops = pool.put_ops(slot, user, context, num_tokens)
     pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=ops))
-    base = pool.region.counter_total(LAYOUT.offload_counter(slot))
     pool.region.store_counter(LAYOUT.token_counter(slot), 40)  # the "GPU thread": a plain store
     assert pool.wait_counter(LAYOUT.offload_counter(slot), base + 2) == (base + 2, 0)
     pool.region.store_counter(LAYOUT.token_counter(slot), num_tokens)
