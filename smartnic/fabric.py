@@ -30,11 +30,16 @@ class StorageNodes:
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._thread: threading.Thread | None = None
+        self._warned: set[str] = set()
 
-    def start(self, connect_timeout_s: float = 2.0) -> None:
-        """Try every node once now (tolerating ones that are down), then retry in background."""
-        for name in self.names:
-            self._try(name, connect_timeout_s)
+    def start(self, connect_timeout_s: float = 1.0) -> None:
+        """Try every node once now, in parallel (tolerating ones that are down), then retry in background."""
+        tries = [threading.Thread(target=self._try, args=(name, connect_timeout_s), daemon=True)
+                 for name in self.names]
+        for t in tries:
+            t.start()
+        for t in tries:
+            t.join()
         self._thread = threading.Thread(target=self._retry_loop, name="storage-reconnect", daemon=True)
         self._thread.start()
 
@@ -44,9 +49,13 @@ class StorageNodes:
         try:
             client.connect()
         except (FabricError, TimeoutError) as exc:
-            logger.warning("storage node %s (%s) not reachable: %s", name, self._addresses[name], exc)
+            log = logger.debug if name in self._warned else logger.warning
+            log("storage node %s (%s) not reachable: %s; retrying every %.1f s", name,
+                self._addresses[name], exc, self.retry_s)
+            self._warned.add(name)
             client.close()
             return False
+        self._warned.discard(name)
         client.timeout_s = self.timeout_s
         with self._lock:
             old, self._clients[name] = self._clients.get(name), client

@@ -23,7 +23,9 @@ def storage_env(tmp_path, name: str) -> dict[str, str]:
 
 
 def agent_env(storage_procs, **extra) -> dict[str, str]:
-    nodes = ",".join(f"{name}={p.addresses['admin']}={p.addresses['fabric']}" for name, p in storage_procs)
+    """Environment of an agent using (name, process or its addresses) as storage nodes."""
+    addrs = [(name, getattr(p, "addresses", p)) for name, p in storage_procs]
+    nodes = ",".join(f"{name}={a['admin']}={a['fabric']}" for name, a in addrs)
     env = {"KVTB_SMARTNIC_LISTEN_ADDRESS": "127.0.0.1:0", "KVTB_SMARTNIC_STORAGE_NODES": nodes,
            "KVTB_SMARTNIC_SALT": "test-salt", "KVTB_SMARTNIC_GET_TIMEOUT_S": "1.0",
            "KVTB_SMARTNIC_RECONNECT_INTERVAL_S": "0.3"}

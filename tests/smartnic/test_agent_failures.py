@@ -110,3 +110,37 @@ def test_watcher_does_not_burn_a_core_while_waiting(start_service, tmp_path):
         assert pool.wait_counter(LAYOUT.offload_counter(0), 4) == (4, 0)
     finally:
         pool.close()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_node_down_at_start_is_tolerated_and_joins_later(start_service, tmp_path):
+    s0 = start_service("storage-s0", "serve", "storage", env=storage_env(tmp_path, "s0"))
+    port = _free_port()
+    late = {"admin": "127.0.0.1:0", "fabric": f"tcp://127.0.0.1:{port}"}
+    agent = start_service("agent", "serve", "smartnic", env=agent_env(
+        [("s0", s0), ("s1", late)]))
+    assert agent.ready["storage_nodes_up"] == ["s0"]
+    pool = Pool(smartnic_pb2_grpc.SmartNicStub(grpc.insecure_channel(agent.addresses["grpc"])))
+    try:
+        offload(pool, context="c-early")
+        assert set(pool.stub.Stats(smartnic_pb2.StatsRequest()).bytes_by_storage_node) == {"s0"}
+        start_service("storage-s1", "serve", "storage",
+                      env={**storage_env(tmp_path, "s1"), "KVTB_STORAGE_FABRIC_ADDRESS": late["fabric"]})
+        deadline = time.monotonic() + 10
+        contexts = 0
+        while time.monotonic() < deadline:
+            offload(pool, context=f"c-{contexts}")
+            contexts += 1
+            if "s1" in pool.stub.Stats(smartnic_pb2.StatsRequest()).bytes_by_storage_node:
+                break
+            time.sleep(0.2)
+        assert "s1" in pool.stub.Stats(smartnic_pb2.StatsRequest()).bytes_by_storage_node
+    finally:
+        pool.close()
