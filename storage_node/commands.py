@@ -51,8 +51,8 @@ class CommandProcessor:
         """Handle one received message: [header, payload buffers...] (buffers, not copied)."""
         capsule = pb.CommandCapsule()
         try:
-            if not frames:
-                raise DecodeError("no header frame")
+            if not frames or not len(frames[0]):
+                raise DecodeError("no header frame, or an empty one")
             capsule.ParseFromString(bytes(frames[0]))
         except (DecodeError, ValueError, TypeError) as exc:
             return [self._error(session, 0, None, st.INVALID_FIELD, f"unparsable command capsule: {exc}")]

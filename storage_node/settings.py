@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 from typing import Any, Mapping
 
@@ -9,8 +10,14 @@ WILDCARD = "*"
 COMMAND_SETS = ("key_value", "nvm")
 
 
-def _normalise_hosts(hosts: Mapping[str, Any]) -> Mapping[str, Any]:
-    """host NQN (or "*") -> "*" (every namespace) or a tuple of namespace ids."""
+def _normalise_hosts(hosts: Mapping[str, Any] | str) -> Mapping[str, Any]:
+    """host NQN (or "*") -> "*" (every namespace) or a tuple of namespace ids.
+
+    From the environment it is JSON: KVTB_STORAGE_ALLOWED_HOSTS='{"nqn...:agent-0": [1]}'.
+    """
+    if isinstance(hosts, str):
+        hosts = json.loads(hosts)
+        assert isinstance(hosts, dict), "allowed_hosts: a JSON object of host NQN -> namespace ids"
     out: dict[str, Any] = {}
     for nqn, nsids in dict(hosts).items():
         if nsids == WILDCARD or nsids == [WILDCARD] or nsids == (WILDCARD,):

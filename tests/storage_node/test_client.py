@@ -1,0 +1,84 @@
+"""The host library against a tiny fake target: command ids, pipelining, back-pressure, timeouts."""
+import threading
+import time
+
+import pytest
+import zmq
+
+from kvtb_proto import nvmeof_pb2 as pb
+from storage_node.client import FabricClient, FabricTimeout
+
+
+class FakeTarget:
+    """A ROUTER that answers held capsules newest first once `hold` are held (never, if silent)."""
+
+    def __init__(self, hold: int = 0, silent: bool = False):
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        self.hold, self.silent = hold, silent
+        self.seen: list[int] = []
+        self.max_outstanding = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        held = []
+        while not self._stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            ident, header, *_ = self.sock.recv_multipart()
+            capsule = pb.CommandCapsule.FromString(header)
+            self.seen.append(capsule.command_id)
+            held.append((ident, capsule.command_id))
+            self.max_outstanding = max(self.max_outstanding, len(held))
+            if self.silent:
+                continue
+            if len(held) >= self.hold:
+                while held:
+                    ident, cid = held.pop()  # newest first: completions out of order
+                    self.sock.send_multipart([ident, pb.ResponseCapsule(command_id=cid).SerializeToString()])
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def capsule():
+    return pb.CommandCapsule(command_set=pb.KEY_VALUE, opcode=pb.KV_EXIST, namespace_id=1, key=b"k")
+
+
+def test_out_of_order_completions_reach_their_own_futures_with_unique_ids():
+    target = FakeTarget(hold=4)
+    client = FabricClient(target.address, "nqn:h", queue_depth=8)
+    try:
+        capsules = [capsule() for _ in range(8)]
+        futures = [client.submit(c) for c in capsules]
+        for c, future in zip(capsules, futures):
+            assert future.result(5).response.command_id == c.command_id
+        assert len(set(target.seen)) == 8 and target.max_outstanding == 4
+    finally:
+        client.close()
+        target.close()
+
+
+def test_submit_blocks_at_queue_depth_and_futures_time_out():
+    target = FakeTarget(silent=True)
+    client = FabricClient(target.address, "nqn:h", queue_depth=2, timeout_s=0.5)
+    try:
+        first = [client.submit(capsule()) for _ in range(2)]
+        start = time.monotonic()
+        third = client.submit(capsule())          # blocks until a slot frees (by timeout)
+        assert time.monotonic() - start >= 0.3
+        for future in first:
+            with pytest.raises(FabricTimeout):
+                future.result(5)
+        with pytest.raises(FabricTimeout):
+            third.result(5)
+        assert target.max_outstanding == 3 and len(set(target.seen)) == 3
+    finally:
+        client.close()
+        target.close()

@@ -1,0 +1,137 @@
+"""The storage node as a real process on real sockets: access, malformed capsules, integrity, admin, SIGTERM."""
+import os
+import signal
+
+import grpc
+import pytest
+import zmq
+
+from kvtb.grpc_health import SERVING, check
+from kvtb_proto import nvmeof_pb2 as pb
+from kvtb_proto import storage_admin_pb2 as apb
+from kvtb_proto import storage_admin_pb2_grpc as apb_grpc
+from storage_node import status as st
+from storage_node.client import FabricClient, FabricError, StorageStatusError
+from storage_node.crc import crc32c
+
+from .conftest import GOOD_HOST
+
+
+def start_node(start_service, config: str):
+    return start_service("storage", "serve", "storage", "--config", config)
+
+
+def admin(node):
+    return apb_grpc.StorageAdminStub(grpc.insecure_channel(node.addresses["admin"]))
+
+
+def test_serves_health_identify_and_exits_cleanly_on_sigterm(start_service, node_config):
+    node = start_node(start_service, node_config())
+    assert check(node.addresses["admin"], "kvtb.storage.StorageAdmin") == SERVING
+    ident = admin(node).Identify(apb.IdentifyRequest())
+    assert ident.fabric_address == node.addresses["fabric"] and ident.max_key_length == 16
+    assert [n.command_set for n in ident.namespaces] == ["key_value", "nvm"]
+    assert ident.max_value_length >= 64 << 20
+    created = admin(node).CreateNamespace(apb.CreateNamespaceRequest(size_bytes=1 << 30)).namespace
+    assert created.namespace_id == 3 and created.command_set == "key_value"
+    with FabricClient(node.addresses["fabric"], GOOD_HOST) as client:
+        client.store(3, b"k", [b"hello"])
+        assert bytes(client.retrieve(3, b"k").payload()) == b"hello"
+    stats = admin(node).Stats(apb.StatsRequest())
+    assert stats.commands_completed >= 2 and stats.fsyncs >= 2 and stats.journal_records == 1
+    node.signal(signal.SIGTERM)
+    assert node.proc.wait(15) == 0
+
+
+def test_unknown_host_is_refused_and_never_executed(start_service, node_config):
+    node = start_node(start_service, node_config(allowed_hosts={GOOD_HOST: [1]}))
+    evil = FabricClient(node.addresses["fabric"], "nqn.2026-11.org.evil:host")
+    try:
+        with pytest.raises(FabricError) as err:
+            evil.connect()
+        assert (err.value.sct, err.value.sc) == st.CONNECT_INVALID_HOST
+        with pytest.raises(StorageStatusError) as err:
+            evil.store(1, b"k", [b"sneaky"])
+        assert err.value.status == st.CONNECT_INVALID_HOST
+    finally:
+        evil.close()
+    with FabricClient(node.addresses["fabric"], GOOD_HOST) as good:
+        assert good.list_keys(1) == []
+        with pytest.raises(StorageStatusError) as err:
+            good.flush(2)
+        assert err.value.status == st.INVALID_NAMESPACE
+    with pytest.raises(grpc.RpcError) as rpc_err:
+        admin(node).Connect(apb.ConnectRequest(host_nqn="nqn.2026-11.org.evil:host"))
+    assert rpc_err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert list(admin(node).Connect(apb.ConnectRequest(host_nqn=GOOD_HOST)).allowed_namespace_ids) == [1]
+
+
+def raw_messages():
+    """(name, multipart message after the routing id, expected status) for each malformed kind."""
+    def cap(**fields) -> bytes:
+        return pb.CommandCapsule(command_id=fields.pop("command_id", 900), **fields).SerializeToString()
+    kv = dict(command_set=pb.KEY_VALUE, namespace_id=1)
+    last_lba = (4 << 30) // 4096 - 1
+    return [
+        ("unparsable header", [b"\x0a\xff\xff\xff"], st.INVALID_FIELD),
+        ("empty header", [b""], st.INVALID_FIELD),
+        ("payload length differs", [cap(opcode=pb.KV_STORE, key=b"k", value_length=9, **kv), b"abc"],
+         st.INVALID_FIELD),
+        ("key over 16 bytes", [cap(opcode=pb.KV_RETRIEVE, key=b"x" * 17, **kv)], st.INVALID_KEY_SIZE),
+        ("zero LBAs", [cap(command_set=pb.NVM, opcode=pb.NVM_READ, namespace_id=2)], st.INVALID_FIELD),
+        ("LBA out of range", [cap(command_set=pb.NVM, opcode=pb.NVM_READ, namespace_id=2,
+                                  starting_lba=last_lba, number_of_lbas=2)], st.LBA_OUT_OF_RANGE),
+        ("unknown opcode", [cap(opcode=0x33, key=b"k", **kv)], st.INVALID_OPCODE),
+        ("unknown namespace", [cap(command_set=pb.KEY_VALUE, opcode=pb.KV_EXIST, namespace_id=77, key=b"k")],
+         st.INVALID_NAMESPACE),
+        ("crc mismatch", [cap(opcode=pb.KV_STORE, key=b"k", value_length=3, crc32c=1, has_crc32c=True, **kv),
+                          b"abc"], st.GUARD_CHECK_ERROR),
+    ]
+
+
+def test_after_every_kind_of_malformed_capsule_the_node_serves_a_good_one(start_service, node_config):
+    node = start_node(start_service, node_config())
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.connect(node.addresses["fabric"])
+    try:
+        sock.send(pb.CommandCapsule(command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT,
+                                    host_nqn=GOOD_HOST).SerializeToString())
+        assert pb.ResponseCapsule.FromString(sock.recv()).status_code == 0
+        for i, (name, message, expected) in enumerate(raw_messages()):
+            sock.send_multipart(message)
+            rsp = pb.ResponseCapsule.FromString(sock.recv_multipart()[0])
+            assert (rsp.status_code_type, rsp.status_code) == expected, name
+            value = os.urandom(1000 + i)
+            sock.send_multipart([pb.CommandCapsule(
+                command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1, command_id=i, key=b"good%d" % i,
+                value_length=len(value), crc32c=crc32c(value), has_crc32c=True).SerializeToString(), value])
+            rsp = pb.ResponseCapsule.FromString(sock.recv_multipart()[0])
+            assert rsp.status_code == 0 and rsp.command_id == i, f"after {name}: {rsp}"
+            sock.send(pb.CommandCapsule(command_set=pb.KEY_VALUE, opcode=pb.KV_RETRIEVE, namespace_id=1,
+                                        command_id=i, key=b"good%d" % i).SerializeToString())
+            header, payload = sock.recv_multipart()
+            assert pb.ResponseCapsule.FromString(header).status_code == 0 and payload == value, name
+    finally:
+        sock.close()
+
+
+def test_a_flipped_byte_in_the_namespace_file_answers_the_media_error(start_service, node_config, tmp_path):
+    node = start_node(start_service, node_config())
+    value = os.urandom(300_000)
+    with FabricClient(node.addresses["fabric"], GOOD_HOST) as client:
+        client.store(1, b"victim", [value])
+        info = admin(node).Identify(apb.IdentifyRequest()).namespaces[0]
+        with open(info.backing_file, "r+b") as f:  # the first value sits at offset 0
+            f.seek(123_456)
+            byte = f.read(1)
+            f.seek(123_456)
+            f.write(bytes([byte[0] ^ 0x01]))
+        with pytest.raises(StorageStatusError) as err:
+            client.retrieve(1, b"victim")
+        assert err.value.status == st.UNRECOVERED_READ_ERROR
+        assert client.retrieve  # the connection goes on
+        client.store(1, b"other", [b"fine"])
+        assert bytes(client.retrieve(1, b"other").payload()) == b"fine"
+    assert admin(node).Stats(apb.StatsRequest()).integrity_errors == 1
