@@ -38,8 +38,22 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m 'not slow' $(PYTEST_ARGS)
 
+# The paper's chat (section II-B) on every service: `kvtb up` in the background, the three
+# messages of deploy/demo-chat.txt through `kvtb chat --trace`, then every service stopped,
+# also when the chat fails or on Ctrl-C. Logs in var/logs/.
 demo: install
-	@echo "make demo arrives with the chat frontend (issue 5)"
+	@mkdir -p var/logs; \
+	$(BIN)/python -m kvtb.cli up > var/logs/up.log 2>&1 & up=$$!; \
+	trap 'kill -TERM $$up 2>/dev/null; wait $$up' EXIT; trap 'exit 130' INT TERM; \
+	echo "make demo: starting the services (the first start de-quantizes the model, ~25 s; log var/logs/up.log)"; \
+	until grep -q '^KVTB_READY' var/logs/up.log; do \
+		kill -0 $$up 2>/dev/null || { echo "make demo: kvtb up failed:"; tail -20 var/logs/up.log; exit 1; }; \
+		sleep 1; \
+	done; \
+	sed -n '/^kvtb up: all/,/^Chat with/p' var/logs/up.log; \
+	$(BIN)/python -m kvtb.cli health 127.0.0.1:50050 || exit 1; \
+	$(BIN)/python -m kvtb.cli chat --script deploy/demo-chat.txt --trace; rc=$$?; \
+	echo "make demo: stopping the services"; exit $$rc
 
 clean:
 	rm -rf $(VENV) kvtb_proto/*_pb2*.py kvtb_proto/*_pb2.pyi $(PROTO_STAMP) var out

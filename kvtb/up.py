@@ -1,0 +1,172 @@
+"""`kvtb up`: every service of the testbed as local processes, until Ctrl-C or SIGTERM.
+
+Starts the storage nodes, the SmartNIC agent, the compute node and the chat frontend in that
+order, each with `kvtb serve NAME`, waits for each one's ready line and gRPC health, wires the
+addresses each one announced into the next (so a config with port 0 works too), prints where
+each listens and then a ready line of its own (`KVTB_READY {"service": "up", ...}`).
+Stops them all, last started first, on Ctrl-C, SIGTERM, or when one of them dies.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvtb.grpc_health import wait_serving
+from kvtb.launch import ServiceProcess, announce_ready, kvtb_argv
+from kvtb.settings import SettingsError, read_config_file
+
+logger = logging.getLogger(__name__)
+
+REPO_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "kvtb.yaml"
+POLICIES = ("triggered", "cpu", "resident", "recompute")
+DEFAULT_STORAGE = {"admin_address": "127.0.0.1:50061", "fabric_address": "tcp://127.0.0.1:55061"}
+
+
+class Stopped(Exception):
+    """Ctrl-C or SIGTERM arrived."""
+
+
+def shift_port(address: str, by: int) -> str:
+    """'tcp://h:55061', 1 -> 'tcp://h:55062'; port 0 (any free port) stays 0."""
+    head, _, port = address.rpartition(":")
+    return f"{head}:{int(port) + by if int(port) else 0}"
+
+
+def storage_env(index: int, section: dict[str, Any], data_dir: Path) -> dict[str, str]:
+    """Environment overrides that make storage node `index` its own node (addresses, data, names)."""
+    name = f"storage-{index}"
+    env = {"KVTB_STORAGE_NODE_NAME": name, "KVTB_STORAGE_DATA_DIR": str(data_dir / name),
+           "KVTB_STORAGE_SUBSYSTEM_NQN": f"nqn.2026-11.org.kvtestbed:{name}"}
+    for field in ("admin_address", "fabric_address"):
+        base = section.get(field) or DEFAULT_STORAGE[field]
+        env[f"KVTB_STORAGE_{field.upper()}"] = shift_port(base, index)
+    return env
+
+
+def agent_env(storage: list[ServiceProcess]) -> dict[str, str]:
+    """The agent's storage nodes, as the storage nodes announced them."""
+    nodes = [f"{p.name}={p.addresses['admin']}={p.addresses['fabric']}" for p in storage]
+    return {"KVTB_SMARTNIC_STORAGE_NODES": ",".join(nodes)}
+
+
+def compute_env(agent: ServiceProcess, storage: list[ServiceProcess]) -> dict[str, str]:
+    return {"KVTB_COMPUTE_AGENT_ADDRESS": agent.addresses["grpc"],
+            "KVTB_COMPUTE_STORAGE_FABRIC_ADDRESSES": ",".join(p.addresses["fabric"] for p in storage)}
+
+
+def frontend_env(agent: ServiceProcess, storage: list[ServiceProcess], data_dir: Path) -> dict[str, str]:
+    return {"KVTB_FRONTEND_AGENT_ADDRESS": agent.addresses["grpc"],
+            "KVTB_FRONTEND_DATA_DIR": str(data_dir / "frontend"),
+            "KVTB_FRONTEND_STORAGE_ADMIN_ADDRESSES": ",".join(p.addresses["admin"] for p in storage)}
+
+
+def grpc_address(proc: ServiceProcess) -> str:
+    return proc.addresses.get("grpc") or proc.addresses["admin"]
+
+
+class Deployment:
+    """The running services, in start order. Owned by the main thread."""
+
+    def __init__(self, config: str | None, data_dir: Path, policy: str | None, storage_nodes: int):
+        self.config = config
+        self.data_dir = data_dir
+        self.policy = policy
+        self.storage_nodes = storage_nodes
+        self.procs: list[ServiceProcess] = []
+
+    def _start(self, name: str, args: list[str], env: dict[str, str], timeout_s: float) -> ServiceProcess:
+        argv = kvtb_argv("serve", *args, *(["--config", self.config] if self.config else []))
+        proc = ServiceProcess(name, argv, self.data_dir / "logs" / f"{name}.log", env=env)
+        self.procs.append(proc)
+        logger.info("starting %s", name)
+        proc.start(timeout_s=timeout_s)
+        if not wait_serving(grpc_address(proc), timeout_s=timeout_s):
+            raise RuntimeError(f"{name} announced {proc.addresses} but is not SERVING; "
+                               f"log {proc.log_path}:\n{proc.log_tail()}")
+        return proc
+
+    def start(self, section: dict[str, Any]) -> None:
+        storage = [self._start(f"storage-{i}", ["storage"], storage_env(i, section, self.data_dir), 60)
+                   for i in range(self.storage_nodes)]
+        agent = self._start("smartnic", ["smartnic"], agent_env(storage), 60)
+        policy = ["--policy", self.policy] if self.policy else []
+        self._start("compute", ["compute", *policy], compute_env(agent, storage), 600)
+        self._start("frontend", ["frontend"], frontend_env(agent, storage, self.data_dir), 120)
+
+    def addresses(self) -> dict[str, Any]:
+        return {p.name: p.addresses for p in self.procs}
+
+    def first_dead(self) -> ServiceProcess | None:
+        return next((p for p in self.procs if not p.alive()), None)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            code = proc.stop()
+            logger.info("%s stopped (exit code %s)", proc.name, code)
+
+
+def describe(deployment: Deployment) -> list[str]:
+    """Where each service listens, for the terminal."""
+    lines = [f"kvtb up: all services ready (policy {deployment.policy or 'from the config'}, "
+             f"data in {deployment.data_dir})"]
+    for proc in deployment.procs:
+        where = "  ".join(f"{k} {v}" for k, v in proc.addresses.items())
+        lines.append(f"  {proc.name:<10} {where}   log {proc.log_path}")
+    lines.append("Chat with `kvtb chat`, see the figures with `kvtb stats`; Ctrl-C stops everything.")
+    return lines
+
+
+def _raise_stopped(*_: object) -> None:
+    raise Stopped()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvtb up", description="Run every service locally.")
+    parser.add_argument("--policy", choices=POLICIES, help="KV policy (default: the config's)")
+    parser.add_argument("--data-dir", default="var", help="where the services keep data and logs")
+    parser.add_argument("--config", help="config file (default: $KVTB_CONFIG, else deploy/kvtb.yaml)")
+    parser.add_argument("--storage-nodes", type=int, default=2, choices=range(1, 10), metavar="N",
+                        help="how many storage nodes (default 2)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s kvtb up: %(message)s")
+    config = args.config or os.environ.get("KVTB_CONFIG") or (str(REPO_CONFIG) if REPO_CONFIG.exists() else None)
+    try:
+        section = read_config_file(config).get("storage") or {}
+    except SettingsError as exc:
+        print(f"kvtb up: {exc}", file=sys.stderr)
+        return 2
+    deployment = Deployment(config and str(Path(config).resolve()), Path(args.data_dir).resolve(),
+                            args.policy, args.storage_nodes)
+    signal.signal(signal.SIGINT, _raise_stopped)
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    code = 0
+    try:
+        deployment.start(section)
+        print("\n".join(describe(deployment)), flush=True)
+        announce_ready("up", {p.name: grpc_address(p) for p in deployment.procs},
+                       services=deployment.addresses(), policy=args.policy)
+        while (dead := deployment.first_dead()) is None:
+            time.sleep(0.5)
+        print(f"kvtb up: {dead.name} exited with {dead.proc.returncode}; stopping everything; "
+              f"log {dead.log_path}:\n{dead.log_tail(20)}", file=sys.stderr)
+        code = 1
+    except Stopped:
+        logger.info("stopping")
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"kvtb up: {exc}", file=sys.stderr)
+        code = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        deployment.stop()
+    return code

@@ -1,0 +1,51 @@
+"""`kvtb up`'s wiring of one service's announced addresses into the next (no processes)."""
+from pathlib import Path
+
+from kvtb import up
+from kvtb.launch import ServiceProcess
+
+
+def announced(name: str, **addresses: str) -> ServiceProcess:
+    proc = ServiceProcess(name, [], "/dev/null")
+    proc.ready = {"addresses": addresses}
+    return proc
+
+
+def test_shift_port_keeps_any_free_port():
+    assert up.shift_port("tcp://127.0.0.1:55061", 1) == "tcp://127.0.0.1:55062"
+    assert up.shift_port("127.0.0.1:0", 1) == "127.0.0.1:0"
+
+
+def test_second_storage_node_gets_its_own_addresses_and_data():
+    env = up.storage_env(1, {"admin_address": "127.0.0.1:50061"}, Path("/d"))
+    assert env == {"KVTB_STORAGE_NODE_NAME": "storage-1", "KVTB_STORAGE_DATA_DIR": "/d/storage-1",
+                   "KVTB_STORAGE_SUBSYSTEM_NQN": "nqn.2026-11.org.kvtestbed:storage-1",
+                   "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:50062",
+                   "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:55062"}
+
+
+def test_announced_addresses_flow_to_the_next_services():
+    storage = [announced("storage-0", admin="h:1", fabric="tcp://h:2"),
+               announced("storage-1", admin="h:3", fabric="tcp://h:4")]
+    agent = announced("smartnic", grpc="h:5")
+    assert up.agent_env(storage) == {"KVTB_SMARTNIC_STORAGE_NODES": "storage-0=h:1=tcp://h:2,storage-1=h:3=tcp://h:4"}
+    assert up.compute_env(agent, storage) == {"KVTB_COMPUTE_AGENT_ADDRESS": "h:5",
+                                              "KVTB_COMPUTE_STORAGE_FABRIC_ADDRESSES": "tcp://h:2,tcp://h:4"}
+    assert up.frontend_env(agent, storage, Path("/d")) == {
+        "KVTB_FRONTEND_AGENT_ADDRESS": "h:5", "KVTB_FRONTEND_DATA_DIR": "/d/frontend",
+        "KVTB_FRONTEND_STORAGE_ADMIN_ADDRESSES": "h:1,h:3"}
+
+
+def test_default_config_loads_for_every_service():
+    from chat_frontend.settings import FrontendSettings
+    from kvtb.settings import load_settings
+    cfg = up.REPO_CONFIG
+    frontend = load_settings(FrontendSettings, "frontend", cfg, environ={})
+    assert frontend.listen_address == "127.0.0.1:50050" and frontend.users["demo"] == "demo-token"
+    from compute_node.settings import ComputeSettings
+    from smartnic.settings import SmartNicSettings
+    from storage_node.settings import StorageSettings
+    assert load_settings(StorageSettings, "storage", cfg, environ={}).admin_address == "127.0.0.1:50061"
+    nic = load_settings(SmartNicSettings, "smartnic", cfg, environ={})
+    assert nic.listen_address == "127.0.0.1:50051"
+    assert load_settings(ComputeSettings, "compute", cfg, environ={}).key_salt == nic.salt
