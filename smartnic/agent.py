@@ -12,15 +12,15 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from smartnic.datapath import ChunkRef, Datapath, read_headers
 from smartnic.engine import DataWork, TriggerEngine
 from smartnic.eviction import make_policy
 from smartnic.fabric import StorageNodes
 from smartnic.match_action import Table
-from smartnic.regions import Registered, Regions
 from smartnic.region import RegionError
+from smartnic.regions import Regions, Registered
 from smartnic.requester import Chunk, Requester
 from smartnic.settings import SmartNicSettings
 from smartnic.stats import Stats
@@ -241,7 +241,7 @@ class Agent:
         while not self._stop.wait(self.settings.eviction_interval_s):
             try:
                 self.evict(time.time())
-            except Exception:  # noqa: BLE001 - eviction must keep running
+            except Exception:  # eviction must keep running
                 logger.exception("eviction pass failed")
 
     # -- statistics

@@ -68,7 +68,8 @@ def trigger_latency(agent: Agent, samples: int) -> dict:
     fired: dict[int, int] = {}
     agent.engine.on_fire.append(lambda entry, ns: fired.__setitem__(entry.threshold, ns))
     try:
-        agent.engine.queue(reg, [(TRIGGER, i, CounterWork("add", FIRED, 1), None) for i in range(1, samples + 1)])
+        works = [(TRIGGER, i, CounterWork("add", FIRED, 1), None) for i in range(1, samples + 1)]
+        agent.engine.queue(reg, works)
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
         child = ctx.Process(target=_storer, args=(region.name, region.size, 0, 16, samples, 1, queue))
@@ -86,7 +87,7 @@ def trigger_latency(agent: Agent, samples: int) -> dict:
 
 
 def _strided(base: int, index: int, count: int, chunk_bytes: int) -> tuple[tuple[int, int], ...]:
-    """The ranges of chunk `index`: row k of every chunk lies at (k * count + index) * row, as in a KV pool."""
+    """The ranges of chunk `index`: row k of each chunk at (k * count + index) * row, as in a KV pool."""
     row = chunk_bytes // RANGES_PER_CHUNK
     return tuple((base + (k * count + index) * row, row) for k in range(RANGES_PER_CHUNK))
 
@@ -111,8 +112,9 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int) -> d
             _wait(region, 1, (r + 1) * count)
             put_s.append(time.perf_counter() - start)
             chunks = agent.lookup("bench", refs[0].context_id)
-            gets = [(0, 0, DataWork("get", refs[c.chunk_index], _strided(area, c.chunk_index, count, chunk_bytes),
-                                    (0, 0), c), 2) for c in chunks]
+            gets = [(0, 0, DataWork("get", refs[c.chunk_index],
+                                    _strided(area, c.chunk_index, count, chunk_bytes), (0, 0), c), 2)
+                    for c in chunks]
             start = time.perf_counter()
             agent.engine.queue(reg, gets)
             _wait(region, 2, (r + 1) * count)
@@ -123,7 +125,8 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int) -> d
     finally:
         agent.deregister(reg.region_id, "bench")
         region.close()
-    return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK, "rounds": rounds,
+    return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK,
+            "rounds": rounds,
             "put_bytes_per_s": area / min(put_s), "get_bytes_per_s": area / min(get_s)}
 
 
@@ -140,8 +143,8 @@ def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int)
             keys = [cf.chunk_key("direct", "bench", str(r), i) for i in range(count)]
             start = time.perf_counter()
             futures = [client.submit(pb.CommandCapsule(
-                command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1, key=key, value_length=chunk_bytes,
-                crc32c=cf.crc32c_of(frames), has_crc32c=True), frames)
+                command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1, key=key,
+                value_length=chunk_bytes, crc32c=cf.crc32c_of(frames), has_crc32c=True), frames)
                 for key, frames in ((k, [view[o:o + n] for o, n in _strided(0, i, count, chunk_bytes)])
                                     for i, k in enumerate(keys))]
             for f in futures:
@@ -157,7 +160,8 @@ def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int)
                 client.delete(1, k)
     finally:
         client.close()
-    return {"put_bytes_per_s": count * chunk_bytes / min(put_s), "get_bytes_per_s": count * chunk_bytes / min(get_s)}
+    moved = count * chunk_bytes
+    return {"put_bytes_per_s": moved / min(put_s), "get_bytes_per_s": moved / min(get_s)}
 
 
 def run(args) -> dict:
@@ -165,7 +169,8 @@ def run(args) -> dict:
     result = new_result("smartnic", {"sizes_mib": args.sizes_mib, "total_mib": args.total_mib,
                                      "rounds": args.rounds, "trigger_samples": args.trigger_samples,
                                      "data_dir": str(data_dir), "fsync": True})
-    storage = ServiceProcess("storage-bench", kvtb_argv("serve", "storage"), Path(args.out) / "storage.log", env={
+    log = Path(args.out) / "storage.log"
+    storage = ServiceProcess("storage-bench", kvtb_argv("serve", "storage"), log, env={
         "KVTB_STORAGE_DATA_DIR": str(data_dir / "storage"), "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0",
         "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0", "KVTB_STORAGE_NODE_NAME": "bench"})
     storage.start()
@@ -177,9 +182,10 @@ def run(args) -> dict:
     try:
         agent.start()
         result["results"]["trigger_to_fire"] = trigger_latency(agent, args.trigger_samples)
-        result["results"]["agent_observe_to_fire_us"] = dict(zip(("p50", "p99"), agent.stats.percentiles()))
+        p50, p99 = agent.stats.percentiles()
+        result["results"]["agent_observe_to_fire_us"] = {"p50": p50, "p99": p99}
         transfers = [transfer(agent, mib << 20, args.total_mib << 20, args.rounds) for mib in args.sizes_mib]
-        for t, mib in zip(transfers, args.sizes_mib):
+        for t, mib in zip(transfers, args.sizes_mib, strict=True):
             t["storage_node_direct"] = direct(storage.addresses["fabric"], mib << 20, args.total_mib << 20,
                                               args.rounds)
     finally:
@@ -192,7 +198,7 @@ def run(args) -> dict:
                        "pread_cached": rawlimits.pread_cached_bytes_per_s(size, args.budget_s, data_dir),
                        "pwrite_fsync": rawlimits.pwrite_fsync_bytes_per_s(size, args.budget_s, data_dir)}
     rows = []
-    for t, mib in zip(transfers, args.sizes_mib):
+    for t, mib in zip(transfers, args.sizes_mib, strict=True):
         lim = limits[mib]
         t["put_limit_bytes_per_s"] = min(lim["zmq_tcp"], lim["pwrite_fsync"])
         t["get_limit_bytes_per_s"] = min(lim["zmq_tcp"], lim["pread_cached"])
@@ -201,9 +207,10 @@ def run(args) -> dict:
         t["raw_limits_bytes_per_s"] = lim
         t["put_vs_direct"] = t["put_bytes_per_s"] / t["storage_node_direct"]["put_bytes_per_s"]
         t["get_vs_direct"] = t["get_bytes_per_s"] / t["storage_node_direct"]["get_bytes_per_s"]
-        rows.append([f"{mib} MiB", t["put_bytes_per_s"] / 1e6, t["storage_node_direct"]["put_bytes_per_s"] / 1e6,
+        alone = t["storage_node_direct"]
+        rows.append([f"{mib} MiB", t["put_bytes_per_s"] / 1e6, alone["put_bytes_per_s"] / 1e6,
                      t["put_limit_bytes_per_s"] / 1e6, t["put_vs_limit"],
-                     t["get_bytes_per_s"] / 1e6, t["storage_node_direct"]["get_bytes_per_s"] / 1e6,
+                     t["get_bytes_per_s"] / 1e6, alone["get_bytes_per_s"] / 1e6,
                      t["get_limit_bytes_per_s"] / 1e6, t["get_vs_limit"]])
     result["results"]["transfers"] = transfers
     result["ratios"]["put_vs_limit"] = min(t["put_vs_limit"] for t in transfers)
@@ -224,7 +231,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trigger-samples", type=int, default=1000)
     parser.add_argument("--budget-s", type=float, default=1.0, help="seconds per raw-limit measurement")
-    parser.add_argument("--data-dir", help="where the storage node and raw limits write (default: a temp dir)")
+    parser.add_argument("--data-dir", help="where the storage node and raw limits write (default: temp dir)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -234,7 +241,8 @@ def main(argv: list[str]) -> int:
         emit_json(result)
     else:
         tf = result["results"]["trigger_to_fire"]
-        print(f"trigger-to-fire: p50 {tf['p50_us']:.0f} µs, p99 {tf['p99_us']:.0f} µs ({tf['samples']} stores)")
+        print(f"trigger-to-fire: p50 {tf['p50_us']:.0f} µs, p99 {tf['p99_us']:.0f} µs "
+              f"({tf['samples']} stores)")
         print(result["table"])
         print(f"ratios: put_vs_limit {result['ratios']['put_vs_limit']:.2f}, "
               f"get_vs_limit {result['ratios']['get_vs_limit']:.2f} (floor 0.5)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from smartnic import crc as _crc
 

@@ -14,7 +14,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from kvtb_proto import nvmeof_pb2
 from smartnic import chunk_format as cf
@@ -153,7 +154,7 @@ class Datapath:
         def finish(nbytes: int, error: DataError | None) -> None:
             try:
                 done(nbytes, error)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.exception("GET completion handler failed")
 
         def expire() -> None:

@@ -12,10 +12,10 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from smartnic.datapath import ChunkRef
-from smartnic.regions import Registered, Regions, UnknownRegion
+from smartnic.regions import Regions, Registered, UnknownRegion
 from smartnic.requester import Chunk
 from smartnic.stats import Stats
 from smartnic.triggered import CounterKey, DeferredWorkQueue, Entry
@@ -86,7 +86,7 @@ class TriggerEngine:
             return len(self._dwq)
 
     def queue(self, reg: Registered, works: Sequence[tuple[int, int, object, int | None]]) -> list[int]:
-        """Queue (trigger counter, threshold, work, completion counter) all or none; QueueFull past the bound."""
+        """Queue (trigger, threshold, work, completion) tuples, all or none; QueueFull past the bound."""
         for trigger, _, work, completion in works:
             reg.region.read_counter(trigger)  # RegionError when out of range
             if completion is not None:
@@ -166,7 +166,7 @@ class TriggerEngine:
             return
         try:
             self.handle_data(reg, entry, lambda kind, message: self.complete(reg, entry, kind, message))
-        except Exception as exc:  # noqa: BLE001 - a bug must end on the counter, not kill the watcher
+        except Exception as exc:  # a bug must end on the counter, not kill the watcher
             logger.exception("firing op %d failed", entry.op_id)
             self.complete(reg, entry, "internal", str(exc))
 

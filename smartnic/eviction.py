@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 import collections
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 Leased = Callable[[Hashable], bool]
 

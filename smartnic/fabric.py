@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from storage_node import status as st
 from storage_node.client import FabricClient, FabricError
@@ -23,7 +23,8 @@ class StorageNodes:
                  on_up: Callable[[str, FabricClient], None] | None = None):
         self.names = [name for name, _ in nodes]
         self._addresses = dict(nodes)
-        self.host_nqn, self.queue_depth, self.timeout_s, self.retry_s = host_nqn, queue_depth, timeout_s, retry_s
+        self.host_nqn, self.queue_depth = host_nqn, queue_depth
+        self.timeout_s, self.retry_s = timeout_s, retry_s
         self.on_up = on_up
         self._lock = threading.Lock()
         self._clients: dict[str, FabricClient] = {}
@@ -65,7 +66,7 @@ class StorageNodes:
         if self.on_up:
             try:
                 self.on_up(name, client)
-            except Exception:  # noqa: BLE001 - a failed rebuild must not stop the agent
+            except Exception:  # a failed rebuild must not stop the agent
                 logger.exception("after connecting to %s", name)
         return True
 

@@ -38,7 +38,7 @@ def rpc(method):
     def wrapper(self, request, context):
         try:
             return method(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - translated below or re-raised
+        except Exception as exc:  # translated below, or INTERNAL with the message
             code = code_for(exc)
             if code is None:
                 logger.exception("%s failed", method.__name__)

@@ -33,7 +33,7 @@ def serve(settings: SmartNicSettings):
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(settings.grpc_workers),
                          options=[("grpc.max_receive_message_length", 64 << 20),
                                   ("grpc.max_send_message_length", 64 << 20)])
-    host, _, port = settings.listen_address.rpartition(":")
+    host = settings.listen_address.rpartition(":")[0]
     bound = server.add_insecure_port(settings.listen_address)
     if bound == 0:
         agent.close()

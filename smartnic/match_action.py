@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import itertools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 EXACT_FIELDS = ("user_id", "context_id")
 LPM_FIELDS = ("src_addr",)

@@ -64,7 +64,8 @@ class MatchActionServicer(smartnic_pb2_grpc.MatchActionServicer):
         ids = []
         with self.agent.lock:
             for kind, name, entry in parsed:  # check ids first so that a bad one changes nothing
-                if kind != smartnic_pb2.Update.INSERT and entry.entry_id not in self.agent.table(name).entries:
+                known = self.agent.table(name).entries
+                if kind != smartnic_pb2.Update.INSERT and entry.entry_id not in known:
                     raise ma.TableError(f"table {name or 'ingress'!r} has no entry {entry.entry_id}")
             for kind, name, entry in parsed:
                 table = self.agent.table(name)

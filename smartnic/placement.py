@@ -5,7 +5,7 @@ Adding a node moves only the chunks that now rank it first; removing one moves o
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _weight(key: bytes, node: str) -> int:

@@ -73,11 +73,11 @@ class Region:
         self.counter_count = counter_count
 
     @classmethod
-    def create(cls, name: str, size: int, counter_offset: int, counter_count: int) -> "Region":
+    def create(cls, name: str, size: int, counter_offset: int, counter_count: int) -> Region:
         return cls(name, size, counter_offset, counter_count, create=True)
 
     @classmethod
-    def attach(cls, name: str, size: int, counter_offset: int, counter_count: int) -> "Region":
+    def attach(cls, name: str, size: int, counter_offset: int, counter_count: int) -> Region:
         return cls(name, size, counter_offset, counter_count, create=False)
 
     # -- memory
@@ -143,7 +143,7 @@ class Region:
             except FileNotFoundError:
                 pass
 
-    def __enter__(self) -> "Region":
+    def __enter__(self) -> Region:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -78,15 +78,15 @@ class Regions:
         self._ids = itertools.count(1)
 
     def register(self, shm_name: str, size: int, access_key: str, counter_offset: int,
-                 counter_count: int, layout_msg=None, owner: str = "", compute_address: str = "") -> Registered:
+                 counter_count: int, layout_msg=None, owner: str = "",
+                 compute_address: str = "") -> Registered:
         """Map the region; raise RegionError when it cannot be mapped or its layout is wrong."""
         if not access_key:
             raise RegionError("an access key is required")
         layout = layout_from_proto(layout_msg, counter_count) if layout_msg is not None else None
-        if layout is not None:
-            if layout.region_bytes > size or layout.counter_offset != counter_offset:
-                raise RegionError(f"kv_layout needs {layout.region_bytes} bytes with counters at "
-                                  f"{layout.counter_offset}; got {size} bytes, counters at {counter_offset}")
+        if layout is not None and (layout.region_bytes > size or layout.counter_offset != counter_offset):
+            raise RegionError(f"kv_layout needs {layout.region_bytes} bytes with counters at "
+                              f"{layout.counter_offset}; got {size} bytes, counters at {counter_offset}")
         region = Region.attach(shm_name, size, counter_offset, counter_count)
         with self._lock:
             reg = Registered(next(self._ids), region, access_key, layout, owner, compute_address)

@@ -7,7 +7,7 @@ restored is leased and must not be evicted while its GETs are in flight.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from smartnic.chunk_format import token_ids_hash
 

@@ -31,7 +31,8 @@ def _node(value: Any) -> StorageNodeRef:
         return StorageNodeRef(*parts)
     value = dict(value)
     assert "name" in value and "fabric_address" in value, f"storage node {value}: name and fabric_address"
-    return StorageNodeRef(str(value["name"]), str(value.get("admin_address", "")), str(value["fabric_address"]))
+    return StorageNodeRef(str(value["name"]), str(value.get("admin_address", "")),
+                          str(value["fabric_address"]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,8 @@ from smartnic.requester import Chunk
 def _ref(chunk: smartnic_pb2.ChunkRef) -> ChunkRef:
     if not chunk.user_id or not chunk.context_id or chunk.token_end <= chunk.token_start:
         raise ValueError(f"chunk ref needs a user, a context and tokens [start, end) with end > start; "
-                         f"got {chunk.user_id!r}, {chunk.context_id!r}, [{chunk.token_start}, {chunk.token_end})")
+                         f"got {chunk.user_id!r}, {chunk.context_id!r}, "
+                         f"[{chunk.token_start}, {chunk.token_end})")
     return ChunkRef(chunk.user_id, chunk.context_id, chunk.chunk_index, chunk.token_start, chunk.token_end)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from typing import Any, Callable, Hashable, Iterable, NamedTuple
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, NamedTuple
 
 DEFAULT_BOUND = 512
 

@@ -8,14 +8,15 @@ import grpc
 import pytest
 
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
-from smartnic import chunk_format as cf
 from storage_node.client import FabricClient
 from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
 from tests.smartnic.test_agent_service import CTX, IDS, USER, offload, restore
 
 
 def start(start_service, tmp_path, nodes=("s0",), **agent_settings):
-    storage = [(n, start_service(f"storage-{n}", "serve", "storage", env=storage_env(tmp_path, n))) for n in nodes]
+    storage = [
+        (n, start_service(f"storage-{n}", "serve", "storage", env=storage_env(tmp_path, n))) for n in nodes
+    ]
     agent = start_service("agent", "serve", "smartnic", env=agent_env(storage, **agent_settings))
     channel = grpc.insecure_channel(agent.addresses["grpc"])
     return storage, agent, Pool(smartnic_pb2_grpc.SmartNicStub(channel))
@@ -40,7 +41,9 @@ def test_corrupt_chunk_is_an_error_and_is_dropped(start_service, tmp_path):
         info = restore(pool, 1, IDS)
         success, error = pool.wait_counter(info.completion_counter, info.threshold)
         assert (success, error - info.error_base) == (3, 1)
-        errors = pool.stub.ReadErrors(smartnic_pb2.ReadErrorsRequest(region_id=pool.region_id, access_key=KEY))
+        errors = pool.stub.ReadErrors(
+            smartnic_pb2.ReadErrorsRequest(region_id=pool.region_id, access_key=KEY)
+        )
         assert [(e.kind, e.chunk.chunk_index) for e in errors.errors] == [("crc_mismatch", 1)]
         left = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX)).chunks
         assert [c.chunk_index for c in left] == [0, 2, 3]
@@ -53,8 +56,9 @@ def test_corrupt_chunk_is_an_error_and_is_dropped(start_service, tmp_path):
 
 @pytest.mark.slow
 def test_idle_contexts_are_evicted_and_deleted_on_storage(start_service, tmp_path):
-    storage, _, pool = start(start_service, tmp_path, eviction_policy="timer", ttl_s=1.0,
-                             eviction_interval_s=0.2)
+    storage, _, pool = start(
+        start_service, tmp_path, eviction_policy="timer", ttl_s=1.0, eviction_interval_s=0.2
+    )
     try:
         offload(pool)
         client = fabric(storage[0][1])
@@ -73,9 +77,15 @@ def test_idle_contexts_are_evicted_and_deleted_on_storage(start_service, tmp_pat
 
 def test_chunks_spread_over_two_nodes_and_lru_capacity(start_service, tmp_path):
     chunk_bytes = 16 * LAYOUT.kv_bytes_per_token + 16 * 4 + 200
-    storage, _, pool = start(start_service, tmp_path, nodes=("s0", "s1"), eviction_policy="lru",
-                             capacity_high_bytes=10 * chunk_bytes, capacity_low_bytes=8 * chunk_bytes,
-                             eviction_interval_s=0.1)
+    _, _, pool = start(
+        start_service,
+        tmp_path,
+        nodes=("s0", "s1"),
+        eviction_policy="lru",
+        capacity_high_bytes=10 * chunk_bytes,
+        capacity_low_bytes=8 * chunk_bytes,
+        eviction_interval_s=0.1,
+    )
     try:
         offload(pool, slot=0, context="c-a")
         offload(pool, slot=0, context="c-b")
@@ -94,7 +104,8 @@ def test_chunks_spread_over_two_nodes_and_lru_capacity(start_service, tmp_path):
 
 
 def _cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -114,6 +125,7 @@ def test_watcher_does_not_burn_a_core_while_waiting(start_service, tmp_path):
 
 def _free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -124,15 +136,18 @@ def test_a_node_down_at_start_is_tolerated_and_joins_later(start_service, tmp_pa
     s0 = start_service("storage-s0", "serve", "storage", env=storage_env(tmp_path, "s0"))
     port = _free_port()
     late = {"admin": "127.0.0.1:0", "fabric": f"tcp://127.0.0.1:{port}"}
-    agent = start_service("agent", "serve", "smartnic", env=agent_env(
-        [("s0", s0), ("s1", late)]))
+    agent = start_service("agent", "serve", "smartnic", env=agent_env([("s0", s0), ("s1", late)]))
     assert agent.ready["storage_nodes_up"] == ["s0"]
     pool = Pool(smartnic_pb2_grpc.SmartNicStub(grpc.insecure_channel(agent.addresses["grpc"])))
     try:
         offload(pool, context="c-early")
         assert set(pool.stub.Stats(smartnic_pb2.StatsRequest()).bytes_by_storage_node) == {"s0"}
-        start_service("storage-s1", "serve", "storage",
-                      env={**storage_env(tmp_path, "s1"), "KVTB_STORAGE_FABRIC_ADDRESS": late["fabric"]})
+        start_service(
+            "storage-s1",
+            "serve",
+            "storage",
+            env={**storage_env(tmp_path, "s1"), "KVTB_STORAGE_FABRIC_ADDRESS": late["fabric"]},
+        )
         deadline = time.monotonic() + 10
         contexts = 0
         while time.monotonic() < deadline:

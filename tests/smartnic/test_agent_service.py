@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
-from storage_node.client import FabricClient
 from smartnic import chunk_format as cf
+from storage_node.client import FabricClient
 from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
 
 USER, CTX = "alice", "ctx-1"
@@ -50,9 +50,15 @@ def offload(pool: Pool, slot: int = 0, num_tokens: int = 64, user: str = USER, c
 
 
 def restore(pool: Pool, slot: int, token_ids, user: str = USER, context: str = CTX):
-    return pool.stub.Restore(smartnic_pb2.RestoreRequest(
-        region_id=pool.region_id, access_key=KEY, context=smartnic_pb2.ContextRef(user_id=user, context_id=context),
-        slot=slot, token_ids=[int(t) for t in token_ids]))
+    return pool.stub.Restore(
+        smartnic_pb2.RestoreRequest(
+            region_id=pool.region_id,
+            access_key=KEY,
+            context=smartnic_pb2.ContextRef(user_id=user, context_id=context),
+            slot=slot,
+            token_ids=[int(t) for t in token_ids],
+        )
+    )
 
 
 def test_put_stores_the_bytes_and_get_restores_them(pool, storage):
@@ -66,8 +72,8 @@ def test_put_stores_the_bytes_and_get_restores_them(pool, storage):
     client.close()
     header, n = cf.decode_header(value)
     assert (header.user_id, header.chunk_index, header.token_start, header.token_end) == (USER, 1, 16, 32)
-    assert value[n:n + 64] == IDS[16:32].tobytes()
-    assert value[n + 64:] == np.ascontiguousarray(pool.kv(0)[:, :, :, 16:32, :]).tobytes()
+    assert value[n : n + 64] == IDS[16:32].tobytes()
+    assert value[n + 64 :] == np.ascontiguousarray(pool.kv(0)[:, :, :, 16:32, :]).tobytes()
     # GET into the other slot of another region: exactly those bytes, and the restore counter
     other = Pool(pool.stub)
     try:
@@ -108,39 +114,82 @@ def test_another_users_context_is_denied(pool):
 def test_chained_counter_ops_and_cancel(pool):
     a, b, c = (LAYOUT.extra_counter(i) for i in range(3))
     op = smartnic_pb2.TriggeredOp
-    pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=[
-        op(region_id=pool.region_id, access_key=KEY, trigger_counter=a, threshold=3,
-           counter_add=smartnic_pb2.CounterOp(counter=b, value=5)),
-        op(region_id=pool.region_id, access_key=KEY, trigger_counter=b, threshold=5,
-           counter_set=smartnic_pb2.CounterOp(counter=c, value=42)),
-        op(region_id=pool.region_id, access_key=KEY, trigger_counter=c, threshold=100,
-           counter_set=smartnic_pb2.CounterOp(counter=a, value=0))]))
+    pool.stub.QueueTriggered(
+        smartnic_pb2.QueueTriggeredRequest(
+            ops=[
+                op(
+                    region_id=pool.region_id,
+                    access_key=KEY,
+                    trigger_counter=a,
+                    threshold=3,
+                    counter_add=smartnic_pb2.CounterOp(counter=b, value=5),
+                ),
+                op(
+                    region_id=pool.region_id,
+                    access_key=KEY,
+                    trigger_counter=b,
+                    threshold=5,
+                    counter_set=smartnic_pb2.CounterOp(counter=c, value=42),
+                ),
+                op(
+                    region_id=pool.region_id,
+                    access_key=KEY,
+                    trigger_counter=c,
+                    threshold=100,
+                    counter_set=smartnic_pb2.CounterOp(counter=a, value=0),
+                ),
+            ]
+        )
+    )
     pool.region.store_counter(a, 2)
-    pool.stub.CounterAdd(smartnic_pb2.CounterUpdateRequest(
-        counter=smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=a), error=1))
-    value = pool.stub.CounterWait(smartnic_pb2.CounterWaitRequest(
-        counter=smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=c), threshold=42,
-        timeout_s=5))
+    pool.stub.CounterAdd(
+        smartnic_pb2.CounterUpdateRequest(
+            counter=smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=a), error=1
+        )
+    )
+    value = pool.stub.CounterWait(
+        smartnic_pb2.CounterWaitRequest(
+            counter=smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=c),
+            threshold=42,
+            timeout_s=5,
+        )
+    )
     assert value.success == 42 and pool.region.read_counter(b) == (5, 0)
-    cancelled = pool.stub.CancelCounter(smartnic_pb2.CancelRequest(
-        counter=smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=c)))
+    cancelled = pool.stub.CancelCounter(
+        smartnic_pb2.CancelRequest(
+            counter=smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=c)
+        )
+    )
     assert cancelled.cancelled == 1
     assert pool.stub.Stats(smartnic_pb2.StatsRequest()).queue_depth == 0
 
 
 def test_queue_bound_bad_key_and_bounds(pool):
-    ops = [smartnic_pb2.TriggeredOp(region_id=pool.region_id, access_key=KEY, trigger_counter=LAYOUT.extra_counter(0),
-                                    threshold=10 ** 9, counter_add=smartnic_pb2.CounterOp(counter=0, value=1))]
+    ops = [
+        smartnic_pb2.TriggeredOp(
+            region_id=pool.region_id,
+            access_key=KEY,
+            trigger_counter=LAYOUT.extra_counter(0),
+            threshold=10**9,
+            counter_add=smartnic_pb2.CounterOp(counter=0, value=1),
+        )
+    ]
     with pytest.raises(grpc.RpcError) as err:
         pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=ops * 513))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=ops * 512))
-    assert pool.stub.Flush(smartnic_pb2.FlushRequest(region_id=pool.region_id, access_key=KEY)).cancelled == 512
+    assert (
+        pool.stub.Flush(smartnic_pb2.FlushRequest(region_id=pool.region_id, access_key=KEY)).cancelled == 512
+    )
     with pytest.raises(grpc.RpcError) as err:
-        pool.stub.CounterRead(smartnic_pb2.CounterRef(region_id=pool.region_id, access_key="wrong", counter=0))
+        pool.stub.CounterRead(
+            smartnic_pb2.CounterRef(region_id=pool.region_id, access_key="wrong", counter=0)
+        )
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     with pytest.raises(grpc.RpcError) as err:
-        pool.stub.CounterRead(smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=10 ** 6))
+        pool.stub.CounterRead(
+            smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=10**6)
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     bad = pool.put_ops(0, USER, CTX, 16)[0]
     bad.put.ranges[0].offset = LAYOUT.region_bytes  # outside the region: fails when it fires
@@ -161,8 +210,9 @@ def test_restart_rebuilds_the_hashmap(start_service, storage, pool, agent):
     with grpc.insecure_channel(proc.addresses["grpc"]) as channel:
         stub = smartnic_pb2_grpc.SmartNicStub(channel)
         after = stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX))
-        assert [(c.key, c.crc32c, c.length, c.token_end) for c in after.chunks] == \
-            [(c.key, c.crc32c, c.length, c.token_end) for c in before.chunks]
+        assert [(c.key, c.crc32c, c.length, c.token_end) for c in after.chunks] == [
+            (c.key, c.crc32c, c.length, c.token_end) for c in before.chunks
+        ]
         fresh = Pool(stub)
         try:
             info = restore(fresh, 0, IDS)
@@ -181,8 +231,12 @@ def test_storage_node_down_ends_gets_with_errors_in_bounded_time(pool, storage):
     success, error = pool.wait_counter(info.completion_counter, info.threshold, timeout_s=5)
     assert error - info.error_base == 4 and success == 0
     assert time.monotonic() - start < 3.0
-    kinds = {e.kind for e in pool.stub.ReadErrors(smartnic_pb2.ReadErrorsRequest(
-        region_id=pool.region_id, access_key=KEY)).errors}
+    kinds = {
+        e.kind
+        for e in pool.stub.ReadErrors(
+            smartnic_pb2.ReadErrorsRequest(region_id=pool.region_id, access_key=KEY)
+        ).errors
+    }
     assert kinds <= {"timeout", "storage_unavailable"} and kinds
     # the failed chunks were dropped: the next restore announces nothing
     assert restore(pool, 1, IDS).chunks == 0

@@ -7,8 +7,8 @@ from smartnic import chunk_format as cf
 
 
 def header(**kw):
-    args = dict(user_id="alice", context_id="ctx-1", chunk_index=2, token_start=64, token_end=96,
-                kv_bytes=1234, token_ids_hash=cf.token_ids_hash(list(range(64, 96))))
+    args = {"user_id": "alice", "context_id": "ctx-1", "chunk_index": 2, "token_start": 64, "token_end": 96,
+            "kv_bytes": 1234, "token_ids_hash": cf.token_ids_hash(list(range(64, 96)))}
     args.update(kw)
     return cf.ChunkHeader(**args)
 

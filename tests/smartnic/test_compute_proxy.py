@@ -35,7 +35,7 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
         source = "none"
         if request.has_restore:
             r = request.restore
-            success, error = self.pool.wait_counter(r.completion_counter, r.threshold, timeout_s=5)
+            _, error = self.pool.wait_counter(r.completion_counter, r.threshold, timeout_s=5)
             assert error == r.error_base
             self.restored_ids = list(self.pool.token_ids(r.slot)[:r.tokens_announced])
             source = "restored"
@@ -68,8 +68,17 @@ def setup(start_service, tmp_path):
 
 def turn(channel, user: str, context: str, token_ids) -> list[compute_pb2.TurnEvent]:
     stub = compute_pb2_grpc.ComputeNodeStub(channel)
-    return list(stub.Generate(compute_pb2.TurnRequest(request_id="r1", user_id=user, context_id=context,
-                                                      token_ids=[int(t) for t in token_ids], max_new_tokens=4)))
+    return list(
+        stub.Generate(
+            compute_pb2.TurnRequest(
+                request_id="r1",
+                user_id=user,
+                context_id=context,
+                token_ids=[int(t) for t in token_ids],
+                max_new_tokens=4,
+            )
+        )
+    )
 
 
 def test_follow_up_is_prefetched_into_a_reserved_slot(setup):
@@ -100,15 +109,36 @@ def test_other_users_context_and_table_entries(setup):
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "another user" in err.value.details()
     table = smartnic_pb2_grpc.MatchActionStub(channel)
     exact = smartnic_pb2.FieldMatch.Exact
-    deny, limit = table.Write(smartnic_pb2.WriteRequest(updates=[
-        smartnic_pb2.Update(type=smartnic_pb2.Update.INSERT, entry=smartnic_pb2.TableEntry(
-            match=[smartnic_pb2.FieldMatch(field="user_id", exact=exact(value="eve"))], priority=10,
-            action=smartnic_pb2.Action(type=smartnic_pb2.Action.DENY))),
-        smartnic_pb2.Update(type=smartnic_pb2.Update.INSERT, entry=smartnic_pb2.TableEntry(
-            match=[smartnic_pb2.FieldMatch(field="user_id", exact=exact(value="bob")),
-                   smartnic_pb2.FieldMatch(field="src_addr", lpm=smartnic_pb2.FieldMatch.Lpm(
-                       prefix="127.0.0.0", prefix_len=8))], priority=5,
-            action=smartnic_pb2.Action(type=smartnic_pb2.Action.RATE_LIMIT, rate_per_s=0.01, burst=1)))])).entry_ids
+    deny, limit = table.Write(
+        smartnic_pb2.WriteRequest(
+            updates=[
+                smartnic_pb2.Update(
+                    type=smartnic_pb2.Update.INSERT,
+                    entry=smartnic_pb2.TableEntry(
+                        match=[smartnic_pb2.FieldMatch(field="user_id", exact=exact(value="eve"))],
+                        priority=10,
+                        action=smartnic_pb2.Action(type=smartnic_pb2.Action.DENY),
+                    ),
+                ),
+                smartnic_pb2.Update(
+                    type=smartnic_pb2.Update.INSERT,
+                    entry=smartnic_pb2.TableEntry(
+                        match=[
+                            smartnic_pb2.FieldMatch(field="user_id", exact=exact(value="bob")),
+                            smartnic_pb2.FieldMatch(
+                                field="src_addr",
+                                lpm=smartnic_pb2.FieldMatch.Lpm(prefix="127.0.0.0", prefix_len=8),
+                            ),
+                        ],
+                        priority=5,
+                        action=smartnic_pb2.Action(
+                            type=smartnic_pb2.Action.RATE_LIMIT, rate_per_s=0.01, burst=1
+                        ),
+                    ),
+                ),
+            ]
+        )
+    ).entry_ids
     with pytest.raises(grpc.RpcError) as err:
         turn(channel, "eve", "c-eve", [1, 2])
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -120,15 +150,30 @@ def test_other_users_context_and_table_entries(setup):
     hits = {e.entry_id: e.hit_count for e in read.entries}
     assert hits == {deny: 1, limit: 2} and read.default_hit_count == 1  # mallory matched the default
     assert read.default_action.type == smartnic_pb2.Action.PREFETCH_KV
-    table.Write(smartnic_pb2.WriteRequest(updates=[smartnic_pb2.Update(
-        type=smartnic_pb2.Update.DELETE, entry=smartnic_pb2.TableEntry(entry_id=deny))]))
+    table.Write(
+        smartnic_pb2.WriteRequest(
+            updates=[
+                smartnic_pb2.Update(
+                    type=smartnic_pb2.Update.DELETE, entry=smartnic_pb2.TableEntry(entry_id=deny)
+                )
+            ]
+        )
+    )
     turn(channel, "eve", "c-eve", [1, 2])
     with pytest.raises(grpc.RpcError) as err:
-        table.Write(smartnic_pb2.WriteRequest(updates=[smartnic_pb2.Update(
-            type=smartnic_pb2.Update.MODIFY, entry=smartnic_pb2.TableEntry(entry_id=999))]))
+        table.Write(
+            smartnic_pb2.WriteRequest(
+                updates=[
+                    smartnic_pb2.Update(
+                        type=smartnic_pb2.Update.MODIFY, entry=smartnic_pb2.TableEntry(entry_id=999)
+                    )
+                ]
+            )
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    table.SetDefaultAction(smartnic_pb2.SetDefaultActionRequest(
-        action=smartnic_pb2.Action(type=smartnic_pb2.Action.FORWARD)))
+    table.SetDefaultAction(
+        smartnic_pb2.SetDefaultActionRequest(action=smartnic_pb2.Action(type=smartnic_pb2.Action.FORWARD))
+    )
     turn(channel, USER, CTX, IDS)
     assert not fake.seen[-1].has_restore  # FORWARD: no prefetch
     assert smartnic_pb2_grpc.SmartNicStub(channel).Stats(smartnic_pb2.StatsRequest()).denied == 2

@@ -2,8 +2,17 @@ from __future__ import annotations
 
 import pytest
 
-from smartnic.match_action import (DENY, FORWARD, PREFETCH_KV, RATE_LIMIT, Action, Entry, Match, Table,
-                                   TableError)
+from smartnic.match_action import (
+    DENY,
+    FORWARD,
+    PREFETCH_KV,
+    RATE_LIMIT,
+    Action,
+    Entry,
+    Match,
+    Table,
+    TableError,
+)
 
 PKT = {"user_id": "alice", "context_id": "c1", "src_addr": "10.1.2.3", "src_port": 40000,
        "dst_addr": "127.0.0.1", "dst_port": 50051, "protocol": 6}
@@ -43,7 +52,9 @@ def test_context_wildcard_and_exact():
 
 def test_lpm_and_ternary_fields():
     table = Table("ingress")
-    e = table.insert(entry(Match("src_addr", "lpm", "10.1.2.0", 24), Match("dst_port", "ternary", 50000, 0xFF00)))
+    e = table.insert(
+        entry(Match("src_addr", "lpm", "10.1.2.0", 24), Match("dst_port", "ternary", 50000, 0xFF00))
+    )
     assert table.lookup(PKT, 0).entry_id == e  # 50051 & 0xFF00 == 50000 & 0xFF00
     assert table.lookup({**PKT, "src_addr": "10.1.3.1"}, 0).entry_id == 0
     v6 = table.insert(entry(Match("src_addr", "lpm", "::1", 128), priority=3))
