@@ -49,9 +49,14 @@ class FabricServer:
         self.processor: CommandProcessor | None = None
 
     def post(self, cmd: Command, result: Result) -> None:
-        """Hand a finished command to the fabric thread (thread-safe)."""
+        """Hand a finished command to the fabric thread (thread-safe; dropped once stopped)."""
+        if self._stopping.is_set():
+            return
         self._done.put((cmd, result))
-        os.eventfd_write(self._wake, 1)
+        try:
+            os.eventfd_write(self._wake, 1)
+        except OSError:  # closed by stop() meanwhile
+            pass
 
     def start(self, processor: CommandProcessor) -> None:
         self.processor = processor

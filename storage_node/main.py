@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import logging
 import signal
 import threading
@@ -22,11 +24,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def keep_large_buffers_in_the_heap() -> None:
+    """Let glibc serve and reuse value-sized buffers from its heap instead of fresh mmaps.
+
+    Every Store arrives in a new ZeroMQ message and every Retrieve reads into a new buffer;
+    with the default thresholds each is a fresh mmap whose pages fault in one by one.
+    """
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if not (libc.mallopt(m_mmap_threshold, 512 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)):
+        logger.warning("mallopt refused; large buffers stay mmapped")
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings(StorageSettings, "storage", args.config, overrides={"data_dir": args.data_dir})
+    keep_large_buffers_in_the_heap()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

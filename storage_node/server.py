@@ -61,11 +61,11 @@ class StorageNode:
         """Stop taking capsules, finish what runs, commit what is queued, close the files."""
         if self.health:
             self.health.set_not_serving()
+        if self.fabric:
+            self.fabric.stop()  # no new capsules; replies still in flight are dropped
         if self.grpc_server:
             self.grpc_server.stop(grace=1.0).wait()
         if self.executor:
             self.executor.shutdown(wait=True)
-        if self.fabric:
-            self.fabric.stop()
-        self.subsystem.close()
+        self.subsystem.close()  # commits what was queued, then closes the files
         logger.info("storage node %s stopped", self.settings.node_name)

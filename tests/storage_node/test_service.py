@@ -3,6 +3,7 @@ import os
 import signal
 
 import grpc
+import numpy as np
 import pytest
 import zmq
 
@@ -135,3 +136,15 @@ def test_a_flipped_byte_in_the_namespace_file_answers_the_media_error(start_serv
         client.store(1, b"other", [b"fine"])
         assert bytes(client.retrieve(1, b"other").payload()) == b"fine"
     assert admin(node).Stats(apb.StatsRequest()).integrity_errors == 1
+
+
+def test_a_value_over_64_mib_is_stored_and_read_back(start_service, node_config):
+    node = start_node(start_service, node_config())
+    value = np.random.default_rng(1).integers(0, 256, (64 << 20) + 4097, dtype=np.uint8)  # [64 MiB + 4097] uint8
+    with FabricClient(node.addresses["fabric"], GOOD_HOST, timeout_s=60) as client:
+        half = value.nbytes // 2
+        client.store(1, b"big", [value[:half], value[half:]])
+        done = client.retrieve(1, b"big")
+        assert done.response.value_length == value.nbytes
+        assert done.payload() == memoryview(value)
+        assert bytes(client.retrieve(1, b"big", max_bytes=10).payload()) == value[:10].tobytes()
