@@ -28,6 +28,8 @@ from smartnic.triggered import Entry
 
 logger = logging.getLogger(__name__)
 
+CORRUPT = ("crc_mismatch", "bad_header", "length_mismatch")  # GET errors after which a chunk is deleted
+
 
 @dataclasses.dataclass
 class Restore:
@@ -139,8 +141,13 @@ class Agent:
         restore: Restore | None = work.tag if isinstance(work.tag, Restore) else None
         if kind is not None and chunk is not None:
             with self.lock:
-                if self.requester.drop_chunk(work.ref.user_id, work.ref.context_id, chunk.chunk_index):
-                    self.stats.inc_kind("dropped_chunks", kind)
+                dropped = self.requester.drop_chunk(work.ref.user_id, work.ref.context_id, chunk.chunk_index)
+                if self.requester.owner(work.ref.context_id) is None:
+                    self.policy.remove(work.ref.context_id)
+            if dropped:
+                self.stats.inc_kind("dropped_chunks", kind)
+                if kind in CORRUPT:  # garbage on the node; a timed-out chunk may come back on reconnect
+                    self.datapath.delete(dropped)
         if kind is None and chunk is not None:
             self.stats.inc("bytes_got", chunk.length)  # the value moved, as bytes_put counts it
         if restore is not None:

@@ -37,7 +37,6 @@ def test_corrupt_chunk_is_an_error_and_is_dropped(start_service, tmp_path):
         value = bytearray(client.retrieve(1, chunks[1].key).payload())
         value[-1] ^= 0xFF  # one bit-flipped byte of KV, stored with a matching crc: only the agent can tell
         client.store(1, chunks[1].key, [bytes(value)])
-        client.close()
         info = restore(pool, 1, IDS)
         success, error = pool.wait_counter(info.completion_counter, info.threshold)
         assert (success, error - info.error_base) == (3, 1)
@@ -50,6 +49,11 @@ def test_corrupt_chunk_is_an_error_and_is_dropped(start_service, tmp_path):
         assert restore(pool, 1, IDS).tokens_announced == 16  # the prefix stops at the gap
         stats = pool.stub.Stats(smartnic_pb2.StatsRequest())
         assert stats.errors_by_kind["crc_mismatch"] == 1
+        deadline = time.monotonic() + 5
+        while chunks[1].key in client.list_keys(1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert chunks[1].key not in client.list_keys(1)  # the corrupt chunk was deleted on the node
+        client.close()
     finally:
         pool.close()
 
