@@ -1,1 +1,19 @@
-"""storage_node package."""
+"""The storage node: an NVMe-oF-style target that keeps KV chunks in files.
+
+Logic (no zmq, no grpc):
+    status.py        NVMe status codes (SCT, SC) and NvmeError
+    allocator.py     extent allocator (best fit, scatter when fragmented, coalescing frees)
+    journal.py       append-only index journal: length + crc32c records, replay, torn tail cut
+    queues.py        queue pair per host: depth, command ids, waiting commands, sq head
+    namespace.py     file-backed namespaces, zero-copy extent I/O, the NVM block namespace
+    kv_namespace.py  the key-value namespace: index, atomic replace, crc32c on every Retrieve
+    commit.py        group commit (one data fdatasync + one journal fsync per batch)
+    subsystem.py     namespaces (manifest), access list, host controllers
+    handlers.py      per-opcode validation and execution
+    commands.py      capsule -> access check -> queue admission -> dispatch -> response
+    settings.py      StorageSettings (section `storage`)
+    crc.py, stats.py
+I/O:
+    fabric.py (ZeroMQ ROUTER), admin.py (StorageAdmin gRPC), server.py, main.py (`kvtb serve storage`),
+    client.py (the host library: FabricClient), bench.py (`kvtb bench storage`)
+"""

@@ -61,7 +61,8 @@ class StorageAdminServicer(pb_grpc.StorageAdminServicer):
 
     def CreateNamespace(self, request, context):
         try:
-            ns = self.subsystem.create_namespace(request.namespace_id, request.command_set, request.size_bytes)
+            ns = self.subsystem.create_namespace(request.namespace_id, request.command_set,
+                                                 request.size_bytes)
         except NvmeError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
         except AssertionError as exc:

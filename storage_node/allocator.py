@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import bisect
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 
 class Extent(NamedTuple):
@@ -102,7 +103,7 @@ class ExtentAllocator:
                 "free": [list(e) for e in self._free]}
 
     @classmethod
-    def from_state(cls, state: dict) -> "ExtentAllocator":
+    def from_state(cls, state: dict) -> ExtentAllocator:
         """Rebuild an allocator from to_state()'s output."""
         alloc = cls(state["capacity_bytes"], state["block_bytes"])
         alloc._free = [Extent(*e) for e in state["free"]]
@@ -110,7 +111,8 @@ class ExtentAllocator:
         return alloc
 
     @classmethod
-    def from_used(cls, capacity_bytes: int, used: Iterable[Extent], block_bytes: int = 4096) -> "ExtentAllocator":
+    def from_used(cls, capacity_bytes: int, used: Iterable[Extent],
+                  block_bytes: int = 4096) -> ExtentAllocator:
         """An allocator whose free space is everything not in used (replay rebuilds it so)."""
         alloc = cls(capacity_bytes, block_bytes)
         free, cursor = [], 0

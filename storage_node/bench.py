@@ -190,13 +190,15 @@ def run(sizes: list[int], total_bytes: int, window: int, rounds: int, work_dir: 
 
 def table(report: dict) -> str:
     """The report as a readable table."""
-    rows = [f"{'size':>10} {'store':>7} {'retrieve':>8} {'pwrite+fsync':>12} {'pread':>7} {'zmq':>6} "
-            f"{'store/limit':>11} {'retrieve/limit':>14}   (GB/s; window {report['window']}, "
-            f"best of {report['rounds']} rounds; limit = min(disk, zmq))"]
+    header = (f"{'size':>10} {'store':>7} {'retrieve':>8} {'pwrite+fsync':>12} {'pread':>7} {'zmq':>6} "
+              f"{'store/limit':>11} {'retrieve/limit':>14}   (GB/s; window {report['window']}, "
+              f"best of {report['rounds']} rounds; limit = min(disk, zmq))")
+    rows = [header]
     for size, r in report["sizes"].items():
         rows.append(f"{int(size):>10} {r['store_gbps']:7.2f} {r['retrieve_gbps']:8.2f} "
                     f"{r['limit_pwrite_fsync_gbps']:12.2f} {r['limit_pread_gbps']:7.2f} "
-                    f"{r['limit_zmq_loopback_gbps']:6.2f} {r['store_vs_limit']:11.2f} {r['retrieve_vs_limit']:14.2f}")
+                    f"{r['limit_zmq_loopback_gbps']:6.2f} {r['store_vs_limit']:11.2f} "
+                    f"{r['retrieve_vs_limit']:14.2f}")
     ratios = report["ratios"]
     rows.append(f"at {ratios['size_bytes']} bytes: store/limit {ratios['store_vs_limit']:.2f}, "
                 f"retrieve/limit {ratios['retrieve_vs_limit']:.2f} (floor {ratios['floor']})")

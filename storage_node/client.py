@@ -20,8 +20,8 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import zmq
 
@@ -72,7 +72,7 @@ class Completion:
     def ok(self) -> bool:
         return self.response.status_code_type == 0 and self.response.status_code == 0
 
-    def raise_for_status(self) -> "Completion":
+    def raise_for_status(self) -> Completion:
         """Return self, or raise StorageStatusError on a non-zero status."""
         if not self.ok:
             r = self.response
@@ -160,7 +160,7 @@ class FabricClient:
         for _, future in pending.values():
             future.set_exception(FabricError("client closed"))
 
-    def __enter__(self) -> "FabricClient":
+    def __enter__(self) -> FabricClient:
         self.connect()
         return self
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Callable
 
 from google.protobuf.message import DecodeError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from storage_node import status as st
 from storage_node.kv_namespace import KvNamespace, Op
@@ -30,7 +30,7 @@ class GroupCommitter:
         self._queue: queue.SimpleQueue[tuple[Op, Callback] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"commit-ns{namespace.nsid}", daemon=True)
 
-    def start(self) -> "GroupCommitter":
+    def start(self) -> GroupCommitter:
         self._thread.start()
         return self
 
@@ -66,7 +66,7 @@ class GroupCommitter:
     def _commit(self, batch: list[tuple[Op, Callback]]) -> None:
         try:
             statuses = self.namespace.commit([op for op, _ in batch])
-        except Exception:  # noqa: BLE001 - never leave a host waiting on an unanswered command
+        except Exception:  # never leave a host waiting on an unanswered command
             logger.exception("namespace %d: group commit failed", self.namespace.nsid)
             statuses = [st.INTERNAL_ERROR] * len(batch)
         self.batches += 1
@@ -74,5 +74,5 @@ class GroupCommitter:
         for (_, callback), status in zip(batch, statuses):
             try:
                 callback(status)
-            except Exception:  # noqa: BLE001
+            except Exception:  # one failing callback must not starve the others
                 logger.exception("commit callback failed")

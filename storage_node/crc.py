@@ -10,7 +10,7 @@ import ctypes
 import glob
 import logging
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import google_crc32c
 import numpy as np

@@ -105,7 +105,7 @@ class FabricServer:
             session = frames[0].bytes
             try:
                 replies = self.processor.receive(session, [f.buffer for f in frames[1:]])
-            except Exception:  # noqa: BLE001 - one bad message must not stop the node
+            except Exception:  # one bad message must not stop the node
                 logger.exception("unexpected failure handling a capsule")
                 continue
             self._send(replies)

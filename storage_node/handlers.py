@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from kvtb_proto import nvmeof_pb2 as pb
 from storage_node import status as st
@@ -26,7 +27,7 @@ class Command:
     payload_bytes: int
     controller: Any
     namespace: Namespace
-    spec: "OpSpec"
+    spec: OpSpec
 
 
 @dataclass
@@ -74,7 +75,8 @@ def _check_store(capsule, ns, payload_bytes, max_value) -> None:
     if capsule.value_length > max_value:
         raise NvmeError(st.INVALID_VALUE_SIZE, f"value of {capsule.value_length} bytes over {max_value}")
     if payload_bytes != capsule.value_length:
-        raise NvmeError(st.INVALID_FIELD, f"payload of {payload_bytes} bytes, header says {capsule.value_length}")
+        raise NvmeError(st.INVALID_FIELD,
+                        f"payload of {payload_bytes} bytes, header says {capsule.value_length}")
     if capsule.store_only_if_absent and capsule.store_only_if_present:
         raise NvmeError(st.INVALID_FIELD, "store_only_if_absent and store_only_if_present both set")
 
@@ -88,7 +90,8 @@ def _check_lbas(capsule, ns, payload_bytes, max_value) -> None:
 def _check_write(capsule, ns, payload_bytes, max_value) -> None:
     _check_lbas(capsule, ns, payload_bytes, max_value)
     if payload_bytes != capsule.number_of_lbas * LBA_BYTES:
-        raise NvmeError(st.INVALID_FIELD, f"payload of {payload_bytes} bytes for {capsule.number_of_lbas} LBAs")
+        raise NvmeError(st.INVALID_FIELD,
+                        f"payload of {payload_bytes} bytes for {capsule.number_of_lbas} LBAs")
 
 
 # -- execution ----------------------------------------------------------------------------------
@@ -165,14 +168,17 @@ def _flush(cmd: Command, finish: Finish, env: dict) -> None:
 
 
 OPS: dict[tuple[int, int], OpSpec] = {
-    (pb.KEY_VALUE, pb.KV_STORE): OpSpec("kv_store", KvNamespace, _check_store, _kv_store, carries_payload=True),
+    (pb.KEY_VALUE, pb.KV_STORE): OpSpec("kv_store", KvNamespace, _check_store, _kv_store,
+                                        carries_payload=True),
     (pb.KEY_VALUE, pb.KV_RETRIEVE): OpSpec("kv_retrieve", KvNamespace, _check_key, _kv_retrieve),
     (pb.KEY_VALUE, pb.KV_DELETE): OpSpec("kv_delete", KvNamespace, _check_key, _kv_delete, inline=True),
     (pb.KEY_VALUE, pb.KV_EXIST): OpSpec("kv_exist", KvNamespace, _check_key, _kv_exist, inline=True),
     (pb.KEY_VALUE, pb.KV_LIST): OpSpec("kv_list", KvNamespace, _no_checks, _kv_list, inline=True),
-    (pb.NVM, pb.NVM_WRITE): OpSpec("nvm_write", BlockNamespace, _check_write, _nvm_write, carries_payload=True),
+    (pb.NVM, pb.NVM_WRITE): OpSpec("nvm_write", BlockNamespace, _check_write, _nvm_write,
+                                   carries_payload=True),
     (pb.NVM, pb.NVM_READ): OpSpec("nvm_read", BlockNamespace, _check_lbas, _nvm_read),
-    (pb.NVM, pb.NVM_DATASET_MANAGEMENT): OpSpec("nvm_deallocate", BlockNamespace, _check_lbas, _nvm_deallocate),
+    (pb.NVM, pb.NVM_DATASET_MANAGEMENT): OpSpec("nvm_deallocate", BlockNamespace, _check_lbas,
+                                                _nvm_deallocate),
     (pb.NVM, pb.NVM_FLUSH): OpSpec("flush", Namespace, _no_checks, _flush),
 }
 
@@ -188,6 +194,6 @@ def run(cmd: Command, finish: Finish, env: dict) -> None:
         cmd.spec.execute(cmd, finish, env)
     except NvmeError as exc:
         finish(Result(exc.status, exc.message))
-    except Exception as exc:  # noqa: BLE001 - a bug must not leave the host waiting
+    except Exception as exc:  # a bug must not leave the host waiting
         logger.exception("%s failed", cmd.spec.name)
         finish(Result(st.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))

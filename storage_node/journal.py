@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from storage_node.allocator import Extent
 from storage_node.crc import crc32c
@@ -134,8 +134,7 @@ class Journal:
         """Compaction: replace the file by records, atomically (write, fsync, rename, fsync dir)."""
         tmp = self.path + ".compact"
         with open(tmp, "wb") as f:
-            for record in records:
-                f.write(encode(record))
+            f.writelines(encode(record) for record in records)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -5,8 +5,8 @@ import bisect
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class PendingDelete:
     key: bytes
 
 
-Op = Union[PendingStore, PendingDelete]
+Op = PendingStore | PendingDelete
 
 
 def check_key(key: bytes) -> None:

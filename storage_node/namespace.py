@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections import deque
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import types
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 WILDCARD = "*"
 COMMAND_SETS = ("key_value", "nvm")
@@ -56,7 +57,8 @@ class StorageSettings:
         assert self.max_value_bytes >= 64 << 20, "max_value_bytes must be at least 64 MiB"
         assert self.io_threads >= 1, "io_threads must be at least 1"
         assert all(cs in COMMAND_SETS for cs in self.namespaces), f"namespaces: one of {COMMAND_SETS}"
-        assert self.fabric_address.startswith(("tcp://", "ipc://", "inproc://")), "fabric_address: a ZeroMQ endpoint"
+        assert self.fabric_address.startswith(("tcp://", "ipc://", "inproc://")), \
+            "fabric_address: a ZeroMQ endpoint"
 
     def allowed_namespaces(self, host_nqn: str) -> Any:
         """The namespace ids host_nqn may reach ("*" for all), or None when it is refused."""

@@ -99,7 +99,8 @@ class Subsystem:
         os.replace(path + ".tmp", path)
         fsync_dir(self.data_dir)
 
-    def create_namespace(self, nsid: int = 0, command_set: str = "key_value", size_bytes: int = 0) -> Namespace:
+    def create_namespace(self, nsid: int = 0, command_set: str = "key_value",
+                         size_bytes: int = 0) -> Namespace:
         """Create and open a namespace (nsid 0: the next free id); persisted in the manifest."""
         with self._lock:
             nsid = nsid or max(self.namespaces, default=0) + 1
@@ -131,7 +132,8 @@ class Subsystem:
             controller = self._controllers.get(host_nqn)
             if controller is None:
                 nsids = allowed if allowed == WILDCARD else frozenset(allowed)
-                controller = Controller(host_nqn, QueuePair(next(self._qids), self.settings.queue_depth), nsids)
+                queue = QueuePair(next(self._qids), self.settings.queue_depth)
+                controller = Controller(host_nqn, queue, nsids)
                 self._controllers[host_nqn] = controller
         return controller
 

@@ -52,7 +52,8 @@ class Harness:
         return self.send(pb.CommandCapsule(**fields).SerializeToString(), payload, session)
 
     def connect(self, host: str = GOOD_HOST, session: bytes = b"s1"):
-        return self.command(session=session, command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT, host_nqn=host)[0]
+        return self.command(session=session, command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT,
+                            host_nqn=host)[0]
 
     def close(self):
         self.executor.shutdown()

@@ -31,14 +31,16 @@ MALFORMED = {
     "empty message": (lambda h: h.processor.receive(b"s1", [])[0].capsule, st.INVALID_FIELD),
     "unknown opcode": (lambda h: h.command(command_set=KV, opcode=0x7F, namespace_id=1, key=b"k")[0],
                        st.INVALID_OPCODE),
-    "unknown command set": (lambda h: h.command(command_set=9, opcode=1, namespace_id=1)[0], st.INVALID_OPCODE),
+    "unknown command set": (lambda h: h.command(command_set=9, opcode=1, namespace_id=1)[0],
+                            st.INVALID_OPCODE),
     "block opcode on a key-value namespace": (
         lambda h: h.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=1, number_of_lbas=1)[0],
         st.INVALID_OPCODE),
     "namespace 0": (lambda h: h.command(command_set=KV, opcode=pb.KV_EXIST, namespace_id=0, key=b"k")[0],
                     st.INVALID_NAMESPACE),
-    "unknown namespace": (lambda h: h.command(command_set=KV, opcode=pb.KV_EXIST, namespace_id=99, key=b"k")[0],
-                          st.INVALID_NAMESPACE),
+    "unknown namespace": (
+        lambda h: h.command(command_set=KV, opcode=pb.KV_EXIST, namespace_id=99, key=b"k")[0],
+        st.INVALID_NAMESPACE),
     "key over 16 bytes": (lambda h: store(h, key=b"k" * 17), st.INVALID_KEY_SIZE),
     "empty key": (lambda h: h.command(command_set=KV, opcode=pb.KV_RETRIEVE, namespace_id=1, key=b"")[0],
                   st.INVALID_KEY_SIZE),
@@ -53,8 +55,9 @@ MALFORMED = {
                             value_length=3, crc32c=crc32c(b"abd"), has_crc32c=True)[0], st.GUARD_CHECK_ERROR),
     "both store conditions": (lambda h: store(h, store_only_if_absent=True, store_only_if_present=True),
                               st.INVALID_FIELD),
-    "zero LBAs": (lambda h: h.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2, number_of_lbas=0)[0],
-                  st.INVALID_FIELD),
+    "zero LBAs": (
+        lambda h: h.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2, number_of_lbas=0)[0],
+        st.INVALID_FIELD),
     "LBA range past the namespace": (
         lambda h: h.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2,
                             starting_lba=(256 << 20) // 4096 - 1, number_of_lbas=2)[0], st.LBA_OUT_OF_RANGE),
@@ -64,7 +67,8 @@ MALFORMED = {
     "retrieve of a missing key": (
         lambda h: h.command(command_set=KV, opcode=pb.KV_RETRIEVE, namespace_id=1, key=b"missing")[0],
         st.KEY_DOES_NOT_EXIST),
-    "unknown fabrics opcode": (lambda h: h.command(command_set=pb.FABRICS, opcode=0x55)[0], st.INVALID_OPCODE),
+    "unknown fabrics opcode": (lambda h: h.command(command_set=pb.FABRICS, opcode=0x55)[0],
+                               st.INVALID_OPCODE),
 }
 
 
@@ -111,9 +115,9 @@ def test_store_conditions_exist_list_delete_flush(harness):
     assert status(rsp) == st.SUCCESS and rsp.exists
     rsp = harness.command(command_set=KV, opcode=pb.KV_LIST, namespace_id=1, list_start_key=b"a")[0]
     assert list(rsp.keys) == [b"b"]
-    assert status(harness.command(command_set=KV, opcode=pb.KV_DELETE, namespace_id=1, key=b"a")[0]) == st.SUCCESS
-    assert status(harness.command(command_set=KV, opcode=pb.KV_DELETE, namespace_id=1, key=b"a")[0]) \
-        == st.KEY_DOES_NOT_EXIST
+    delete = {"command_set": KV, "opcode": pb.KV_DELETE, "namespace_id": 1, "key": b"a"}
+    assert status(harness.command(**delete)[0]) == st.SUCCESS
+    assert status(harness.command(**delete)[0]) == st.KEY_DOES_NOT_EXIST
     assert status(harness.command(command_set=NVM, opcode=pb.NVM_FLUSH, namespace_id=1)[0]) == st.SUCCESS
 
 

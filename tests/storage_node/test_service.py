@@ -1,4 +1,4 @@
-"""The storage node as a real process on real sockets: access, malformed capsules, integrity, admin, SIGTERM."""
+"""The storage node as a real process on real sockets: access, bad capsules, integrity, admin, SIGTERM."""
 import os
 import signal
 
@@ -71,7 +71,7 @@ def raw_messages():
     """(name, multipart message after the routing id, expected status) for each malformed kind."""
     def cap(**fields) -> bytes:
         return pb.CommandCapsule(command_id=fields.pop("command_id", 900), **fields).SerializeToString()
-    kv = dict(command_set=pb.KEY_VALUE, namespace_id=1)
+    kv = {"command_set": pb.KEY_VALUE, "namespace_id": 1}
     last_lba = (4 << 30) // 4096 - 1
     return [
         ("unparsable header", [b"\x0a\xff\xff\xff"], st.INVALID_FIELD),
@@ -140,7 +140,8 @@ def test_a_flipped_byte_in_the_namespace_file_answers_the_media_error(start_serv
 
 def test_a_value_over_64_mib_is_stored_and_read_back(start_service, node_config):
     node = start_node(start_service, node_config())
-    value = np.random.default_rng(1).integers(0, 256, (64 << 20) + 4097, dtype=np.uint8)  # [64 MiB + 4097] uint8
+    size = (64 << 20) + 4097
+    value = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)  # [64 MiB + 4097] uint8
     with FabricClient(node.addresses["fabric"], GOOD_HOST, timeout_s=60) as client:
         half = value.nbytes // 2
         client.store(1, b"big", [value[:half], value[half:]])

@@ -76,7 +76,8 @@ def test_two_hosts_store_and_retrieve_1000_values_each_concurrently(start_servic
         keys = [b"h%d-%d" % (n, i) for i in range(1000)]
         values = [value_frames(k, s, o) for k, s, o in zip(keys, sizes, offsets)]
         with FabricClient(node.addresses["fabric"], f"{GOOD_HOST}-{n}", timeout_s=60) as client:
-            stored = pipelined(client, [lambda k=k, v=v: store_future(client, k, v) for k, v in zip(keys, values)])
+            calls = [lambda k=k, v=v: store_future(client, k, v) for k, v in zip(keys, values)]
+            stored = pipelined(client, calls)
             failures.extend(f"host {n} store: {c.response}" for c in stored if not c.ok)
             got = pipelined(client, [lambda k=k: retrieve_future(client, k) for k in keys])
             for key, size, frames, c in zip(keys, sizes, values, got):
@@ -100,6 +101,7 @@ def test_kill_9_during_stores_loses_no_acknowledged_value_and_shows_no_half_valu
     acked: set[int] = set()
     sent: set[int] = set()
     stop = threading.Event()
+    ended_by: list[Exception] = []
 
     def stream() -> None:
         client = FabricClient(node.addresses["fabric"], GOOD_HOST, timeout_s=3)
@@ -115,8 +117,8 @@ def test_kill_9_during_stores_loses_no_acknowledged_value_and_shows_no_half_valu
                         acked.add(j)
                 sent.add(i)
                 inflight.append((i, store_future(client, b"k%d" % i, value_frames(b"k%d" % i, size, i))))
-        except Exception:  # noqa: BLE001 - the node was killed under us: expected
-            pass
+        except Exception as exc:  # noqa: BLE001 - the node was killed under us: expected
+            ended_by.append(exc)
         finally:
             stop.set()
 
