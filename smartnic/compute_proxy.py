@@ -115,8 +115,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
         if reg.layout is None:
             return None
         if not self.agent.matching_chunks(request.user_id, request.context_id, request.token_ids):
-            self.agent.stats.inc("misses")
-            return None
+            return None  # not a miss yet: the compute node may still ask for a Restore
         try:
             slot = stub.ReserveSlot(compute_pb2.ReserveSlotRequest(
                 request_id=request.request_id, user_id=request.user_id, context_id=request.context_id,

@@ -98,7 +98,7 @@ def test_follow_up_is_prefetched_into_a_reserved_slot(setup):
     info = compute_pb2_grpc.ComputeNodeStub(channel).Info(compute_pb2.InfoRequest())
     assert info.model == "fake"
     stats = smartnic_pb2_grpc.SmartNicStub(channel).Stats(smartnic_pb2.StatsRequest())
-    assert (stats.hits, stats.misses, stats.prefetches) == (1, 1, 1)
+    assert (stats.hits, stats.misses, stats.prefetches) == (1, 0, 1)
 
 
 def test_other_users_context_and_table_entries(setup):
