@@ -46,7 +46,8 @@ def wait(region: Region, counter: int, total: int) -> tuple[int, int]:
 def test_store_fires_data_ops_and_bumps_the_completion_counter(engine):
     eng, reg, region, outcomes, handled = engine
     outcomes.extend([None, "timeout"])
-    eng.queue(reg, [(0, 32, DataWork("put", REF, (), (0, 0)), 1), (0, 64, DataWork("put", REF, (), (0, 0)), 1)])
+    put = DataWork("put", REF, (), (0, 0))
+    eng.queue(reg, [(0, 32, put, 1), (0, 64, put, 1)])
     time.sleep(0.01)
     assert handled == [] and eng.depth == 2
     region.store_counter(0, 64)  # one store passes both thresholds
@@ -65,7 +66,8 @@ def test_due_at_once_and_chained_counter_ops(engine):
 
 def test_cancel_flush_and_bad_counters(engine):
     eng, reg, region, _, handled = engine
-    eng.queue(reg, [(5, 1, DataWork("get", REF, (), (0, 0)), 1)] * 3 + [(6, 1, CounterWork("add", 7, 1), None)])
+    get = DataWork("get", REF, (), (0, 0))
+    eng.queue(reg, [(5, 1, get, 1)] * 3 + [(6, 1, CounterWork("add", 7, 1), None)])
     assert eng.cancel(reg.region_id, 5) == 3 and eng.flush(reg.region_id) == 1
     region.store_counter(5, 1)
     region.store_counter(6, 1)
