@@ -123,14 +123,14 @@ class Agent:
         if err is not None:
             return done(err.kind, str(err))
         now = time.time()
-        with self.lock:
-            try:
+        try:
+            with self.lock:  # never submit to the fabric while holding it: submit may block
                 old = self.requester.publish(work.ref.user_id, work.ref.context_id, chunk, now)
-            except PermissionError as exc:
-                self.datapath.delete(chunk)
-                return done("not_owner", str(exc))
-            self.policy.touch(work.ref.context_id, self.requester.get(work.ref.user_id,
-                                                                      work.ref.context_id).bytes, now)
+                ctx = self.requester.get(work.ref.user_id, work.ref.context_id)
+                self.policy.touch(work.ref.context_id, ctx.bytes, now)
+        except PermissionError as exc:
+            self.datapath.delete(chunk)
+            return done("not_owner", str(exc))
         if old is not None and old.storage_node != chunk.storage_node:
             self.datapath.delete(old)
         self.stats.inc("bytes_put", chunk.length)
