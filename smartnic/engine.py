@@ -93,6 +93,9 @@ class TriggerEngine:
                 reg.region.read_counter(completion)
             if isinstance(work, CounterWork):
                 reg.region.read_counter(work.counter)
+            else:  # an access outside the region is refused now (and checked again when it fires)
+                for offset, length in (*work.ranges, work.token_ids):
+                    reg.region.check(offset, length)
         now = time.monotonic_ns()
         with self._lock:
             entries = self._dwq.queue(
