@@ -87,17 +87,19 @@ class CpuStore:
         chunks = self.index.get((user, context))
         if not chunks:
             return None
-        L = pool.layout
-        announced = 0
-        while announced // L.chunk_tokens in chunks and chunks[announced // L.chunk_tokens].end <= len(request_ids):
-            announced = chunks[announced // L.chunk_tokens].end
+        usable = []
+        for i in range(len(chunks)):
+            chunk = chunks.get(i)
+            if chunk is None or chunk.start != (usable[-1].end if usable else 0) or chunk.end > len(request_ids):
+                break
+            usable.append(chunk)
+        announced = usable[-1].end if usable else 0
         covered, nbytes = 0, 0
-        for i in range(-(-announced // L.chunk_tokens)):
-            chunk = chunks[i]
+        for chunk in usable:
             try:
                 nbytes += self._get(pool, slot, chunk, user, context, request_ids)
             except Exception as exc:  # noqa: BLE001 - any failure means: recompute from here
-                reason = f"restore of chunk {i} failed: {exc}"
+                reason = f"restore of chunk {chunk.index} failed: {exc}"
                 logger.warning("cpu restore of %s/%s: %s", user, context, reason)
                 return RestoreOutcome(0, announced, reason)
             covered = chunk.end

@@ -24,9 +24,9 @@ class ComputeSettings:
     # Under `cpu`: the storage nodes' fabric addresses (tcp://host:port) the compute process
     # writes its own chunks to, and the NVMe-oF names it connects with.
     storage_fabric_addresses: tuple[str, ...] = ("tcp://127.0.0.1:55061",)
-    storage_host_nqn: str = "nqn.2024-01.io.kvtestbed:compute"
+    storage_host_nqn: str = "nqn.2026-11.org.kvtestbed:compute-0"
     storage_nsid: int = 1
-    key_salt: str = "kvtestbed"
+    key_salt: str = "kvtestbed-default-salt"  # the agent's `salt`: both write the same keys
     restore_timeout_s: float = 10.0
     drain_timeout_s: float = 10.0
     register_timeout_s: float = 60.0
