@@ -1,0 +1,103 @@
+"""The ComputeNode service in-process with a tiny model: streaming, statuses, multiplexing."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2
+
+
+def _stub(node):
+    return compute_pb2_grpc.ComputeNodeStub(grpc.insecure_channel(node.address))
+
+
+def _turn(stub, ids, ctx="c1", policy="", n=8, **kw):
+    tokens, record = [], None
+    for event in stub.Generate(compute_pb2.TurnRequest(request_id="r", user_id="u", context_id=ctx,
+                                                       token_ids=ids, max_new_tokens=n, policy=policy, **kw),
+                               timeout=60):
+        if event.HasField("token"):
+            tokens.append(event.token.id)
+        else:
+            record = event.record
+    return tokens, record
+
+
+def _code(call):
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code(), info.value.details()
+
+
+def test_a_resident_follow_up_prefills_only_its_new_tokens(make_node):
+    node = make_node(policy="resident")
+    stub = _stub(node)
+    ids = list(range(500, 530))
+    tokens, rec = _turn(stub, ids, n=10)
+    assert rec.kv_source == "none" and rec.tokens_prefilled == 30 and rec.tokens_out == len(tokens)
+    assert list(rec.output_token_ids) == tokens and rec.ttft_ms > 0
+    follow = ids + tokens + list(range(600, 605))
+    tokens2, rec2 = _turn(stub, follow, n=10)
+    assert rec2.kv_source == "resident" and rec2.tokens_reused == 30 + len(tokens) - 1
+    assert rec2.tokens_prefilled == 6
+    _, again = _turn(stub, follow, n=10, policy="recompute")
+    assert again.kv_source == "recomputed" and list(again.output_token_ids) == tokens2
+    stats = stub.Stats(compute_pb2.ComputeStatsRequest())
+    assert stats.turns == 3 and stats.kv_source_counts["resident"] == 1
+
+
+def test_bad_input_gets_a_clear_status_and_the_node_goes_on(make_node):
+    node = make_node()
+    stub = _stub(node)
+    code, msg = _code(lambda: _turn(stub, [1, 2, 99999]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "token_ids[2] = 99999" in msg
+    code, msg = _code(lambda: _turn(stub, list(range(300))))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "max_context_tokens (256) by 44" in msg
+    code, msg = _code(lambda: _turn(stub, []))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "empty" in msg
+    code, msg = _code(lambda: _turn(stub, [1, 2], policy="magic"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown policy" in msg
+    code, msg = _code(lambda: _turn(stub, [1, 2], policy="triggered"))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "agent" in msg
+    bad = smartnic_pb2.RestoreInfo(slot=9, completion_counter=1)
+    code, msg = _code(lambda: _turn(stub, [1, 2], restore=bad, has_restore=True))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "restore.slot 9" in msg
+    code, msg = _code(lambda: stub.Decode(compute_pb2.DecodeRequest(token_ids=[49152])))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    code, msg = _code(lambda: stub.EncodeChat(compute_pb2.EncodeChatRequest(
+        messages=[compute_pb2.ChatMessage(role="robot", content="x")])))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "role" in msg
+    tokens, rec = _turn(stub, [1, 2, 3])
+    assert rec.tokens_out == len(tokens) > 0
+    info = stub.Info(compute_pb2.InfoRequest())
+    assert info.num_slots == 4 and info.chunk_tokens == 8 and info.vocab_size == 49152
+    assert info.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4 and "resident" in info.policies
+
+
+def test_past_the_queue_bound_a_turn_gets_resource_exhausted(make_node):
+    node = make_node(num_slots=1, queue_bound=1)
+    stub = _stub(node)
+    held = stub.ReserveSlot(compute_pb2.ReserveSlotRequest(user_id="u", context_id="x", lease_s=60))
+    assert held.reserved and held.slot == 0
+    waiting = stub.Generate(compute_pb2.TurnRequest(user_id="u", context_id="y", token_ids=[1, 2]))
+    import time
+    deadline = time.monotonic() + 5
+    while stub.Stats(compute_pb2.ComputeStatsRequest()).queue_length < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    code, msg = _code(lambda: _turn(stub, [1, 2], ctx="z"))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue_bound 1" in msg
+    waiting.cancel()
+
+
+def test_a_restore_that_never_completes_falls_back_to_recompute_in_another_slot(make_node):
+    node = make_node(num_slots=2, restore_timeout_s=0.2)
+    stub = _stub(node)
+    got = stub.ReserveSlot(compute_pb2.ReserveSlotRequest(user_id="u", context_id="late", lease_s=60))
+    restore = smartnic_pb2.RestoreInfo(slot=got.slot, tokens_announced=16, chunks=2,
+                                       completion_counter=got.restore_counter,
+                                       threshold=got.restore_counter_value + 2)
+    tokens, rec = _turn(stub, list(range(700, 720)), ctx="late", restore=restore, has_restore=True)
+    assert rec.kv_source == "recomputed" and "not complete after 0.2 s" in rec.fallback_reason
+    assert rec.slot != got.slot and rec.tokens_prefilled == 20 and tokens
+    assert 7 in [s.step for s in rec.steps]
