@@ -57,6 +57,7 @@ class OpSpec:
     validate: Callable[[pb.CommandCapsule, Namespace, int, int], None]
     execute: Callable[[Command, Finish, dict], None]
     inline: bool = False  # cheap enough to run on the fabric thread
+    size: Callable[[Command], int] | None = None  # bytes it moves; small ones run inline too
     carries_payload: bool = False
 
 
@@ -167,16 +168,25 @@ def _flush(cmd: Command, finish: Finish, env: dict) -> None:
     finish(Result())
 
 
+def _stored_bytes(cmd: Command) -> int:
+    return cmd.namespace.value_length(cmd.capsule.key)
+
+
+def _lba_bytes(cmd: Command) -> int:
+    return cmd.capsule.number_of_lbas * LBA_BYTES
+
+
 OPS: dict[tuple[int, int], OpSpec] = {
     (pb.KEY_VALUE, pb.KV_STORE): OpSpec("kv_store", KvNamespace, _check_store, _kv_store,
                                         carries_payload=True),
-    (pb.KEY_VALUE, pb.KV_RETRIEVE): OpSpec("kv_retrieve", KvNamespace, _check_key, _kv_retrieve),
+    (pb.KEY_VALUE, pb.KV_RETRIEVE): OpSpec("kv_retrieve", KvNamespace, _check_key, _kv_retrieve,
+                                           size=_stored_bytes),
     (pb.KEY_VALUE, pb.KV_DELETE): OpSpec("kv_delete", KvNamespace, _check_key, _kv_delete, inline=True),
     (pb.KEY_VALUE, pb.KV_EXIST): OpSpec("kv_exist", KvNamespace, _check_key, _kv_exist, inline=True),
     (pb.KEY_VALUE, pb.KV_LIST): OpSpec("kv_list", KvNamespace, _no_checks, _kv_list, inline=True),
     (pb.NVM, pb.NVM_WRITE): OpSpec("nvm_write", BlockNamespace, _check_write, _nvm_write,
                                    carries_payload=True),
-    (pb.NVM, pb.NVM_READ): OpSpec("nvm_read", BlockNamespace, _check_lbas, _nvm_read),
+    (pb.NVM, pb.NVM_READ): OpSpec("nvm_read", BlockNamespace, _check_lbas, _nvm_read, size=_lba_bytes),
     (pb.NVM, pb.NVM_DATASET_MANAGEMENT): OpSpec("nvm_deallocate", BlockNamespace, _check_lbas,
                                                 _nvm_deallocate),
     (pb.NVM, pb.NVM_FLUSH): OpSpec("flush", Namespace, _no_checks, _flush),

@@ -210,6 +210,12 @@ class KvNamespace(Namespace):
         n = entry.length if max_bytes == 0 else min(max_bytes, entry.length)
         return out[:n], entry.length, entry.crc32c
 
+    def value_length(self, key: bytes) -> int:
+        """The stored value's length (0 when key is absent)."""
+        with self._lock:
+            entry = self._index.get(key)
+            return entry.length if entry else 0
+
     def exist(self, key: bytes) -> bool:
         """True when key holds a committed value."""
         check_key(key)
