@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
+import os
 import random
 import tempfile
 import time
@@ -164,60 +165,76 @@ def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int)
     return {"put_bytes_per_s": moved / min(put_s), "get_bytes_per_s": moved / min(get_s)}
 
 
-def run(args) -> dict:
-    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="kvtb-bench-smartnic-"))
-    result = new_result("smartnic", {"sizes_mib": args.sizes_mib, "total_mib": args.total_mib,
-                                     "rounds": args.rounds, "trigger_samples": args.trigger_samples,
-                                     "data_dir": str(data_dir), "fsync": True})
+def raw_limits(sizes_mib: list[int], budget_s: float, data_dir: Path) -> dict[int, dict[str, float]]:
+    """The machine's raw limits per chunk size, on the storage node's disk."""
+    return {mib: {"zmq_tcp": rawlimits.zmq_bytes_per_s("tcp", mib << 20, budget_s),
+                  "pread_cached": rawlimits.pread_cached_bytes_per_s(mib << 20, budget_s, data_dir),
+                  "pwrite_fsync": rawlimits.pwrite_fsync_bytes_per_s(mib << 20, budget_s, data_dir)}
+            for mib in sizes_mib}
+
+
+def measure(args, data_dir: Path) -> tuple[dict, list[dict]]:
+    """Trigger-to-fire and transfers through an in-process agent and a real storage node process."""
     log = Path(args.out) / "storage.log"
     storage = ServiceProcess("storage-bench", kvtb_argv("serve", "storage"), log, env={
         "KVTB_STORAGE_DATA_DIR": str(data_dir / "storage"), "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0",
         "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0", "KVTB_STORAGE_NODE_NAME": "bench"})
     storage.start()
-    settings = SmartNicSettings(listen_address="127.0.0.1:0", queue_bound=max(512, args.trigger_samples),
-                                storage_nodes=(StorageNodeRef("bench", storage.addresses["admin"],
-                                                              storage.addresses["fabric"]),),
-                                eviction_policy="timer", ttl_s=3600)
-    agent = Agent(settings)
+    node = StorageNodeRef("bench", storage.addresses["admin"], storage.addresses["fabric"])
+    agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,),
+                                   queue_bound=max(512, args.trigger_samples), eviction_policy="timer"))
     try:
         agent.start()
-        result["results"]["trigger_to_fire"] = trigger_latency(agent, args.trigger_samples)
+        trigger = trigger_latency(agent, args.trigger_samples)
         p50, p99 = agent.stats.percentiles()
-        result["results"]["agent_observe_to_fire_us"] = {"p50": p50, "p99": p99}
-        transfers = [transfer(agent, mib << 20, args.total_mib << 20, args.rounds) for mib in args.sizes_mib]
-        for t, mib in zip(transfers, args.sizes_mib, strict=True):
-            t["storage_node_direct"] = direct(storage.addresses["fabric"], mib << 20, args.total_mib << 20,
+        trigger["agent_observe_to_fire"] = {"p50_us": p50, "p99_us": p99}
+        transfers = []
+        for mib in args.sizes_mib:
+            t = transfer(agent, mib << 20, args.total_mib << 20, args.rounds)
+            t["storage_node_direct"] = direct(node.fabric_address, mib << 20, args.total_mib << 20,
                                               args.rounds)
+            transfers.append(t)
+        return trigger, transfers
     finally:
         agent.close()
         storage.stop()
-    limits = {}
-    for mib in args.sizes_mib:
-        size = mib << 20
-        limits[mib] = {"zmq_tcp": rawlimits.zmq_bytes_per_s("tcp", size, args.budget_s),
-                       "pread_cached": rawlimits.pread_cached_bytes_per_s(size, args.budget_s, data_dir),
-                       "pwrite_fsync": rawlimits.pwrite_fsync_bytes_per_s(size, args.budget_s, data_dir)}
-    rows = []
-    for t, mib in zip(transfers, args.sizes_mib, strict=True):
-        lim = limits[mib]
-        t["put_limit_bytes_per_s"] = min(lim["zmq_tcp"], lim["pwrite_fsync"])
-        t["get_limit_bytes_per_s"] = min(lim["zmq_tcp"], lim["pread_cached"])
-        t["put_vs_limit"] = t["put_bytes_per_s"] / t["put_limit_bytes_per_s"]
-        t["get_vs_limit"] = t["get_bytes_per_s"] / t["get_limit_bytes_per_s"]
-        t["raw_limits_bytes_per_s"] = lim
-        t["put_vs_direct"] = t["put_bytes_per_s"] / t["storage_node_direct"]["put_bytes_per_s"]
-        t["get_vs_direct"] = t["get_bytes_per_s"] / t["storage_node_direct"]["get_bytes_per_s"]
-        alone = t["storage_node_direct"]
-        rows.append([f"{mib} MiB", t["put_bytes_per_s"] / 1e6, alone["put_bytes_per_s"] / 1e6,
-                     t["put_limit_bytes_per_s"] / 1e6, t["put_vs_limit"],
-                     t["get_bytes_per_s"] / 1e6, alone["get_bytes_per_s"] / 1e6,
-                     t["get_limit_bytes_per_s"] / 1e6, t["get_vs_limit"]])
-    result["results"]["transfers"] = transfers
-    result["ratios"]["put_vs_limit"] = min(t["put_vs_limit"] for t in transfers)
-    result["ratios"]["get_vs_limit"] = min(t["get_vs_limit"] for t in transfers)
+
+
+def add_ratios(t: dict, limits: dict[str, float]) -> list:
+    """Fill a transfer's limits and ratios; return its table row."""
+    alone = t["storage_node_direct"]
+    t["raw_limits_bytes_per_s"] = limits
+    t["put_limit_bytes_per_s"] = min(limits["zmq_tcp"], limits["pwrite_fsync"])
+    t["get_limit_bytes_per_s"] = min(limits["zmq_tcp"], limits["pread_cached"])
+    for op in ("put", "get"):
+        t[f"{op}_vs_limit"] = t[f"{op}_bytes_per_s"] / t[f"{op}_limit_bytes_per_s"]
+        t[f"{op}_vs_direct"] = t[f"{op}_bytes_per_s"] / alone[f"{op}_bytes_per_s"]
+    return [f"{t['chunk_bytes'] >> 20} MiB",
+            *(v / 1e6 for v in (t["put_bytes_per_s"], alone["put_bytes_per_s"], t["put_limit_bytes_per_s"])),
+            t["put_vs_limit"],
+            *(v / 1e6 for v in (t["get_bytes_per_s"], alone["get_bytes_per_s"], t["get_limit_bytes_per_s"])),
+            t["get_vs_limit"]]
+
+
+def run(args) -> dict:
+    temp = None if args.data_dir else tempfile.TemporaryDirectory(prefix="kvtb-bench-smartnic-")
+    data_dir = Path(args.data_dir or temp.name)
+    result = new_result("smartnic", {"sizes_mib": args.sizes_mib, "total_mib": args.total_mib,
+                                     "rounds": args.rounds, "trigger_samples": args.trigger_samples,
+                                     "ranges_per_chunk": RANGES_PER_CHUNK, "fsync": True,
+                                     "load_average_1m_at_start": os.getloadavg()[0]})
+    try:
+        limits = raw_limits(args.sizes_mib, args.budget_s, data_dir)
+        trigger, transfers = measure(args, data_dir)
+    finally:
+        if temp is not None:
+            temp.cleanup()
+    rows = [add_ratios(t, limits[t["chunk_bytes"] >> 20]) for t in transfers]
+    result["results"] = {"trigger_to_fire": trigger, "transfers": transfers}
+    for op in ("put", "get"):
+        result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in transfers)
+        result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in transfers)
     result["ratios"]["floor"] = 0.5
-    result["ratios"]["put_vs_storage_node_direct"] = min(t["put_vs_direct"] for t in transfers)
-    result["ratios"]["get_vs_storage_node_direct"] = min(t["get_vs_direct"] for t in transfers)
     result["table"] = format_table(["chunk", "PUT MB/s", "node alone", "raw limit", "ratio",
                                     "GET MB/s", "node alone", "raw limit", "ratio"], rows)
     return result
