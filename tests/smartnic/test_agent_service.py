@@ -239,3 +239,16 @@ def test_storage_node_down_ends_gets_with_errors_in_bounded_time(pool, storage):
     assert kinds <= {"timeout", "storage_unavailable"} and kinds
     # the failed chunks were dropped: the next restore announces nothing
     assert restore(pool, 1, IDS).chunks == 0
+
+
+def test_a_put_reads_the_region_when_it_fires_not_when_queued(pool):
+    pool.fill(0, IDS, seed=1)
+    pool.region.store_counter(LAYOUT.token_counter(0), 0)
+    pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=pool.put_ops(0, USER, CTX, 64)))
+    pool.fill(0, IDS, seed=2)  # the KV changes after queuing, before the trigger
+    expected = pool.kv(0).copy()
+    pool.region.store_counter(LAYOUT.token_counter(0), 64)
+    pool.wait_counter(LAYOUT.offload_counter(0), 4)
+    info = restore(pool, 1, IDS)
+    assert pool.wait_counter(info.completion_counter, info.threshold) == (4, 0)
+    assert np.array_equal(pool.kv(1), expected)
