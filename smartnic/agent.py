@@ -216,7 +216,6 @@ class Agent:
             with self.lock:
                 self.requester.release(context_id, len(chunks))
             raise
-        self.stats.inc("prefetches")
         return restore
 
     def drop_context(self, user_id: str, context_id: str, reason: str = "dropped") -> int:

@@ -126,8 +126,11 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
         if not slot.reserved:
             return None
         target = self.agent.regions.get(slot.region_id) if slot.region_id else reg
-        return self.agent.restore(target, request.user_id, request.context_id, slot.slot,
-                                  list(request.token_ids))
+        restore = self.agent.restore(target, request.user_id, request.context_id, slot.slot,
+                                     list(request.token_ids))
+        if restore.chunks:
+            self.agent.stats.inc("prefetches")
+        return restore
 
     @staticmethod
     def _add_steps(record, arrival_ns: int, matched_ns: int, restore: Restore | None) -> None:
