@@ -14,7 +14,14 @@ from storage_node import journal as jr
 from storage_node import status as st
 from storage_node.allocator import AllocationError, Extent, ExtentAllocator
 from storage_node.crc import crc32c
-from storage_node.namespace import LBA_BYTES, Namespace, new_buffer, read_extents, write_extents
+from storage_node.namespace import (
+    LBA_BYTES,
+    Namespace,
+    new_buffer,
+    read_extents,
+    start_writeback,
+    write_extents,
+)
 from storage_node.status import NvmeError, Status
 
 logger = logging.getLogger(__name__)
@@ -126,6 +133,8 @@ class KvNamespace(Namespace):
     def write(self, pending: PendingStore, buffers: Sequence) -> None:
         """Write the value's bytes to its extents (not yet durable, not yet visible)."""
         write_extents(self.fd, buffers, pending.extents)
+        if self.fsync_enabled:
+            start_writeback(self.fd, pending.extents)
 
     def abort(self, pending: PendingStore) -> None:
         """Give a Store's extents back (it failed before its record was written)."""

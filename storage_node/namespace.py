@@ -65,6 +65,21 @@ def write_extents(fd: int, buffers: Sequence, extents: Iterable[Extent]) -> None
             return
 
 
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int, extents: Iterable[Extent]) -> None:
+    """Ask the kernel to start writing extents back now, so a later fdatasync waits less.
+
+    Only a hint (sync_file_range with SYNC_FILE_RANGE_WRITE): durability still comes from the
+    fdatasync of the commit. Does nothing where the call is missing.
+    """
+    for ext in extents:
+        if _libc.sync_file_range(fd, ctypes.c_int64(ext.offset), ctypes.c_int64(ext.length),
+                                 _SYNC_FILE_RANGE_WRITE) != 0:
+            return
+
+
 def read_extents(fd: int, extents: Iterable[Extent], out: memoryview) -> None:
     """Fill out (a writable byte view) from extents in order; the file reads zeros past its data."""
     pos = 0
