@@ -135,3 +135,39 @@ def test_block_write_read_deallocate(harness):
     _, frames = harness.command(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2, starting_lba=7,
                                 number_of_lbas=2)
     assert bytes(frames[0]) == bytes(4096) + data[4096:]
+
+
+class ManualExecutor:
+    """Holds submitted work until the test runs it."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, fn, *args):
+        self.jobs.append((fn, args))
+
+    def run_next(self):
+        fn, args = self.jobs.pop(0)
+        fn(*args)
+
+
+def test_a_full_queue_holds_commands_back_and_starts_them_as_slots_free(tmp_path):
+    h = Harness(settings_for(tmp_path, queue_depth=1))
+    try:
+        h.connect()
+        h.processor.executor = manual = ManualExecutor()
+        read = pb.CommandCapsule(command_set=NVM, opcode=pb.NVM_READ, namespace_id=2, number_of_lbas=64)
+        for cid in (1, 2):
+            read.command_id = cid
+            assert h.processor.receive(b"s1", [memoryview(read.SerializeToString())]) == []
+        queue = h.subsystem.controller_for(b"s1").queue
+        assert len(manual.jobs) == 1 and queue.waiting == 1       # the second waits for a slot
+        manual.run_next()
+        replies = h.processor.complete(*h.done.get(timeout=5))
+        assert [r.capsule.command_id for r in replies] == [1] and len(manual.jobs) == 1
+        manual.run_next()
+        replies = h.processor.complete(*h.done.get(timeout=5))
+        assert [r.capsule.command_id for r in replies] == [2] and queue.outstanding == 0
+        assert len(replies[0].frames[0]) == 64 * 4096
+    finally:
+        h.close()

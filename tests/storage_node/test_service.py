@@ -149,3 +149,25 @@ def test_a_value_over_64_mib_is_stored_and_read_back(start_service, node_config)
         assert done.response.value_length == value.nbytes
         assert done.payload() == memoryview(value)
         assert bytes(client.retrieve(1, b"big", max_bytes=10).payload()) == value[:10].tobytes()
+
+
+def test_a_host_past_its_queue_depth_is_held_back_and_nothing_is_dropped(start_service, node_config):
+    node = start_node(start_service, node_config(queue_depth=4))
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 20_000)
+    sock.connect(node.addresses["fabric"])
+    try:
+        sock.send(pb.CommandCapsule(command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT,
+                                    host_nqn=GOOD_HOST).SerializeToString())
+        assert pb.ResponseCapsule.FromString(sock.recv()).sq_id > 0
+        value = os.urandom(200_000)
+        for cid in range(60):  # far past the depth of 4, without waiting for completions
+            sock.send_multipart([pb.CommandCapsule(
+                command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1, command_id=cid,
+                key=b"bp%d" % cid, value_length=len(value)).SerializeToString(), value])
+        answered = [pb.ResponseCapsule.FromString(sock.recv_multipart()[0]) for _ in range(60)]
+        assert sorted(r.command_id for r in answered) == list(range(60))
+        assert all(r.status_code == 0 for r in answered)
+    finally:
+        sock.close()
