@@ -125,9 +125,13 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
             return None
         if not slot.reserved:
             return None
-        target = self.agent.regions.get(slot.region_id) if slot.region_id else reg
-        restore = self.agent.restore(target, request.user_id, request.context_id, slot.slot,
-                                     list(request.token_ids))
+        try:
+            target = self.agent.regions.get(slot.region_id) if slot.region_id else reg
+            restore = self.agent.restore(target, request.user_id, request.context_id, slot.slot,
+                                         list(request.token_ids))
+        except Exception as exc:  # a full queue or a bad slot: the turn goes on without a prefetch
+            logger.warning("prefetch into slot %d failed (%s): forwarding without it", slot.slot, exc)
+            return None
         if restore.chunks:
             self.agent.stats.inc("prefetches")
         return restore
