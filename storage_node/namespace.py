@@ -151,7 +151,11 @@ class Namespace:
 
 
 class BlockNamespace(Namespace):
-    """NVM command set on 4,096-byte LBAs. Writes reach stable storage at the next Flush."""
+    """NVM command set on 4,096-byte LBAs.
+
+    Writes reach stable storage at the next Flush (a volatile write cache, as NVMe allows).
+    Thread-safe: positioned reads and writes; concurrent writes to one LBA race as on a drive.
+    """
 
     command_set = "nvm"
 

@@ -138,6 +138,8 @@ def test_a_flipped_byte_in_the_namespace_file_answers_the_media_error(start_serv
     assert admin(node).Stats(apb.StatsRequest()).integrity_errors == 1
 
 
+
+@pytest.mark.slow
 def test_a_value_over_64_mib_is_stored_and_read_back(start_service, node_config):
     node = start_node(start_service, node_config())
     size = (64 << 20) + 4097
