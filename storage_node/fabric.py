@@ -10,6 +10,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 
 import zmq
 
@@ -46,6 +47,7 @@ class FabricServer:
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._in_flight: list[tuple[zmq.MessageTracker, Callable[[], None]]] = []
         self.processor: CommandProcessor | None = None
 
     def post(self, cmd: Command, result: Result) -> None:
@@ -78,13 +80,14 @@ class FabricServer:
         poller.register(self._wake, zmq.POLLIN)
         reading = True
         while not self._stopping.is_set():
-            events = dict(poller.poll(500))
+            events = dict(poller.poll(2 if self._in_flight else 500))
             if self._wake in events:
                 try:
                     os.eventfd_read(self._wake)
                 except BlockingIOError:
                     pass
             self._drain_completions()
+            self._retire_sent()
             if self._sock in events:
                 self._receive_batch()
             backlogged = self._backlogged()
@@ -122,8 +125,24 @@ class FabricServer:
 
     def _send(self, replies: list[Reply]) -> None:
         for reply in replies:
+            message = [reply.session, reply.capsule.SerializeToString(), *reply.frames]
             try:
-                self._sock.send_multipart([reply.session, reply.capsule.SerializeToString(), *reply.frames],
-                                          copy=False)
+                tracker = self._sock.send_multipart(message, copy=False, track=reply.on_sent is not None)
             except zmq.ZMQError as exc:
                 logger.warning("reply to a departed host dropped: %s", exc)
+                tracker = None
+            if reply.on_sent is not None:
+                if tracker is None or tracker.done:
+                    reply.on_sent()
+                else:
+                    self._in_flight.append((tracker, reply.on_sent))
+
+    def _retire_sent(self) -> None:
+        """Run on_sent for the replies ZeroMQ has finished sending (their buffers are free)."""
+        still = []
+        for tracker, on_sent in self._in_flight:
+            if tracker.done:
+                on_sent()
+            else:
+                still.append((tracker, on_sent))
+        self._in_flight = still

@@ -43,6 +43,7 @@ class Result:
     frames: list = field(default_factory=list)
     bytes_written: int = 0
     bytes_read: int = 0
+    on_sent: Callable[[], None] | None = None  # runs once the frames have left (or failed to)
 
 
 Finish = Callable[[Result], None]
@@ -122,8 +123,8 @@ def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
 
 
 def _kv_retrieve(cmd: Command, finish: Finish, env: dict) -> None:
-    data, length, crc = cmd.namespace.retrieve(cmd.capsule.key, cmd.capsule.value_length)
-    finish(Result(value_length=length, crc32c=crc, frames=[data], bytes_read=data.nbytes))
+    data, length, crc, release = cmd.namespace.retrieve(cmd.capsule.key, cmd.capsule.value_length)
+    finish(Result(value_length=length, crc32c=crc, frames=[data], bytes_read=data.nbytes, on_sent=release))
 
 
 def _kv_delete(cmd: Command, finish: Finish, env: dict) -> None:

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
+import mmap
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,8 @@ from storage_node.status import NvmeError, Status
 logger = logging.getLogger(__name__)
 
 MAX_KEY_BYTES = 16
+MAP_MIN_BYTES = 1 << 20  # values from this size are sent straight from the file's mapping
+Release = Callable[[], None]
 
 
 @dataclass
@@ -88,11 +92,13 @@ class KvNamespace(Namespace):
         self._lock = threading.Lock()
         self._index: dict[bytes, IndexEntry] = {}
         self._sorted_keys: list[bytes] | None = None
+        self._map: mmap.mmap | None = None
         self.allocator = ExtentAllocator(self.size_bytes, LBA_BYTES)
 
     def open(self) -> None:
         """Open the file and replay the journal into the index and the allocator."""
         super().open()
+        self._map = mmap.mmap(self.fd, self.size_bytes, mmap.MAP_SHARED, mmap.PROT_READ)
         records = self.journal.open()
         for record in records:
             if record.kind == jr.PUT:
@@ -110,6 +116,12 @@ class KvNamespace(Namespace):
 
     def close(self) -> None:
         self.journal.close()
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a reply still holds a view; the mapping goes with it
+                logger.debug("namespace %d: mapping still in use at close", self.nsid)
+            self._map = None
         super().close()
 
     # -- Store and Delete (the committer thread commits them) ---------------------------------
@@ -197,27 +209,52 @@ class KvNamespace(Namespace):
 
     # -- Retrieve, Exist, List ----------------------------------------------------------------
 
-    def retrieve(self, key: bytes, max_bytes: int = 0) -> tuple[np.ndarray, int, int]:
-        """(leading bytes, value length, crc32c); UNRECOVERED_READ_ERROR when the crc differs."""
+    def retrieve(self, key: bytes, max_bytes: int = 0) -> tuple[memoryview, int, int, Release | None]:
+        """(leading bytes, value length, crc32c, release); UNRECOVERED_READ_ERROR on a crc mismatch.
+
+        A large single-extent value comes back as a view of the file's mapping (no copy): its
+        extents stay pinned until release() is called, once the bytes have been sent. Other
+        values are read into a new buffer and release is None.
+        """
         check_key(key)
         with self._lock:
             entry = self._index.get(key)
             if entry is None:
                 raise NvmeError(st.KEY_DOES_NOT_EXIST)
             entry.pins += 1
+        mapped = self._mapped(entry)
         try:
-            out = new_buffer(entry.length)  # [value length] uint8; all of it, to verify the crc
-            read_extents(self.fd, entry.extents, memoryview(out))
-        finally:
-            with self._lock:
-                entry.pins -= 1
-                self._release(entry)
-        if crc32c(out) != entry.crc32c:
+            out = mapped if mapped is not None else self._read_copy(entry)
+            intact = crc32c(out) == entry.crc32c
+        except BaseException:
+            self._unpin(entry)
+            raise
+        if mapped is None or not intact:
+            self._unpin(entry)
+        if not intact:
             self.integrity_errors += 1
             logger.error("namespace %d: crc32c mismatch for key %s", self.nsid, key.hex())
             raise NvmeError(st.UNRECOVERED_READ_ERROR, "stored value fails its crc32c")
         n = entry.length if max_bytes == 0 else min(max_bytes, entry.length)
-        return out[:n], entry.length, entry.crc32c
+        release = functools.partial(self._unpin, entry) if mapped is not None else None
+        return memoryview(out)[:n], entry.length, entry.crc32c, release
+
+    def _mapped(self, entry: IndexEntry) -> memoryview | None:
+        """A view of the page cache holding entry's value, when it is large and in one extent."""
+        if self._map is None or len(entry.extents) != 1 or entry.length < MAP_MIN_BYTES:
+            return None
+        offset = entry.extents[0].offset
+        return memoryview(self._map)[offset:offset + entry.length]
+
+    def _read_copy(self, entry: IndexEntry) -> np.ndarray:
+        out = new_buffer(entry.length)  # [value length] uint8; all of it, to verify the crc
+        read_extents(self.fd, entry.extents, memoryview(out))
+        return out
+
+    def _unpin(self, entry: IndexEntry) -> None:
+        with self._lock:
+            entry.pins -= 1
+            self._release(entry)
 
     def value_length(self, key: bytes) -> int:
         """The stored value's length (0 when key is absent)."""

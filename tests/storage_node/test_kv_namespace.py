@@ -109,3 +109,21 @@ def test_concurrent_stores_are_group_committed(ns):
     assert all(s == st.SUCCESS for s in results.values()) and len(results) == 32
     assert committer.batches < 32 or ns.journal.fsyncs < 32
     assert all(get(ns, b"k%d" % i) == bytes([i]) * 1000 for i in range(32))
+
+
+def test_a_large_value_is_served_from_the_mapping_and_stays_pinned_until_sent(tmp_path, ns):
+    value = os.urandom(2 * MIB)
+    put(ns, b"big", value)
+    data, length, crc, release = ns.retrieve(b"big")
+    assert release is not None and length == len(value) and data == value and crc == crc32c(value)
+    put(ns, b"big", bytes(2 * MIB))       # replaced while the old bytes are still being sent
+    assert ns.used_bytes == 4 * MIB and data == value
+    release()
+    assert ns.used_bytes == 2 * MIB
+    with open(tmp_path / "ns1.data", "r+b") as f:  # the new value sits after the old one
+        f.seek(2 * MIB + 77)
+        f.write(b"\x01")
+    with pytest.raises(NvmeError) as err:
+        ns.retrieve(b"big")
+    assert err.value.status == st.UNRECOVERED_READ_ERROR
+    assert ns._index[b"big"].pins == 0
