@@ -81,8 +81,8 @@ class Agent:
     def close(self) -> None:
         self._stop.set()
         self.engine.stop()
+        self.nodes.close()  # fails what is pending; the data path still runs those completions
         self.datapath.close()
-        self.nodes.close()
         self.regions.close()
 
     # -- rebuild
