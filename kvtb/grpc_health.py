@@ -7,6 +7,8 @@ until the service calls `health.set_serving()`, and again while it shuts down.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import inspect
 import sys
 import time
 from typing import Iterable
@@ -20,15 +22,21 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class Health:
-    """The health servicer of one server and the service names it answers for."""
+    """The health servicer of one server and the service names it answers for.
+
+    With a grpc.aio server, call set_serving / set_not_serving from its event loop.
+    """
 
     def __init__(self, servicer: health.HealthServicer, service_names: Iterable[str]):
         self.servicer = servicer
         self.service_names = ["", *service_names]
+        self._pending: list[asyncio.Future] = []  # keeps the aio servicer's updates alive
 
     def _set(self, status: int) -> None:
         for name in self.service_names:
-            self.servicer.set(name, status)
+            result = self.servicer.set(name, status)
+            if inspect.isawaitable(result):  # the grpc.aio servicer's set is a coroutine
+                self._pending.append(asyncio.ensure_future(result))
 
     def set_serving(self) -> None:
         self._set(SERVING)
@@ -38,7 +46,10 @@ class Health:
 
 
 def add_health_and_reflection(server, service_names: Iterable[str], *, aio: bool = False) -> Health:
-    """Register health (NOT_SERVING for now) and reflection for the named services."""
+    """Register health (NOT_SERVING for now) and reflection for the named services.
+
+    With aio=True, call it from the server's running event loop.
+    """
     names = list(service_names)
     servicer = health.aio.HealthServicer() if aio else health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
@@ -46,7 +57,7 @@ def add_health_and_reflection(server, service_names: Iterable[str], *, aio: bool
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME], server)
     status = Health(servicer, names)
-    status.set_not_serving()
+    status.set_not_serving()  # the servicer itself starts with "" SERVING
     return status
 
 
