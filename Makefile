@@ -52,7 +52,8 @@ demo: install
 	done; \
 	sed -n '/^kvtb up: all/,/^Chat with/p' var/logs/up.log; \
 	$(BIN)/python -m kvtb.cli health 127.0.0.1:50050 || exit 1; \
-	$(BIN)/python -m kvtb.cli chat --script deploy/demo-chat.txt --trace; rc=$$?; \
+	$(BIN)/python -m kvtb.cli chat --script deploy/demo-chat.txt --trace --max-new-tokens 128 && \
+	$(BIN)/python -m kvtb.cli stats; rc=$$?; \
 	echo "make demo: stopping the services"; exit $$rc
 
 clean:
