@@ -123,6 +123,8 @@ def run_repl(chat: Chat) -> int:
                     return 0
             else:
                 chat.turn(line)
+        except KeyboardInterrupt:
+            chat.say("\n(interrupted; the reply was not kept)")
         except RpcFailure as exc:
             print(f"\nkvtb chat: {exc}", file=sys.stderr)
             if exc.code == "UNAVAILABLE":

@@ -1,9 +1,11 @@
 """`kvtb chat` and `kvtb stats` as a user runs them: output checked field by field."""
 import json
+import subprocess
 
 import pytest
 
 from chat_frontend.record import RECORD_KEYS, STEP_KEYS
+from kvtb.launch import kvtb_argv
 
 from .conftest import MAX_NEW_TOKENS, PAPER_CHAT, USERS, kvtb, paper_messages
 
@@ -72,3 +74,20 @@ def test_script_trace_and_stats(triggered):
     assert int(figures["compute"]["turns"]) >= 3
     text = kvtb("stats", "--frontend", triggered.frontend).stdout
     assert "agent " in text and "hits " in text and text.count("storage 127.0.0.1:") == 2
+
+
+@pytest.mark.slow
+def test_repl_commands(triggered):
+    lines = "Say yes.\nAnd again.\n/stats\n/new\nSay no.\n/bogus\n/quit\nnever sent\n"
+    result = subprocess.run(kvtb_argv("chat", "--frontend", triggered.frontend, "--token", USERS["bob"],
+                                      "--max-new-tokens", "4"),
+                            input=lines, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    contexts = [line for line in out.splitlines() if line.startswith("(context ctx-")]
+    assert len(contexts) == 2 and contexts[0] != contexts[1]
+    assert "[turn 2 · kv_source: restored" in out
+    assert "agent " in out and "hits " in out
+    assert "(a new context starts with your next message)" in out
+    assert "unknown command /bogus" in out
+    assert out.count("llm> ") == 3
