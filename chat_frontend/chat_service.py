@@ -88,6 +88,8 @@ class ChatService:
         info = await self.engine.info()
         prompt_ids = await self.engine.encode_chat(
             conversation.encode_request(self.settings.system_prompt, request.message, ctx is not None))
+        room = info.max_context_tokens - len(history) - len(prompt_ids)
+        max_new = limits.fit_default(max_new, request.max_new_tokens, room)
         limits.check_context_fits(len(history), len(prompt_ids), max_new, info.max_context_tokens)
         request_id = uuid.uuid4().hex
         turn_request = compute_pb2.TurnRequest(

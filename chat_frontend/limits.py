@@ -34,3 +34,10 @@ def check_context_fits(tokens_so_far: int, new_tokens: int, max_new_tokens: int,
                         f"{new_tokens} for this message + {max_new_tokens} to generate), over the "
                         f"model's context of {max_context_tokens} tokens by "
                         f"{needed - max_context_tokens}; start a new context")
+
+
+def fit_default(max_new_tokens: int, requested: int, room: int) -> int:
+    """The default tokens to generate shrink to the room left in the context; a request does not."""
+    if requested:
+        return max_new_tokens
+    return max(1, min(max_new_tokens, room))

@@ -92,3 +92,13 @@ def test_refusals(tmp_path):
     assert err.code == "INVALID_ARGUMENT" and "over the model's context of 30 tokens" in err.message
     # nothing of the refused turns was kept
     assert service.store.get_context(ctx).turns == 1 and service.store.counts()["contexts"] == 1
+
+
+def test_default_reply_length_fits_the_context(tmp_path):
+    engine = FakeEngine(max_context_tokens=40)
+    service = make(tmp_path, engine, max_new_tokens_default=256)
+    ctx = run_turn(service, "hello there", max_new_tokens=0)[0].context_id
+    assert engine.turns[0].max_new_tokens == 40 - 4
+    # 4 prompt + 4 reply ids so far, 4 new: 28 left
+    run_turn(service, "and again", context_id=ctx, max_new_tokens=0)
+    assert engine.turns[1].max_new_tokens == 40 - 8 - 4

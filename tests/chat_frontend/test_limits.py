@@ -30,3 +30,9 @@ def test_context_limit_names_the_excess():
     msg = refusal(limits.check_context_fits, 100, 20, 10, 128).message
     assert "would need 130 tokens (100 so far + 20 for this message + 10 to generate)" in msg
     assert "context of 128 tokens by 2" in msg
+
+
+def test_the_default_shrinks_to_the_room_left_but_a_request_does_not():
+    assert limits.fit_default(256, 0, 100) == 100
+    assert limits.fit_default(256, 0, 0) == 1  # then check_context_fits refuses, saying by how much
+    assert limits.fit_default(200, 200, 100) == 200
