@@ -1,0 +1,164 @@
+"""`kvtb bench datapath`: KV PUT and GET throughput through the whole path, beside this machine's limits.
+
+The path: a registered region, the agent's triggered engine and data path (gather from 128
+strided ranges per chunk, as in a KV pool), ZeroMQ, a real storage node process (fabric front
+end, queue manager, extent allocator, file, fsync), and back into the region, checked byte
+for byte. It reuses `kvtb bench smartnic`'s transfer functions with chunk sizes from 64 KiB to
+64 MiB; the raw limits (ZeroMQ tcp, pwrite+fsync, page-cache pread) are measured in the same
+run on the same disk. PUT limit = min(zmq, pwrite+fsync); GET limit = min(zmq, pread).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from kvtb.bench import rawlimits
+from kvtb.bench.common import add_common_args, new_result, progress_for
+from kvtb.bench.emit import add_run_args, finish, ratios_text, services_dir, setup_logging
+from kvtb.bench.output import format_bytes, format_table, plot_lines
+from kvtb.launch import ServiceProcess, kvtb_argv
+from smartnic import bench as nic_bench
+from smartnic.agent import Agent
+from smartnic.settings import SmartNicSettings, StorageNodeRef
+
+logger = logging.getLogger(__name__)
+
+KIB = 1024
+SIZES = (64 * KIB, 256 * KIB, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+SMOKE_SIZES = (64 * KIB, 1 << 20)
+FLOOR_BYTES = 16 << 20
+FLOOR = 0.5
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvtb bench datapath", description=__doc__.splitlines()[0])
+    add_common_args(parser, "datapath")
+    add_run_args(parser)
+    parser.add_argument("--sizes-kib", type=lambda s: [int(x) * KIB for x in s.split(",")],
+                        help="chunk sizes in KiB, comma-separated (default 64 KiB to 64 MiB)")
+    parser.add_argument("--total-mib", type=int, default=128, help="bytes moved per size and round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per size (the best is kept)")
+    parser.add_argument("--budget-s", type=float, default=1.0, help="seconds per raw-limit measurement")
+    args = parser.parse_args(argv)
+    args.sizes = args.sizes_kib or list(SMOKE_SIZES if args.smoke else SIZES)
+    if args.smoke:
+        args.total_mib, args.rounds, args.budget_s = min(args.total_mib, 4), 1, min(args.budget_s, 0.2)
+    return args
+
+
+def limits_for(size: int, budget_s: float, data_dir: Path) -> dict[str, float]:
+    """The raw limits at one chunk size, on the storage node's disk."""
+    return {"zmq_tcp": rawlimits.zmq_bytes_per_s("tcp", size, budget_s),
+            "pread_cached": rawlimits.pread_cached_bytes_per_s(size, budget_s, data_dir),
+            "pwrite_fsync": rawlimits.pwrite_fsync_bytes_per_s(size, budget_s, data_dir)}
+
+
+def start_storage(data_dir: Path) -> ServiceProcess:
+    """A real storage node process on free ports."""
+    proc = ServiceProcess("storage-datapath", kvtb_argv("serve", "storage"), data_dir / "storage.log", env={
+        "KVTB_STORAGE_DATA_DIR": str(data_dir / "storage"), "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0",
+        "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0", "KVTB_STORAGE_NODE_NAME": "datapath"})
+    proc.start(timeout_s=60)
+    return proc
+
+
+def measure(args: argparse.Namespace, data_dir: Path, progress) -> list[dict]:
+    """Per chunk size: the whole path, the storage node alone, and the raw limits."""
+    storage = start_storage(data_dir)
+    node = StorageNodeRef("datapath", storage.addresses["admin"], storage.addresses["fabric"])
+    agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,),
+                                   eviction_policy="timer"))
+    rows = []
+    try:
+        agent.start()
+        for size in args.sizes:
+            limits = limits_for(size, args.budget_s, data_dir)
+            t = nic_bench.transfer(agent, size, args.total_mib << 20, args.rounds)
+            t["storage_node_direct"] = nic_bench.direct(node.fabric_address, size, args.total_mib << 20,
+                                                        args.rounds)
+            nic_bench.add_ratios(t, limits)
+            rows.append(t)
+            progress.update(note=format_bytes(size))
+    finally:
+        agent.close()
+        storage.stop()
+    return rows
+
+
+def calibration_transfers(rows: list[dict]) -> list[dict]:
+    """Per-chunk times for `kvtb simulate --calibrate`: triggered = the agent's path, cpu = a host client.
+
+    Chunks are pipelined, so `seconds` is the amortized time per chunk (chunk bytes / throughput).
+    """
+    out = []
+    for t in rows:
+        for mode, figures in (("triggered", t), ("cpu", t["storage_node_direct"])):
+            for op in ("put", "get"):
+                out.append({"mode": mode, "direction": op, "bytes": t["chunk_bytes"],
+                            "seconds": t["chunk_bytes"] / figures[f"{op}_bytes_per_s"]})
+    return out
+
+
+def table(result: dict) -> str:
+    rows = []
+    for t in result["results"]["chunks"]:
+        alone = t["storage_node_direct"]
+        rows.append([format_bytes(t["chunk_bytes"]),
+                     *(f"{v / 1e6:.0f}" for v in (t["put_bytes_per_s"], alone["put_bytes_per_s"],
+                                                  t["put_limit_bytes_per_s"])), f"{t['put_vs_limit']:.2f}",
+                     *(f"{v / 1e6:.0f}" for v in (t["get_bytes_per_s"], alone["get_bytes_per_s"],
+                                                  t["get_limit_bytes_per_s"])), f"{t['get_vs_limit']:.2f}"])
+    head = ["chunk", "PUT MB/s", "node alone", "raw limit", "PUT/limit",
+            "GET MB/s", "node alone", "raw limit", "GET/limit"]
+    return f"{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}"
+
+
+def plot(result: dict, out: Path) -> str:
+    chunks = result["results"]["chunks"]
+    xs = [t["chunk_bytes"] / KIB for t in chunks]
+    series = {f"{op.upper()} {label}": (xs, [get(t) / 1e6 for t in chunks])
+              for op in ("put", "get")
+              for label, get in (("whole path", lambda t, o=op: t[f"{o}_bytes_per_s"]),
+                                 ("raw limit", lambda t, o=op: t[f"{o}_limit_bytes_per_s"]))}
+    return str(plot_lines(out / "datapath.png", series, title="KV PUT/GET through region, agent, storage",
+                          xlabel="chunk size (KiB)", ylabel="MB/s", logx=True, logy=True))
+
+
+def run(args: argparse.Namespace) -> dict:
+    result = new_result("datapath", {"sizes_bytes": args.sizes, "total_mib": args.total_mib,
+                                     "rounds": args.rounds, "budget_s": args.budget_s, "fsync": True,
+                                     "ranges_per_chunk": nic_bench.RANGES_PER_CHUNK, "smoke": args.smoke,
+                                     "load_average_1m_at_start": os.getloadavg()[0]})
+    data_dir = services_dir(args, "datapath")
+    try:
+        with progress_for(args, len(args.sizes), "datapath") as progress:
+            rows = measure(args, data_dir, progress)
+    finally:
+        if not args.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    result["results"]["chunks"] = rows
+    result["transfers"] = calibration_transfers(rows)
+    for t in rows:
+        size = format_bytes(t["chunk_bytes"]).replace(" ", "").replace("i", "").lower()
+        for op in ("put", "get"):
+            result["ratios"][f"{op}_vs_limit_{size}"] = t[f"{op}_vs_limit"]
+    at_floor = [t for t in rows if t["chunk_bytes"] == FLOOR_BYTES]
+    if at_floor:
+        for op in ("put", "get"):
+            result["ratios"][f"{op}_vs_limit"] = at_floor[0][f"{op}_vs_limit"]
+        result["floors"] = {f"{op}_vs_limit": {"floor": FLOOR, "value": at_floor[0][f"{op}_vs_limit"],
+                                               "met": at_floor[0][f"{op}_vs_limit"] >= FLOOR}
+                            for op in ("put", "get")}
+    result["plots"] = [plot(result, Path(args.out))]
+    return result
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    setup_logging(args)
+    result = run(args)
+    finish(args, result, table(result))
+    return 0
