@@ -2,12 +2,15 @@
 
 The file has one section per service (`storage`, `smartnic`, `compute`, `frontend`, ...).
 Environment variables override it: `KVTB_<SECTION>_<FIELD>` (upper case), for example
-`KVTB_STORAGE_QUEUE_DEPTH=64`. Lists are given comma-separated in the environment.
+`KVTB_STORAGE_QUEUE_DEPTH=64`. Lists are given comma-separated in the environment, mappings
+as JSON objects.
 The config file itself is `--config FILE`, or `$KVTB_CONFIG` when no flag is given.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import json
 import os
 import types
 import typing
@@ -57,7 +60,12 @@ def _convert(name: str, value: Any, annotation: Any) -> Any:
             raise SettingsError(f"{name}: expected a list, got {value!r}")
         item_type = args[0] if args else str
         return tuple(_convert(name, v, item_type) for v in value)
-    if origin in (dict, Mapping) or annotation in (dict, Mapping):
+    if origin in (dict, Mapping, collections.abc.Mapping) or annotation in (dict, Mapping):
+        if isinstance(value, str):  # from the environment: JSON
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise SettingsError(f"{name}: expected a JSON object, got {value!r}") from exc
         if not isinstance(value, dict):
             raise SettingsError(f"{name}: expected a mapping, got {value!r}")
         return types.MappingProxyType(dict(value))

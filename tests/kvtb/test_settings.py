@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 import pytest
 
@@ -48,3 +49,20 @@ def test_bad_config_says_what_is_wrong(tmp_path, text, message):
 def test_missing_file_is_an_error(tmp_path):
     with pytest.raises(SettingsError, match="not found"):
         load_settings(Example, "example", tmp_path / "absent.yaml", environ={})
+
+
+@dataclasses.dataclass(frozen=True)
+class WithMapping:
+    users: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def test_mappings_from_file_and_from_json_in_the_environment(tmp_path):
+    cfg = tmp_path / "kvtb.yaml"
+    cfg.write_text("example:\n  users: {demo: t1}\n")
+    assert dict(load_settings(WithMapping, "example", cfg, environ={}).users) == {"demo": "t1"}
+    env = {"KVTB_EXAMPLE_USERS": '{"alice": "t2"}'}
+    assert dict(load_settings(WithMapping, "example", cfg, environ=env).users) == {"alice": "t2"}
+    with pytest.raises(SettingsError, match="JSON object"):
+        load_settings(WithMapping, "example", None, environ={"KVTB_EXAMPLE_USERS": "alice"})
+    with pytest.raises(SettingsError, match="expected a mapping"):
+        load_settings(WithMapping, "example", None, overrides={"users": [1]}, environ={})
