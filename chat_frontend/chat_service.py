@@ -6,6 +6,7 @@ tests pass a fake with the same methods.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -120,7 +121,8 @@ class ChatService:
         row = TurnRow(turn_no, request.message, reply, tuple(prompt_ids), tuple(reply_ids),
                       summary.SerializeToString())
         kept = [*turn_request.token_ids, *conversation.closed_reply(reply_ids, info.stop_token_ids)]
-        self.store.add_turn(context_id, user, row, kept, time.time())
+        # off the event loop: the commit waits for fsync
+        await asyncio.to_thread(self.store.add_turn, context_id, user, row, kept, time.time())
         self.turns_completed += 1
         logger.info("turn %s done: kv_source %s, %d tokens out, e2e %.1f ms, gateway %.1f ms",
                     request_id, summary.kv_source, summary.tokens_out, summary.e2e_ms,

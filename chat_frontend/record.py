@@ -55,7 +55,7 @@ def build_summary(turn: int, context_id: str, request_id: str, reply: str,
     e2e_ms = (clock.end_ns - clock.start_ns) / 1e6
     ttft_ms = ((clock.first_text_ns or clock.end_ns) - clock.start_ns) / 1e6
     steps = [*record.steps, stream_step(clock, len(reply.encode()))]
-    steps.sort(key=lambda s: (s.start_unix_ns, s.step))
+    steps.sort(key=lambda s: (s.start_unix_ns // 1_000_000, s.step))  # same ms: in step order
     return frontend_pb2.TurnSummary(
         turn=turn, context_id=context_id, reply=reply, kv_source=record.kv_source or "none",
         fallback_reason=record.fallback_reason, ttft_ms=round(ttft_ms, 3),

@@ -68,7 +68,8 @@ def _span_text(step: dict[str, Any]) -> str:
 def stats_lines(stats: dict[str, Any]) -> list[str]:
     """The system's figures as a short report (kvtb stats, /stats)."""
     fe, agent, compute = stats.get("frontend", {}), stats.get("agent", {}), stats.get("compute", {})
-    lines = [f"frontend: {fe.get('turns_completed', 0)} turns, {fe.get('contexts', 0)} contexts, "
+    lines = [f"frontend: {fe.get('turns_completed', 0)} turns since start, {fe.get('turns', 0)} turns in "
+             f"{fe.get('contexts', 0)} contexts stored, "
              f"{fe.get('turns_active', 0)} active, {fe.get('turns_waiting', 0)} waiting, "
              f"{fe.get('rejected_busy', 0)} rejected busy"]
     if "error" in agent:

@@ -34,13 +34,13 @@ def test_timeline_bars_scale_to_the_turn():
 
 
 def test_stats_lines_with_an_unreachable_part():
-    stats = {"frontend": {"turns_completed": 3, "contexts": 1},
+    stats = {"frontend": {"turns_completed": 3, "turns": 5, "contexts": 2},
              "agent": {"address": "a:1", "hits": 2, "misses": 1, "evictions_by_reason": {"lru": 1},
                        "bytes_by_storage_node": {"s0": 1000}},
              "compute": {"error": "UNAVAILABLE: down"},
              "storage": [{"address": "s:1", "namespaces": [{"used_bytes": 2000, "key_count": 3}]}]}
     text = "\n".join(render.stats_lines(stats))
-    assert "frontend: 3 turns, 1 contexts" in text
+    assert "frontend: 3 turns since start, 5 turns in 2 contexts stored" in text
     assert "hits 2, misses 1" in text and "evictions 1 {lru: 1}" in text and "bytes on s0: 1.0 KB" in text
     assert "compute: unreachable (UNAVAILABLE: down)" in text
     assert "storage s:1: 3 keys, 2.0 KB used" in text
