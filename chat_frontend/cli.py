@@ -133,7 +133,9 @@ def run_repl(chat: Chat) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    token = args.token if args.token is not None else token_for(args.user, args.config or default_config_path())
+    token = args.token
+    if token is None:
+        token = token_for(args.user, args.config or default_config_path())
     client = FrontendClient(args.frontend, token)
     chat = Chat(client, args, sys.stdout)
     try:

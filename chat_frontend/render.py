@@ -79,9 +79,11 @@ def stats_lines(stats: dict[str, Any]) -> list[str]:
         lines.append(
             f"agent {agent.get('address', '')}: hits {agent.get('hits', 0)}, misses "
             f"{agent.get('misses', 0)}, prefetches {agent.get('prefetches', 0)}, evictions "
-            f"{sum(int(v) for v in evictions.values())} {_pairs(evictions)}, denied {agent.get('denied', 0)}, "
-            f"put {human_bytes(int(agent.get('bytes_put', 0)))}, got {human_bytes(int(agent.get('bytes_got', 0)))}, "
-            f"stored {human_bytes(int(agent.get('bytes_stored', 0)))} in {agent.get('contexts', 0)} contexts / "
+            f"{sum(int(v) for v in evictions.values())} {_pairs(evictions)}, "
+            f"denied {agent.get('denied', 0)}, put {human_bytes(int(agent.get('bytes_put', 0)))}, "
+            f"got {human_bytes(int(agent.get('bytes_got', 0)))}, "
+            f"stored {human_bytes(int(agent.get('bytes_stored', 0)))} "
+            f"in {agent.get('contexts', 0)} contexts / "
             f"{agent.get('chunks', 0)} chunks, triggered ops fired {agent.get('triggered_fired', 0)} "
             f"(p50 {float(agent.get('trigger_to_fire_p50_us', 0)):.0f} µs, "
             f"p99 {float(agent.get('trigger_to_fire_p99_us', 0)):.0f} µs)")
@@ -91,7 +93,8 @@ def stats_lines(stats: dict[str, Any]) -> list[str]:
         lines.append(f"compute: unreachable ({compute['error']})")
     else:
         lines.append(
-            f"compute: {compute.get('turns', 0)} turns, kv sources {_pairs(compute.get('kv_source_counts'))}, "
+            f"compute: {compute.get('turns', 0)} turns, "
+            f"kv sources {_pairs(compute.get('kv_source_counts'))}, "
             f"fallbacks {_pairs(compute.get('fallbacks_by_reason'))}, slots in use "
             f"{compute.get('slots_in_use', 0)}, queue {compute.get('queue_length', 0)}, restored "
             f"{human_bytes(int(compute.get('bytes_restored', 0)))}, offloaded "

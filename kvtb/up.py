@@ -139,7 +139,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s kvtb up: %(message)s")
-    config = args.config or os.environ.get("KVTB_CONFIG") or (str(REPO_CONFIG) if REPO_CONFIG.exists() else None)
+    config = args.config or os.environ.get("KVTB_CONFIG")
+    if config is None and REPO_CONFIG.exists():
+        config = str(REPO_CONFIG)
     try:
         section = read_config_file(config).get("storage") or {}
     except SettingsError as exc:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from chat_frontend.client import FrontendClient, RpcFailure
-from kvtb.grpc_health import NOT_SERVING, SERVING, check, wait_serving
+from kvtb.grpc_health import NOT_SERVING, check, wait_serving
 
 from . import fake_agent
 
@@ -55,13 +55,15 @@ def test_serving_once_the_agent_answers_then_bounded(frontend_before_agent):
         node.gate.clear()
         threads = [threading.Thread(target=turn, args=(address, results)) for _ in range(2)]
         threads[0].start()
-        assert node.started.acquire(timeout=10) and node.started.acquire(timeout=10)  # 2 turns reached the agent
+        # both turns reached the agent
+        assert node.started.acquire(timeout=10) and node.started.acquire(timeout=10)
         threads[1].start()  # waits for the one running turn
         results.clear()
         threading.Event().wait(0.5)
         turn(address, results)  # past the bound: refused at once
         assert len(results) == 1 and isinstance(results[0], RpcFailure)
-        assert results[0].code == "RESOURCE_EXHAUSTED" and "1 turns running and 1 waiting" in results[0].details
+        assert results[0].code == "RESOURCE_EXHAUSTED"
+        assert "1 turns running and 1 waiting" in results[0].details
         node.gate.set()
         for t in threads:
             t.join(10)
@@ -84,7 +86,8 @@ def test_statuses_over_grpc(frontend_before_agent):
             assert events[0].context_id.startswith("ctx-") and events[-1].summary.turn == 1
             for request, code in [(frontend_pb2.ChatRequest(token="bad", message="hi"), "UNAUTHENTICATED"),
                                   (frontend_pb2.ChatRequest(token=TOKEN, message=""), "INVALID_ARGUMENT"),
-                                  (frontend_pb2.ChatRequest(token=TOKEN, message="hi", context_id="x"), "NOT_FOUND")]:
+                                  (frontend_pb2.ChatRequest(token=TOKEN, message="hi", context_id="x"),
+                                   "NOT_FOUND")]:
                 with pytest.raises(grpc.RpcError) as err:
                     list(stub.Chat(request))
                 assert err.value.code().name == code

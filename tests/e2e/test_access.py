@@ -18,7 +18,8 @@ def alice_context(triggered):
     return summary.context_id
 
 
-def refusal(client: FrontendClient, message: str, context_id: str = "", max_new_tokens: int = 8) -> RpcFailure:
+def refusal(client: FrontendClient, message: str, context_id: str = "",
+            max_new_tokens: int = 8) -> RpcFailure:
     with pytest.raises(RpcFailure) as err:
         run_turn(client, message, context_id, max_new_tokens)
     return err.value
@@ -31,13 +32,15 @@ def test_second_user_can_neither_read_nor_continue(triggered, alice_context):
             stub.GetContext(frontend_pb2.ContextRequest(token=USERS["bob"], context_id=alice_context))
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert err.value.details() == f"context {alice_context!r} belongs to another user"
-        assert alice_context not in stub.ListContexts(frontend_pb2.ListContextsRequest(token=USERS["bob"])).context_ids
+        bobs = stub.ListContexts(frontend_pb2.ListContextsRequest(token=USERS["bob"])).context_ids
+        assert alice_context not in bobs
         mine = stub.GetContext(frontend_pb2.ContextRequest(token=USERS["alice"], context_id=alice_context))
         assert mine.user_id == "alice" and mine.turns[0].user_message == "Name three colours."
         assert mine.turns[0].summary.turn == 1 and mine.tokens > 0
     bob = triggered.client("bob")
     err = refusal(bob, "What did I ask?", alice_context)
-    assert (err.code, err.details) == ("PERMISSION_DENIED", f"context {alice_context!r} belongs to another user")
+    assert err.code == "PERMISSION_DENIED"
+    assert err.details == f"context {alice_context!r} belongs to another user"
     bob.close()
 
 
@@ -55,9 +58,11 @@ def test_agent_denies_another_users_kv(triggered, alice_context):
     ("alice", "wrong-token", "hello", "", 8, "UNAUTHENTICATED", "unknown token"),
     ("alice", "", "hello", "", 8, "UNAUTHENTICATED", "no token"),
     ("alice", None, "   ", "", 8, "INVALID_ARGUMENT", "message is empty"),
-    ("alice", None, "x" * 600, "", 8, "INVALID_ARGUMENT", "message is 600 characters, over the limit of 500 by 100"),
+    ("alice", None, "x" * 600, "", 8, "INVALID_ARGUMENT",
+     "message is 600 characters, over the limit of 500 by 100"),
     ("alice", None, "hello", "ctx-unknown", 8, "NOT_FOUND", "unknown context 'ctx-unknown'"),
-    ("alice", None, "hello", "", 2000, "INVALID_ARGUMENT", "max_new_tokens is 2000, over the limit of 1024 by 976"),
+    ("alice", None, "hello", "", 2000, "INVALID_ARGUMENT",
+     "max_new_tokens is 2000, over the limit of 1024 by 976"),
     ("alice", None, "hello", "", 1020, "INVALID_ARGUMENT", "over the model's context of 1024 tokens by"),
 ])
 def test_refusals_say_what_and_by_how_much(triggered, user, token, message, context, max_new, code, details):

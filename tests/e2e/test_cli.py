@@ -46,7 +46,8 @@ def test_script_json_is_one_record_per_turn(paper_records):
         assert all(tuple(s) == STEP_KEYS for s in record["steps"])
         assert set(steps) >= ({2, 3} if n == 1 else {3, 5, 6, 7, 8})
         stream = steps[3]
-        assert stream["name"] == "stream response to user" and stream["bytes"] == len(record["reply"].encode())
+        assert stream["name"] == "stream response to user"
+        assert stream["bytes"] == len(record["reply"].encode())
         assert 0 <= stream["start_ms"] <= stream["end_ms"] <= record["e2e_ms"] + 0.01
         if n > 1:
             assert steps[5]["start_ms"] <= steps[6]["start_ms"] <= steps[8]["start_ms"]

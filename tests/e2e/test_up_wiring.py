@@ -28,7 +28,8 @@ def test_announced_addresses_flow_to_the_next_services():
     storage = [announced("storage-0", admin="h:1", fabric="tcp://h:2"),
                announced("storage-1", admin="h:3", fabric="tcp://h:4")]
     agent = announced("smartnic", grpc="h:5")
-    assert up.agent_env(storage) == {"KVTB_SMARTNIC_STORAGE_NODES": "storage-0=h:1=tcp://h:2,storage-1=h:3=tcp://h:4"}
+    assert up.agent_env(storage) == {
+        "KVTB_SMARTNIC_STORAGE_NODES": "storage-0=h:1=tcp://h:2,storage-1=h:3=tcp://h:4"}
     assert up.compute_env(agent, storage) == {"KVTB_COMPUTE_AGENT_ADDRESS": "h:5",
                                               "KVTB_COMPUTE_STORAGE_FABRIC_ADDRESSES": "tcp://h:2,tcp://h:4"}
     assert up.frontend_env(agent, storage, Path("/d")) == {
