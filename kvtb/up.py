@@ -102,6 +102,11 @@ class Deployment:
     def addresses(self) -> dict[str, Any]:
         return {p.name: p.addresses for p in self.procs}
 
+    def policy_in_use(self) -> str:
+        """The KV policy the compute node announced."""
+        compute = next((p for p in self.procs if p.name == "compute"), None)
+        return str(compute.ready.get("policy", "?")) if compute else "?"
+
     def first_dead(self) -> ServiceProcess | None:
         return next((p for p in self.procs if not p.alive()), None)
 
@@ -113,7 +118,7 @@ class Deployment:
 
 def describe(deployment: Deployment) -> list[str]:
     """Where each service listens, for the terminal."""
-    lines = [f"kvtb up: all services ready (policy {deployment.policy or 'from the config'}, "
+    lines = [f"kvtb up: all services ready (policy {deployment.policy_in_use()}, "
              f"data in {deployment.data_dir})"]
     for proc in deployment.procs:
         where = "  ".join(f"{k} {v}" for k, v in proc.addresses.items())
@@ -156,7 +161,7 @@ def main(argv: list[str]) -> int:
         deployment.start(section)
         print("\n".join(describe(deployment)), flush=True)
         announce_ready("up", {p.name: grpc_address(p) for p in deployment.procs},
-                       services=deployment.addresses(), policy=args.policy)
+                       services=deployment.addresses(), policy=deployment.policy_in_use())
         while (dead := deployment.first_dead()) is None:
             time.sleep(0.5)
         print(f"kvtb up: {dead.name} exited with {dead.proc.returncode}; stopping everything; "
