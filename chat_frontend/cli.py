@@ -42,10 +42,17 @@ class Chat:
         self.context_id = args.context
         self.sampling = compute_pb2.Sampling(temperature=args.temperature, top_p=args.top_p,
                                              seed=args.seed)
+        self.line_open = False  # a reply is being written on the current line
+
+    def end_line(self) -> None:
+        """End a partly written reply line (before an error message)."""
+        if self.line_open:
+            self.say()
 
     def say(self, text: str = "") -> None:
         self.out.write(text + "\n")
         self.out.flush()
+        self.line_open = False
 
     def turn(self, message: str, echo: bool = False) -> None:
         """Send one message; stream the reply; show the record (RpcFailure on errors)."""
@@ -55,6 +62,7 @@ class Chat:
                 self.say(f"you> {message}")
             self.out.write("llm> ")
             self.out.flush()
+            self.line_open = True
         for event in self.client.chat(message, self.context_id, self.args.max_new_tokens, self.sampling):
             kind = event.WhichOneof("event")
             if kind == "text" and streaming:
@@ -124,9 +132,11 @@ def run_repl(chat: Chat) -> int:
             else:
                 chat.turn(line)
         except KeyboardInterrupt:
-            chat.say("\n(interrupted; the reply was not kept)")
+            chat.end_line()
+            chat.say("(interrupted; the reply was not kept)")
         except RpcFailure as exc:
-            print(f"\nkvtb chat: {exc}", file=sys.stderr)
+            chat.end_line()
+            print(f"kvtb chat: {exc}", file=sys.stderr)
             if exc.code == "UNAVAILABLE":
                 return 2
 
@@ -139,11 +149,13 @@ def main(argv: list[str]) -> int:
     client = FrontendClient(args.frontend, token)
     chat = Chat(client, args, sys.stdout)
     try:
+        client.wait_ready()
         if args.script:
             return run_script(chat, args.script)
         return run_repl(chat)
     except RpcFailure as exc:
-        print(f"\nkvtb chat: {exc}" if not args.json else f"kvtb chat: {exc}", file=sys.stderr)
+        chat.end_line()
+        print(f"kvtb chat: {exc}", file=sys.stderr)
         return 2 if exc.code == "UNAVAILABLE" else 1
     except OSError as exc:
         print(f"kvtb chat: {exc}", file=sys.stderr)

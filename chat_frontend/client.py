@@ -60,6 +60,13 @@ class FrontendClient:
     def close(self) -> None:
         self._channel.close()
 
+    def wait_ready(self, timeout_s: float = 5.0) -> None:
+        """Connect now (RpcFailure UNAVAILABLE when the frontend cannot be reached)."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise RpcFailure(self.address, "UNAVAILABLE", f"no connection within {timeout_s:g} s") from None
+
     def _failure(self, exc: grpc.RpcError) -> RpcFailure:
         return RpcFailure(self.address, exc.code().name, exc.details() or "")
 
