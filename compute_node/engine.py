@@ -140,7 +140,9 @@ class Engine:
 
     # -- the engine thread
     def _poll(self) -> None:
-        self.slots.poll(time.monotonic(), self.pool.counter_total)
+        """Leases of reservations whose turn already waits here do not expire."""
+        claimed = frozenset((t.reserved_slot, t.context) for t in self.queue.items() if t.restore is not None)
+        self.slots.poll(time.monotonic(), self.pool.counter_total, claimed)
 
     def _next(self) -> tuple[Turn, Acquired] | None:
         with self.lock:
@@ -164,9 +166,19 @@ class Engine:
                 self._run(turn, got)
             except Exception as exc:  # noqa: BLE001 - one bad turn never stops the node
                 logger.exception("turn %s failed", turn.request_id)
+                self._disarm(got.slot)
                 with self.lock:
                     self.slots.release(got.slot, time.monotonic())
                 turn.emit("error", "INTERNAL", f"the turn failed on the compute node: {exc}")
+
+    def _disarm(self, slot: int) -> None:
+        """Drop PUTs a failed turn left queued, so they never fire for the slot's next context."""
+        if self.agent is None:
+            return
+        try:
+            self.agent.cancel(self.pool.layout.token_counter(slot))
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("cancelling slot %d's PUTs failed: %s", slot, exc)
 
     def _run(self, turn: Turn, got: Acquired) -> None:
         queue_ms = (time.perf_counter() - turn.arrived_perf) * 1e3

@@ -49,7 +49,8 @@ def build_node(settings: ComputeSettings, model, tokenizer, listen_address: str 
         needed = settings.policy == "triggered" or settings.require_agent
         start_ns = time.time_ns()
         try:
-            agent.register(pool, settings.access_key or secrets.token_hex(16), settings.node_name, address,
+            agent.register(pool, settings.access_key or secrets.token_hex(16), settings.node_name,
+                           settings.advertise_address or address,
                            settings.register_timeout_s if needed else 2.0)
             setup = StepSpan(1, "setup: register the KV pool", start_ns, time.time_ns(), layout.region_bytes)
         except grpc.RpcError as exc:

@@ -21,6 +21,8 @@ from compute_node.kv_pool import KvPool
 
 logger = logging.getLogger(__name__)
 
+FIRE_GRACE_S = 0.003  # longer than the agent watcher's longest sleep (watcher_max_sleep_us)
+
 
 @dataclasses.dataclass
 class OffloadTurn:
@@ -41,6 +43,7 @@ class OffloadTurn:
     drain_counter: int = -1  # the slot is free once this counter reaches drain_target
     drain_target: int = 0
     last_stored: int = 0
+    last_store_perf: float = 0.0
 
 
 class NoOffload:
@@ -122,13 +125,22 @@ class TriggeredOffload:
             start = time.perf_counter()
             self.pool.store_tokens(turn.slot, count)
             turn.last_stored = count
-            turn.stall_s += time.perf_counter() - start
+            turn.last_store_perf = time.perf_counter()
+            turn.stall_s += turn.last_store_perf - start
 
     def end(self, turn: OffloadTurn, count: int) -> None:
         """Cancel what did not fire; queue the partial last chunk; set the drain target."""
         start = time.perf_counter()
         c = self.layout.chunk_tokens
-        cancelled = self.agent.cancel(self.layout.token_counter(turn.slot)) if turn.armed else 0
+        # Entries fire in threshold order: when the count reached the last threshold, none is left.
+        last_threshold = (turn.first_chunk + turn.armed) * c
+        unfired = turn.armed and turn.last_stored < last_threshold
+        cancelled = 0
+        if unfired:
+            # CancelCounter drops entries that are due but not yet fired: give the agent's
+            # watcher (which sleeps at most 1 ms) time to fire what the last store made due.
+            time.sleep(max(0.0, turn.last_store_perf + FIRE_GRACE_S - time.perf_counter()))
+            cancelled = self.agent.cancel(self.layout.token_counter(turn.slot))
         fired_full = turn.armed - cancelled
         first = turn.first_chunk * c
         turn.chunks += fired_full

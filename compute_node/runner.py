@@ -147,7 +147,7 @@ class TurnRunner:
             if len(out) == 1:
                 offloader.arm(off)
                 offloader.on_tokens(off, cache.length)
-            if tok in e.stop_token_ids:
+            if tok in e.stop_token_ids and not turn.ignore_eos:
                 finish = "stop"
                 break
             if len(out) >= max_new or turn.cancelled.is_set():

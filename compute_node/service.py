@@ -70,7 +70,8 @@ def make_turn(request: compute_pb2.TurnRequest, engine) -> Turn:
                                 r.threshold, r.error_base, r.bytes, r.started_unix_s)
     max_new = request.max_new_tokens or s.default_max_new_tokens
     return Turn(request.request_id, request.user_id, request.context_id, ids, max_new,
-                SamplingParams(sampling.temperature, sampling.top_p, sampling.seed), policy, restore)
+                SamplingParams(sampling.temperature, sampling.top_p, sampling.seed), policy, restore,
+                ignore_eos=request.ignore_eos)
 
 
 def record_to_proto(rec: TurnRecordData) -> compute_pb2.TurnRecord:

@@ -21,6 +21,7 @@ class ComputeSettings:
     chunk_tokens: int = 32
     listen_address: str = "127.0.0.1:50071"
     agent_address: str = "127.0.0.1:50051"
+    advertise_address: str = ""  # where the agent reaches this node (empty: the bound listen address)
     # Under `cpu`: the storage nodes' fabric addresses (tcp://host:port) the compute process
     # writes its own chunks to, and the NVMe-oF names it connects with.
     storage_fabric_addresses: tuple[str, ...] = ("tcp://127.0.0.1:55061",)

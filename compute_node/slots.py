@@ -131,11 +131,12 @@ class SlotManager:
         if index is not None:
             self.release(index, now)
 
-    def poll(self, now: float, counter_total: Callable[[int], int]) -> list[int]:
-        """Expire leases and finish drains; return the slots freed."""
+    def poll(self, now: float, counter_total: Callable[[int], int],
+             claimed: frozenset[tuple[int, Context]] = frozenset()) -> list[int]:
+        """Expire leases (except those claimed by a waiting turn) and finish drains; return the slots freed."""
         freed = []
         for s in self.slots:
-            if s.state == RESERVED and now >= s.lease_until:
+            if s.state == RESERVED and now >= s.lease_until and (s.index, s.context) not in claimed:
                 freed.append(s.index)
                 self._set(s, FREE, None, now)
             elif s.state == DRAINING:

@@ -82,6 +82,7 @@ class Turn:
     sampling: SamplingParams
     policy: str
     restore: RestoreTicket | None = None
+    ignore_eos: bool = False
     fallback: object = None  # set when a timed-out restore moved the turn to another slot
     arrived_ns: int = dataclasses.field(default_factory=time.time_ns)
     arrived_perf: float = dataclasses.field(default_factory=time.perf_counter)

@@ -31,6 +31,7 @@ def test_a_reservation_is_taken_by_its_context_only_and_expires():
     assert m.acquire(A, now=1, reserved=0).how == "reserved"
     m.release(0, now=2)
     m.reserve(A, now=3, lease_s=10)
+    assert m.poll(now=20, counter_total=lambda c: 0, claimed=frozenset({(0, A)})) == []
     m.poll(now=12, counter_total=lambda c: 0)
     assert m.slots[0].state == RESERVED
     assert m.poll(now=13, counter_total=lambda c: 0) == [0]
