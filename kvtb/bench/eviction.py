@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="kvtb bench eviction", description=__doc__.splitlines()[0])
     add_common_args(parser, "eviction")
     add_run_args(parser)
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, help=f"eviction policies {POLICIES}")
     parser.add_argument("--fractions", type=float, nargs="+", help=f"capacity / working set {FRACTIONS}")
     parser.add_argument("--users", type=int, default=10)
     parser.add_argument("--visits", type=int, default=30)
@@ -49,6 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
     args.fractions = args.fractions or ([0.5] if args.smoke else list(FRACTIONS))
+    args.policies = args.policies or (["lru", "both"] if args.smoke else list(POLICIES))
     if args.smoke:
         args.users, args.visits, args.context_tokens, args.think_s = 3, 5, 64, 0.05
     return args

@@ -34,9 +34,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    args.chunk_tokens = args.chunk_tokens or ([8, 32] if args.smoke else list(CHUNK_TOKENS))
+    args.chunk_tokens = args.chunk_tokens or ([8] if args.smoke else list(CHUNK_TOKENS))
     if args.smoke:
-        args.decode_tokens, args.repeats = min(args.decode_tokens, 16), 1
+        args.decode_tokens, args.repeats = min(args.decode_tokens, 12), 1
     return args
 
 
