@@ -25,7 +25,7 @@ from kvtb.bench.stats import mean, ratio, summarize
 logger = logging.getLogger(__name__)
 
 LEVELS = (1, 2, 4, 8, 16, 32)
-SMOKE_LEVELS = (1, 3)
+SMOKE_LEVELS = (1, 2)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -39,7 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.levels = args.levels or list(SMOKE_LEVELS if args.smoke else LEVELS)
     if args.smoke:
-        args.turns, args.max_new_tokens, args.slots = 2, min(args.max_new_tokens, 4), 2
+        args.turns, args.max_new_tokens, args.slots = 2, min(args.max_new_tokens, 4), 1
     return args
 
 

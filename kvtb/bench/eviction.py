@@ -49,7 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
     args.fractions = args.fractions or ([0.5] if args.smoke else list(FRACTIONS))
-    args.policies = args.policies or (["lru", "both"] if args.smoke else list(POLICIES))
+    args.policies = args.policies or (["both"] if args.smoke else list(POLICIES))
     if args.smoke:
         args.users, args.visits, args.context_tokens, args.think_s = 3, 5, 64, 0.05
     return args
