@@ -75,7 +75,8 @@ def run_level(stack: Stack, n: int, args, reference: dict[str, list[str]]) -> tu
     failed = [f"session {i} ({users[i]}): {o}" for i, o in enumerate(outcomes) if isinstance(o, Exception)]
     if failed:
         return {"errors": failed}, failed
-    got = {f"session {i} (conversation {i % len(sessions.TOPICS)})": replies(o) for i, o in enumerate(outcomes)}
+    got = {f"session {i} (conversation {i % len(sessions.TOPICS)})": replies(o)
+           for i, o in enumerate(outcomes)}
     want = {k: reference[k.split("conversation ")[1].rstrip(")")] for k in got}
     return level_figures(outcomes, wall_s), analysis.first_difference(want, got)
 
@@ -134,7 +135,8 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
             result["results"]["levels"][str(n)] = figures
             differences += [f"{n} sessions: {d}" for d in diff]
             progress.update(note=f"{n} sessions")
-        result["results"]["agent_stats"] = {"hits": stack.agent_stats().hits, "misses": stack.agent_stats().misses}
+        stats = stack.agent_stats()
+        result["results"]["agent_stats"] = {"hits": stats.hits, "misses": stats.misses}
     result["results"]["replies_match_alone"] = not differences
     result["results"]["differences"] = differences
     add_ratios(result)
@@ -147,7 +149,8 @@ def add_ratios(result: dict) -> None:
     levels = {int(n): f for n, f in result["results"]["levels"].items() if "errors" not in f}
     if 1 in levels and len(levels) > 1:
         top = max(levels)
-        result["ratios"][f"ttft_p50_{top}_vs_1"] = ratio(levels[top]["ttft_ms"]["p50"], levels[1]["ttft_ms"]["p50"])
+        result["ratios"][f"ttft_p50_{top}_vs_1"] = ratio(levels[top]["ttft_ms"]["p50"],
+                                                         levels[1]["ttft_ms"]["p50"])
         result["ratios"][f"tokens_per_s_{top}_vs_1"] = ratio(levels[top]["output_tokens_per_s"],
                                                              levels[1]["output_tokens_per_s"])
         result["ratios"][f"gateway_vs_engine_{top}"] = ratio(levels[top]["gateway_ms_mean"],

@@ -55,7 +55,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def working_set_bytes(schedule: list[int], first_tokens: int, per_turn_tokens: int, kv_bytes_per_token: int) -> int:
+def working_set_bytes(schedule: list[int], first_tokens: int, per_turn_tokens: int,
+                      kv_bytes_per_token: int) -> int:
     """Every visiting user's final context in KV bytes."""
     visits = {u: schedule.count(u) for u in set(schedule)}
     return sum((first_tokens + n * per_turn_tokens) * kv_bytes_per_token for n in visits.values())
@@ -126,7 +127,8 @@ def run_config(args, policy: str, fraction: float, p: dict, progress) -> dict:
     """One (policy, fraction) on fresh services."""
     settings = agent_settings(policy, fraction, p)
     config = bench_config(num_slots=4, max_context_tokens=1024, users=1, smartnic=settings)
-    with Stack(services_dir(args, f"eviction-{policy}-{fraction}"), config, keep_data=args.keep_data) as stack:
+    label = f"eviction-{policy}-{fraction}"
+    with Stack(services_dir(args, label), config, keep_data=args.keep_data) as stack:
         with grpc.insecure_channel(stack.agent) as channel:
             generate(stack.compute_stub(channel), "warm-up", "warm-up", p["prompt"][:16], 2, "recompute")
             figures = visit_all(stack.compute_stub(channel), p, args.max_new_tokens, progress)
@@ -143,7 +145,8 @@ def add_ratios(result: dict) -> None:
     for policy in result["settings"]["policies"]:
         lo, hi = (result["results"]["runs"].get(f"{policy}_{x}") for x in (min(fr), max(fr)))
         if lo and hi and len(fr) > 1 and lo["follow_ups"]:
-            result["ratios"][f"ttft_{policy}_{min(fr)}_vs_{max(fr)}"] = ratio(lo["ttft_mean_s"], hi["ttft_mean_s"])
+            key = f"ttft_{policy}_{min(fr)}_vs_{max(fr)}"
+            result["ratios"][key] = ratio(lo["ttft_mean_s"], hi["ttft_mean_s"])
 
 
 def table(result: dict) -> str:
@@ -151,8 +154,9 @@ def table(result: dict) -> str:
     for key, f in result["results"]["runs"].items():
         policy, fraction = key.rsplit("_", 1)
         evictions = ", ".join(f"{k} {v}" for k, v in sorted(f["evictions_by_reason"].items())) or "-"
-        rows.append([policy, fraction, f["follow_ups"], f"{f['hit_rate']:.2f}", f"{f['ttft_mean_s'] * 1e3:.1f}",
-                     f"{f['agent']['capacity_high_bytes'] / 1e6:.1f}", f"{f['agent']['ttl_s']:.2f}", evictions])
+        rows.append([policy, fraction, f["follow_ups"], f"{f['hit_rate']:.2f}",
+                     f"{f['ttft_mean_s'] * 1e3:.1f}", f"{f['agent']['capacity_high_bytes'] / 1e6:.1f}",
+                     f"{f['agent']['ttl_s']:.2f}", evictions])
     head = ["policy", "capacity", "follow-ups", "hit rate", "TTFT ms", "high MB", "ttl s", "evictions"]
     r = result["results"]
     return (f"{result['settings']['users']} users, {result['settings']['visits']} visits (Zipf "
@@ -164,7 +168,8 @@ def plot(result: dict, out) -> str:
     series = {}
     for policy in result["settings"]["policies"]:
         xs = [x for x in result["settings"]["fractions"] if f"{policy}_{x}" in result["results"]["runs"]]
-        series[f"{policy} hit rate"] = (xs, [result["results"]["runs"][f"{policy}_{x}"]["hit_rate"] for x in xs])
+        runs = result["results"]["runs"]
+        series[f"{policy} hit rate"] = (xs, [runs[f"{policy}_{x}"]["hit_rate"] for x in xs])
     return str(plot_lines(out / "eviction.png", series, title="Follow-up restore hit rate against capacity",
                           xlabel="capacity / working set (ttl: same fraction of the revisit time)",
                           ylabel="hit rate"))
@@ -181,7 +186,8 @@ def run(args: argparse.Namespace) -> dict:
     with progress_for(args, total, "eviction") as progress:
         for fraction in args.fractions:
             for policy in args.policies:
-                result["results"]["runs"][f"{policy}_{fraction}"] = run_config(args, policy, fraction, p, progress)
+                figures = run_config(args, policy, fraction, p, progress)
+                result["results"]["runs"][f"{policy}_{fraction}"] = figures
     add_ratios(result)
     result["plots"] = [plot(result, args.out)]
     return result

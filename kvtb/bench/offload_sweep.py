@@ -58,7 +58,8 @@ def table(result: dict) -> str:
         d = r["results"]["decode"]
         rows.append([chunk, *(f"{d[p]['tbt_ms']:.2f}" for p in POLICIES),
                      *(f"{d[p]['stall_per_chunk_ms']:.3f}" for p in ("triggered", "cpu"))])
-    head = ["chunk tokens", "TBT resident", "TBT triggered", "TBT cpu", "stall/chunk triggered", "stall/chunk cpu"]
+    head = ["chunk tokens", "TBT resident", "TBT triggered", "TBT cpu",
+            "stall/chunk triggered", "stall/chunk cpu"]
     return (f"decode of {result['settings']['decode_tokens']} tokens, times in ms\n"
             f"{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}")
 
@@ -66,7 +67,8 @@ def table(result: dict) -> str:
 def plot(result: dict, out: Path) -> str:
     chunks = result["results"]["chunks"]
     xs = [int(c) for c in chunks]
-    series = {f"stall/chunk {p}": (xs, [chunks[str(c)]["results"]["decode"][p]["stall_per_chunk_ms"] for c in xs])
+    series = {f"stall/chunk {p}": (xs, [chunks[str(c)]["results"]["decode"][p]["stall_per_chunk_ms"]
+                                        for c in xs])
               for p in ("triggered", "cpu")}
     return str(plot_lines(out / "offload.png", series, title="Compute-process stall per offloaded chunk",
                           xlabel="chunk tokens", ylabel="ms per chunk", logx=True, logy=True))
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace) -> dict:
                                                                         d["triggered"]["stall_per_chunk_ms"])
             result["ratios"][f"triggered_tbt_vs_resident_{chunk}"] = ratio(d["triggered"]["tbt_ms"],
                                                                            d["resident"]["tbt_ms"])
-            result["ratios"][f"cpu_tbt_vs_resident_{chunk}"] = ratio(d["cpu"]["tbt_ms"], d["resident"]["tbt_ms"])
+            result["ratios"][f"cpu_tbt_vs_resident_{chunk}"] = ratio(d["cpu"]["tbt_ms"],
+                                                                     d["resident"]["tbt_ms"])
             progress.update(note=f"{chunk} tokens")
     result["plots"] = [plot(result, Path(args.out))]
     return result

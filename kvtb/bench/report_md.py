@@ -22,8 +22,9 @@ TITLES = {
     "smartnic": "SmartNIC agent: trigger-to-fire and transfers",
     "simulate": "Analytical model (Tables II/III) and its calibration on the measured transfers",
 }
-TABLES = {"ttft": "kvtb.bench.ttft", "datapath": "kvtb.bench.datapath", "concurrency": "kvtb.bench.concurrency",
-          "eviction": "kvtb.bench.eviction", "offload": "kvtb.bench.offload_sweep"}
+TABLES = {"ttft": "kvtb.bench.ttft", "datapath": "kvtb.bench.datapath",
+          "concurrency": "kvtb.bench.concurrency", "eviction": "kvtb.bench.eviction",
+          "offload": "kvtb.bench.offload_sweep"}
 
 
 def rendered_table(name: str, result: dict) -> str:

@@ -114,4 +114,5 @@ class Stack:
 
     def compute_stats(self) -> compute_pb2.ComputeStatsResponse:
         with grpc.insecure_channel(self.agent) as channel:
-            return compute_pb2_grpc.ComputeNodeStub(channel).Stats(compute_pb2.ComputeStatsRequest(), timeout=10)
+            stub = compute_pb2_grpc.ComputeNodeStub(channel)
+            return stub.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)

@@ -25,10 +25,6 @@ class TurnResult:
     token_ids: list[int]
     record: compute_pb2.TurnRecord
 
-    @property
-    def tbt_s(self) -> list[float]:
-        return [self.record.tbt_ms / 1e3] if self.record.tokens_out > 1 else []
-
 
 def generate(stub: compute_pb2_grpc.ComputeNodeStub, user: str, context: str, token_ids: Sequence[int],
              max_new_tokens: int, policy: str = "", timeout_s: float = 600.0) -> TurnResult:
