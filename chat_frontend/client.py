@@ -40,8 +40,11 @@ class RpcFailure(Exception):
     address: str
     code: str
     details: str
+    reached: bool = False  # the frontend itself answered (a service behind it is unavailable)
 
     def __str__(self) -> str:
+        if self.code == "UNAVAILABLE" and self.reached:
+            return f"the frontend at {self.address} is up but cannot serve the turn: {self.details}"
         if self.code == "UNAVAILABLE":
             return f"cannot reach the frontend at {self.address} ({self.details}); is `kvtb up` running?"
         return f"the frontend refused: {self.code}: {self.details}"
@@ -68,7 +71,15 @@ class FrontendClient:
             raise RpcFailure(self.address, "UNAVAILABLE", f"no connection within {timeout_s:g} s") from None
 
     def _failure(self, exc: grpc.RpcError) -> RpcFailure:
-        return RpcFailure(self.address, exc.code().name, exc.details() or "")
+        code = exc.code().name
+        reached = False
+        if code == "UNAVAILABLE":  # from the transport, or from the frontend about the agent?
+            try:
+                grpc.channel_ready_future(self._channel).result(timeout=0.5)
+                reached = True
+            except grpc.FutureTimeoutError:
+                pass
+        return RpcFailure(self.address, code, exc.details() or "", reached)
 
     def chat(self, message: str, context_id: str = "", max_new_tokens: int = 0,
              sampling: compute_pb2.Sampling | None = None) -> Iterator[frontend_pb2.ChatEvent]:
