@@ -68,6 +68,11 @@ class AgentClient:
                                             timeout=self.timeout_s)
         return list(response.op_ids)
 
+    def queue_async(self, ops: list[smartnic_pb2.TriggeredOp]):
+        """QueueTriggered without waiting: a future (like a doorbell the NIC picks up)."""
+        return self.stub.QueueTriggered.future(smartnic_pb2.QueueTriggeredRequest(ops=ops),
+                                               timeout=self.timeout_s)
+
     def cancel(self, counter: int) -> int:
         """Cancel every queued entry triggered by counter; return how many."""
         response = self.stub.CancelCounter(smartnic_pb2.CancelRequest(counter=self.counter_ref(counter)),

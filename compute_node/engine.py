@@ -13,7 +13,7 @@ import time
 
 from compute_node import restore as rs
 from compute_node.kv_pool import KvPool
-from compute_node.offload import NoOffload, TriggeredOffload
+from compute_node.offload import NoOffload, TriggeredOffload, settle_tail
 from compute_node.runner import TurnRunner
 from compute_node.settings import ComputeSettings
 from compute_node.slots import Acquired, QueueFull, SlotManager, WaitQueue
@@ -208,6 +208,8 @@ class Engine:
             rec.steps.insert(0, turn.fallback.step7)
         drained = True
         if turn.policy == "triggered" and off is not None and off.drain_counter >= 0:
+            settle_tail(off)
+            rec.chunks_offloaded = off.chunks
             drained = rs.wait_counter(lambda: self.pool.counter_total(off.drain_counter),
                                       off.drain_target, self.settings.drain_timeout_s)
         with self.lock:

@@ -44,6 +44,21 @@ class OffloadTurn:
     drain_target: int = 0
     last_stored: int = 0
     last_store_perf: float = 0.0
+    arm_future: object = None    # the arming call in flight
+    tail_future: object = None   # the partial last chunk's PUT, queued at the end
+
+
+def settle_tail(turn: OffloadTurn) -> None:
+    """Wait for the tail PUT's queueing; if it failed, the drain does not wait for it."""
+    if turn.tail_future is None:
+        return
+    try:
+        turn.tail_future.result()
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("queueing the last chunk of slot %d failed: %s", turn.slot, exc)
+        turn.drain_target -= 1
+        turn.chunks -= 1
+    turn.tail_future = None
 
 
 class NoOffload:
@@ -105,7 +120,7 @@ class TriggeredOffload:
         turn.stall_s += time.perf_counter() - start
 
     def arm(self, turn: OffloadTurn) -> None:
-        """Queue one PUT per full chunk the turn can fill, in one call."""
+        """Queue one PUT per full chunk the turn can fill, in one call that decoding does not wait for."""
         start = time.perf_counter()
         turn.arm_start_ns = time.time_ns()
         c = self.layout.chunk_tokens
@@ -113,8 +128,10 @@ class TriggeredOffload:
                for i in range(turn.first_chunk, turn.capacity_tokens // c)]
         turn.armed = len(ops)
         if ops:
-            self.agent.queue(ops)
-        turn.arm_end_ns = time.time_ns()
+            turn.arm_future = self.agent.queue_async(ops)
+            turn.arm_future.add_done_callback(lambda _: setattr(turn, "arm_end_ns", time.time_ns()))
+        else:
+            turn.arm_end_ns = time.time_ns()
         turn.arm_s = time.perf_counter() - start
         turn.stall_s += turn.arm_s
 
@@ -132,6 +149,12 @@ class TriggeredOffload:
         """Cancel what did not fire; queue the partial last chunk; set the drain target."""
         start = time.perf_counter()
         c = self.layout.chunk_tokens
+        if turn.arm_future is not None:
+            try:
+                turn.arm_future.result()
+            except Exception as exc:  # noqa: BLE001 - nothing was armed: only the tail is offloaded
+                logger.warning("arming the PUTs of slot %d failed: %s", turn.slot, exc)
+                turn.armed = 0
         # Entries fire in threshold order: when the count reached the last threshold, none is left.
         last_threshold = (turn.first_chunk + turn.armed) * c
         unfired = turn.armed and turn.last_stored < last_threshold
@@ -150,7 +173,7 @@ class TriggeredOffload:
         if count % c and tail >= first:
             self.pool.store_tokens(turn.slot, count)
             turn.last_stored = count
-            self.agent.queue([self._put(turn, count // c, tail, count, count)])
+            turn.tail_future = self.agent.queue_async([self._put(turn, count // c, tail, count, count)])
             turn.chunks += 1
             turn.bytes += chunk_bytes(self.pool, tail, count)
         turn.drain_target += turn.chunks

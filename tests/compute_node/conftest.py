@@ -61,6 +61,12 @@ class FakeAgent:
                 self.pending.remove(op)
                 self.pool.region.add_counter(op.completion_counter, success=1)
 
+    def queue_async(self, ops):
+        import concurrent.futures
+        future = concurrent.futures.Future()
+        future.set_result(self.queue(ops))
+        return future
+
     def cancel(self, counter):
         self._fire()
         mine = [op for op in self.pending if op.trigger_counter == counter]
