@@ -39,6 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", help=f"context lengths in tokens (default {SIZES})")
     parser.add_argument("--reps", type=int, default=3, help="follow-ups per context and policy (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=2, help="tokens per follow-up reply")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="the compute node's torch threads (default 0: the node's default, all cores)")
     args = parser.parse_args(argv)
     args.sizes = args.sizes or list(SMOKE_SIZES if args.smoke else SIZES)
     if args.smoke:
@@ -124,9 +126,11 @@ def plot(result: dict, out) -> str:
 
 def run(args: argparse.Namespace) -> dict:
     settings = {"sizes": args.sizes, "reps": args.reps, "max_new_tokens": args.max_new_tokens,
+                "torch_threads": args.torch_threads,
                 "policies": list(POLICIES), "smoke": args.smoke}
     result = new_result("ttft", settings)
-    config = bench_config(num_slots=8, max_context_tokens=max(4096, max(args.sizes) + 256), users=1)
+    config = bench_config(num_slots=8, max_context_tokens=max(4096, max(args.sizes) + 256), users=1,
+                          compute={"torch_threads": args.torch_threads})
     progress = progress_for(args, len(args.sizes) * (len(BUILT) + args.reps * len(POLICIES)), "ttft")
     with Stack(services_dir(args, "ttft"), config, keep_data=args.keep_data) as stack, progress:
         result["settings"]["stack"] = stack.config
