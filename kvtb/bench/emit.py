@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +33,6 @@ def services_dir(args: argparse.Namespace, label: str) -> Path:
 
 def setup_logging(args: argparse.Namespace) -> None:
     """Warnings only on stderr (the progress bar owns the line); INFO with KVTB_BENCH_VERBOSE."""
-    import os
     level = logging.INFO if os.environ.get("KVTB_BENCH_VERBOSE") else logging.WARNING
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
 

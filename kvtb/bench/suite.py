@@ -5,6 +5,7 @@ import dataclasses
 import json
 import logging
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +48,6 @@ STEPS = (
 
 def step_argv(step: Step, mode: str, out: Path) -> list[str]:
     """The command line of one benchmark with --json and its output directory."""
-    import sys
     head = [sys.executable, "-m", *step.module] if step.module else kvtb_argv("bench", step.name)
     tail = ["--out", str(out / step.name)] if step.takes_out else []
     return [*head, "--json", *tail, *step.args[mode]]
