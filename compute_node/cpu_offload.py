@@ -99,7 +99,7 @@ class CpuStore:
             try:
                 nbytes += self._get(pool, slot, chunk, user, context, request_ids)
             except Exception as exc:  # noqa: BLE001 - any failure means: recompute from here
-                reason = f"restore of chunk {chunk.index} failed: {exc}"
+                reason = f"restore failed: chunk {chunk.index}: {exc}"
                 logger.warning("cpu restore of %s/%s: %s", user, context, reason)
                 return RestoreOutcome(0, announced, reason)
             covered = chunk.end

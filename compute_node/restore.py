@@ -54,16 +54,16 @@ def decide(announced: int, errors: int, restored_ids: np.ndarray, request_ids: n
     if errors:
         return RestoreOutcome(0, announced, f"restore failed: {errors} chunk(s) ended with an error")
     if announced > len(request_ids):
-        return RestoreOutcome(0, announced, f"restore announced {announced} tokens, more than the "
+        return RestoreOutcome(0, announced, f"restore too long: {announced} tokens announced, more than the "
                                             f"request's {len(request_ids)}")
     covered = matching_prefix(restored_ids[:announced], request_ids[:announced])
     reason = ""
     if covered < announced:
-        reason = f"restored token ids differ from the request's at position {covered} of {announced}"
+        reason = f"token ids differ: the restored ids differ from the request's at position {covered} of {announced}"
         covered = 0  # chunks after a mismatch may be stale; do not trust a partial restore
     covered = min(covered, len(request_ids) - 1)
     return RestoreOutcome(covered, announced, reason, bytes_announced if covered else 0)
 
 
 def timed_out(announced: int, timeout_s: float) -> RestoreOutcome:
-    return RestoreOutcome(0, announced, f"restore not complete after {timeout_s:g} s", timed_out=True)
+    return RestoreOutcome(0, announced, f"restore timed out: not complete after {timeout_s:g} s", timed_out=True)

@@ -56,7 +56,7 @@ class TurnRunner:
         if turn.restore is not None:
             if how == "reserved":
                 return self._wait_restore(turn, slot)
-            return Reuse(0, "recomputed", "the reserved slot's lease expired before the turn arrived")
+            return Reuse(0, "recomputed", "reservation expired: the reserved slot's lease expired before the turn arrived")
         if how == "resident":
             covered = rs.matching_prefix(self.pool.token_ids[slot, :self.e.resident_tokens(turn.context)], ids)
             covered = min(covered, len(ids) - 1)
@@ -64,7 +64,7 @@ class TurnRunner:
                 return Reuse(0, "recomputed")
             if covered:
                 return Reuse(covered, "resident")
-            return Reuse(0, "recomputed", "the resident KV does not match the conversation")
+            return Reuse(0, "recomputed", "resident KV differs: the resident KV does not match the conversation")
         if policy == "triggered" and self.e.agent is not None:
             ticket = self.e.ask_restore(turn, slot)
             if ticket is not None:
@@ -81,8 +81,8 @@ class TurnRunner:
         if policy == "recompute":
             return Reuse(0, "recomputed")
         if policy == "resident":
-            return Reuse(0, "recomputed", "the context's KV was evicted from the resident pool")
-        return Reuse(0, "recomputed", "no stored KV for this context")
+            return Reuse(0, "recomputed", "evicted: the context's KV was evicted from the resident pool")
+        return Reuse(0, "recomputed", "no stored KV: neither the agent nor this node has chunks of this context")
 
     def _wait_restore(self, turn: Turn, slot: int) -> Reuse:
         t = turn.restore
@@ -106,7 +106,7 @@ class TurnRunner:
     def _from_outcome(outcome: rs.RestoreOutcome, span: StepSpan) -> Reuse:
         if outcome.covered and not outcome.reason:
             return Reuse(outcome.covered, "restored", "", outcome.bytes_restored, span)
-        reason = outcome.reason or "the restore covered no token of the conversation"
+        reason = outcome.reason or "restore covered nothing: the restore covered no token of the conversation"
         return Reuse(outcome.covered, "recomputed", reason, outcome.bytes_restored, span)
 
     # -- the turn
