@@ -67,6 +67,14 @@ def run_size(stub, size: int, reps: int, max_new: int, progress) -> dict:
             "policies": {p: summarize_turns(turns[p]) for p in POLICIES}}
 
 
+def warm_up(stub) -> None:
+    """One short context and a follow-up under each policy, untimed (first calls are slow)."""
+    prompt = context_prompt(stub, 64)
+    for policy in POLICIES:
+        first = generate(stub, USER, f"warm-up-{policy}", prompt, 1, policy)
+        generate(stub, USER, f"warm-up-{policy}", follow_up_ids(stub, prompt, first, "Hi?"), 2, policy)
+
+
 def summarize_turns(turns: list) -> dict:
     """Client TTFT (s) and what the compute node did, per follow-up and summarized."""
     ttft = [t.ttft_s for t in turns]
@@ -136,7 +144,7 @@ def run(args: argparse.Namespace) -> dict:
         result["settings"]["stack"] = stack.config
         with grpc.insecure_channel(stack.agent) as channel:
             stub = stack.compute_stub(channel)
-            generate(stub, USER, "warm-up", context_prompt(stub, 32), 2, "recompute")
+            warm_up(stub)
             result["results"]["sizes"] = {str(n): run_size(stub, n, args.reps, args.max_new_tokens, progress)
                                           for n in args.sizes}
         result["results"]["agent_stats"] = {"hits": stack.agent_stats().hits,
