@@ -26,6 +26,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("chat",): "chat_frontend.cli:main",
     ("up",): "kvtb.up:main",
     ("stats",): "chat_frontend.stats_cli:main",
+    ("trace",): "chat_frontend.trace_cli:main",
     ("health",): "kvtb.grpc_health:main",
 }
 
