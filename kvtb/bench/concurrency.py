@@ -36,6 +36,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens per reply (default 8)")
     parser.add_argument("--slots", type=int, default=4, help="the compute node's KV slots (default 4)")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="the compute node's torch threads (default 0: the node's default, all cores)")
     args = parser.parse_args(argv)
     args.levels = args.levels or list(SMOKE_LEVELS if args.smoke else LEVELS)
     if args.smoke:
@@ -114,11 +116,12 @@ def plot(result: dict, out) -> str:
 
 def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
     settings = {"levels": args.levels, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
-                "slots": args.slots, "policy": "triggered", "smoke": args.smoke}
+                "slots": args.slots, "policy": "triggered", "torch_threads": args.torch_threads,
+                "smoke": args.smoke}
     result = new_result("concurrency", settings)
     distinct = min(max(args.levels), len(sessions.TOPICS))
     config = bench_config(num_slots=args.slots, max_context_tokens=1024, users=max(args.levels),
-                          max_new_tokens=args.max_new_tokens)
+                          max_new_tokens=args.max_new_tokens, compute={"torch_threads": args.torch_threads})
     differences: list[str] = []
     with Stack(services_dir(args, "concurrency"), config, keep_data=args.keep_data) as stack, \
             progress_for(args, distinct + len(args.levels), "concurrency") as progress:
