@@ -35,6 +35,11 @@ class AgentClient:
         self._smartnic = smartnic_pb2_grpc.SmartNicStub(self._channel)
         self._info: compute_pb2.InfoResponse | None = None
 
+    @property
+    def model(self) -> str:
+        """The model's name once Info answered, else ''."""
+        return self._info.model if self._info else ""
+
     async def close(self) -> None:
         await self._channel.close()
 

@@ -16,9 +16,11 @@ from chat_frontend import conversation, limits
 from chat_frontend.admission import Admission
 from chat_frontend.auth import Authenticator, token_from
 from chat_frontend.errors import ChatError
+from chat_frontend.metrics import Tenants, TurnTimer
 from chat_frontend.record import TurnClock, build_summary
 from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import Context, SessionStore, TurnRow
+from kvtb.logs import request_id as log_request_id
 from kvtb_proto import compute_pb2, frontend_pb2
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class ChatService:
         self.auth = Authenticator(settings.users)
         self.admission = Admission(settings.max_concurrent_turns, settings.max_waiting_turns,
                                    settings.queue_timeout_s)
+        self.tenants = Tenants()
         self.turns_completed = 0
         self.turns_failed = 0
 
@@ -74,13 +77,17 @@ class ChatService:
             self.owned_context(user, context_id)
         else:
             context_id = new_context_id()
-        async with self.admission.turn(context_id):
-            try:
-                async for event in self._turn(user, context_id, request, max_new, clock):
-                    yield event
-            except BaseException:
-                self.turns_failed += 1
-                raise
+        try:
+            async with self.admission.turn(context_id):
+                try:
+                    async for event in self._turn(user, context_id, request, max_new, clock):
+                        yield event
+                except BaseException:
+                    self.turns_failed += 1
+                    raise
+        except BaseException as exc:
+            self.tenants.failed(user, exc.code if isinstance(exc, ChatError) else "INTERNAL")
+            raise
 
     async def _turn(self, user: str, context_id: str, request: frontend_pb2.ChatRequest,
                     max_new: int, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
@@ -93,6 +100,8 @@ class ChatService:
         max_new = limits.fit_default(max_new, request.max_new_tokens, room)
         limits.check_context_fits(len(history), len(prompt_ids), max_new, info.max_context_tokens)
         request_id = uuid.uuid4().hex
+        log_request_id.set(request_id)  # this task serves this turn only
+        timer = TurnTimer(user, clock.start_ns)
         turn_request = compute_pb2.TurnRequest(
             request_id=request_id, user_id=user, context_id=context_id,
             token_ids=[*history, *prompt_ids], max_new_tokens=max_new, sampling=request.sampling)
@@ -106,7 +115,9 @@ class ChatService:
             if event.HasField("token"):
                 token_ids.append(event.token.id)
                 if event.token.text:
-                    clock.first_text_ns = clock.first_text_ns or time.time_ns()
+                    now_ns = time.time_ns()
+                    clock.first_text_ns = clock.first_text_ns or now_ns
+                    timer.text(now_ns)
                     texts.append(event.token.text)
                     yield frontend_pb2.ChatEvent(text=event.token.text)
             elif event.HasField("record"):
@@ -117,14 +128,20 @@ class ChatService:
         reply_ids = list(record.output_token_ids) or token_ids
         clock.end_ns = time.time_ns()
         turn_no = (ctx.turns if ctx else 0) + 1
-        summary = build_summary(turn_no, context_id, request_id, reply, record, clock)
+        finish = "stop" if reply_ids and reply_ids[-1] in info.stop_token_ids else "length"
+        summary = build_summary(turn_no, context_id, request_id, reply, record, clock, finish)
         row = TurnRow(turn_no, request.message, reply, tuple(prompt_ids), tuple(reply_ids),
                       summary.SerializeToString())
         kept = [*turn_request.token_ids, *conversation.closed_reply(reply_ids, info.stop_token_ids)]
         # off the event loop: the commit waits for fsync
         await asyncio.to_thread(self.store.add_turn, context_id, user, row, kept, time.time())
         self.turns_completed += 1
+        timer.done(clock.end_ns)
+        self.tenants.finished(user, summary)
         logger.info("turn %s done: kv_source %s, %d tokens out, e2e %.1f ms, gateway %.1f ms",
                     request_id, summary.kv_source, summary.tokens_out, summary.e2e_ms,
-                    summary.gateway_ms)
+                    summary.gateway_ms,
+                    extra={"event": "turn", "user_id": user, "context_id": context_id,
+                           "kv_source": summary.kv_source, "duration_ms": summary.e2e_ms,
+                           "bytes": summary.bytes_restored})
         yield frontend_pb2.ChatEvent(summary=summary)

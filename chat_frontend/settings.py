@@ -13,6 +13,8 @@ class FrontendSettings:
     """Where the frontend listens, whom it forwards to, who may use it and its limits."""
 
     listen_address: str = "127.0.0.1:50050"
+    http_address: str = "127.0.0.1:8000"     # the OpenAI-compatible API
+    metrics_address: str = "127.0.0.1:9100"  # Prometheus /metrics
     agent_address: str = "127.0.0.1:50051"   # the SmartNIC agent in front of the compute node
     storage_admin_addresses: tuple[str, ...] = ("127.0.0.1:50061", "127.0.0.1:50062")
     data_dir: str = "var/frontend"

@@ -9,6 +9,10 @@ from kvtb.launch import ServiceProcess, kvtb_argv
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Tests leave the fixed HTTP and metrics ports to a `kvtb up` on this machine.
+FREE_SIDE_PORTS = {f"KVTB_{s}_METRICS_ADDRESS": "127.0.0.1:0" for s in ("STORAGE", "SMARTNIC", "COMPUTE", "FRONTEND")}
+FREE_SIDE_PORTS["KVTB_FRONTEND_HTTP_ADDRESS"] = "127.0.0.1:0"
+
 
 @pytest.fixture
 def start_service(tmp_path):
@@ -21,7 +25,8 @@ def start_service(tmp_path):
 
     def start(name: str, *args: str, env: dict[str, str] | None = None,
               timeout_s: float = 180.0) -> ServiceProcess:
-        proc = ServiceProcess(name, kvtb_argv(*args), tmp_path / "logs" / f"{name}.log", env=env)
+        proc = ServiceProcess(name, kvtb_argv(*args), tmp_path / "logs" / f"{name}.log",
+                              env={**FREE_SIDE_PORTS, **(env or {})})
         started.append(proc)
         proc.start(timeout_s=timeout_s)
         return proc

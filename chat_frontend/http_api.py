@@ -1,0 +1,160 @@
+"""The OpenAI-compatible HTTP API (aiohttp), on the frontend's event loop beside its gRPC server.
+
+Thin: the handlers parse (openai_format), run the turn through ChatService exactly as the gRPC
+servicer does, and write JSON or server-sent events. The session is the `X-Session-Id` header
+(the context id; a response always carries it), the user the `Authorization: Bearer` token.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import uuid
+from typing import Callable
+
+from aiohttp import web
+
+from chat_frontend import openai_format as oa
+from chat_frontend.chat_service import ChatService
+from chat_frontend.errors import ChatError
+from kvtb_proto import frontend_pb2
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "X-Session-Id"
+
+
+def error_response(code: str, message: str, headers: dict | None = None) -> web.Response:
+    status, body = oa.error_body(code, message)
+    return web.json_response(body, status=status, headers=headers)
+
+
+class OpenAiApi:
+    """Routes of the API; `ready()` says whether the engine behind the frontend answers."""
+
+    def __init__(self, service: ChatService, ready: Callable[[], bool], model: Callable[[], str]):
+        self.service = service
+        self.ready = ready
+        self.model = model
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 20)
+        app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
+                        web.get("/v1/models", self.models), web.get("/health", self.health)])
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.ready():
+            return web.json_response({"status": "loading"}, status=503)
+        return web.json_response({"status": "ok", "model": self.model()})
+
+    async def models(self, request: web.Request) -> web.Response:
+        if not self.ready():
+            return error_response("UNAVAILABLE", "the model is still loading")
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model(), "object": "model", "created": 0, "owned_by": "kvtestbed"}]})
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        session = request.headers.get(SESSION_HEADER, "").strip()
+        try:
+            req = await self._parse(request, session)
+        except ChatError as exc:
+            logger.info("chat completion refused: %s", exc)
+            return error_response(exc.code, exc.message)
+        turn = frontend_pb2.ChatRequest(context_id=session, message=req.message,
+                                        max_new_tokens=req.max_new_tokens, sampling=req.sampling)
+        events = self.service.chat(turn, list(request.headers.items()))
+        completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        try:
+            first = await anext(events)  # validated, admitted: the context id is known
+        except ChatError as exc:
+            logger.info("chat completion refused: %s", exc)
+            return error_response(exc.code, exc.message)
+        except Exception as exc:  # a bug or a broken store: say so, keep serving
+            logger.exception("chat completion failed")
+            return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}")
+        headers = {SESSION_HEADER: first.context_id}
+        if req.stream:
+            return await self._stream(request, req, events, completion_id, headers)
+        try:
+            summary = await _last_summary(events)
+        except ChatError as exc:
+            logger.info("chat completion failed: %s", exc)
+            return error_response(exc.code, exc.message, headers)
+        except Exception as exc:
+            logger.exception("chat completion failed")
+            return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}", headers)
+        return web.json_response(oa.completion(completion_id, req.model, summary), headers=headers)
+
+    async def _parse(self, request: web.Request, session: str) -> oa.CompletionRequest:
+        user = self.service.user("", request.headers.items())  # 401 before anything else
+        req = oa.parse_request(await request.read(), self.service.settings.system_prompt)
+        if req.model != self.model():
+            raise ChatError("NOT_FOUND", f"the model {req.model!r} does not exist; this frontend "
+                            f"serves {self.model()!r} (GET /v1/models)")
+        if session and req.history:
+            self.service.owned_context(user, session)
+            stored = [(t.user_message, t.reply) for t in self.service.store.turns(session)]
+            oa.check_history(req.history, stored, True)
+        else:
+            oa.check_history(req.history, (), bool(session))
+        return req
+
+    async def _stream(self, request: web.Request, req: oa.CompletionRequest, events, completion_id: str,
+                      headers: dict) -> web.StreamResponse:
+        response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        await response.write(oa.sse(oa.chunk(completion_id, req.model, {"role": "assistant", "content": ""})))
+        try:
+            async for event in events:
+                if event.WhichOneof("event") == "text":
+                    await response.write(oa.sse(oa.chunk(completion_id, req.model, {"content": event.text})))
+                elif event.WhichOneof("event") == "summary":
+                    summary = event.summary
+                    await response.write(oa.sse(oa.chunk(completion_id, req.model, {},
+                                                         summary.finish_reason or "stop")))
+                    if req.include_usage:
+                        await response.write(oa.sse(oa.chunk(completion_id, req.model, None,
+                                                             summary=summary)))
+        except ChatError as exc:
+            logger.info("chat completion failed while streaming: %s", exc)
+            await response.write(oa.sse(oa.error_body(exc.code, exc.message)[1]))
+        except Exception as exc:
+            logger.exception("chat completion failed while streaming")
+            await response.write(oa.sse(oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")[1]))
+        await response.write(oa.sse("[DONE]"))
+        await response.write_eof()
+        return response
+
+
+async def _last_summary(events) -> frontend_pb2.TurnSummary:
+    summary = None
+    async for event in events:
+        if event.WhichOneof("event") == "summary":
+            summary = event.summary
+    if summary is None:
+        raise ChatError("INTERNAL", "the turn ended without its summary")
+    return summary
+
+
+async def start(api: OpenAiApi, address: str) -> tuple[web.AppRunner, str]:
+    """Serve the API on address; (runner, bound host:port).
+
+    Port 0 picks a free port; so does a fixed port that is taken (a second frontend on this
+    machine), with a warning: the ready line announces the real one.
+    """
+    runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    host, _, port = address.rpartition(":")
+    site = web.TCPSite(runner, host, int(port))
+    try:
+        await site.start()
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE or int(port) == 0:
+            raise
+        logger.warning("HTTP port %s is taken; serving the OpenAI API on a free port", port)
+        site = web.TCPSite(runner, host, 0)
+        await site.start()
+    bound_port = site._server.sockets[0].getsockname()[1]  # the real port when 0 was asked
+    logger.info("OpenAI API on http://%s:%d/v1", host, bound_port)
+    return runner, f"{host}:{bound_port}"

@@ -1,0 +1,82 @@
+"""The frontend's Prometheus metrics: request latencies by tenant, and its counters at scrape time."""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable, Iterable
+
+from kvtb import metrics
+from kvtb_proto import frontend_pb2
+
+
+class Tenants:
+    """Per-tenant turn counts (turns by status, tokens). Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.turns: collections.Counter[tuple[str, str]] = collections.Counter()  # (tenant, status)
+        self.tokens: collections.Counter[tuple[str, str]] = collections.Counter()  # (tenant, kind)
+
+    def finished(self, tenant: str, summary: frontend_pb2.TurnSummary) -> None:
+        with self._lock:
+            self.turns[(tenant, "ok")] += 1
+            self.tokens[(tenant, "prompt")] += summary.tokens_prefilled + summary.tokens_reused
+            self.tokens[(tenant, "cached")] += summary.tokens_reused
+            self.tokens[(tenant, "generation")] += summary.tokens_out
+
+    def failed(self, tenant: str, code: str) -> None:
+        with self._lock:
+            self.turns[(tenant, code)] += 1
+
+    def snapshot(self) -> tuple[dict, dict]:
+        with self._lock:
+            return dict(self.turns), dict(self.tokens)
+
+
+class TurnTimer:
+    """Observes one turn's TTFT, inter-token gaps and e2e latency (times in ns)."""
+
+    def __init__(self, tenant: str, start_ns: int):
+        self.tenant = tenant
+        self.start_ns = start_ns
+        self.last_ns = 0
+
+    def text(self, now_ns: int) -> None:
+        if self.last_ns:
+            metrics.histogram("inter_token_latency_seconds").labels(self.tenant).observe(
+                (now_ns - self.last_ns) / 1e9)
+        else:
+            metrics.histogram("time_to_first_token_seconds").labels(self.tenant).observe(
+                (now_ns - self.start_ns) / 1e9)
+        self.last_ns = now_ns
+
+    def done(self, now_ns: int) -> None:
+        metrics.histogram("e2e_request_latency_seconds").labels(self.tenant).observe(
+            (now_ns - self.start_ns) / 1e9)
+
+
+def families(tenants: Tenants, figures: Callable[[], dict]) -> Iterable:
+    """The frontend's families: per-tenant counts and its own figures (turns running, waiting)."""
+    turns, tokens = tenants.snapshot()
+    yield metrics.counter("requests_total", "Chat turns by tenant and final status.", turns,
+                          ("tenant", "status"))
+    for kind, doc in (("prompt", "Prompt tokens of the tenant's turns (the whole context)."),
+                      ("cached", "Prompt tokens whose KV was reused."),
+                      ("generation", "Tokens generated for the tenant.")):
+        name = "prompt_tokens_cached_total" if kind == "cached" else f"{kind}_tokens_total"
+        yield metrics.counter(name, doc, {(t,): n for (t, k), n in tokens.items() if k == kind},
+                              ("tenant",))
+    f = figures()
+    yield metrics.gauge("num_requests_running", "Turns forwarded to the agent now.", f["turns_active"])
+    yield metrics.gauge("num_requests_waiting", "Turns waiting for admission.", f["turns_waiting"])
+    yield metrics.counter("requests_rejected_busy_total", "Turns refused as busy (429).",
+                          f["rejected_busy"])
+    yield metrics.gauge("contexts", "Contexts stored by the frontend.", f.get("contexts", 0))
+
+
+def install(tenants: Tenants, figures: Callable[[], dict]) -> None:
+    """Register the frontend's collector and its histograms (so they show before the first turn)."""
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
+                 "e2e_request_latency_seconds"):
+        metrics.histogram(name)
+    metrics.add_collector(lambda: families(tenants, figures))

@@ -1,0 +1,121 @@
+"""Prometheus metrics of every service: one registry per process, served on `/metrics`.
+
+Names follow vLLM's and LMCache's with a `kvtb:` prefix. Counters a service already keeps
+(its stats module) are read at scrape time by a collector (`add_collector`), never counted
+twice; only latencies that no stats module keeps are observed here, as histograms created on
+first use (`histogram(name)`), so each process shows only what it measures.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from typing import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "kvtb:"
+REGISTRY = CollectorRegistry()
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TRIGGER_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0)
+
+# name -> (documentation, label names, buckets)
+HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
+    "time_to_first_token_seconds": ("Time from the request to the first reply text, per turn.",
+                                    ("tenant",), LATENCY_BUCKETS_S),
+    "inter_token_latency_seconds": ("Time between two streamed pieces of reply text.",
+                                    ("tenant",), LATENCY_BUCKETS_S),
+    "e2e_request_latency_seconds": ("Time from the request to the turn's last event.",
+                                    ("tenant",), LATENCY_BUCKETS_S),
+    "trigger_to_fire_seconds": ("Time from a trigger counter reaching a threshold to the "
+                                "triggered operation firing.", (), TRIGGER_BUCKETS_S),
+}
+
+_histograms: dict[str, Histogram] = {}
+_lock = threading.Lock()
+
+Read = Callable[[], Iterable[Metric]]
+
+
+def histogram(name: str) -> Histogram:
+    """The histogram `kvtb:NAME` of HISTOGRAMS, registered on first use."""
+    with _lock:
+        if name not in _histograms:
+            doc, labels, buckets = HISTOGRAMS[name]
+            _histograms[name] = Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=REGISTRY)
+        return _histograms[name]
+
+
+class _ReadAtScrape(Collector):
+    """Calls `read` at every scrape; a failing read is logged and yields nothing."""
+
+    def __init__(self, read: Read):
+        self.read = read
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            return list(self.read())
+        except Exception:  # a scrape must never take the service down
+            logger.exception("metrics collector failed")
+            return []
+
+
+def add_collector(read: Read) -> Collector:
+    """Register `read` (returning metric families) to run at every scrape."""
+    collector = _ReadAtScrape(read)
+    REGISTRY.register(collector)
+    return collector
+
+
+def counter(name: str, doc: str, value: float | Mapping[tuple[str, ...] | str, float],
+            labels: tuple[str, ...] = ()) -> CounterMetricFamily:
+    """A counter family `kvtb:NAME`; with labels, value maps label values to counts."""
+    family = CounterMetricFamily(PREFIX + name.removesuffix("_total"), doc, labels=labels or None)
+    _fill(family, value, labels)
+    return family
+
+
+def gauge(name: str, doc: str, value: float | Mapping[tuple[str, ...] | str, float],
+          labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+    """A gauge family `kvtb:NAME`; with labels, value maps label values to values."""
+    family = GaugeMetricFamily(PREFIX + name, doc, labels=labels or None)
+    _fill(family, value, labels)
+    return family
+
+
+def _fill(family, value, labels: tuple[str, ...]) -> None:
+    if not labels:
+        family.add_metric([], float(value))
+        return
+    for key, v in sorted(dict(value).items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [str(key)], float(v))
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host or "0.0.0.0", int(port)
+
+
+def start_metrics_server(address: str) -> str:
+    """Serve REGISTRY on http://ADDRESS/metrics (a daemon thread); return the bound host:port.
+
+    Port 0 picks a free port. When a fixed port is taken (a second service of the same kind on
+    this machine) the server takes a free one and says so: metrics never stop a service.
+    """
+    host, port = _split(address)
+    try:
+        server, _ = start_http_server(port, host, registry=REGISTRY)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE or port == 0:
+            raise
+        logger.warning("metrics port %d is taken; serving metrics on a free port", port)
+        server, _ = start_http_server(0, host, registry=REGISTRY)
+    bound = f"{host}:{server.server_port}"
+    logger.info("metrics on http://%s/metrics", bound)
+    return bound
