@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import time
 
 import grpc
 import numpy as np
@@ -167,6 +166,3 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
             tokens_prefilled=snap.get("tokens_prefilled", 0), tokens_reused=snap.get("tokens_reused", 0),
             tokens_out=snap.get("tokens_out", 0))
 
-
-def now_ns() -> int:
-    return time.time_ns()

@@ -63,10 +63,6 @@ class TurnRecordData:
     steps: list[StepSpan] = dataclasses.field(default_factory=list)
 
 
-class TurnCancelled(Exception):
-    """The client went away."""
-
-
 @dataclasses.dataclass(eq=False)
 class Turn:
     """One Generate call: input for the engine, and a queue of events back to the servicer.
