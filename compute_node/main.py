@@ -13,6 +13,9 @@ import grpc
 
 from kvtb.grpc_health import add_health_and_reflection
 from kvtb.launch import announce_ready
+from kvtb.logs import setup_logging
+from kvtb.metrics import add_collector, start_metrics_server
+from kvtb.service_metrics import compute_families
 from kvtb.settings import load_settings
 from kvtb_proto import compute_pb2, compute_pb2_grpc
 
@@ -89,8 +92,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", help="YAML config file (section `compute`)")
     parser.add_argument("--policy", choices=POLICIES, help="KV policy (default: the config's)")
     parser.add_argument("--listen", help="gRPC address (default: the config's listen_address)")
+    parser.add_argument("--log-json", action="store_true", help="JSON log lines (also KVTB_LOG_JSON=1)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("compute", args.log_json)
     settings = load_settings(ComputeSettings, "compute", args.config, overrides={"policy": args.policy})
     from compute_node.model_loader import load_model
     model, tokenizer = load_model(settings.model_cache_dir, settings.torch_threads)
@@ -100,7 +104,10 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: stop.set())
     server.start()
     health.set_serving()
-    announce_ready("compute", {"grpc": address}, policy=settings.policy, policies=engine.policies())
+    add_collector(lambda: compute_families(engine.snapshot()))
+    metrics_address = start_metrics_server(settings.metrics_address)
+    announce_ready("compute", {"grpc": address, "metrics": metrics_address}, policy=settings.policy,
+                   policies=engine.policies())
     logger.info("compute node serving on %s (policy %s)", address, settings.policy)
     stop.wait()
     logger.info("stopping")

@@ -114,6 +114,11 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
             if event[0] == "token":
                 yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=event[1], text=event[2]))
             elif event[0] == "record":
+                rec = event[1]
+                logger.info("turn done: kv_source %s, %d prefilled, %d reused, %d out", rec.kv_source,
+                            rec.tokens_prefilled, rec.tokens_reused, rec.tokens_out,
+                            extra={"request_id": request.request_id, "event": "turn", "kv_source": rec.kv_source,
+                                   "user_id": request.user_id, "context_id": request.context_id})
                 yield compute_pb2.TurnEvent(record=record_to_proto(event[1]))
                 return
             else:

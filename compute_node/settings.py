@@ -20,6 +20,7 @@ class ComputeSettings:
     max_context_tokens: int = 4096
     chunk_tokens: int = 32
     listen_address: str = "127.0.0.1:50071"
+    metrics_address: str = "127.0.0.1:9102"  # Prometheus /metrics
     agent_address: str = "127.0.0.1:50051"
     advertise_address: str = ""  # where the agent reaches this node (empty: the bound listen address)
     # Under `cpu`: the storage nodes' fabric addresses (tcp://host:port) the compute process

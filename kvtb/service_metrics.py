@@ -1,0 +1,70 @@
+"""The metric families of the agent, the compute node and a storage node, read from their stats.
+
+Each function takes the plain snapshot a service already keeps (the same figures its Stats
+RPC returns) and yields Prometheus families: counts are never kept twice. Pure.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from kvtb.metrics import counter, gauge
+
+
+def agent_families(s: Mapping) -> Iterable:
+    """The SmartNIC agent: lookups, triggered operations, evictions, the fabric, its hashmap."""
+    yield counter("kv_lookup_requested_tokens_total", "Prompt tokens the agent looked up KV for.",
+                  s.get("lookup_requested_tokens", 0))
+    yield counter("kv_lookup_hit_tokens_total", "Tokens whose stored KV covered a looked-up prompt.",
+                  s.get("lookup_hit_tokens", 0))
+    yield counter("kv_lookups_total", "Restores that found stored chunks (hit) or none (miss).",
+                  {"hit": s.get("hits", 0), "miss": s.get("misses", 0)}, ("result",))
+    yield counter("kv_evictions_total", "Contexts whose KV was deleted, by reason.",
+                  s.get("evictions_by_reason", {}), ("reason",))
+    yield counter("triggered_ops_fired_total", "Triggered operations fired.", s.get("triggered_fired", 0))
+    yield gauge("triggered_ops_queued", "Triggered operations waiting for their threshold.",
+                s.get("queue_depth", 0))
+    yield counter("triggered_op_errors_total", "Triggered operations that completed with an error.",
+                  s.get("errors_by_kind", {}), ("kind",))
+    yield counter("fabric_put_bytes_total", "KV bytes the agent stored on the storage nodes.",
+                  s.get("bytes_put", 0))
+    yield counter("fabric_get_bytes_total", "KV bytes the agent fetched from the storage nodes.",
+                  s.get("bytes_got", 0))
+    yield counter("kv_prefetches_total", "Restores started by the agent on a follow-up (step 5).",
+                  s.get("prefetches", 0))
+    yield counter("requests_denied_total", "Turns the match-action table refused.", s.get("denied", 0))
+    yield gauge("kv_stored_bytes", "KV bytes in the agent's hashmap, by storage node.",
+                s.get("bytes_by_storage_node", {}), ("storage_node",))
+    yield gauge("kv_stored_contexts", "Contexts with stored KV.", s.get("contexts", 0))
+    yield gauge("kv_stored_chunks", "Stored KV chunks.", s.get("chunks", 0))
+
+
+def compute_families(s: Mapping) -> Iterable:
+    """The compute node: slots, turns by KV source, fallbacks, bytes restored and offloaded."""
+    yield gauge("kv_slots_in_use", "KV slots holding a turn, a lease or a resident context.",
+                s.get("slots_in_use", 0))
+    yield gauge("turns_waiting_for_slot", "Turns queued for a free slot.", s.get("queue_length", 0))
+    yield counter("turns_total", "Turns the compute node ran, by where their KV came from.",
+                  s.get("kv_source", {}), ("kv_source",))
+    yield counter("fallbacks_total", "Turns that fell back to recomputing, by reason.",
+                  s.get("fallbacks", {}), ("reason",))
+    yield counter("kv_restore_bytes_total", "KV bytes restored into the pool (steps 6-7).",
+                  s.get("bytes_restored", 0))
+    yield counter("kv_offload_bytes_total", "KV bytes offloaded from the pool (steps 2, 4, 8).",
+                  s.get("bytes_offloaded", 0))
+    yield counter("prompt_tokens_prefilled_total", "Prompt tokens computed by prefill.",
+                  s.get("tokens_prefilled", 0))
+    yield counter("prompt_tokens_reused_total", "Prompt tokens whose KV was reused.", s.get("tokens_reused", 0))
+    yield counter("output_tokens_total", "Tokens generated.", s.get("tokens_out", 0))
+
+
+def storage_families(s: Mapping, namespaces: Iterable[tuple[int, int, int]]) -> Iterable:
+    """A storage node: commands by opcode and status, bytes, and (nsid, used bytes, keys) per namespace."""
+    yield counter("storage_commands_total", "Commands completed, by opcode and NVMe status.",
+                  s.get("commands", {}), ("opcode", "status"))
+    yield counter("storage_bytes_written_total", "Value bytes written.", s.get("bytes_written", 0))
+    yield counter("storage_bytes_read_total", "Value bytes read.", s.get("bytes_read", 0))
+    rows = list(namespaces)
+    yield gauge("storage_bytes_used", "Bytes allocated in each namespace.",
+                {str(nsid): used for nsid, used, _ in rows}, ("nsid",))
+    yield gauge("storage_keys", "Keys in each namespace.", {str(nsid): keys for nsid, _, keys in rows},
+                ("nsid",))
