@@ -28,7 +28,10 @@ def request_context(rid: str) -> Iterator[None]:
     try:
         yield
     finally:
-        request_id.reset(token)
+        try:
+            request_id.reset(token)
+        except ValueError:  # a generator closed from another context
+            request_id.set("")
 
 
 class RequestIdFilter(logging.Filter):

@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 REPO_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "kvtb.yaml"
 POLICIES = ("triggered", "cpu", "resident", "recompute")
-DEFAULT_STORAGE = {"admin_address": "127.0.0.1:50061", "fabric_address": "tcp://127.0.0.1:55061"}
+DEFAULT_STORAGE = {"admin_address": "127.0.0.1:50061", "fabric_address": "tcp://127.0.0.1:55061",
+                   "metrics_address": "127.0.0.1:9103"}
 
 
 class Stopped(Exception):
@@ -43,7 +44,7 @@ def storage_env(index: int, section: dict[str, Any], data_dir: Path) -> dict[str
     name = f"storage-{index}"
     env = {"KVTB_STORAGE_NODE_NAME": name, "KVTB_STORAGE_DATA_DIR": str(data_dir / name),
            "KVTB_STORAGE_SUBSYSTEM_NQN": f"nqn.2026-11.org.kvtestbed:{name}"}
-    for field in ("admin_address", "fabric_address"):
+    for field in ("admin_address", "fabric_address", "metrics_address"):
         base = section.get(field) or DEFAULT_STORAGE[field]
         env[f"KVTB_STORAGE_{field.upper()}"] = shift_port(base, index)
     return env
@@ -123,6 +124,10 @@ def describe(deployment: Deployment) -> list[str]:
     for proc in deployment.procs:
         where = "  ".join(f"{k} {v}" for k, v in proc.addresses.items())
         lines.append(f"  {proc.name:<10} {where}   log {proc.log_path}")
+    http = next((p.addresses["http"] for p in deployment.procs if "http" in p.addresses), "")
+    if http:
+        lines.append(f"OpenAI API: http://{http}/v1 (X-Session-Id continues a context); "
+                     "metrics: each service's `metrics` address, at /metrics")
     lines.append("Chat with `kvtb chat`, see the figures with `kvtb stats`; Ctrl-C stops everything.")
     return lines
 

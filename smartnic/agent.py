@@ -202,6 +202,8 @@ class Agent:
                 ctx = self.requester.get(user_id, context_id)
                 self.policy.touch(context_id, ctx.bytes, now)
         self.stats.inc("hits" if chunks else "misses")
+        self.stats.inc("lookup_requested_tokens", len(token_ids))
+        self.stats.inc("lookup_hit_tokens", restore.tokens_announced)
         if not chunks:
             restore.done_ns = restore.started_ns
             return restore

@@ -14,6 +14,7 @@ import time
 
 import grpc
 
+from kvtb.logs import request_context
 from kvtb_proto import compute_pb2, compute_pb2_grpc
 from smartnic import match_action as ma
 from smartnic.agent import Agent, Restore
@@ -73,6 +74,10 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
                 "protocol": TCP}
 
     def Generate(self, request, context):
+        with request_context(request.request_id):
+            yield from self._generate(request, context)
+
+    def _generate(self, request, context):
         arrival_ns = time.time_ns()
         with self.agent.lock:
             decision = self.agent.table().lookup(self._packet(request, context), time.monotonic())
@@ -99,6 +104,10 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
                 forwarded.restore.CopyFrom(restore_info(restore))
                 forwarded.has_restore = True
         matched_ns = time.time_ns()
+        logger.info("turn of %s/%s to %s: %s, %d chunks prefetched (%d bytes)", request.user_id,
+                    request.context_id, address, decision.action.type, restore.chunks if restore else 0, restore.bytes if restore else 0,
+                    extra={"event": "turn", "user_id": request.user_id, "context_id": request.context_id,
+                           "bytes": restore.bytes if restore else 0})
         call = stub.Generate(forwarded)
         context.add_callback(call.cancel)
         try:

@@ -11,6 +11,9 @@ import grpc
 
 from kvtb.grpc_health import add_health_and_reflection
 from kvtb.launch import announce_ready
+from kvtb.logs import setup_logging
+from kvtb.metrics import add_collector, start_metrics_server
+from kvtb.service_metrics import agent_families
 from kvtb.settings import SettingsError, load_settings
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 from smartnic.agent import Agent
@@ -51,8 +54,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvtb serve smartnic", description="The SmartNIC agent.")
     parser.add_argument("--config", help="YAML config file (section `smartnic`)")
     parser.add_argument("--listen", help="host:port for gRPC (overrides listen_address)")
+    parser.add_argument("--log-json", action="store_true", help="JSON log lines (also KVTB_LOG_JSON=1)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging("smartnic", args.log_json)
     try:
         settings = load_settings(SmartNicSettings, "smartnic", args.config,
                                  overrides={"listen_address": args.listen})
@@ -63,8 +67,11 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    add_collector(lambda: agent_families(agent.snapshot()))
+    metrics_address = start_metrics_server(settings.metrics_address)
     health.set_serving()
-    announce_ready("smartnic", {"grpc": address}, storage_nodes_up=sorted(agent.nodes.up()))
+    announce_ready("smartnic", {"grpc": address, "metrics": metrics_address},
+                   storage_nodes_up=sorted(agent.nodes.up()))
     logger.info("agent serving on %s; storage nodes up: %s", address, sorted(agent.nodes.up()))
     stop.wait()
     health.set_not_serving()

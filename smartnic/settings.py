@@ -40,6 +40,7 @@ class SmartNicSettings:
     """Immutable, validated at construction; sizes in bytes, times in seconds."""
 
     listen_address: str = "127.0.0.1:50051"
+    metrics_address: str = "127.0.0.1:9101"  # Prometheus /metrics
     storage_nodes: tuple = DEFAULT_STORAGE_NODES
     host_nqn: str = "nqn.2026-11.org.kvtestbed:smartnic-0"
     namespace_id: int = 1

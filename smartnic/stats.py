@@ -6,6 +6,8 @@ import threading
 
 import numpy as np
 
+from kvtb.metrics import histogram
+
 
 class Stats:
     """Thread-safe (one lock); latency percentiles over the last `window` samples."""
@@ -25,8 +27,10 @@ class Stats:
             self.by_kind[group][kind] += n
 
     def latency(self, microseconds: float) -> None:
+        """A trigger-to-fire sample (also observed by the kvtb:trigger_to_fire_seconds histogram)."""
         with self._lock:
             self._latency_us.append(microseconds)
+        histogram("trigger_to_fire_seconds").observe(microseconds / 1e6)
 
     def percentiles(self) -> tuple[float, float]:
         """(p50, p99) of the trigger-to-fire latency in µs; zeros before any sample."""

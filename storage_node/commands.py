@@ -82,8 +82,12 @@ class CommandProcessor:
         """Retire a finished command, start what waited for its slot, and build its reply."""
         for waiting in cmd.controller.queue.complete(cmd.capsule.command_id):
             self._start(waiting)
-        self.stats.record(cmd.spec.name, st.status_name(*result.status),
-                          result.bytes_written, result.bytes_read)
+        status = st.status_name(*result.status)
+        self.stats.record(cmd.spec.name, status, result.bytes_written, result.bytes_read)
+        if logger.isEnabledFor(logging.DEBUG):  # one line per command, when asked
+            logger.debug("%s %s from %s: %s", cmd.spec.name, cmd.capsule.key.hex(), cmd.controller.host_nqn,
+                         status, extra={"opcode": cmd.spec.name, "status": status,
+                                        "bytes": result.bytes_written + result.bytes_read})
         response = pb.ResponseCapsule(
             command_id=cmd.capsule.command_id, status_code_type=result.status.sct,
             status_code=result.status.sc, sq_head=cmd.controller.queue.sq_head,

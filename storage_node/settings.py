@@ -42,6 +42,7 @@ class StorageSettings:
     queue_depth: int = 128
     max_value_bytes: int = 1 << 30
     admin_address: str = "127.0.0.1:50061"
+    metrics_address: str = "127.0.0.1:9103"   # Prometheus /metrics
     fabric_address: str = "tcp://127.0.0.1:55061"
     # host NQN (or "*") -> namespace ids it may reach (or "*"): the NIC-2 access list
     allowed_hosts: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {WILDCARD: WILDCARD})

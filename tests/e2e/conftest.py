@@ -27,11 +27,12 @@ def write_config(path: Path) -> Path:
     """A config with every address on a free port, a small KV pool and short replies."""
     config = {
         "storage": {"admin_address": "127.0.0.1:0", "fabric_address": "tcp://127.0.0.1:0",
-                    "namespace_size_bytes": 1 << 30},
-        "smartnic": {"listen_address": "127.0.0.1:0", "salt": "e2e-salt"},
+                    "namespace_size_bytes": 1 << 30, "metrics_address": "127.0.0.1:0"},
+        "smartnic": {"listen_address": "127.0.0.1:0", "salt": "e2e-salt", "metrics_address": "127.0.0.1:0"},
         "compute": {"listen_address": "127.0.0.1:0", "num_slots": 4, "max_context_tokens": 1024,
-                    "key_salt": "e2e-salt"},
-        "frontend": {"listen_address": "127.0.0.1:0", "users": USERS,
+                    "key_salt": "e2e-salt", "metrics_address": "127.0.0.1:0"},
+        "frontend": {"listen_address": "127.0.0.1:0", "http_address": "127.0.0.1:0",
+                     "metrics_address": "127.0.0.1:0", "users": USERS,
                      "max_new_tokens_default": MAX_NEW_TOKENS, "message_max_chars": 500},
     }
     path.write_text(yaml.safe_dump(config))

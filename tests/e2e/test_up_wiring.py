@@ -21,7 +21,8 @@ def test_second_storage_node_gets_its_own_addresses_and_data():
     assert env == {"KVTB_STORAGE_NODE_NAME": "storage-1", "KVTB_STORAGE_DATA_DIR": "/d/storage-1",
                    "KVTB_STORAGE_SUBSYSTEM_NQN": "nqn.2026-11.org.kvtestbed:storage-1",
                    "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:50062",
-                   "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:55062"}
+                   "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:55062",
+                   "KVTB_STORAGE_METRICS_ADDRESS": "127.0.0.1:9104"}
 
 
 def test_announced_addresses_flow_to_the_next_services():

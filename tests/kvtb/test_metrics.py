@@ -1,0 +1,60 @@
+"""kvtb.metrics: families from stats snapshots, the /metrics server, its fallback port."""
+import socket
+
+from kvtb import metrics
+from kvtb.service_metrics import agent_families, compute_families, storage_families
+
+from .metrics_scrape import scrape, value
+
+
+def test_families_from_snapshots_parse_and_carry_labels():
+    snapshots = {
+        "agent": lambda: agent_families({"hits": 2, "misses": 1, "lookup_requested_tokens": 100,
+                                         "lookup_hit_tokens": 64, "evictions_by_reason": {"lru": 3},
+                                         "triggered_fired": 9, "bytes_by_storage_node": {"s0": 4096}}),
+        "compute": lambda: compute_families({"slots_in_use": 1, "kv_source": {"restored": 2},
+                                             "fallbacks": {"checksum": 1}, "bytes_restored": 10}),
+        "storage": lambda: storage_families({"commands": {("store", "success"): 5}, "bytes_written": 7},
+                                            [(1, 8192, 3)]),
+    }
+    collectors = [metrics.add_collector(read) for read in snapshots.values()]
+    try:
+        address = metrics.start_metrics_server("127.0.0.1:0")
+        got = scrape(address)
+    finally:
+        for c in collectors:
+            metrics.REGISTRY.unregister(c)
+    assert value(got, "kvtb:kv_lookup_hit_tokens_total") == 64
+    assert value(got, "kvtb:kv_lookup_requested_tokens_total") == 100
+    assert value(got, "kvtb:kv_lookups_total", result="miss") == 1
+    assert value(got, "kvtb:kv_evictions_total", reason="lru") == 3
+    assert value(got, "kvtb:triggered_ops_fired_total") == 9
+    assert value(got, "kvtb:kv_stored_bytes", storage_node="s0") == 4096
+    assert value(got, "kvtb:kv_slots_in_use") == 1
+    assert value(got, "kvtb:turns_total", kv_source="restored") == 2
+    assert value(got, "kvtb:fallbacks_total", reason="checksum") == 1
+    assert value(got, "kvtb:kv_restore_bytes_total") == 10
+    assert value(got, "kvtb:storage_commands_total", opcode="store", status="success") == 5
+    assert value(got, "kvtb:storage_bytes_used", nsid="1") == 8192
+
+
+def test_a_taken_port_falls_back_to_a_free_one():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        address = metrics.start_metrics_server(f"127.0.0.1:{port}")
+    assert address.startswith("127.0.0.1:") and address != f"127.0.0.1:{port}"
+    scrape(address)
+
+
+def test_a_failing_collector_does_not_break_the_scrape():
+    def broken():
+        raise RuntimeError("boom")
+    collector = metrics.add_collector(broken)
+    try:
+        metrics.histogram("trigger_to_fire_seconds").observe(0.0001)
+        got = scrape(metrics.start_metrics_server("127.0.0.1:0"))
+    finally:
+        metrics.REGISTRY.unregister(collector)
+    assert value(got, "kvtb:trigger_to_fire_seconds_count") >= 1
