@@ -128,7 +128,8 @@ class ChatService:
         reply_ids = list(record.output_token_ids) or token_ids
         clock.end_ns = time.time_ns()
         turn_no = (ctx.turns if ctx else 0) + 1
-        finish = "stop" if reply_ids and reply_ids[-1] in info.stop_token_ids else "length"
+        finish = record.finish_reason or (
+            "stop" if reply_ids and reply_ids[-1] in info.stop_token_ids else "length")
         summary = build_summary(turn_no, context_id, request_id, reply, record, clock, finish)
         row = TurnRow(turn_no, request.message, reply, tuple(prompt_ids), tuple(reply_ids),
                       summary.SerializeToString())

@@ -10,6 +10,7 @@ from chat_frontend import render
 from chat_frontend.client import (DEFAULT_FRONTEND, DEFAULT_USER, FrontendClient, RpcFailure,
                                   default_config_path, token_for)
 from chat_frontend.record import summary_to_dict
+from chat_frontend.trace import write_trace
 from kvtb_proto import compute_pb2
 
 HELP_LINE = "commands: /new (a new context), /stats, /quit"
@@ -25,6 +26,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--script", help="send each non-empty line of FILE as one message, then exit")
     parser.add_argument("--json", action="store_true", help="print one JSON record per turn")
     parser.add_argument("--trace", action="store_true", help="draw each turn's steps as a timeline")
+    parser.add_argument("--trace-out", metavar="FILE",
+                        help="write the session's turns as a Chrome trace (Perfetto) at the end")
     parser.add_argument("--max-new-tokens", type=int, default=0, help="0: the frontend's default")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=0.0)
@@ -43,6 +46,7 @@ class Chat:
         self.sampling = compute_pb2.Sampling(temperature=args.temperature, top_p=args.top_p,
                                              seed=args.seed)
         self.line_open = False  # a reply is being written on the current line
+        self.summaries: list = []  # every completed turn of the session, for --trace-out
 
     def end_line(self) -> None:
         """End a partly written reply line (before an error message)."""
@@ -70,6 +74,7 @@ class Chat:
                 self.out.flush()
             elif kind == "summary":
                 self.context_id = event.summary.context_id
+                self.summaries.append(event.summary)
                 self.show(summary_to_dict(event.summary))
 
     def show(self, record: dict) -> None:
@@ -162,3 +167,17 @@ def main(argv: list[str]) -> int:
         return 2
     finally:
         client.close()
+        if args.trace_out:
+            save_trace(chat, args.trace_out)
+
+
+def save_trace(chat: Chat, path: str) -> None:
+    """Write the session's turns as a Chrome trace (one thread per turn, across contexts)."""
+    turns = []
+    for index, summary in enumerate(chat.summaries, 1):
+        turn = type(summary)()
+        turn.CopyFrom(summary)
+        turn.turn = index  # a session may span contexts (/new): number its turns in order
+        turns.append(turn)
+    events = write_trace(turns, path)
+    print(f"kvtb chat: {len(turns)} turns, {events} trace events in {path}", file=sys.stderr)

@@ -91,6 +91,14 @@ class FrontendClient:
         except grpc.RpcError as exc:
             raise self._failure(exc) from None
 
+    def get_context(self, context_id: str) -> frontend_pb2.ContextResponse:
+        """The context's stored turns with their summaries."""
+        try:
+            return self._stub.GetContext(frontend_pb2.ContextRequest(context_id=context_id),
+                                         metadata=self._metadata, timeout=30.0)
+        except grpc.RpcError as exc:
+            raise self._failure(exc) from None
+
     def system_stats(self) -> dict:
         """The whole system's figures."""
         try:
