@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import grpc
@@ -23,6 +24,7 @@ class AgentClient:
         self.stub = smartnic_pb2_grpc.SmartNicStub(self.channel)
         self.region_id: int | None = None
         self.access_key = ""
+        self._request: smartnic_pb2.RegisterMemoryRequest | None = None
 
     def register(self, pool: KvPool, access_key: str, owner: str, compute_address: str,
                  deadline_s: float) -> int:
@@ -43,10 +45,43 @@ class AgentClient:
                     raise
                 logger.info("agent at %s not reachable yet (%s); retrying", self.address, exc.code())
                 time.sleep(0.5)
-        self.region_id, self.access_key = response.region_id, access_key
+        self.region_id, self.access_key, self._request = response.region_id, access_key, request
         logger.info("region %s registered with the agent at %s as region %d",
                     pool.region.name, self.address, self.region_id)
         return self.region_id
+
+    def ensure_registered(self) -> bool:
+        """Register again if the agent no longer knows the region (it restarted); True if it does now.
+
+        A NIC that resets loses its memory registrations; the host registers again. Turns armed
+        before the reset lose their unfired PUTs, as they would on the hardware.
+        """
+        if self._request is None or self.region_id is None:
+            return False
+        try:
+            self.stub.CounterRead(self.counter_ref(0), timeout=2.0, wait_for_ready=True)
+            return True
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                return False  # unreachable for now: try again later
+        try:
+            response = self.stub.RegisterMemory(self._request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            logger.warning("registering again with the agent at %s failed: %s", self.address, exc.details())
+            return False
+        logger.warning("the agent at %s lost region %d (it restarted): registered again as region %d",
+                       self.address, self.region_id, response.region_id)
+        self.region_id = response.region_id
+        return True
+
+    def keep_registered(self, stop: threading.Event, interval_s: float = 1.0) -> threading.Thread:
+        """A daemon thread that calls ensure_registered every interval_s until stop is set."""
+        def run() -> None:
+            while not stop.wait(interval_s):
+                self.ensure_registered()
+        thread = threading.Thread(target=run, name="agent-registration", daemon=True)
+        thread.start()
+        return thread
 
     def deregister(self) -> None:
         if self.region_id is None:

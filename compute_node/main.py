@@ -70,11 +70,15 @@ def build_node(settings: ComputeSettings, model, tokenizer, listen_address: str 
         cpu_store = CpuStore(settings.storage_fabric_addresses, settings.storage_host_nqn,
                              settings.storage_nsid, settings.key_salt)
     engine = Engine(settings, model, tokenizer, pool, agent=agent, cpu_store=cpu_store, setup_span=setup).start()
+    keeper_stop = threading.Event()
+    if agent is not None:
+        agent.keep_registered(keeper_stop)
     compute_pb2_grpc.add_ComputeNodeServicer_to_server(ComputeNodeServicer(engine, ChatEncoder(tokenizer)), server)
     health = add_health_and_reflection(server, [compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name])
 
     def close() -> None:
         health.set_not_serving()
+        keeper_stop.set()
         server.stop(grace=2.0).wait()
         engine.stop()
         if agent is not None:
