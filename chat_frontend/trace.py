@@ -39,7 +39,7 @@ def _metadata(turns: list[frontend_pb2.TurnSummary]) -> list[dict[str, Any]]:
 
 
 def turn_events(summary: frontend_pb2.TurnSummary, base_ns: int) -> list[dict[str, Any]]:
-    """The turn's span and its steps as complete events, in step order of start time."""
+    """The turn's span and its steps as complete events, in order of start."""
     start = summary.turn_start_unix_ns
     end = start + int(summary.e2e_ms * 1e6)
     events = [{"name": f"turn {summary.turn}", "cat": "turn", "ph": "X", "pid": _pid("frontend"),
@@ -49,7 +49,8 @@ def turn_events(summary: frontend_pb2.TurnSummary, base_ns: int) -> list[dict[st
                         "tokens_reused": summary.tokens_reused, "tokens_out": summary.tokens_out,
                         "bytes_restored": summary.bytes_restored,
                         "bytes_offloaded": summary.bytes_offloaded}}]
-    for s in sorted(summary.steps, key=lambda s: (s.start_unix_ns, s.step)):
+    # as the record orders them: by start, steps of the same millisecond in step order
+    for s in sorted(summary.steps, key=lambda s: (s.start_unix_ns // 1_000_000, s.step)):
         service = s.service or "compute"
         events.append({"name": f"{s.step}. {s.name or STEP_NAMES.get(s.step, '')}", "cat": f"step{s.step}",
                        "ph": "X", "pid": _pid(service), "tid": summary.turn,

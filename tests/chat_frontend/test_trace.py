@@ -33,3 +33,11 @@ def test_steps_are_complete_events_per_service_and_turn(tmp_path):
     assert {e["pid"] for e in spans if e["cat"] == "step8"} == {3}
     path = tmp_path / "t.json"
     assert write_trace([summary(1, T0)], str(path)) == len(json.loads(path.read_text())["traceEvents"])
+
+
+def test_steps_of_the_same_millisecond_keep_step_order():
+    s = frontend_pb2.TurnSummary(turn=1, turn_start_unix_ns=T0, steps=[
+        compute_pb2.Step(step=7, service="compute", start_unix_ns=T0 + 4 * MS + 100, end_unix_ns=T0 + 6 * MS),
+        compute_pb2.Step(step=6, service="smartnic", start_unix_ns=T0 + 4 * MS + 150, end_unix_ns=T0 + 5 * MS)])
+    spans = [e for e in chrome_trace([s])["traceEvents"] if e.get("cat", "").startswith("step")]
+    assert [e["args"]["step"] for e in spans] == [6, 7]
