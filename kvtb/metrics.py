@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -38,6 +38,7 @@ HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
 }
 
 _histograms: dict[str, Histogram] = {}
+_process_collector: list[ProcessCollector] = []
 _lock = threading.Lock()
 
 Read = Callable[[], Iterable[Metric]]
@@ -109,6 +110,9 @@ def start_metrics_server(address: str) -> str:
     this machine) the server takes a free one and says so: metrics never stop a service.
     """
     host, port = _split(address)
+    with _lock:
+        if not _process_collector:  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+            _process_collector.append(ProcessCollector(registry=REGISTRY))
     try:
         server, _ = start_http_server(port, host, registry=REGISTRY)
     except OSError as exc:
