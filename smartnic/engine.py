@@ -105,8 +105,26 @@ class TriggerEngine:
         return [e.op_id for e in entries]
 
     def cancel(self, region_id: int, counter: int) -> int:
+        """Cancel the counter's entries that are not due; fire those already due first.
+
+        On the NIC an entry fires the moment its counter reaches the threshold, so an entry that
+        is due when the cancel arrives has fired already; here the watcher may not have seen the
+        store yet, and cancelling would lose it.
+        """
+        trigger = CounterKey(region_id, counter)
+        due: list[Entry] = []
         with self._lock:
-            return self._dwq.cancel(CounterKey(region_id, counter))
+            try:
+                reg = self.regions.get(region_id)
+                due = self._dwq.pop_due(trigger, reg.region.counter_total(counter))
+            except (UnknownRegion, TypeError, ValueError):
+                reg = None
+            cancelled = self._dwq.cancel(trigger)
+            self._seen.pop(trigger, None)
+        now_ns = time.monotonic_ns()
+        for entry in due:
+            self._fire(reg, entry, now_ns)
+        return cancelled
 
     def flush(self, region_id: int | None = None) -> int:
         with self._lock:

@@ -75,3 +75,14 @@ def test_cancel_flush_and_bad_counters(engine):
     assert handled == [] and region.read_counter(7) == (0, 0)
     with pytest.raises(RegionError):
         eng.queue(reg, [(99, 1, CounterWork("add", 0, 1), None)])
+
+
+def test_cancel_fires_what_is_already_due_and_drops_the_rest(engine):
+    """A store followed at once by a cancel: the due entry fired on the NIC before the cancel."""
+    eng, reg, region, outcomes, handled = engine
+    eng.stop()  # no watcher: only the cancel can notice the store
+    put = DataWork("put", REF, (), (0, 0))
+    eng.queue(reg, [(0, 16, put, 1), (0, 48, put, 1)])
+    region.store_counter(0, 20)
+    assert eng.cancel(reg.region_id, 0) == 1
+    assert handled == [put] and region.read_counter(1) == (1, 0) and eng.depth == 0
