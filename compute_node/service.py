@@ -117,8 +117,9 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
                 rec = event[1]
                 logger.info("turn done: kv_source %s, %d prefilled, %d reused, %d out", rec.kv_source,
                             rec.tokens_prefilled, rec.tokens_reused, rec.tokens_out,
-                            extra={"request_id": request.request_id, "event": "turn", "kv_source": rec.kv_source,
-                                   "user_id": request.user_id, "context_id": request.context_id})
+                            extra={"request_id": request.request_id, "event": "turn",
+                                   "kv_source": rec.kv_source, "user_id": request.user_id,
+                                   "context_id": request.context_id})
                 yield compute_pb2.TurnEvent(record=record_to_proto(event[1]))
                 return
             else:
