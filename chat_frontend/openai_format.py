@@ -73,7 +73,8 @@ def _number(body: dict, name: str, kind: type, default: Any) -> Any:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (kind is int and value != int(value)):
         raise _bad(f"{name} must be a{'n integer' if kind is int else ' number'}")
     return kind(value)
 
@@ -127,7 +128,7 @@ def check_history(history: Sequence[tuple[str, str]], stored: Sequence[tuple[str
     if not continued:
         raise _bad("a conversation with history needs its X-Session-Id header (the context id the "
                    "first response returned); without it a request starts a new context")
-    expected = [(role, text) for user, reply in stored for role, text in (("user", user), ("assistant", reply))]
+    expected = [pair for user, reply in stored for pair in (("user", user), ("assistant", reply))]
     if list(history) != expected:
         raise _bad(f"the earlier messages ({len(history)}) do not match the session's transcript "
                    f"({len(expected)} messages); send only the new user message, or the transcript as "

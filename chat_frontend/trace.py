@@ -54,7 +54,8 @@ def turn_events(summary: frontend_pb2.TurnSummary, base_ns: int) -> list[dict[st
         service = s.service or "compute"
         events.append({"name": f"{s.step}. {s.name or STEP_NAMES.get(s.step, '')}", "cat": f"step{s.step}",
                        "ph": "X", "pid": _pid(service), "tid": summary.turn,
-                       "ts": _us(s.start_unix_ns, base_ns), "dur": max(0.0, _us(s.end_unix_ns, s.start_unix_ns)),
+                       "ts": _us(s.start_unix_ns, base_ns),
+                       "dur": max(0.0, _us(s.end_unix_ns, s.start_unix_ns)),
                        "args": {"step": s.step, "bytes": s.bytes, "request_id": summary.request_id,
                                 "service": service}})
     return events

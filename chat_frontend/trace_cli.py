@@ -22,7 +22,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    token = args.token if args.token is not None else token_for(args.user, args.config or default_config_path())
+    token = args.token
+    if token is None:
+        token = token_for(args.user, args.config or default_config_path())
     output = args.output or f"trace-{args.context_id}.json"
     client = FrontendClient(args.frontend, token)
     try:

@@ -53,7 +53,8 @@ def compute_families(s: Mapping) -> Iterable:
                   s.get("bytes_offloaded", 0))
     yield counter("prompt_tokens_prefilled_total", "Prompt tokens computed by prefill.",
                   s.get("tokens_prefilled", 0))
-    yield counter("prompt_tokens_reused_total", "Prompt tokens whose KV was reused.", s.get("tokens_reused", 0))
+    yield counter("prompt_tokens_reused_total", "Prompt tokens whose KV was reused.",
+                  s.get("tokens_reused", 0))
     yield counter("output_tokens_total", "Tokens generated.", s.get("tokens_out", 0))
 
 

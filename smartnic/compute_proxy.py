@@ -104,10 +104,11 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
                 forwarded.restore.CopyFrom(restore_info(restore))
                 forwarded.has_restore = True
         matched_ns = time.time_ns()
+        chunks, nbytes = (restore.chunks, restore.bytes) if restore else (0, 0)
         logger.info("turn of %s/%s to %s: %s, %d chunks prefetched (%d bytes)", request.user_id,
-                    request.context_id, address, decision.action.type, restore.chunks if restore else 0, restore.bytes if restore else 0,
+                    request.context_id, address, decision.action.type, chunks, nbytes,
                     extra={"event": "turn", "user_id": request.user_id, "context_id": request.context_id,
-                           "bytes": restore.bytes if restore else 0})
+                           "bytes": nbytes})
         call = stub.Generate(forwarded)
         context.add_callback(call.cancel)
         try:

@@ -10,7 +10,8 @@ from kvtb.launch import ServiceProcess, kvtb_argv
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Tests leave the fixed HTTP and metrics ports to a `kvtb up` on this machine.
-FREE_SIDE_PORTS = {f"KVTB_{s}_METRICS_ADDRESS": "127.0.0.1:0" for s in ("STORAGE", "SMARTNIC", "COMPUTE", "FRONTEND")}
+FREE_SIDE_PORTS = {f"KVTB_{s}_METRICS_ADDRESS": "127.0.0.1:0"
+                   for s in ("STORAGE", "SMARTNIC", "COMPUTE", "FRONTEND")}
 FREE_SIDE_PORTS["KVTB_FRONTEND_HTTP_ADDRESS"] = "127.0.0.1:0"
 
 

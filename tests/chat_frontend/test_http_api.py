@@ -15,6 +15,7 @@ from . import fake_agent
 from .test_server import free_port
 
 TOKEN = "t-alice"
+HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture
@@ -111,10 +112,10 @@ def test_errors_have_the_openai_shape(frontend):
 
 
 def test_sessions_belong_to_their_user(frontend):
-    status, body, headers = post(frontend["http"], {"model": "fake", "messages": [{"role": "user", "content": "hi"}]})
+    status, body, headers = post(frontend["http"], {"model": "fake", "messages": HI})
     assert status == 200 and body["object"] == "chat.completion"
     session = headers["X-Session-Id"]
-    status, body, _ = post(frontend["http"], {"model": "fake", "messages": [{"role": "user", "content": "x"}]},
+    status, body, _ = post(frontend["http"], {"model": "fake", "messages": HI},
                         token="t-bob", session=session)
     assert status == 403 and body["error"]["type"] == "permission_error"
     with pytest.raises(openai.BadRequestError):  # a history that is not the transcript
@@ -133,7 +134,7 @@ def test_metrics_move_after_a_turn(frontend):
 
     before = scrape()
     assert 'kvtb:e2e_request_latency_seconds_count{"tenant": "alice"}' not in before
-    client(frontend["http"]).chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}])
+    client(frontend["http"]).chat.completions.create(model="fake", messages=HI)
     after = scrape()
     assert after['kvtb:e2e_request_latency_seconds_count{"tenant": "alice"}'] == 1
     assert after['kvtb:time_to_first_token_seconds_count{"tenant": "alice"}'] == 1

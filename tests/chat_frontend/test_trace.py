@@ -13,9 +13,10 @@ def summary(turn: int, start_ns: int) -> frontend_pb2.TurnSummary:
              (8, "compute", 5, 20, 512), (3, "frontend", 9, 21, 30), (4, "compute", 21, 22, 512)]
     return frontend_pb2.TurnSummary(
         turn=turn, context_id="ctx-1", request_id=f"req-{turn}", turn_start_unix_ns=start_ns, e2e_ms=22.0,
-        kv_source="restored", steps=[compute_pb2.Step(step=n, name=f"step {n}", service=svc, bytes=b,
-                                                      start_unix_ns=start_ns + a * MS, end_unix_ns=start_ns + z * MS)
-                                     for n, svc, a, z, b in steps])
+        kv_source="restored",
+        steps=[compute_pb2.Step(step=n, name=f"step {n}", service=svc, bytes=b,
+                                start_unix_ns=start_ns + a * MS, end_unix_ns=start_ns + z * MS)
+               for n, svc, a, z, b in steps])
 
 
 def test_steps_are_complete_events_per_service_and_turn(tmp_path):
@@ -38,6 +39,7 @@ def test_steps_are_complete_events_per_service_and_turn(tmp_path):
 def test_steps_of_the_same_millisecond_keep_step_order():
     s = frontend_pb2.TurnSummary(turn=1, turn_start_unix_ns=T0, steps=[
         compute_pb2.Step(step=7, service="compute", start_unix_ns=T0 + 4 * MS + 100, end_unix_ns=T0 + 6 * MS),
-        compute_pb2.Step(step=6, service="smartnic", start_unix_ns=T0 + 4 * MS + 150, end_unix_ns=T0 + 5 * MS)])
+        compute_pb2.Step(step=6, service="smartnic", start_unix_ns=T0 + 4 * MS + 150,
+                         end_unix_ns=T0 + 5 * MS)])
     spans = [e for e in chrome_trace([s])["traceEvents"] if e.get("cat", "").startswith("step")]
     assert [e["args"]["step"] for e in spans] == [6, 7]

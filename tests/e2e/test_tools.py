@@ -54,14 +54,16 @@ def test_every_service_metrics_move_after_the_chat(openai_chat):
         value(before["frontend"], "kvtb:requests_total", tenant="bob", status="ok") + 2
     assert value(after["frontend"], "kvtb:time_to_first_token_seconds_count", tenant="bob") >= 2
     assert value(after["frontend"], "kvtb:prompt_tokens_cached_total", tenant="bob") > 0
-    for name, service in (("kvtb:kv_restore_bytes_total", "compute"), ("kvtb:kv_offload_bytes_total", "compute"),
+    for name, service in (("kvtb:kv_restore_bytes_total", "compute"),
+                          ("kvtb:kv_offload_bytes_total", "compute"),
                           ("kvtb:triggered_ops_fired_total", "smartnic"),
                           ("kvtb:kv_lookup_hit_tokens_total", "smartnic"),
                           ("kvtb:trigger_to_fire_seconds_count", "smartnic")):
         assert value(after[service], name) > value(before[service], name), name
     assert value(after["compute"], "kvtb:turns_total", kv_source="restored") > 0
     stores = sum(value(after[n], "kvtb:storage_commands_total", **STORE) -
-                 value(before[n], "kvtb:storage_commands_total", **STORE) for n in after if n.startswith("storage"))
+                 value(before[n], "kvtb:storage_commands_total", **STORE)
+                 for n in after if n.startswith("storage"))
     assert stores > 0
 
 
@@ -89,3 +91,14 @@ def test_one_turn_is_followed_through_the_logs(triggered, openai_chat):
     for service in ("frontend", "smartnic", "compute"):
         lines = [line for line in (logs / f"{service}.log").read_text().splitlines() if request_id in line]
         assert lines, f"{service} logged nothing for {request_id}"
+
+
+def test_every_grpc_server_is_serving_and_reflects_its_services(triggered):
+    from kvtb.grpc_health import SERVING, check
+    from tests.kvtb.test_service_health import reflected_services
+    expected = {"frontend": "kvtb.frontend.ChatFrontend", "smartnic": "kvtb.smartnic.SmartNic",
+                "compute": "kvtb.compute.ComputeNode", "storage-0": "kvtb.storage.StorageAdmin"}
+    for name, service in expected.items():
+        address = triggered.services[name].get("grpc") or triggered.services[name]["admin"]
+        assert check(address) == SERVING and check(address, service) == SERVING, name
+        assert {service, "grpc.health.v1.Health"} <= reflected_services(address), name

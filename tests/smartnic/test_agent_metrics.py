@@ -12,7 +12,8 @@ def test_agent_and_storage_metrics_move(agent, pool, storage):  # noqa: F811
     assert restore(pool, 1, IDS).chunks == 4
     pool.wait_counter(LAYOUT.restore_counter(1), 4)
     after, stored = scrape(agent_metrics), scrape(storage_metrics)
-    for name in ("kvtb:triggered_ops_fired_total", "kvtb:fabric_put_bytes_total", "kvtb:fabric_get_bytes_total",
+    for name in ("kvtb:triggered_ops_fired_total", "kvtb:fabric_put_bytes_total",
+                 "kvtb:fabric_get_bytes_total",
                  "kvtb:trigger_to_fire_seconds_count", "kvtb:kv_lookup_hit_tokens_total"):
         assert value(after, name) > value(before, name), name
     assert value(after, "kvtb:kv_lookup_hit_tokens_total") == 64
