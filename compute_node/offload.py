@@ -21,9 +21,6 @@ from compute_node.kv_pool import KvPool
 
 logger = logging.getLogger(__name__)
 
-FIRE_GRACE_S = 0.003  # longer than the agent watcher's longest sleep (watcher_max_sleep_us)
-
-
 @dataclasses.dataclass
 class OffloadTurn:
     """One turn's offload: which slot and context, and what the offloader did."""
@@ -160,9 +157,7 @@ class TriggeredOffload:
         unfired = turn.armed and turn.last_stored < last_threshold
         cancelled = 0
         if unfired:
-            # CancelCounter drops entries that are due but not yet fired: give the agent's
-            # watcher (which sleeps at most 1 ms) time to fire what the last store made due.
-            time.sleep(max(0.0, turn.last_store_perf + FIRE_GRACE_S - time.perf_counter()))
+            # The agent fires what the last store made due before it cancels the rest.
             cancelled = self.agent.cancel(self.layout.token_counter(turn.slot))
         fired_full = turn.armed - cancelled
         first = turn.first_chunk * c
