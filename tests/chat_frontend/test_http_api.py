@@ -157,3 +157,15 @@ def test_trace_of_a_context_over_http(frontend, tmp_path, capsys):
     assert trace_cli.main(["ctx-nope", "--frontend", frontend["grpc"], "--token", TOKEN,
                            "-o", str(out)]) == 1
     assert "NOT_FOUND" in capsys.readouterr().err
+
+
+def test_chat_trace_out_writes_the_session(frontend, tmp_path, capsys):
+    from chat_frontend import cli
+    script, out = tmp_path / "chat.txt", tmp_path / "chat-trace.json"
+    script.write_text("hi\n/new\nhello again\n")
+    assert cli.main(["--frontend", frontend["grpc"], "--token", TOKEN, "--script", str(script),
+                     "--trace-out", str(out)]) == 0
+    spans = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X" and e["cat"] == "turn"]
+    assert [e["tid"] for e in spans] == [1, 2]  # two contexts, numbered in session order
+    assert spans[0]["args"]["context_id"] != spans[1]["args"]["context_id"]
+    assert "2 turns" in capsys.readouterr().err
