@@ -3,7 +3,8 @@
 One compute node serves all three policies (TurnRequest.policy). For each context size the
 first turn is run once under `resident` and once under `triggered` (its KV then lives only in
 storage); then each repetition sends a fresh short follow-up message on top of that context
-under every policy in turn, so the three are measured side by side. A `triggered` follow-up
+under every policy in turn (the order rotates, so that no policy always runs right after the
+background work of another), so the three are measured side by side. A `triggered` follow-up
 is prefetched by the agent from storage (steps 5-7); a `recompute` follow-up prefills the
 whole transcript again. TTFT is timed by the client from the call to the first token.
 """
@@ -56,7 +57,7 @@ def run_size(stub, size: int, reps: int, max_new: int, progress) -> dict:
     turns: dict[str, list] = {p: [] for p in POLICIES}
     for rep in range(reps):
         message = f"Question {rep + 1}: in one word, where does the conversation live?"
-        for policy in POLICIES:
+        for policy in POLICIES[rep % 3:] + POLICIES[:rep % 3]:  # each policy goes first once
             ids = follow_up_ids(stub, prompt, firsts.get(policy, firsts["resident"]), message)
             # a recompute follow-up keeps nothing: a context of its own, the same tokens
             context = f"recompute-{size}-{rep}" if policy == "recompute" else f"{policy}-{size}"
