@@ -116,6 +116,10 @@ class OpenAiApi:
                     if req.include_usage:
                         await response.write(oa.sse(oa.chunk(completion_id, req.model, None,
                                                              summary=summary)))
+        except ConnectionResetError:  # the client went away: stop the turn (the agent call ends)
+            logger.info("chat completion %s: the client went away", completion_id)
+            await events.aclose()
+            return response
         except ChatError as exc:
             logger.info("chat completion failed while streaming: %s", exc)
             await response.write(oa.sse(oa.error_body(exc.code, exc.message)[1]))

@@ -2,6 +2,7 @@
 import asyncio
 import json
 
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from chat_frontend.chat_service import ChatService
@@ -14,6 +15,7 @@ from kvtb_proto import compute_pb2
 from .fakes import FakeEngine
 
 AUTH = {"Authorization": "Bearer t-alice"}
+SERVICE = web.AppKey("service", ChatService)
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "hello there"}]}
 
 
@@ -27,7 +29,9 @@ def run(engine, scenario):
     async def main():
         service = ChatService(FrontendSettings(users={"alice": "t-alice"}), SessionStore(":memory:"), engine)
         api = OpenAiApi(service, lambda: True, lambda: "fake")
-        async with TestClient(TestServer(api.app())) as client:
+        app = api.app()
+        app[SERVICE] = service
+        async with TestClient(TestServer(app)) as client:
             return await scenario(client)
     return asyncio.run(main())
 
@@ -72,3 +76,24 @@ def test_a_continued_session_sends_only_the_new_message():
     session, again, body = run(engine, scenario)
     assert again == session and body["choices"][0]["message"]["content"] == " w0 w1 w2"
     assert engine.turns[1].context_id == session and engine.encoded[1].continuation
+
+
+class SlowEngine(FakeEngine):
+    async def generate(self, request):
+        self.turns.append(request)
+        for i in range(1000):
+            await asyncio.sleep(0.005)
+            yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=50, text=f" w{i}"))
+
+
+def test_a_client_that_goes_away_ends_the_turn():
+    async def scenario(client):
+        r = await client.post("/v1/chat/completions", headers=AUTH, json={**BODY, "stream": True})
+        await r.content.readline()
+        r.close()  # hang up mid-stream
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if client.app[SERVICE].admission.active == 0:
+                return client.app[SERVICE].turns_failed
+        return None
+    assert run(SlowEngine(), scenario) == 1
