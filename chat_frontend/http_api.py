@@ -3,6 +3,11 @@
 Thin: the handlers parse (openai_format), run the turn through ChatService exactly as the gRPC
 servicer does, and write JSON or server-sent events. The session is the `X-Session-Id` header
 (the context id; a response always carries it), the user the `Authorization: Bearer` token.
+
+A stream is: a chunk whose delta carries the role, one chunk per piece of text as it comes,
+a chunk with an empty delta and the finish_reason (as OpenAI sends it: the text is never held
+back to learn whether it is the last), the usage chunk when asked, `data: [DONE]`. An error
+after the stream began is one `data: {"error": ...}` event before `[DONE]`.
 """
 from __future__ import annotations
 
