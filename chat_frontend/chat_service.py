@@ -7,6 +7,7 @@ tests pass a fake with the same methods.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -68,6 +69,23 @@ class ChatService:
         """Run one turn: yields text deltas, then the turn's summary."""
         clock = TurnClock(start_ns=time.time_ns())
         user = self.user(request.token, metadata)
+        try:
+            async with contextlib.aclosing(self._admitted(user, request, clock)) as events:
+                async for event in events:  # closed at once when the user goes away
+                    yield event
+        except ChatError as exc:
+            self.tenants.failed(user, exc.code)
+            raise
+        except (GeneratorExit, asyncio.CancelledError):  # the user went away
+            self.tenants.failed(user, "CANCELLED")
+            raise
+        except BaseException:
+            self.tenants.failed(user, "INTERNAL")
+            raise
+
+    async def _admitted(self, user: str, request: frontend_pb2.ChatRequest,
+                        clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
+        """Check the request's limits and context, wait for admission, run the turn."""
         limits.check_message(request.message, self.settings.message_max_chars)
         max_new = limits.resolve_max_new_tokens(request.max_new_tokens,
                                                 self.settings.max_new_tokens_default,
@@ -77,17 +95,13 @@ class ChatService:
             self.owned_context(user, context_id)
         else:
             context_id = new_context_id()
-        try:
-            async with self.admission.turn(context_id):
-                try:
-                    async for event in self._turn(user, context_id, request, max_new, clock):
-                        yield event
-                except BaseException:
-                    self.turns_failed += 1
-                    raise
-        except BaseException as exc:
-            self.tenants.failed(user, exc.code if isinstance(exc, ChatError) else "INTERNAL")
-            raise
+        async with self.admission.turn(context_id):
+            try:
+                async for event in self._turn(user, context_id, request, max_new, clock):
+                    yield event
+            except BaseException:
+                self.turns_failed += 1
+                raise
 
     async def _turn(self, user: str, context_id: str, request: frontend_pb2.ChatRequest,
                     max_new: int, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
