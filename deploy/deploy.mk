@@ -47,7 +47,7 @@ down:
 	@$(if $(VOLUMES),echo "volumes removed",echo "stopped; the volumes (storage, conversations) remain: make down VOLUMES=1 removes them")
 
 compose-test: install image
-	KVTB_IMAGE=$(IMAGE) $(BIN)/python -m pytest -m compose tests/deploy -p no:cacheprovider $(PYTEST_ARGS)
+	KVTB_COMPOSE_TEST=1 KVTB_IMAGE=$(IMAGE) $(BIN)/python -m pytest -m compose tests/deploy -p no:cacheprovider $(PYTEST_ARGS)
 
 # The swarm form of the compose file (see deploy/stack_file.py).
 deploy/docker-stack.yml: deploy/docker-compose.yml deploy/stack_file.py

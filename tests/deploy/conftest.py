@@ -49,7 +49,8 @@ class Deployment:
     def __init__(self, project: str, port: int):
         self.project = project
         self.port = port
-        self.env = {**os.environ, "KVTB_IMAGE": IMAGE, "KVTB_FRONTEND_PORT": str(port)}
+        self.env = {**os.environ, "KVTB_IMAGE": IMAGE, "KVTB_FRONTEND_PORT": str(port),
+                    "KVTB_HTTP_PORT": str(free_port())}
 
     def compose(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         cmd = [*compose_command(), "-p", self.project, "-f", str(COMPOSE_FILE), *args]
@@ -96,8 +97,8 @@ class Deployment:
 @pytest.fixture(scope="module")
 def deployment():
     dep = Deployment(f"kvtbtest{os.getpid()}", free_port())
-    dep.compose("up", "-d", timeout=900)
     try:
+        dep.compose("up", "-d", timeout=900)
         for service in ("storage0", "storage1", "compute", "smartnic", "frontend"):
             dep.wait_healthy(service)
         assert wait_serving(f"127.0.0.1:{dep.port}", 60)

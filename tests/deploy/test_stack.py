@@ -30,7 +30,8 @@ def stack():
     _docker("node", "update", "--label-add", "kvtb.compute=true", node)
     name = f"kvtbstack{os.getpid()}"
     port = free_port()
-    env = {**os.environ, "KVTB_IMAGE": IMAGE, "KVTB_FRONTEND_PORT": str(port)}
+    env = {**os.environ, "KVTB_IMAGE": IMAGE, "KVTB_FRONTEND_PORT": str(port),
+           "KVTB_HTTP_PORT": str(free_port())}
     subprocess.run(["docker", "stack", "deploy", "-c", str(STACK_FILE), name], env=env, check=True,
                    capture_output=True, cwd=STACK_FILE.parent, timeout=300)
     try:
