@@ -69,8 +69,9 @@ def measure(args: argparse.Namespace, data_dir: Path, progress) -> list[dict]:
     """Per chunk size: the whole path, the storage node alone, and the raw limits."""
     storage = start_storage(data_dir)
     node = StorageNodeRef("datapath", storage.addresses["admin"], storage.addresses["fabric"])
+    most_chunks = max(max(2, (args.total_mib << 20) // size) for size in args.sizes)
     agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,),
-                                   eviction_policy="timer"))
+                                   eviction_policy="timer", queue_bound=max(512, most_chunks)))
     rows = []
     try:
         agent.start()
