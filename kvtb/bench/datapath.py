@@ -60,7 +60,8 @@ def start_storage(data_dir: Path) -> ServiceProcess:
     """A real storage node process on free ports."""
     proc = ServiceProcess("storage-datapath", kvtb_argv("serve", "storage"), data_dir / "storage.log", env={
         "KVTB_STORAGE_DATA_DIR": str(data_dir / "storage"), "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0",
-        "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0", "KVTB_STORAGE_NODE_NAME": "datapath"})
+        "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0", "KVTB_STORAGE_METRICS_ADDRESS": "127.0.0.1:0",
+        "KVTB_STORAGE_NODE_NAME": "datapath"})
     proc.start(timeout_s=60)
     return proc
 

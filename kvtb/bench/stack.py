@@ -32,13 +32,15 @@ def bench_config(*, num_slots: int = 8, max_context_tokens: int = 4096, users: i
                  max_new_tokens: int = 16, smartnic: dict[str, Any] | None = None,
                  compute: dict[str, Any] | None = None, frontend: dict[str, Any] | None = None) -> dict:
     """A config with every address on port 0 and the given sizes; extra keys per section."""
+    free = "127.0.0.1:0"
     return {
-        "storage": {"admin_address": "127.0.0.1:0", "fabric_address": "tcp://127.0.0.1:0",
+        "storage": {"admin_address": free, "fabric_address": "tcp://127.0.0.1:0", "metrics_address": free,
                     "namespace_size_bytes": 8 << 30},
-        "smartnic": {"listen_address": "127.0.0.1:0", "salt": SALT, **(smartnic or {})},
-        "compute": {"listen_address": "127.0.0.1:0", "num_slots": num_slots,
+        "smartnic": {"listen_address": free, "metrics_address": free, "salt": SALT, **(smartnic or {})},
+        "compute": {"listen_address": free, "metrics_address": free, "num_slots": num_slots,
                     "max_context_tokens": max_context_tokens, "key_salt": SALT, **(compute or {})},
-        "frontend": {"listen_address": "127.0.0.1:0", "users": bench_users(users),
+        "frontend": {"listen_address": free, "http_address": free, "metrics_address": free,
+                     "users": bench_users(users),
                      "max_new_tokens_default": max_new_tokens, "max_new_tokens_cap": 1024,
                      "max_waiting_turns": 256, "queue_timeout_s": 600.0, **(frontend or {})},
     }
