@@ -6,7 +6,8 @@ compose file instead of being kept by hand: `depends_on` becomes a plain list (s
 until their peers answer), `ipc` and `profiles` go, the KV pool is shared through the `kvpool`
 tmpfs volume (KVTB_SHM_DIR=/kvpool), and the compute node and its SmartNIC agent are placed on
 the same host (a node labelled `kvtb.compute=true`), as a GPU and its NIC are, and the config
-file travels as a swarm config (so that every host has it) instead of a bind mount.
+file travels as a swarm config (so that every host has it) instead of a bind mount, and ports
+are published on the host that runs the frontend (mode host) rather than through the mesh.
 
 usage: python deploy/stack_file.py [--check]
 """
@@ -39,6 +40,8 @@ def stack_config(compose: dict) -> dict:
             service["depends_on"] = sorted(service["depends_on"])
         for key in ("ipc", "profiles", "shm_size", "init"):
             service.pop(key, None)
+        if service.get("ports"):
+            service["ports"] = [_host_mode(p) for p in service["ports"]]
         if name in COLOCATED:
             env = dict(service.get("environment") or {})
             env["KVTB_SHM_DIR"] = "/kvpool"
@@ -48,6 +51,16 @@ def stack_config(compose: dict) -> dict:
             service["deploy"] = deploy
         out["services"][name] = service
     return out
+
+
+def _host_mode(port: str) -> dict:
+    """"HOST:CONTAINER" as a port published on the node running the task (mode host).
+
+    The routing mesh (ingress) needs IPVS, which some hosts (containers, sandboxes) lack; a
+    published port of mode host works everywhere, on the node the frontend runs on.
+    """
+    published, target = str(port).rsplit(":", 1)
+    return {"target": int(target), "published": published, "protocol": "tcp", "mode": "host"}
 
 
 class _NoAliases(yaml.SafeDumper):
