@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kvtb.bench import rawlimits
 from kvtb.bench.common import add_common_args, new_result, progress_for
-from kvtb.bench.emit import add_run_args, finish, ratios_text, services_dir, setup_logging
+from kvtb.bench.emit import add_run_args, ratios_text, run_bench, services_dir
 from kvtb.bench.output import format_bytes, format_table, plot_lines
 from kvtb.launch import ServiceProcess, kvtb_argv
 from smartnic import bench as nic_bench
@@ -159,8 +159,4 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    setup_logging(args)
-    result = run(args)
-    finish(args, result, table(result))
-    return 0
+    return run_bench(argv, parse_args, run, table)

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,15 @@ def finish(args: argparse.Namespace, result: dict[str, Any], text: str) -> Path:
         for plot in result.get("plots", []):
             print(f"plot: {plot}")
     return path
+
+
+def run_bench(argv: list[str], parse_args: Callable, run: Callable, table: Callable) -> int:
+    """The body of a benchmark's main: parse, set up logging, run, write and print."""
+    args = parse_args(argv)
+    setup_logging(args)
+    result = run(args)
+    finish(args, result, table(result))
+    return 0
 
 
 def ratios_text(ratios: dict[str, float]) -> str:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from kvtb.bench.common import add_common_args, new_result, progress_for
-from kvtb.bench.emit import add_run_args, finish, ratios_text, setup_logging
+from kvtb.bench.emit import add_run_args, ratios_text, run_bench
 from kvtb.bench.output import format_table, plot_lines
 from kvtb.bench.stats import ratio
 from kvtb.launch import kvtb_argv
@@ -95,11 +95,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    setup_logging(args)
-    result = run(args)
-    finish(args, result, table(result))
-    return 0
+    return run_bench(argv, parse_args, run, table)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ import grpc
 
 from kvtb.bench import analysis
 from kvtb.bench.common import add_common_args, new_result, progress_for
-from kvtb.bench.emit import add_run_args, finish, ratios_text, services_dir, setup_logging
+from kvtb.bench.emit import add_run_args, ratios_text, run_bench, services_dir
 from kvtb.bench.output import format_table, plot_lines
 from kvtb.bench.stack import Stack, bench_config
-from kvtb.bench.stats import median, ratio, summarize
+from kvtb.bench.stats import ratio, summarize
 from kvtb.bench.turns import context_prompt, follow_up_ids, generate
 
 logger = logging.getLogger(__name__)
@@ -156,8 +156,4 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    setup_logging(args)
-    result = run(args)
-    finish(args, result, table(result))
-    return 0
+    return run_bench(argv, parse_args, run, table)
