@@ -25,6 +25,7 @@ class AgentClient:
         self.region_id: int | None = None
         self.access_key = ""
         self._request: smartnic_pb2.RegisterMemoryRequest | None = None
+        self._registering = threading.Lock()  # one check-and-register at a time
 
     def register(self, pool: KvPool, access_key: str, owner: str, compute_address: str,
                  deadline_s: float) -> int:
@@ -56,6 +57,10 @@ class AgentClient:
         A NIC that resets loses its memory registrations; the host registers again. Turns armed
         before the reset lose their unfired PUTs, as they would on the hardware.
         """
+        with self._registering:
+            return self._ensure_registered()
+
+    def _ensure_registered(self) -> bool:
         if self._request is None or self.region_id is None:
             return False
         try:

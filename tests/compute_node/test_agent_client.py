@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import types
 import uuid
 
@@ -37,7 +38,10 @@ def test_registers_again_after_the_agent_restarts(start_service, tmp_path):
         stop = threading.Event()
         client.keep_registered(stop, interval_s=0.1)
         try:
-            assert client.ensure_registered()
+            deadline = time.monotonic() + 20
+            while not client.ensure_registered():  # the keeper may be registering right now
+                assert time.monotonic() < deadline, "not registered again"
+                time.sleep(0.1)
             region.store_counter(0, 7)
             assert client.stub.CounterRead(client.counter_ref(0), timeout=5).success == 7
         finally:
