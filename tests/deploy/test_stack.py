@@ -43,14 +43,18 @@ def stack():
     finally:
         _docker("stack", "rm", name, check=False)
         for _ in range(60):
-            if not _docker("ps", "-q", "--filter", f"label=com.docker.stack.namespace={name}", check=False):
+            if not _docker("ps", "-aq", "--filter", f"label=com.docker.stack.namespace={name}", check=False):
                 break
             time.sleep(1)
         if joined_here:
             _docker("swarm", "leave", "--force", check=False)
-        for volume in _docker("volume", "ls", "-q", "--filter", f"label=com.docker.stack.namespace={name}",
-                              check=False).split():
-            _docker("volume", "rm", volume, check=False)
+        for _ in range(30):  # a volume is busy until the last task's container is gone
+            volumes = _docker("volume", "ls", "-q", "--filter", f"label=com.docker.stack.namespace={name}",
+                              check=False).split()
+            if not volumes:
+                break
+            _docker("volume", "rm", *volumes, check=False)
+            time.sleep(1)
 
 
 @pytest.mark.compose
