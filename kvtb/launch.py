@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +32,13 @@ def announce_ready(service: str, addresses: dict[str, str], **extra: Any) -> Non
     record = {"service": service, "addresses": addresses, "pid": os.getpid(), **extra}
     sys.stdout.write(READY_PREFIX + json.dumps(record) + "\n")
     sys.stdout.flush()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (for a service that must keep a fixed address)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def kvtb_argv(*args: str) -> list[str]:

@@ -1,5 +1,4 @@
 """`kvtb serve frontend` as a real process in front of a fake agent: health, statuses, the bound."""
-import socket
 import threading
 
 import grpc
@@ -8,16 +7,13 @@ import yaml
 
 from chat_frontend.client import FrontendClient, RpcFailure
 from kvtb.grpc_health import NOT_SERVING, check, wait_serving
+from kvtb.launch import free_port
 
 from . import fake_agent
 
 TOKEN = "t-alice"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

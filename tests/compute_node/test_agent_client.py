@@ -1,7 +1,6 @@
 """The compute node's registration survives an agent restart (real agent and storage processes)."""
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import types
@@ -10,20 +9,15 @@ import uuid
 import pytest
 
 from compute_node.agent_client import AgentClient
+from kvtb.launch import free_port
 from smartnic.region import Region
 from tests.smartnic.helpers import LAYOUT, agent_env, storage_env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_registers_again_after_the_agent_restarts(start_service, tmp_path):
     storage = start_service("storage", "serve", "storage", env=storage_env(tmp_path, "storage-0"))
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     env = {**agent_env([("storage-0", storage)]), "KVTB_SMARTNIC_LISTEN_ADDRESS": address}
     agent = start_service("agent", "serve", "smartnic", env=env)
     region = Region.create(f"kvtb-test-{uuid.uuid4().hex[:12]}", LAYOUT.region_bytes,

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from kvtb.grpc_health import wait_serving
-from tests.deploy.conftest import IMAGE, ROOT, Deployment, free_port
+from kvtb.launch import free_port
+from tests.deploy.conftest import IMAGE, ROOT, Deployment
 
 STACK_FILE = ROOT / "deploy" / "docker-stack.yml"
 

@@ -7,6 +7,7 @@ import time
 import grpc
 import pytest
 
+from kvtb.launch import free_port
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
 from storage_node.client import FabricClient
 from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
@@ -127,18 +128,12 @@ def test_watcher_does_not_burn_a_core_while_waiting(start_service, tmp_path):
         pool.close()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_a_node_down_at_start_is_tolerated_and_joins_later(start_service, tmp_path):
     s0 = start_service("storage-s0", "serve", "storage", env=storage_env(tmp_path, "s0"))
-    port = _free_port()
+    port = free_port()
     late = {"admin": "127.0.0.1:0", "fabric": f"tcp://127.0.0.1:{port}"}
     agent = start_service("agent", "serve", "smartnic", env=agent_env([("s0", s0), ("s1", late)]))
     assert agent.ready["storage_nodes_up"] == ["s0"]
