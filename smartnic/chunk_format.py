@@ -19,7 +19,7 @@ import hashlib
 import struct
 from collections.abc import Iterable, Sequence
 
-from smartnic import crc as _crc
+from kvtb import crc32c as _crc
 
 MAGIC = b"KVTC"
 VERSION = 1
@@ -83,7 +83,7 @@ def encode_header(header: ChunkHeader) -> bytes:
     body = _FIXED.pack(MAGIC, VERSION, length, header.chunk_index, header.token_start,
                        header.token_end, len(user), len(context), header.kv_bytes,
                        header.token_ids_hash) + user + context
-    return body + _CRC.pack(_crc.value(body))
+    return body + _CRC.pack(_crc.crc32c(body))
 
 
 def decode_header(data) -> tuple[ChunkHeader, int]:
@@ -99,7 +99,7 @@ def decode_header(data) -> tuple[ChunkHeader, int]:
         raise ChunkFormatError(f"header length {length} inconsistent or truncated")
     body = data[:length - _CRC.size]
     (crc,) = _CRC.unpack_from(data, length - _CRC.size)
-    if _crc.value(body) != crc:
+    if _crc.crc32c(body) != crc:
         raise ChunkFormatError("header crc32c mismatch")
     user = bytes(data[_FIXED.size:_FIXED.size + user_len]).decode()
     context = bytes(data[_FIXED.size + user_len:_FIXED.size + user_len + ctx_len]).decode()

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from kvtb.crc32c import crc32c as compute_crc32c
 from kvtb_proto import nvmeof_pb2
 from storage_node import status as st
-from storage_node.crc import crc32c as compute_crc32c
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +108,9 @@ class FabricClient:
         self._slots = threading.BoundedSemaphore(queue_depth)
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}  # cid -> (seq, future)
-        # (deadline, seq, cid): no reference to the future, so a completed one (and its frames)
-        # is freed at once rather than when its deadline passes
-        self._deadlines: list[tuple[float, int, int]] = []
+        # (deadline, seq, cid, timeout_s): no reference to the future, so a completed one (and its
+        # frames) is freed at once rather than when its deadline passes
+        self._deadlines: list[tuple[float, int, int, float]] = []
         self._seqs = itertools.count()
         self._outbox: deque[list] = deque()
         self._cids = itertools.count()
@@ -169,10 +169,13 @@ class FabricClient:
 
     # -- submission ---------------------------------------------------------------------------
 
-    def submit(self, capsule: nvmeof_pb2.CommandCapsule, frames: Sequence = ()) -> concurrent.futures.Future:
+    def submit(self, capsule: nvmeof_pb2.CommandCapsule, frames: Sequence = (),
+               timeout_s: float | None = None) -> concurrent.futures.Future:
         """Send capsule (its command id is assigned here) and frames; return a Future of Completion.
 
         The frames are sent with copy=False: leave them unmodified until the Future resolves.
+        After timeout_s (default: the client's) the Future fails with FabricTimeout, and a late
+        completion is dropped.
         """
         if self._closed:
             raise FabricError("client closed")
@@ -184,7 +187,8 @@ class FabricClient:
             capsule.command_id = cid
             seq = next(self._seqs)
             self._pending[cid] = (seq, future)
-            heapq.heappush(self._deadlines, (time.monotonic() + self.timeout_s, seq, cid))
+            timeout_s = self.timeout_s if timeout_s is None else timeout_s
+            heapq.heappush(self._deadlines, (time.monotonic() + timeout_s, seq, cid, timeout_s))
             self._outbox.append([capsule.SerializeToString(), *frames])
         os.eventfd_write(self._wake, 1)
         return future
@@ -300,11 +304,11 @@ class FabricClient:
         expired = []
         with self._lock:
             while self._deadlines and self._deadlines[0][0] <= now:
-                _, seq, cid = heapq.heappop(self._deadlines)
+                _, seq, cid, timeout_s = heapq.heappop(self._deadlines)
                 entry = self._pending.get(cid)
                 if entry is not None and entry[0] == seq:
                     del self._pending[cid]
-                    expired.append((cid, entry[1]))
-        for cid, future in expired:
+                    expired.append((cid, entry[1], timeout_s))
+        for cid, future, timeout_s in expired:
             self._slots.release()
-            future.set_exception(FabricTimeout(f"command id {cid} timed out after {self.timeout_s} s"))
+            future.set_exception(FabricTimeout(f"command id {cid} timed out after {timeout_s:g} s"))

@@ -14,8 +14,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvtb.crc32c import crc32c
 from storage_node.allocator import Extent
-from storage_node.crc import crc32c
 
 logger = logging.getLogger(__name__)
 

@@ -82,3 +82,16 @@ def test_submit_blocks_at_queue_depth_and_futures_time_out():
     finally:
         client.close()
         target.close()
+
+
+def test_a_command_can_have_its_own_timeout():
+    target = FakeTarget(silent=True)
+    client = FabricClient(target.address, "nqn:h", timeout_s=30)
+    try:
+        start = time.monotonic()
+        with pytest.raises(FabricTimeout, match="0.2 s"):
+            client.submit(capsule(), timeout_s=0.2).result(5)
+        assert time.monotonic() - start < 5
+    finally:
+        client.close()
+        target.close()

@@ -1,9 +1,9 @@
 """Each malformed input gets its NVMe status and the queue goes on serving (no sockets)."""
 import pytest
 
+from kvtb.crc32c import crc32c
 from kvtb_proto import nvmeof_pb2 as pb
 from storage_node import status as st
-from storage_node.crc import crc32c
 
 from .conftest import GOOD_HOST, Harness, settings_for
 

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import zmq
 
+from kvtb.crc32c import crc32c
 from kvtb.grpc_health import SERVING, check
 from kvtb_proto import nvmeof_pb2 as pb
 from kvtb_proto import storage_admin_pb2 as apb
 from kvtb_proto import storage_admin_pb2_grpc as apb_grpc
 from storage_node import status as st
 from storage_node.client import FabricClient, FabricError, StorageStatusError
-from storage_node.crc import crc32c
 
 from .conftest import GOOD_HOST
 

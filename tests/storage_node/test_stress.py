@@ -5,10 +5,10 @@ import time
 import numpy as np
 import pytest
 
+from kvtb.crc32c import crc32c
 from kvtb_proto import nvmeof_pb2 as pb
 from storage_node import status as st
 from storage_node.client import FabricClient, StorageStatusError
-from storage_node.crc import crc32c
 
 from .conftest import GOOD_HOST
 
