@@ -106,7 +106,7 @@ class Agent:
         work: DataWork = entry.op
         if work.kind == "put":
             self.datapath.put(reg.region, work.ref, work.ranges, work.token_ids,
-                              lambda chunk, err: self._put_done(work, chunk, err, done))
+                              lambda chunk, err: self._put_done(work, chunk, err, done), work.runs)
             return
         chunk = work.chunk
         if chunk is None:
@@ -117,7 +117,7 @@ class Agent:
                 return self._get_done(work, None, 0, "not_found", "no such chunk in the requester", done)
         self.datapath.get(reg.region, work.ref, chunk, work.ranges, work.token_ids,
                           lambda nbytes, err: self._get_done(work, chunk, nbytes, err and err.kind,
-                                                             str(err or ""), done))
+                                                             str(err or ""), done), work.runs)
 
     def _put_done(self, work: DataWork, chunk: Chunk | None, err, done) -> None:
         if err is not None:

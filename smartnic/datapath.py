@@ -1,24 +1,28 @@
-"""The data plane: PUT gathers views of a region into ZeroMQ frames, GET scatters frames back.
+"""The data plane: PUT gathers ranges of a region into ZeroMQ frames, GET scatters frames back.
 
-PUT sends [header, token ids view, KV views...] with copy=False and never writes to those
-views while they are in flight. GET checks the value's crc32c and its header on arrival and
-copies each received frame into the region once. A GET that has not completed by its
-deadline fails with "timeout" and never writes afterwards. Completions run on a small
-worker pool, never on a fabric client's I/O thread.
+PUT reads the region when it fires and sends [header, payload...] with copy=False: ranges of
+1 MiB or more as views of the region, which it never writes while they are in flight, and
+runs of smaller ones joined by one copy (`smartnic.gather` says why). GET checks the value's
+header on arrival, copies the received bytes into the region once and checks their crc32c as
+it copies; a mismatch ends the GET with an error, so the bytes are never used. A GET that has
+not completed by its deadline fails with "timeout" and never writes afterwards.
+
+Completions run on the fabric client's I/O thread, where the reply arrived: a hand-off to
+another thread per chunk would cost more than the completion (the crc and the copy release
+the GIL). So they never block: what could (a Delete submitted while the queue pair is full)
+goes to a small worker pool.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import heapq
-import itertools
 import logging
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from kvtb import crc32c as _crc
 from kvtb_proto import nvmeof_pb2
 from smartnic import chunk_format as cf
+from smartnic import gather
 from smartnic.fabric import StorageNodes
 from smartnic.placement import place
 from smartnic.region import Region, RegionError
@@ -44,50 +48,6 @@ class DataError(Exception):
         self.kind = kind
 
 
-class _Deadlines:
-    """One thread calling callbacks at their deadlines (monotonic seconds)."""
-
-    def __init__(self):
-        self._heap: list = []
-        self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._stop = False
-        threading.Thread(target=self._run, name="get-deadlines", daemon=True).start()
-
-    def add(self, deadline: float, callback: Callable[[], None]) -> None:
-        with self._cond:
-            heapq.heappush(self._heap, (deadline, next(self._seq), callback))
-            self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stop and (not self._heap or self._heap[0][0] > time.monotonic()):
-                    self._cond.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
-                if self._stop:
-                    return
-                _, _, callback = heapq.heappop(self._heap)
-            callback()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-
-
-class _Once:
-    """First caller of claim() wins (the completion or the deadline, never both)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._done = False
-
-    def claim(self) -> bool:
-        with self._lock:
-            won, self._done = not self._done, True
-            return won
-
-
 class Datapath:
     """PUT/GET between regions and storage nodes. Thread-safe."""
 
@@ -95,38 +55,41 @@ class Datapath:
                  workers: int = 4):
         self.nodes, self.nsid, self.salt, self.get_timeout_s = nodes, nsid, salt, get_timeout_s
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="datapath")
-        self._deadlines = _Deadlines()
 
     def close(self) -> None:
-        self._deadlines.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- PUT
     def put(self, region: Region, ref: ChunkRef, ranges: Sequence[tuple[int, int]],
-            token_ids: tuple[int, int], done: Callable[[Chunk | None, DataError | None], None]) -> None:
-        """Gather the chunk from the region now and Store it; done(chunk, None) once durable."""
+            token_ids: tuple[int, int], done: Callable[[Chunk | None, DataError | None], None],
+            runs: Sequence[gather.Run] | None = None) -> None:
+        """Gather the chunk from the region now and Store it; done(chunk, None) once durable.
+
+        runs: gather.runs_of((token_ids, *ranges)), when the caller has it already.
+        """
         try:
+            mem = _memory(region)
+            runs = runs if runs is not None else gather.runs_of((token_ids, *ranges))
+            _check_span(region, runs)
             ids_view = region.view(*token_ids)
-            kv_views = [region.view(o, n) for o, n in ranges]
-        except RegionError as exc:
+        except (RegionError, ValueError, TypeError) as exc:  # out of bounds, or the region is closed
             return done(None, DataError("bounds", str(exc)))
         if ids_view.nbytes != (ref.token_end - ref.token_start) * cf.TOKEN_ID_BYTES:
             return done(None, DataError("bounds", f"token id range of {ids_view.nbytes} bytes does not "
                                                   f"cover tokens [{ref.token_start}, {ref.token_end})"))
-        kv_bytes = sum(v.nbytes for v in kv_views)
+        kv_bytes = sum(r.nbytes for r in runs) - ids_view.nbytes
+        ids_hash = cf.token_ids_hash(ids_view)
         header = cf.encode_header(cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index,
-                                                 ref.token_start, ref.token_end, kv_bytes,
-                                                 cf.token_ids_hash(ids_view)))
-        frames = [header, ids_view, *kv_views]
-        crc = cf.crc32c_of(frames)
+                                                 ref.token_start, ref.token_end, kv_bytes, ids_hash))
+        payload, crc = gather.frames(mem, runs, _crc.crc32c(header), _crc.extend)
+        frames = [header, *payload]
         key = cf.chunk_key(self.salt, ref.user_id, ref.context_id, ref.chunk_index)
         node = place(key, self.nodes.names, self.nodes.up())
         client = self.nodes.client(node) if node else None
         if client is None:
             return done(None, DataError("storage_unavailable", "no storage node is up"))
         length = len(header) + ids_view.nbytes + kv_bytes
-        chunk = Chunk(ref.chunk_index, ref.token_start, ref.token_end, node, key, length, crc,
-                      cf.token_ids_hash(ids_view))
+        chunk = Chunk(ref.chunk_index, ref.token_start, ref.token_end, node, key, length, crc, ids_hash)
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_STORE,
                                             namespace_id=self.nsid, key=key, value_length=length,
                                             crc32c=crc, has_crc32c=True)
@@ -134,7 +97,7 @@ class Datapath:
             future = client.submit(capsule, frames)
         except Exception as exc:  # noqa: BLE001 - a closed client: report, never raise into the engine
             return done(None, DataError("storage_unavailable", str(exc)))
-        future.add_done_callback(lambda f: self._pool.submit(self._put_done, f, node, chunk, done))
+        future.add_done_callback(lambda f: self._put_done(f, node, chunk, done))
 
     def _put_done(self, future, node: str, chunk: Chunk, done) -> None:
         try:
@@ -147,70 +110,72 @@ class Datapath:
 
     # -- GET
     def get(self, region: Region, ref: ChunkRef, chunk: Chunk, ranges: Sequence[tuple[int, int]],
-            token_ids: tuple[int, int], done: Callable[[int, DataError | None], None]) -> None:
-        """Retrieve `chunk` and scatter it into the region; done(bytes, None) or done(0, error)."""
-        once = _Once()
+            token_ids: tuple[int, int], done: Callable[[int, DataError | None], None],
+            runs: Sequence[gather.Run] | None = None) -> None:
+        """Retrieve `chunk` and scatter it into the region; done(bytes, None) or done(0, error).
 
+        runs: gather.runs_of((token_ids, *ranges)), when the caller has it already. A GET not
+        answered within get_timeout_s ends with "timeout"; its answer, if it comes later, is dropped.
+        """
         def finish(nbytes: int, error: DataError | None) -> None:
             try:
                 done(nbytes, error)
             except Exception:
                 logger.exception("GET completion handler failed")
 
-        def expire() -> None:
-            if once.claim():
-                self.nodes.report_failure(chunk.storage_node, TimeoutError("GET deadline"))
-                finish(0, DataError("timeout", f"GET of chunk {chunk.chunk_index} from "
-                                               f"{chunk.storage_node} took over {self.get_timeout_s} s"))
-
         try:
-            targets = [region.view(*token_ids)] + [region.view(o, n) for o, n in ranges]
-        except RegionError as exc:
+            mem = _memory(region)  # held until the GET ends, as a DMA target stays pinned
+            targets = runs if runs is not None else gather.runs_of((token_ids, *ranges))
+            _check_span(region, targets)
+        except (RegionError, ValueError, TypeError) as exc:
             return finish(0, DataError("bounds", str(exc)))
         client = self.nodes.client(chunk.storage_node)
         if client is None:
             return finish(0, DataError("storage_unavailable", f"storage node {chunk.storage_node} is down"))
+        # The crc32c is checked here on arrival, end to end, so the node need not check it too.
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE,
-                                            namespace_id=self.nsid, key=chunk.key)
-        self._deadlines.add(time.monotonic() + self.get_timeout_s, expire)
+                                            namespace_id=self.nsid, key=chunk.key, skip_guard_check=True)
         try:
-            future = client.submit(capsule)
+            future = client.submit(capsule, timeout_s=self.get_timeout_s)
         except Exception as exc:  # noqa: BLE001
-            if once.claim():
-                finish(0, DataError("storage_unavailable", str(exc)))
-            return
-        future.add_done_callback(
-            lambda f: self._pool.submit(self._get_done, f, ref, chunk, targets, once, finish))
+            return finish(0, DataError("storage_unavailable", str(exc)))
+        future.add_done_callback(lambda f: self._get_done(f, ref, chunk, mem, targets, finish))
 
-    def _get_done(self, future, ref: ChunkRef, chunk: Chunk, targets, once: _Once, finish) -> None:
+    def _get_done(self, future, ref: ChunkRef, chunk: Chunk, mem, targets, finish) -> None:
         try:
             completion = future.result().raise_for_status()
         except Exception as exc:  # noqa: BLE001
             self.nodes.report_failure(chunk.storage_node, exc)
-            if once.claim():
-                kind = "timeout" if isinstance(exc, TimeoutError) else "storage_status"
-                finish(0, DataError(kind, f"retrieve from {chunk.storage_node}: {exc}"))
-            return
+            if isinstance(exc, TimeoutError):
+                return finish(0, DataError("timeout", f"GET of chunk {chunk.chunk_index} from "
+                                                      f"{chunk.storage_node}: {exc}"))
+            return finish(0, DataError("storage_status", f"retrieve from {chunk.storage_node}: {exc}"))
         frames = completion.frames
         try:
-            self._check(frames, ref, chunk, targets)
+            header_len = self._check(frames, ref, chunk, targets)
         except DataError as exc:
-            if once.claim():
-                finish(0, exc)
-            return
-        if not once.claim():
-            return  # the deadline passed: never write late
-        nbytes = cf.scatter(cf.skip(frames, chunk.length - sum(t.nbytes for t in targets)), targets)
+            return finish(0, exc)
+        # The bytes land first and are checksummed as they are copied (still in cache); a
+        # mismatch ends on the completion counter's error part, which tells the compute node
+        # not to use the slot's contents.
+        try:
+            crc = _crc.crc32c(cf.leading_bytes(frames, header_len))
+            nbytes, crc = _scatter(cf.skip(frames, header_len), mem, targets, crc)
+        except Exception as exc:  # noqa: BLE001 - a bug must end on the counter, not in a log
+            logger.exception("GET of chunk %d: scatter failed", chunk.chunk_index)
+            return finish(0, DataError("internal", f"scatter failed: {exc}"))
+        if crc != chunk.crc32c:
+            return finish(0, DataError("crc_mismatch",
+                                       f"chunk {chunk.chunk_index}: crc32c mismatch on arrival"))
         finish(nbytes, None)
 
     @staticmethod
-    def _check(frames, ref: ChunkRef, chunk: Chunk, targets) -> None:
+    def _check(frames, ref: ChunkRef, chunk: Chunk, targets: Sequence[gather.Run]) -> int:
+        """The header's length, once the value's length and header match what was asked for."""
         size = sum(memoryview(f).nbytes for f in frames)
         if size != chunk.length:
             raise DataError("length_mismatch", f"chunk {chunk.chunk_index}: got {size} bytes, "
                                                f"expected {chunk.length}")
-        if cf.crc32c_of(frames) != chunk.crc32c:
-            raise DataError("crc_mismatch", f"chunk {chunk.chunk_index}: crc32c mismatch on arrival")
         try:
             header, header_len = cf.decode_header(cf.leading_bytes(frames, cf.MAX_HEADER_BYTES))
         except cf.ChunkFormatError as exc:
@@ -219,12 +184,16 @@ class Datapath:
         if got != tuple(ref):
             raise DataError("bad_header", f"chunk header says {got}, expected {tuple(ref)}")
         if header_len + header.token_ids_bytes + header.kv_bytes != size or \
-                header.token_ids_bytes + header.kv_bytes != sum(t.nbytes for t in targets):
+                header.token_ids_bytes + header.kv_bytes != _total(targets):
             raise DataError("length_mismatch", f"chunk {chunk.chunk_index} does not fit its ranges")
+        return header_len
 
     # -- housekeeping
     def delete(self, chunk: Chunk) -> None:
-        """Delete a chunk on its node (best effort, asynchronous)."""
+        """Delete a chunk on its node (best effort, asynchronous; never blocks the caller)."""
+        self._pool.submit(self._delete, chunk)
+
+    def _delete(self, chunk: Chunk) -> None:
         client = self.nodes.client(chunk.storage_node)
         if client is None:
             return
@@ -234,6 +203,34 @@ class Datapath:
             client.submit(capsule)
         except Exception as exc:  # noqa: BLE001
             logger.warning("delete of a chunk on %s failed: %s", chunk.storage_node, exc)
+
+
+def _memory(region: Region):
+    """The region's bytes as a numpy array; RegionError once it is closed."""
+    if region.array is None:
+        raise RegionError(f"region {region.name!r} is closed")
+    return region.array
+
+
+def _check_span(region: Region, runs: Sequence[gather.Run]) -> None:
+    """RegionError unless every byte of runs lies in the region."""
+    lo, hi = gather.span(runs)
+    region.check(lo, hi - lo)
+
+
+def _total(runs: Sequence[gather.Run]) -> int:
+    return sum(r.nbytes for r in runs)
+
+
+def _scatter(payload: list[memoryview], mem, targets: Sequence[gather.Run], crc: int) -> tuple[int, int]:
+    """Copy the payload views into the target runs of mem (one copy); (bytes copied, crc extended)."""
+    if len(payload) == 1:
+        return gather.scatter(payload[0], mem, targets, crc, _crc.extend)
+    for view in payload:
+        crc = _crc.extend(crc, view)
+    views = [memoryview(mem)[o:o + n] for r in targets for o, n in
+             ((r.first + i * r.stride, r.length) for i in range(r.count))]
+    return cf.scatter(payload, views), crc
 
 
 def read_headers(client, nsid: int, node: str) -> list[tuple[str, str, Chunk]]:

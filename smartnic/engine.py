@@ -9,12 +9,15 @@ queuing, for an entry due at once) to the firing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
+from smartnic import gather
 from smartnic.datapath import ChunkRef
+from smartnic.region import RegionError
 from smartnic.regions import Regions, Registered, UnknownRegion
 from smartnic.requester import Chunk
 from smartnic.stats import Stats
@@ -42,6 +45,11 @@ class DataWork:
     token_ids: tuple[int, int]
     chunk: Chunk | None = None
     tag: object = None  # the agent's bookkeeping (a restore)
+
+    @functools.cached_property
+    def runs(self) -> tuple[gather.Run, ...]:
+        """The copy plan of token_ids then ranges (computed once; ValueError for a negative length)."""
+        return tuple(gather.runs_of((self.token_ids, *self.ranges)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +102,11 @@ class TriggerEngine:
             if isinstance(work, CounterWork):
                 reg.region.read_counter(work.counter)
             else:  # an access outside the region is refused now (and checked again when it fires)
-                for offset, length in (*work.ranges, work.token_ids):
-                    reg.region.check(offset, length)
+                try:
+                    lo, hi = gather.span(work.runs)
+                except ValueError as exc:
+                    raise RegionError(str(exc)) from exc
+                reg.region.check(lo, hi - lo)
         now = time.monotonic_ns()
         with self._lock:
             entries = self._dwq.queue(

@@ -10,6 +10,7 @@ import threading
 import grpc
 
 from kvtb.grpc_health import add_health_and_reflection
+from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb.launch import announce_ready
 from kvtb.logs import setup_logging
 from kvtb.metrics import add_collector, start_metrics_server
@@ -57,6 +58,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--log-json", action="store_true", help="JSON log lines (also KVTB_LOG_JSON=1)")
     args = parser.parse_args(argv)
     setup_logging("smartnic", args.log_json)
+    keep_large_buffers_in_the_heap()
     try:
         settings = load_settings(SmartNicSettings, "smartnic", args.config,
                                  overrides={"listen_address": args.listen})

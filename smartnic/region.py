@@ -67,6 +67,7 @@ class Region:
         finally:
             os.close(fd)
         self.buffer = memoryview(self._mmap)
+        self.array = np.frombuffer(self._mmap, dtype=np.uint8)  # [size] uint8: the same bytes
         # counters: [counter, success|error] uint64
         self.counters = np.frombuffer(self._mmap, dtype=np.uint64, count=counter_count * 2,
                                       offset=counter_offset).reshape(counter_count, 2)
@@ -131,7 +132,7 @@ class Region:
     # -- lifetime
     def close(self) -> None:
         """Unmap; the owner also removes the shared memory name."""
-        self.counters = None  # drop the numpy export before closing the mmap
+        self.counters = self.array = None  # drop the numpy exports before closing the mmap
         try:
             self.buffer.release()
             self._mmap.close()

@@ -58,7 +58,7 @@ class SmartNicSettings:
     compute_address: str = ""              # where turns go when no region named a compute node
     watcher_spin_us: float = 200.0
     watcher_max_sleep_us: float = 1000.0
-    datapath_workers: int = 4
+    datapath_workers: int = 1             # threads that submit Deletes (completions need none)
     grpc_workers: int = 32
     prefetch_lease_s: float = 10.0         # ReserveSlot lease asked of the compute node
 

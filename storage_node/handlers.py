@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtb.crc32c import crc32c
 from kvtb_proto import nvmeof_pb2 as pb
 from storage_node import status as st
 from storage_node.commit import GroupCommitter
-from storage_node.crc import crc32c
 from storage_node.kv_namespace import KvNamespace, PendingDelete, check_key
 from storage_node.namespace import LBA_BYTES, BlockNamespace, Namespace, byte_view
 from storage_node.status import NvmeError, Status
@@ -123,7 +123,8 @@ def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
 
 
 def _kv_retrieve(cmd: Command, finish: Finish, env: dict) -> None:
-    data, length, crc, release = cmd.namespace.retrieve(cmd.capsule.key, cmd.capsule.value_length)
+    c = cmd.capsule
+    data, length, crc, release = cmd.namespace.retrieve(c.key, c.value_length, not c.skip_guard_check)
     finish(Result(value_length=length, crc32c=crc, frames=[data], bytes_read=data.nbytes, on_sent=release))
 
 
@@ -169,8 +170,12 @@ def _flush(cmd: Command, finish: Finish, env: dict) -> None:
     finish(Result())
 
 
-def _stored_bytes(cmd: Command) -> int:
-    return cmd.namespace.value_length(cmd.capsule.key)
+def _retrieve_bytes(cmd: Command) -> int:
+    """Bytes a Retrieve copies or checksums: none for a mapped value the host checks itself."""
+    ns: KvNamespace = cmd.namespace
+    if cmd.capsule.skip_guard_check and ns.maps(cmd.capsule.key):
+        return 0
+    return ns.value_length(cmd.capsule.key)
 
 
 def _lba_bytes(cmd: Command) -> int:
@@ -181,7 +186,7 @@ OPS: dict[tuple[int, int], OpSpec] = {
     (pb.KEY_VALUE, pb.KV_STORE): OpSpec("kv_store", KvNamespace, _check_store, _kv_store,
                                         carries_payload=True),
     (pb.KEY_VALUE, pb.KV_RETRIEVE): OpSpec("kv_retrieve", KvNamespace, _check_key, _kv_retrieve,
-                                           size=_stored_bytes),
+                                           size=_retrieve_bytes),
     (pb.KEY_VALUE, pb.KV_DELETE): OpSpec("kv_delete", KvNamespace, _check_key, _kv_delete, inline=True),
     (pb.KEY_VALUE, pb.KV_EXIST): OpSpec("kv_exist", KvNamespace, _check_key, _kv_exist, inline=True),
     (pb.KEY_VALUE, pb.KV_LIST): OpSpec("kv_list", KvNamespace, _no_checks, _kv_list, inline=True),

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import logging
 import signal
 import threading
 
+from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb.launch import announce_ready
 from kvtb.logs import setup_logging
 from kvtb.metrics import add_collector, start_metrics_server
@@ -26,18 +25,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--log-level", default="INFO", help="DEBUG logs one line per command")
     parser.add_argument("--log-json", action="store_true", help="JSON log lines (also KVTB_LOG_JSON=1)")
     return parser.parse_args(argv)
-
-
-def keep_large_buffers_in_the_heap() -> None:
-    """Let glibc serve and reuse value-sized buffers from its heap instead of fresh mmaps.
-
-    Every Store arrives in a new ZeroMQ message and every Retrieve reads into a new buffer;
-    with the default thresholds each is a fresh mmap whose pages fault in one by one.
-    """
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    if not (libc.mallopt(m_mmap_threshold, 512 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)):
-        logger.warning("mallopt refused; large buffers stay mmapped")
 
 
 def namespace_usage(node: StorageNode) -> list[tuple[int, int, int]]:

@@ -5,7 +5,8 @@ strided ranges per chunk, as in a KV pool), ZeroMQ, a real storage node process 
 end, queue manager, extent allocator, file, fsync), and back into the region, checked byte
 for byte. It reuses `kvtb bench smartnic`'s transfer functions with chunk sizes from 64 KiB to
 64 MiB; the raw limits (ZeroMQ tcp, pwrite+fsync, page-cache pread) are measured in the same
-run on the same disk. PUT limit = min(zmq, pwrite+fsync); GET limit = min(zmq, pread).
+run on the same disk, each moving as many distinct bytes as a transfer (`--total-mib`).
+PUT limit = min(zmq, pwrite+fsync); GET limit = min(zmq, pread).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from kvtb.bench import rawlimits
 from kvtb.bench.common import add_common_args, new_result, progress_for
 from kvtb.bench.emit import add_run_args, ratios_text, run_bench, services_dir
 from kvtb.bench.output import format_bytes, format_table, plot_lines
+from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb.launch import ServiceProcess, kvtb_argv
 from smartnic import bench as nic_bench
 from smartnic.agent import Agent
@@ -49,13 +51,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def limits_for(size: int, budget_s: float, data_dir: Path) -> dict[str, float]:
-    """The raw limits at one chunk size, on the storage node's disk."""
-    return {"zmq_tcp": rawlimits.zmq_bytes_per_s("tcp", size, budget_s),
-            "pread_cached": rawlimits.pread_cached_bytes_per_s(size, budget_s, data_dir),
-            "pwrite_fsync": rawlimits.pwrite_fsync_bytes_per_s(size, budget_s, data_dir)}
-
-
 def start_storage(data_dir: Path) -> ServiceProcess:
     """A real storage node process on free ports."""
     proc = ServiceProcess("storage-datapath", kvtb_argv("serve", "storage"), data_dir / "storage.log", env={
@@ -68,6 +63,7 @@ def start_storage(data_dir: Path) -> ServiceProcess:
 
 def measure(args: argparse.Namespace, data_dir: Path, progress) -> list[dict]:
     """Per chunk size: the whole path, the storage node alone, and the raw limits."""
+    keep_large_buffers_in_the_heap()  # the agent runs in this process, as its main would set it up
     storage = start_storage(data_dir)
     node = StorageNodeRef("datapath", storage.addresses["admin"], storage.addresses["fabric"])
     most_chunks = max(max(2, (args.total_mib << 20) // size) for size in args.sizes)
@@ -77,7 +73,7 @@ def measure(args: argparse.Namespace, data_dir: Path, progress) -> list[dict]:
     try:
         agent.start()
         for size in args.sizes:
-            limits = limits_for(size, args.budget_s, data_dir)
+            limits = rawlimits.path_limits(size, args.budget_s, data_dir, args.total_mib << 20)
             t = nic_bench.transfer(agent, size, args.total_mib << 20, args.rounds)
             t["storage_node_direct"] = nic_bench.direct(node.fabric_address, size, args.total_mib << 20,
                                                         args.rounds)

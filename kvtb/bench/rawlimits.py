@@ -2,9 +2,17 @@
 
 Each function runs for about `budget_s` seconds (at least one full iteration) and returns bytes
 per second, so a benchmark can put its own throughput beside the machine's in the same run.
+
+`working_set_bytes`: the disk and ZeroMQ limits move `size_bytes` at a time through that many
+distinct bytes (distinct buffers, distinct file offsets), cycling. A benchmark that moves 128 MiB
+of distinct KV passes 128 MiB, so its limit streams from memory as it does; with the default
+(one buffer of `size_bytes`) the same cache-resident bytes go over and over, and a rewrite of one
+file range after fsync costs the disk less than new data: upper bounds that no data path
+moving new bytes reaches.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import tempfile
@@ -37,6 +45,11 @@ def _payload(size_bytes: int) -> np.ndarray:
     return np.random.default_rng(0).integers(0, 256, size_bytes, dtype=np.uint8)
 
 
+def _slots(size_bytes: int, working_set_bytes: int | None) -> int:
+    """How many distinct size_bytes pieces the working set holds (at least one)."""
+    return max(1, (working_set_bytes or size_bytes) // size_bytes)
+
+
 def memcpy_bytes_per_s(size_bytes: int = 64 << 20, budget_s: float = DEFAULT_BUDGET_S) -> float:
     """Copy size_bytes between two preallocated buffers (numpy copyto), bytes copied per second."""
     src = _payload(size_bytes)
@@ -47,16 +60,23 @@ def memcpy_bytes_per_s(size_bytes: int = 64 << 20, budget_s: float = DEFAULT_BUD
 
 
 def pwrite_fsync_bytes_per_s(size_bytes: int = 16 << 20, budget_s: float = DEFAULT_BUDGET_S,
-                             directory: str | Path | None = None) -> float:
-    """os.pwrite of size_bytes then os.fsync, repeated, in a temp dir under directory; bytes/s."""
-    buf = memoryview(_payload(size_bytes))
+                             directory: str | Path | None = None,
+                             working_set_bytes: int | None = None) -> float:
+    """os.pwrite of size_bytes then os.fsync, repeated, in a temp dir under directory; bytes/s.
+
+    Piece i of the working set goes to file offset i * size_bytes, cycling.
+    """
+    slots = _slots(size_bytes, working_set_bytes)
+    data = memoryview(_payload(slots * size_bytes))
+    turn = itertools.count()
     with tempfile.TemporaryDirectory(prefix="kvtb-rawlimits-", dir=directory) as tmp:
         fd = os.open(os.path.join(tmp, "pwrite.bin"), os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             def step():
-                written = 0
+                base = next(turn) % slots * size_bytes
+                buf, written = data[base:base + size_bytes], 0
                 while written < size_bytes:
-                    written += os.pwrite(fd, buf[written:], written)
+                    written += os.pwrite(fd, buf[written:], base + written)
                 os.fsync(fd)
 
             n, elapsed_s = _timed_loop(step, budget_s)
@@ -66,24 +86,32 @@ def pwrite_fsync_bytes_per_s(size_bytes: int = 16 << 20, budget_s: float = DEFAU
 
 
 def pread_cached_bytes_per_s(size_bytes: int = 16 << 20, budget_s: float = DEFAULT_BUDGET_S,
-                             directory: str | Path | None = None) -> float:
-    """os.preadv of a size_bytes file already in the page cache into one buffer; bytes/s."""
+                             directory: str | Path | None = None,
+                             working_set_bytes: int | None = None) -> float:
+    """os.preadv of size_bytes from a file already in the page cache; bytes/s.
+
+    Piece i of the working set is read from file offset i * size_bytes into its own place of a
+    buffer as large as the working set, cycling.
+    """
+    slots = _slots(size_bytes, working_set_bytes)
+    turn = itertools.count()
     with tempfile.TemporaryDirectory(prefix="kvtb-rawlimits-", dir=directory) as tmp:
         path = os.path.join(tmp, "pread.bin")
-        Path(path).write_bytes(_payload(size_bytes).tobytes())
-        buf = bytearray(size_bytes)
+        Path(path).write_bytes(_payload(slots * size_bytes).tobytes())
+        buf = np.zeros(slots * size_bytes, dtype=np.uint8)  # zeros: faulted in before timing
         view = memoryview(buf)
         fd = os.open(path, os.O_RDONLY)
         try:
             def step():
-                done = 0
+                base, done = next(turn) % slots * size_bytes, 0
                 while done < size_bytes:
-                    got = os.preadv(fd, [view[done:]], done)
+                    got = os.preadv(fd, [view[base + done:base + size_bytes]], base + done)
                     if got == 0:
                         raise OSError("short read")
                     done += got
 
-            step()  # make sure the page cache holds the file
+            for _ in range(slots):  # make sure the page cache holds the file
+                step()
             n, elapsed_s = _timed_loop(step, budget_s)
         finally:
             os.close(fd)
@@ -91,8 +119,11 @@ def pread_cached_bytes_per_s(size_bytes: int = 16 << 20, budget_s: float = DEFAU
 
 
 def zmq_bytes_per_s(transport: str = "tcp", message_bytes: int = 1 << 20,
-                    budget_s: float = DEFAULT_BUDGET_S) -> float:
-    """PUSH->PULL over loopback tcp or ipc, multipart [header, payload] with copy=False; bytes/s."""
+                    budget_s: float = DEFAULT_BUDGET_S, working_set_bytes: int | None = None) -> float:
+    """PUSH->PULL over loopback tcp or ipc, multipart [header, payload] with copy=False; bytes/s.
+
+    The payloads are the working set's pieces in turn.
+    """
     import zmq
 
     ctx = zmq.Context()
@@ -112,13 +143,17 @@ def zmq_bytes_per_s(transport: str = "tcp", message_bytes: int = 1 << 20,
         else:
             raise ValueError(f"unknown transport {transport!r} (tcp or ipc)")
         stop = threading.Event()
-        payload = _payload(message_bytes)
+        slots = _slots(message_bytes, working_set_bytes)
+        data = memoryview(_payload(slots * message_bytes))
+        payloads = [data[i * message_bytes:(i + 1) * message_bytes] for i in range(slots)]
         header = b"kvtb-raw"
 
         def send_until_stopped():
-            while not stop.is_set():
+            for i in itertools.count():
+                if stop.is_set():
+                    return
                 if push.poll(_SEND_POLL_MS, zmq.POLLOUT):
-                    push.send_multipart([header, payload], copy=False)
+                    push.send_multipart([header, payloads[i % slots]], copy=False)
 
         sender = threading.Thread(target=send_until_stopped, name="zmq-raw-sender", daemon=True)
         sender.start()
@@ -156,3 +191,11 @@ def measure_all(size_bytes: int = 16 << 20, message_bytes: int = 1 << 20,
     }
     logger.info("raw limits (GB/s): %s", {k: round(v / 1e9, 2) for k, v in limits.items()})
     return limits
+
+
+def path_limits(size_bytes: int, budget_s: float, directory: str | Path | None,
+                working_set_bytes: int | None = None) -> dict[str, float]:
+    """The limits a KV value crosses (zmq_tcp, pwrite_fsync, pread_cached) at one size, in bytes/s."""
+    return {"zmq_tcp": zmq_bytes_per_s("tcp", size_bytes, budget_s, working_set_bytes),
+            "pread_cached": pread_cached_bytes_per_s(size_bytes, budget_s, directory, working_set_bytes),
+            "pwrite_fsync": pwrite_fsync_bytes_per_s(size_bytes, budget_s, directory, working_set_bytes)}

@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
+from kvtb.crc32c import crc32c
 from storage_node import status as st
 from storage_node.commit import GroupCommitter
-from storage_node.crc import crc32c
 from storage_node.kv_namespace import KvNamespace, PendingDelete
 from storage_node.status import NvmeError
 
@@ -65,6 +65,22 @@ def test_corrupt_bytes_answer_unrecovered_read_error(tmp_path, ns):
     with pytest.raises(NvmeError) as err:
         ns.retrieve(b"a")
     assert err.value.status == st.UNRECOVERED_READ_ERROR and ns.integrity_errors == 1
+
+
+@pytest.mark.parametrize("size", [10_000, 2 * MIB])  # read into a buffer, and sent from the mapping
+def test_a_host_that_checks_the_guard_itself_gets_the_bytes_as_stored(tmp_path, ns, size):
+    put(ns, b"a", b"x" * size)
+    with open(tmp_path / "ns1.data", "r+b") as f:
+        f.seek(size // 2)
+        f.write(b"y")
+    data, length, crc, release = ns.retrieve(b"a", check_guard=False)
+    assert bytes(data) == b"x" * (size // 2) + b"y" + b"x" * (size - size // 2 - 1)
+    assert crc == crc32c(b"x" * size) != crc32c(data)  # the host compares and sees the damage
+    assert ns.maps(b"a") == (release is not None) == (size >= MIB) and ns.integrity_errors == 0
+    if release:
+        release()
+    with pytest.raises(NvmeError):
+        ns.retrieve(b"a")  # the default still checks
 
 
 def test_full_namespace_answers_capacity_exceeded(ns):
