@@ -42,7 +42,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sizes-kib", type=lambda s: [int(x) * KIB for x in s.split(",")],
                         help="chunk sizes in KiB, comma-separated (default 64 KiB to 64 MiB)")
     parser.add_argument("--total-mib", type=int, default=128, help="bytes moved per size and round")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds per size (the best is kept)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per size (the best is kept)")
     parser.add_argument("--budget-s", type=float, default=1.0, help="seconds per raw-limit measurement")
     args = parser.parse_args(argv)
     args.sizes = args.sizes_kib or list(SMOKE_SIZES if args.smoke else SIZES)
