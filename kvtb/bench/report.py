@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvtb.bench import suite
+from kvtb.bench import suite, summary
 from kvtb.bench.common import add_common_args, progress_for
 from kvtb.bench.emit import setup_logging
 from kvtb.bench.machine import machine_info
@@ -32,6 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     names = [s.name for s in suite.STEPS]
     parser.add_argument("--only", nargs="+", choices=names, help="run only these benchmarks")
     parser.add_argument("--skip", nargs="+", choices=names, default=[], help="leave these out")
+    parser.add_argument("--readme", type=Path, metavar="FILE",
+                        help="also write the summary table into FILE, between its summary markers")
     return parser.parse_args(argv)
 
 
@@ -64,6 +66,13 @@ def main(argv: list[str]) -> int:
     write_json(out, "all.json", report)
     readme = out / "README.md"
     readme.write_text(render(report, out))
+    if args.readme:
+        m = report["machine"]
+        block = (f"{summary.table(summary.results_of(report))}\n\n"
+                 f"Measured by `{report['command']}` on {m.get('cores_logical')} cores of an "
+                 f"{m.get('cpu_model')} ({m.get('time_utc', '')[:10]}, commit {m.get('git_commit', '')[:12]}); "
+                 f"the whole report with tables and plots: `{Path(args.out) / 'README.md'}`.")
+        args.readme.write_text(summary.splice(args.readme.read_text(), block))
     if args.json:
         emit_json({k: v for k, v in report.items() if k != "steps"} | {"report": str(readme)})
     else:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kvtb.bench import summary
 from kvtb.bench.output import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ def render(report: dict, out: Path) -> str:
     failed = [e["name"] for e in report["steps"] if e.get("error")]
     if failed:
         lines += [f"**Failed:** {', '.join(failed)}", ""]
+    lines += ["## Summary", "", summary.table(summary.results_of(report)), ""]
     for entry in report["steps"]:
         lines += step_section(entry, out)
     return "\n".join(lines) + "\n"

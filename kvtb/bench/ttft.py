@@ -25,7 +25,7 @@ from kvtb.bench.turns import context_prompt, follow_up_ids, generate
 
 logger = logging.getLogger(__name__)
 
-SIZES = (256, 512, 1024, 2048, 3584)
+SIZES = (32, 64, 128, 256, 512, 1024, 2048, 3584)
 SMOKE_SIZES = (64, 160)
 POLICIES = ("resident", "triggered", "recompute")
 BUILT = ("resident", "triggered")   # policies whose first turn leaves KV behind

@@ -66,7 +66,7 @@ def context_prompt(stub: compute_pb2_grpc.ComputeNodeStub, tokens: int) -> list[
     while len(ids) > tokens and copies > 1:
         copies -= 1
         ids = encode(stub, FILLER * copies, False)
-    return ids
+    return ids[:tokens]  # one copy may be longer than a small size
 
 
 def follow_up_ids(stub: compute_pb2_grpc.ComputeNodeStub, history: Sequence[int], reply: TurnResult,
