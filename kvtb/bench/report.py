@@ -70,7 +70,8 @@ def main(argv: list[str]) -> int:
         m = report["machine"]
         block = (f"{summary.table(summary.results_of(report))}\n\n"
                  f"Measured by `{report['command']}` on {m.get('cores_logical')} cores of an "
-                 f"{m.get('cpu_model')} ({m.get('time_utc', '')[:10]}, commit {m.get('git_commit', '')[:12]}); "
+                 f"{m.get('cpu_model')} ({m.get('time_utc', '')[:10]}, "
+                 f"commit {m.get('git_commit', '')[:12]}); "
                  f"the whole report with tables and plots: `{Path(args.out) / 'README.md'}`.")
         args.readme.write_text(summary.splice(args.readme.read_text(), block))
     if args.json:
