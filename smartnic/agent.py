@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from smartnic import gather
 from smartnic.datapath import ChunkRef, Datapath, read_headers
 from smartnic.engine import DataWork, TriggerEngine
 from smartnic.eviction import make_policy
@@ -207,10 +208,8 @@ class Agent:
         if not chunks:
             restore.done_ns = restore.started_ns
             return restore
-        works = [(counter, 0, DataWork("get", ChunkRef(user_id, context_id, c.chunk_index, c.token_start,
-                                                        c.token_end),
-                                       tuple(layout.kv_ranges(slot, c.token_start, c.token_end)),
-                                       layout.token_ids_range(slot, c.token_start, c.token_end), c, restore),
+        works = [(counter, 0, _restore_get(layout, slot, ChunkRef(user_id, context_id, c.chunk_index,
+                                                                    c.token_start, c.token_end), c, restore),
                   counter) for c in chunks]
         try:
             self.engine.queue(reg, works)
@@ -267,3 +266,11 @@ class Agent:
                 "queue_depth": self.engine.depth, "contexts": len(contexts),
                 "chunks": sum(len(c.chunks) for c in contexts), "bytes_by_storage_node": by_node,
                 "bytes_stored": sum(by_node.values())}
+
+
+def _restore_get(layout, slot: int, ref: ChunkRef, chunk: Chunk, restore: Restore) -> DataWork:
+    """The GET of one chunk into a slot; its ranges given as the two runs the layout makes of them."""
+    ids = layout.token_ids_range(slot, ref.token_start, ref.token_end)
+    kv = layout.kv_run(slot, ref.token_start, ref.token_end)
+    plan = tuple(r for r in (gather.Run(ids[0], ids[1], ids[1], 1 if ids[1] else 0), kv) if r.count)
+    return DataWork("get", ref, (), ids, chunk, restore, plan)

@@ -45,10 +45,13 @@ class DataWork:
     token_ids: tuple[int, int]
     chunk: Chunk | None = None
     tag: object = None  # the agent's bookkeeping (a restore)
+    plan: tuple[gather.Run, ...] | None = None  # token_ids then ranges as runs, when the maker knows them
 
     @functools.cached_property
     def runs(self) -> tuple[gather.Run, ...]:
         """The copy plan of token_ids then ranges (computed once; ValueError for a negative length)."""
+        if self.plan is not None:
+            return self.plan
         return tuple(gather.runs_of((self.token_ids, *self.ranges)))
 
 

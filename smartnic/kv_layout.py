@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from smartnic import gather
+
 COUNTER_BYTES = 16
 TOKEN_ID_BYTES = 4
 PAGE_BYTES = 4096
@@ -125,6 +127,14 @@ class KvLayout:
             for kv in (0, 1)
             for head in range(self.num_kv_heads)
         ]
+
+    def kv_run(self, slot: int, token_start: int, token_end: int) -> gather.Run:
+        """kv_ranges() as one run: the rows of consecutive (layer, K|V, head) are max_tokens apart."""
+        self._check_tokens(token_start, token_end)
+        length = (token_end - token_start) * self.token_bytes
+        rows = self.num_layers * 2 * self.num_kv_heads if length else 0
+        return gather.Run(self.row_offset(slot, 0, 0, 0, token_start), length,
+                          self.max_tokens * self.token_bytes, rows)
 
     def token_ids_range(self, slot: int, token_start: int, token_end: int) -> tuple[int, int]:
         """(offset, length) of token ids [start, end) of a slot."""

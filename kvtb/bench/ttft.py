@@ -2,9 +2,9 @@
 
 One compute node serves all three policies (TurnRequest.policy). For each context size the
 first turn is run once under `resident` and once under `triggered` (its KV then lives only in
-storage); then each repetition sends a fresh short follow-up message on top of that context
-under every policy in turn (the order rotates, so that no policy always runs right after the
-background work of another), so the three are measured side by side. A `triggered` follow-up
+storage); then each repetition continues the conversation with a short new message under every
+policy in turn (the order rotates, so that no policy always runs right after the background
+work of another), so the three are measured side by side. A `triggered` follow-up
 is prefetched by the agent from storage (steps 5-7); a `recompute` follow-up prefills the
 whole transcript again. TTFT is timed by the client from the call to the first token.
 """
@@ -50,21 +50,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run_size(stub, size: int, reps: int, max_new: int, progress) -> dict:
-    """Every policy's follow-ups after one context of about `size` tokens."""
+    """Every policy's follow-ups after one context of about `size` tokens.
+
+    Each follow-up continues its policy's own conversation exactly (the transcript so far, the
+    last reply, a new message), as a returning user's does, so the context grows by a few
+    tokens per repetition and whatever a policy kept of the last turn is all reusable.
+    """
     prompt = context_prompt(stub, size)
-    firsts = {p: generate(stub, USER, f"{p}-{size}", prompt, 1, p) for p in BUILT}
+    history = {p: prompt for p in BUILT}
+    last = {p: generate(stub, USER, f"{p}-{size}", prompt, 1, p) for p in BUILT}
     progress.update(len(BUILT), note=f"{size} tokens built")
     turns: dict[str, list] = {p: [] for p in POLICIES}
     for rep in range(reps):
         message = f"Question {rep + 1}: in one word, where does the conversation live?"
+        asked = {p: follow_up_ids(stub, history[p], last[p], message) for p in BUILT}
         for policy in POLICIES[rep % 3:] + POLICIES[:rep % 3]:  # each policy goes first once
-            ids = follow_up_ids(stub, prompt, firsts.get(policy, firsts["resident"]), message)
-            # a recompute follow-up keeps nothing: a context of its own, the same tokens
-            context = f"recompute-{size}-{rep}" if policy == "recompute" else f"{policy}-{size}"
-            turn = generate(stub, USER, context, ids, max_new, policy)
+            if policy == "recompute":  # keeps nothing: a context of its own, the same tokens
+                turn = generate(stub, USER, f"recompute-{size}-{rep}", asked["triggered"], max_new, policy)
+            else:
+                turn = generate(stub, USER, f"{policy}-{size}", asked[policy], max_new, policy)
+                history[policy], last[policy] = asked[policy], turn
             turns[policy].append(turn)
             progress.update(note=f"{size} tokens {policy}")
-    return {"context_tokens": len(prompt), "follow_up_tokens": len(ids),
+    return {"context_tokens": len(prompt), "follow_up_tokens": len(asked["triggered"]),
             "policies": {p: summarize_turns(turns[p]) for p in POLICIES}}
 
 

@@ -62,3 +62,10 @@ def test_region_shared_between_owner_and_attacher(tmp_path):
         owner.close()
     with pytest.raises(RegionError, match="does not exist"):
         Region.attach(name, LAYOUT.region_bytes, LAYOUT.counter_offset, LAYOUT.counter_count)
+
+
+def test_kv_run_is_kv_ranges_as_one_run():
+    for start, end in ((0, 5), (3, 16), (16, 16)):
+        run = LAYOUT.kv_run(1, start, end)
+        assert [(run.first + i * run.stride, run.length) for i in range(run.count)] == \
+            LAYOUT.kv_ranges(1, start, end)
