@@ -2,11 +2,11 @@
 
 One compute node serves all three policies (TurnRequest.policy). For each context size the
 first turn is run once under `resident` and once under `triggered` (its KV then lives only in
-storage); then each repetition continues the conversation with a short new message under every
-policy in turn (the order rotates, so that no policy always runs right after the background
-work of another), so the three are measured side by side. A `triggered` follow-up
-is prefetched by the agent from storage (steps 5-7); a `recompute` follow-up prefills the
-whole transcript again. TTFT is timed by the client from the call to the first token.
+storage); then one follow-up per policy continues it with a short new message, the policies in
+turn (the order rotates, so that no policy always runs right after the background work of
+another), so the three are measured side by side; each repetition builds the context anew.
+A `triggered` follow-up is prefetched by the agent from storage (steps 5-7); a `recompute`
+follow-up prefills the whole transcript again. TTFT is timed by the client from the call to the first token.
 """
 from __future__ import annotations
 
@@ -50,27 +50,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run_size(stub, size: int, reps: int, max_new: int, progress) -> dict:
-    """Every policy's follow-ups after one context of about `size` tokens.
+    """Every policy's follow-ups after a context of about `size` tokens.
 
-    Each follow-up continues its policy's own conversation exactly (the transcript so far, the
-    last reply, a new message), as a returning user's does, so the context grows by a few
-    tokens per repetition and whatever a policy kept of the last turn is all reusable.
+    Each repetition builds the context anew under `resident` and under `triggered` (untimed),
+    then times one follow-up per policy that continues it exactly (the context, its reply, a
+    new short message), as a returning user's turn does: so every follow-up sees a context of
+    the same length, and whatever a policy kept of the first turn is all reusable.
     """
     prompt = context_prompt(stub, size)
-    history = {p: prompt for p in BUILT}
-    last = {p: generate(stub, USER, f"{p}-{size}", prompt, 1, p) for p in BUILT}
-    progress.update(len(BUILT), note=f"{size} tokens built")
     turns: dict[str, list] = {p: [] for p in POLICIES}
     for rep in range(reps):
+        firsts = {p: generate(stub, USER, f"{p}-{size}-{rep}", prompt, 1, p) for p in BUILT}
+        progress.update(len(BUILT), note=f"{size} tokens built")
         message = f"Question {rep + 1}: in one word, where does the conversation live?"
-        asked = {p: follow_up_ids(stub, history[p], last[p], message) for p in BUILT}
+        asked = {p: follow_up_ids(stub, prompt, firsts[p], message) for p in BUILT}
+        asked["recompute"] = asked["triggered"]  # keeps nothing: a context of its own, the same tokens
         for policy in POLICIES[rep % 3:] + POLICIES[:rep % 3]:  # each policy goes first once
-            if policy == "recompute":  # keeps nothing: a context of its own, the same tokens
-                turn = generate(stub, USER, f"recompute-{size}-{rep}", asked["triggered"], max_new, policy)
-            else:
-                turn = generate(stub, USER, f"{policy}-{size}", asked[policy], max_new, policy)
-                history[policy], last[policy] = asked[policy], turn
-            turns[policy].append(turn)
+            context = f"{policy}-{size}-{rep}"
+            turns[policy].append(generate(stub, USER, context, asked[policy], max_new, policy))
             progress.update(note=f"{size} tokens {policy}")
     return {"context_tokens": len(prompt), "follow_up_tokens": len(asked["triggered"]),
             "policies": {p: summarize_turns(turns[p]) for p in POLICIES}}
@@ -148,7 +145,7 @@ def run(args: argparse.Namespace) -> dict:
     result = new_result("ttft", settings)
     config = bench_config(num_slots=8, max_context_tokens=max(4096, max(args.sizes) + 256), users=1,
                           compute={"torch_threads": args.torch_threads})
-    progress = progress_for(args, len(args.sizes) * (len(BUILT) + args.reps * len(POLICIES)), "ttft")
+    progress = progress_for(args, len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES)), "ttft")
     with Stack(services_dir(args, "ttft"), config, keep_data=args.keep_data) as stack, progress:
         result["settings"]["stack"] = stack.config
         with grpc.insecure_channel(stack.agent) as channel:
