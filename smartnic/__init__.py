@@ -8,10 +8,11 @@ Pure logic (no zmq, grpc or torch; time passed in):
     eviction.py      LRU by capacity and idle timer policies
     chunk_format.py  a stored chunk (header + token ids + KV) and its key
     kv_layout.py     where a KV pool keeps what inside its region (shared with the compute node)
+    gather.py        scatter-gather plans (runs of strided ranges), the gather and scatter copies
 I/O:
     region.py, regions.py   registered shared memory and its counters
     engine.py        the counter watcher thread that fires queued entries
-    datapath.py      PUT/GET of chunks between regions and storage nodes (ZeroMQ, no copies on PUT)
+    datapath.py      PUT/GET of chunks between regions and storage nodes (ZeroMQ, one copy each way)
     fabric.py        queue pairs to the storage nodes, reconnected in the background
     agent.py         everything above wired together: restore, eviction loop, statistics
     *_servicer.py, compute_proxy.py   the gRPC services (SmartNic, MatchAction, ComputeNode proxy)

@@ -7,12 +7,13 @@ Logic (no zmq, no grpc):
     queues.py        queue pair per host: depth, command ids, waiting commands, sq head
     namespace.py     file-backed namespaces, zero-copy extent I/O, the NVM block namespace
     kv_namespace.py  the key-value namespace: index, atomic replace, crc32c on every Retrieve
+                     (unless the host checks it itself: NVMe's PRCHK guard bit clear)
     commit.py        group commit (one data fdatasync + one journal fsync per batch)
     subsystem.py     namespaces (manifest), access list, host controllers
     handlers.py      per-opcode validation and execution
     commands.py      capsule -> access check -> queue admission -> dispatch -> response
     settings.py      StorageSettings (section `storage`)
-    crc.py, stats.py
+    stats.py (crc32c: kvtb/crc32c.py, shared with the agent)
 I/O:
     fabric.py (ZeroMQ ROUTER), admin.py (StorageAdmin gRPC), server.py, main.py (`kvtb serve storage`),
     client.py (the host library: FabricClient), bench.py (`kvtb bench storage`)
