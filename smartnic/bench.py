@@ -185,7 +185,6 @@ def measure(args, data_dir: Path) -> tuple[dict, list[dict]]:
         "KVTB_STORAGE_DATA_DIR": str(data_dir / "storage"), "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0",
         "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0", "KVTB_STORAGE_NODE_NAME": "bench"})
     storage.start()
-    keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up
     node = StorageNodeRef("bench", storage.addresses["admin"], storage.addresses["fabric"])
     agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,),
                                    queue_bound=max(512, args.trigger_samples), eviction_policy="timer"))
@@ -223,6 +222,7 @@ def add_ratios(t: dict, limits: dict[str, float]) -> list:
 
 
 def run(args) -> dict:
+    keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up, first
     temp = None if args.data_dir else tempfile.TemporaryDirectory(prefix="kvtb-bench-smartnic-")
     data_dir = Path(args.data_dir or temp.name)
     result = new_result("smartnic", {"sizes_mib": args.sizes_mib, "total_mib": args.total_mib,

@@ -52,8 +52,9 @@ class Datapath:
     """PUT/GET between regions and storage nodes. Thread-safe."""
 
     def __init__(self, nodes: StorageNodes, nsid: int, salt: str, get_timeout_s: float = 3.0,
-                 workers: int = 4):
+                 workers: int = 1, view_min_bytes: int = gather.VIEW_MIN_BYTES):
         self.nodes, self.nsid, self.salt, self.get_timeout_s = nodes, nsid, salt, get_timeout_s
+        self.view_min_bytes = view_min_bytes
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="datapath")
 
     def close(self) -> None:
@@ -81,7 +82,7 @@ class Datapath:
         ids_hash = cf.token_ids_hash(ids_view)
         header = cf.encode_header(cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index,
                                                  ref.token_start, ref.token_end, kv_bytes, ids_hash))
-        payload, crc = gather.frames(mem, runs, _crc.crc32c(header), _crc.extend)
+        payload, crc = gather.frames(mem, runs, _crc.crc32c(header), _crc.extend, self.view_min_bytes)
         frames = [header, *payload]
         key = cf.chunk_key(self.salt, ref.user_id, ref.context_id, ref.chunk_index)
         node = place(key, self.nodes.names, self.nodes.up())

@@ -59,6 +59,7 @@ class SmartNicSettings:
     watcher_spin_us: float = 200.0
     watcher_max_sleep_us: float = 1000.0
     datapath_workers: int = 1             # threads that submit Deletes (completions need none)
+    view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
     grpc_workers: int = 32
     prefetch_lease_s: float = 10.0         # ReserveSlot lease asked of the compute node
 
@@ -72,6 +73,7 @@ class SmartNicSettings:
         assert self.namespace_id >= 1, "namespace_id is 1-based"
         assert self.salt, "salt must not be empty"
         assert self.queue_bound > 0, "queue_bound must be positive"
+        assert self.view_min_bytes > 0, "view_min_bytes must be positive"
         assert 0 <= self.capacity_low_bytes <= self.capacity_high_bytes, "need low <= high watermark"
         assert self.ttl_s > 0 and self.get_timeout_s > 0 and self.fabric_timeout_s > 0
         assert self.eviction_policy in EVICTION_POLICIES, f"eviction_policy: one of {EVICTION_POLICIES}"

@@ -142,11 +142,12 @@ class KvNamespace(Namespace):
                 raise NvmeError(st.CAPACITY_EXCEEDED, str(exc)) from exc
         return PendingStore(key, length, crc, extents, only_if_absent, only_if_present)
 
-    def write(self, pending: PendingStore, buffers: Sequence) -> None:
-        """Write the value's bytes to its extents (not yet durable, not yet visible)."""
-        write_extents(self.fd, buffers, pending.extents)
+    def write(self, pending: PendingStore, buffers: Sequence) -> int:
+        """Write the value's bytes to its extents (not yet durable, not yet visible); their crc32c."""
+        crc = write_extents(self.fd, buffers, pending.extents, 0)
         if self.fsync_enabled:
             start_writeback(self.fd, pending.extents)
+        return crc
 
     def abort(self, pending: PendingStore) -> None:
         """Give a Store's extents back (it failed before its record was written)."""

@@ -63,7 +63,6 @@ def start_storage(data_dir: Path) -> ServiceProcess:
 
 def measure(args: argparse.Namespace, data_dir: Path, progress) -> list[dict]:
     """Per chunk size: the whole path, the storage node alone, and the raw limits."""
-    keep_large_buffers_in_the_heap()  # the agent runs in this process, as its main would set it up
     storage = start_storage(data_dir)
     node = StorageNodeRef("datapath", storage.addresses["admin"], storage.addresses["fabric"])
     most_chunks = max(max(2, (args.total_mib << 20) // size) for size in args.sizes)
@@ -126,6 +125,7 @@ def plot(result: dict, out: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
+    keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up, first
     result = new_result("datapath", {"sizes_bytes": args.sizes, "total_mib": args.total_mib,
                                      "rounds": args.rounds, "budget_s": args.budget_s, "fsync": True,
                                      "ranges_per_chunk": nic_bench.RANGES_PER_CHUNK, "smoke": args.smoke,
