@@ -26,7 +26,6 @@ class Reply:
     session: bytes
     capsule: pb.ResponseCapsule
     frames: list
-    on_sent: Callable[[], None] | None = None  # the frames' owner wants to know when they left
 
 
 Post = Callable[[Command, Result], None]
@@ -93,7 +92,7 @@ class CommandProcessor:
             status_code=result.status.sc, sq_head=cmd.controller.queue.sq_head,
             sq_id=cmd.controller.qid, value_length=result.value_length, crc32c=result.crc32c,
             keys=result.keys, message=result.message, exists=result.exists)
-        return [Reply(cmd.session, response, result.frames if result.status.ok else [], result.on_sent)]
+        return [Reply(cmd.session, response, result.frames if result.status.ok else [])]
 
     def _validate(self, session: bytes, capsule: pb.CommandCapsule, payload: list,
                   controller: Controller) -> Command:

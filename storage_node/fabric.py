@@ -2,7 +2,8 @@
 
 Wire (per message): host -> node [routing id, CommandCapsule, payload...]; node -> host
 [routing id, ResponseCapsule, payload...]. Frames are received with copy=False and handed on
-as memoryviews; replies go out with copy=False from buffers made for that reply alone.
+as memoryviews; replies go out with copy=False from buffers made for that reply alone, or from
+views of a namespace's mapping that keep their extents pinned until ZeroMQ lets go of them.
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable
 
 import zmq
 
@@ -47,7 +47,6 @@ class FabricServer:
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._in_flight: list[tuple[zmq.MessageTracker, Callable[[], None]]] = []
         self.processor: CommandProcessor | None = None
 
     def post(self, cmd: Command, result: Result) -> None:
@@ -80,14 +79,13 @@ class FabricServer:
         poller.register(self._wake, zmq.POLLIN)
         reading = True
         while not self._stopping.is_set():
-            events = dict(poller.poll(2 if self._in_flight else 500))
+            events = dict(poller.poll(500))
             if self._wake in events:
                 try:
                     os.eventfd_read(self._wake)
                 except BlockingIOError:
                     pass
             self._drain_completions()
-            self._retire_sent()
             if self._sock in events:
                 self._receive_batch()
             backlogged = self._backlogged()
@@ -127,22 +125,6 @@ class FabricServer:
         for reply in replies:
             message = [reply.session, reply.capsule.SerializeToString(), *reply.frames]
             try:
-                tracker = self._sock.send_multipart(message, copy=False, track=reply.on_sent is not None)
+                self._sock.send_multipart(message, copy=False)
             except zmq.ZMQError as exc:
                 logger.warning("reply to a departed host dropped: %s", exc)
-                tracker = None
-            if reply.on_sent is not None:
-                if tracker is None or tracker.done:
-                    reply.on_sent()
-                else:
-                    self._in_flight.append((tracker, reply.on_sent))
-
-    def _retire_sent(self) -> None:
-        """Run on_sent for the replies ZeroMQ has finished sending (their buffers are free)."""
-        still = []
-        for tracker, on_sent in self._in_flight:
-            if tracker.done:
-                on_sent()
-            else:
-                still.append((tracker, on_sent))
-        self._in_flight = still

@@ -40,10 +40,9 @@ class Result:
     crc32c: int = 0
     keys: list = field(default_factory=list)
     exists: bool = False
-    frames: list = field(default_factory=list)
+    frames: list = field(default_factory=list)  # sent with copy=False; ZeroMQ holds them until sent
     bytes_written: int = 0
     bytes_read: int = 0
-    on_sent: Callable[[], None] | None = None  # runs once the frames have left (or failed to)
 
 
 Finish = Callable[[Result], None]
@@ -127,8 +126,8 @@ def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
 
 def _kv_retrieve(cmd: Command, finish: Finish, env: dict) -> None:
     c = cmd.capsule
-    data, length, crc, release = cmd.namespace.retrieve(c.key, c.value_length, not c.skip_guard_check)
-    finish(Result(value_length=length, crc32c=crc, frames=[data], bytes_read=data.nbytes, on_sent=release))
+    data, length, crc = cmd.namespace.retrieve(c.key, c.value_length, not c.skip_guard_check)
+    finish(Result(value_length=length, crc32c=crc, frames=[data], bytes_read=data.nbytes))
 
 
 def _kv_delete(cmd: Command, finish: Finish, env: dict) -> None:

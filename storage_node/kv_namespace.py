@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import bisect
-import functools
 import logging
 import mmap
 import os
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +30,6 @@ logger = logging.getLogger(__name__)
 
 MAX_KEY_BYTES = 16
 MAP_MIN_BYTES = 1 << 20  # values from this size are sent straight from the file's mapping
-Release = Callable[[], None]
 
 
 @dataclass
@@ -210,15 +209,14 @@ class KvNamespace(Namespace):
 
     # -- Retrieve, Exist, List ----------------------------------------------------------------
 
-    def retrieve(self, key: bytes, max_bytes: int = 0,
-                 check_guard: bool = True) -> tuple[memoryview, int, int, Release | None]:
-        """(leading bytes, value length, crc32c, release); UNRECOVERED_READ_ERROR on a crc mismatch.
+    def retrieve(self, key: bytes, max_bytes: int = 0, check_guard: bool = True) -> tuple[object, int, int]:
+        """(leading bytes, value length, crc32c); UNRECOVERED_READ_ERROR on a crc mismatch.
 
         check_guard=False skips the crc32c check, for a host that checks it itself on arrival.
 
-        A large single-extent value comes back as a view of the file's mapping (no copy): its
-        extents stay pinned until release() is called, once the bytes have been sent. Other
-        values are read into a new buffer and release is None.
+        A large single-extent value comes back as a numpy view of the file's mapping (no copy):
+        its extents stay pinned until that view is freed (a ZeroMQ message holds it until the
+        bytes have left). Other values are read into a new buffer.
         """
         check_key(key)
         with self._lock:
@@ -240,8 +238,11 @@ class KvNamespace(Namespace):
             logger.error("namespace %d: crc32c mismatch for key %s", self.nsid, key.hex())
             raise NvmeError(st.UNRECOVERED_READ_ERROR, "stored value fails its crc32c")
         n = entry.length if max_bytes == 0 else min(max_bytes, entry.length)
-        release = functools.partial(self._unpin, entry) if mapped is not None else None
-        return memoryview(out)[:n], entry.length, entry.crc32c, release
+        if mapped is None:
+            return memoryview(out)[:n], entry.length, entry.crc32c
+        view = mapped[:n]
+        weakref.finalize(view, self._unpin, entry)  # unpinned when the last holder lets go
+        return view, entry.length, entry.crc32c
 
     def maps(self, key: bytes) -> bool:
         """True when Retrieve would send key's value straight from the file's mapping."""
@@ -253,12 +254,11 @@ class KvNamespace(Namespace):
     def _mappable(entry: IndexEntry) -> bool:
         return len(entry.extents) == 1 and entry.length >= MAP_MIN_BYTES
 
-    def _mapped(self, entry: IndexEntry) -> memoryview | None:
+    def _mapped(self, entry: IndexEntry) -> np.ndarray | None:
         """A view of the page cache holding entry's value, when it is large and in one extent."""
         if self._map is None or not self._mappable(entry):
             return None
-        offset = entry.extents[0].offset
-        return memoryview(self._map)[offset:offset + entry.length]
+        return np.frombuffer(self._map, np.uint8, entry.length, entry.extents[0].offset)
 
     def _read_copy(self, entry: IndexEntry) -> np.ndarray:
         out = new_buffer(entry.length)  # [value length] uint8; all of it, to verify the crc
