@@ -5,7 +5,8 @@ node process; the counter stores come from a child process, as the compute node'
 with its CLOCK_MONOTONIC timestamp, so trigger-to-fire is measured from the store itself.
 Raw limits are measured in the same run on the storage node's disk, each moving as many distinct
 bytes as a transfer does (`--total-mib`): ZeroMQ tcp loopback, pread of a cached file, pwrite +
-fsync. The PUT limit is min(zmq, pwrite+fsync); the GET limit is min(zmq, pread).
+fsync. The PUT limit is min(zmq, pwrite+fsync); the GET limit is min(zmq, pread). A transfer
+keeps its best of `--rounds` rounds, and a limit its best of as many windows of `--budget-s`.
 """
 from __future__ import annotations
 
@@ -172,10 +173,11 @@ def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int)
 
 
 def raw_limits(sizes_mib: list[int], budget_s: float, data_dir: Path,
-               working_set_bytes: int) -> dict[int, dict]:
+               working_set_bytes: int, windows: int) -> dict[int, dict]:
     """The machine's raw limits per chunk size, on the storage node's disk, over as many distinct
-    bytes as each transfer moves."""
-    return {mib: rawlimits.path_limits(mib << 20, budget_s, data_dir, working_set_bytes) for mib in sizes_mib}
+    bytes as each transfer moves; the best of `windows` windows, as the transfers keep their best round."""
+    return {mib: rawlimits.path_limits(mib << 20, budget_s, data_dir, working_set_bytes, windows)
+            for mib in sizes_mib}
 
 
 def measure(args, data_dir: Path) -> tuple[dict, list[dict]]:
@@ -230,7 +232,7 @@ def run(args) -> dict:
                                      "ranges_per_chunk": RANGES_PER_CHUNK, "fsync": True,
                                      "load_average_1m_at_start": os.getloadavg()[0]})
     try:
-        limits = raw_limits(args.sizes_mib, args.budget_s, data_dir, args.total_mib << 20)
+        limits = raw_limits(args.sizes_mib, args.budget_s, data_dir, args.total_mib << 20, args.rounds)
         trigger, transfers = measure(args, data_dir)
     finally:
         if temp is not None:
@@ -253,7 +255,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--total-mib", type=int, default=128, help="bytes moved per size and round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per size (the best is kept)")
     parser.add_argument("--trigger-samples", type=int, default=1000)
-    parser.add_argument("--budget-s", type=float, default=1.0, help="seconds per raw-limit measurement")
+    parser.add_argument("--budget-s", type=float, default=1.0,
+                        help="seconds per raw-limit measurement (cut into --rounds windows, the best kept)")
     parser.add_argument("--data-dir", help="where the storage node and raw limits write (default: temp dir)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,

@@ -43,7 +43,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="chunk sizes in KiB, comma-separated (default 64 KiB to 64 MiB)")
     parser.add_argument("--total-mib", type=int, default=128, help="bytes moved per size and round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per size (the best is kept)")
-    parser.add_argument("--budget-s", type=float, default=1.0, help="seconds per raw-limit measurement")
+    parser.add_argument("--budget-s", type=float, default=1.0,
+                        help="seconds per raw-limit measurement (cut into --rounds windows, the best kept)")
     args = parser.parse_args(argv)
     args.sizes = args.sizes_kib or list(SMOKE_SIZES if args.smoke else SIZES)
     if args.smoke:
@@ -72,7 +73,7 @@ def measure(args: argparse.Namespace, data_dir: Path, progress) -> list[dict]:
     try:
         agent.start()
         for size in args.sizes:
-            limits = rawlimits.path_limits(size, args.budget_s, data_dir, args.total_mib << 20)
+            limits = rawlimits.path_limits(size, args.budget_s, data_dir, args.total_mib << 20, args.rounds)
             t = nic_bench.transfer(agent, size, args.total_mib << 20, args.rounds)
             t["storage_node_direct"] = nic_bench.direct(node.fabric_address, size, args.total_mib << 20,
                                                         args.rounds)
