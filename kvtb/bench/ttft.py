@@ -6,7 +6,8 @@ storage); then one follow-up per policy continues it with a short new message, t
 turn (the order rotates, so that no policy always runs right after the background work of
 another), so the three are measured side by side; each repetition builds the context anew.
 A `triggered` follow-up is prefetched by the agent from storage (steps 5-7); a `recompute`
-follow-up prefills the whole transcript again. TTFT is timed by the client from the call to the first token.
+follow-up prefills the whole transcript again. TTFT is timed by the client from the call to the
+first token.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def add_ratios(result: dict) -> None:
         med = {p: row["policies"][p]["ttft_s"]["p50"] for p in POLICIES}
         result["ratios"][f"recompute_vs_restore_{size}"] = ratio(med["recompute"], med["triggered"])
         result["ratios"][f"restore_vs_resident_{size}"] = ratio(med["triggered"], med["resident"])
-        sizes.append(int(size))
+        sizes.append(row["context_tokens"])  # what the context really holds, template included
         rec.append(med["recompute"])
         res.append(med["triggered"])
     result["results"]["crossover"] = analysis.crossover(sizes, rec, res)

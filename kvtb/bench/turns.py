@@ -58,7 +58,8 @@ def encode(stub: compute_pb2_grpc.ComputeNodeStub, text: str, follow_up: bool,
 
 
 def context_prompt(stub: compute_pb2_grpc.ComputeNodeStub, tokens: int) -> list[int]:
-    """A first message of about `tokens` tokens (never more), from repeated filler text."""
+    """A whole first message (chat template included) of about `tokens` tokens (never more, unless
+    the template alone is longer), from repeated filler text, cut at a word for small sizes."""
     probe = len(encode(stub, FILLER * 8, False)) - len(encode(stub, FILLER * 4, False))
     per_copy = max(probe / 4, 1.0)
     copies = max(int(tokens / per_copy), 1)
@@ -66,7 +67,18 @@ def context_prompt(stub: compute_pb2_grpc.ComputeNodeStub, tokens: int) -> list[
     while len(ids) > tokens and copies > 1:
         copies -= 1
         ids = encode(stub, FILLER * copies, False)
-    return ids[:tokens]  # one copy may be longer than a small size
+    if len(ids) <= tokens:
+        return ids
+    words = FILLER.split()  # one copy is too long: the most words that fit, by bisection
+    lo, hi, best = 1, len(words) - 1, encode(stub, words[0], False)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        ids = encode(stub, " ".join(words[:mid + 1]), False)
+        if len(ids) <= tokens:
+            lo, best = mid + 1, ids
+        else:
+            hi = mid - 1
+    return best
 
 
 def follow_up_ids(stub: compute_pb2_grpc.ComputeNodeStub, history: Sequence[int], reply: TurnResult,
