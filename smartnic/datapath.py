@@ -153,15 +153,14 @@ class Datapath:
             return finish(0, DataError("storage_status", f"retrieve from {chunk.storage_node}: {exc}"))
         frames = completion.frames
         try:
-            header_len = self._check(frames, ref, chunk, targets)
+            head = self._check(frames, ref, chunk, targets)
         except DataError as exc:
             return finish(0, exc)
         # The bytes land first and are checksummed as they are copied (still in cache); a
         # mismatch ends on the completion counter's error part, which tells the compute node
         # not to use the slot's contents.
         try:
-            crc = _crc.crc32c(cf.leading_bytes(frames, header_len))
-            nbytes, crc = _scatter(cf.skip(frames, header_len), mem, targets, crc)
+            nbytes, crc = _scatter(cf.skip(frames, len(head)), mem, targets, _crc.crc32c(head))
         except Exception as exc:  # noqa: BLE001 - a bug must end on the counter, not in a log
             logger.exception("GET of chunk %d: scatter failed", chunk.chunk_index)
             return finish(0, DataError("internal", f"scatter failed: {exc}"))
@@ -171,14 +170,15 @@ class Datapath:
         finish(nbytes, None)
 
     @staticmethod
-    def _check(frames, ref: ChunkRef, chunk: Chunk, targets: Sequence[gather.Run]) -> int:
-        """The header's length, once the value's length and header match what was asked for."""
+    def _check(frames, ref: ChunkRef, chunk: Chunk, targets: Sequence[gather.Run]) -> bytes:
+        """The header's bytes, once the value's length and header match what was asked for."""
         size = sum(memoryview(f).nbytes for f in frames)
         if size != chunk.length:
             raise DataError("length_mismatch", f"chunk {chunk.chunk_index}: got {size} bytes, "
                                                f"expected {chunk.length}")
         try:
-            header, header_len = cf.decode_header(cf.leading_bytes(frames, cf.MAX_HEADER_BYTES))
+            leading = cf.leading_bytes(frames, cf.MAX_HEADER_BYTES)
+            header, header_len = cf.decode_header(leading)
         except cf.ChunkFormatError as exc:
             raise DataError("bad_header", str(exc)) from exc
         got = (header.user_id, header.context_id, header.chunk_index, header.token_start, header.token_end)
@@ -187,7 +187,7 @@ class Datapath:
         if header_len + header.token_ids_bytes + header.kv_bytes != size or \
                 header.token_ids_bytes + header.kv_bytes != _total(targets):
             raise DataError("length_mismatch", f"chunk {chunk.chunk_index} does not fit its ranges")
-        return header_len
+        return leading[:header_len]
 
     # -- housekeeping
     def delete(self, chunk: Chunk) -> None:

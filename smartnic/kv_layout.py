@@ -117,16 +117,8 @@ class KvLayout:
 
     def kv_ranges(self, slot: int, token_start: int, token_end: int) -> list[tuple[int, int]]:
         """(offset, length) of tokens [start, end) in every (layer, K|V, head), in layout order."""
-        self._check_tokens(token_start, token_end)
-        length = (token_end - token_start) * self.token_bytes
-        if length == 0:
-            return []
-        return [
-            (self.row_offset(slot, layer, kv, head, token_start), length)
-            for layer in range(self.num_layers)
-            for kv in (0, 1)
-            for head in range(self.num_kv_heads)
-        ]
+        run = self.kv_run(slot, token_start, token_end)
+        return [(run.first + i * run.stride, run.length) for i in range(run.count)]
 
     def kv_run(self, slot: int, token_start: int, token_end: int) -> gather.Run:
         """kv_ranges() as one run: the rows of consecutive (layer, K|V, head) are max_tokens apart."""

@@ -107,7 +107,7 @@ def _verify_payload_crc(cmd: Command) -> int:
 def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
     ns: KvNamespace = cmd.namespace
     c = cmd.capsule
-    pending = ns.reserve(c.key, c.value_length, c.crc32c, only_if_absent=c.store_only_if_absent,
+    pending = ns.reserve(c.key, c.value_length, 0, only_if_absent=c.store_only_if_absent,
                          only_if_present=c.store_only_if_present)
     try:
         crc = ns.write(pending, cmd.payload)  # checksummed as it is written: one pass over the bytes
@@ -117,7 +117,6 @@ def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
     if c.has_crc32c and crc != c.crc32c:  # never committed: the extents go back, nothing is visible
         ns.abort(pending)
         raise NvmeError(st.GUARD_CHECK_ERROR, "payload does not match its crc32c")
-    pending.crc32c = crc
     committer: GroupCommitter = env["committers"][ns.nsid]
     committer.submit(pending, lambda status: finish(
         Result(status, crc32c=crc, value_length=c.value_length,

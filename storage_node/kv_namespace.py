@@ -142,11 +142,12 @@ class KvNamespace(Namespace):
         return PendingStore(key, length, crc, extents, only_if_absent, only_if_present)
 
     def write(self, pending: PendingStore, buffers: Sequence) -> int:
-        """Write the value's bytes to its extents (not yet durable, not yet visible); their crc32c."""
-        crc = write_extents(self.fd, buffers, pending.extents, 0)
+        """Write the value's bytes to its extents (not yet durable, not yet visible); their crc32c,
+        computed as they are written, becomes the pending value's."""
+        pending.crc32c = write_extents(self.fd, buffers, pending.extents, 0)
         if self.fsync_enabled:
             start_writeback(self.fd, pending.extents)
-        return crc
+        return pending.crc32c
 
     def abort(self, pending: PendingStore) -> None:
         """Give a Store's extents back (it failed before its record was written)."""
