@@ -1,6 +1,8 @@
 """Smoke tests: each raw limit with a tiny size and a tiny budget returns a positive rate."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kvtb.bench import rawlimits
@@ -35,3 +37,27 @@ def test_measure_all_keys(tmp_path):
     limits = rawlimits.measure_all(32 << 10, 8 << 10, 0.02, tmp_path)
     assert set(limits) == {"memcpy", "pwrite_fsync", "pread_cached", "zmq_tcp", "zmq_ipc"}
     assert all(v > 0 for v in limits.values())
+
+
+def test_a_working_set_streams_through_distinct_pieces(tmp_path):
+    assert rawlimits.pwrite_fsync_bytes_per_s(16 << 10, BUDGET_S, tmp_path, 64 << 10, windows=2) > 0
+    assert rawlimits.pread_cached_bytes_per_s(16 << 10, BUDGET_S, tmp_path, 64 << 10, windows=2) > 0
+    assert rawlimits.zmq_bytes_per_s("tcp", 16 << 10, BUDGET_S, 64 << 10, windows=2) > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def slow_first():
+    """A step whose first call takes 0.15 s and the others 1 ms or more."""
+    calls = []
+
+    def step():
+        time.sleep(0.15 if not calls else 0.001)
+        calls.append(1)
+    return step
+
+
+def test_the_best_window_leaves_a_slow_start_out():
+    # one window of 0.2 s holds the slow call: at most 1 + 50 steps, 255 steps/s
+    assert rawlimits._timed_loop(slow_first(), 0.2) < 300
+    # two windows of 0.1 s: the second holds only fast steps
+    assert rawlimits._timed_loop(slow_first(), 0.2, windows=2) > 300
