@@ -16,7 +16,6 @@ import concurrent.futures
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from kvtb.crc32c import crc32c as compute_crc32c
+from kvtb.doorbell import Doorbell
 from kvtb_proto import nvmeof_pb2
 from storage_node import status as st
 
@@ -114,7 +114,7 @@ class FabricClient:
         self._seqs = itertools.count()
         self._outbox: deque[list] = deque()
         self._cids = itertools.count()
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake = Doorbell()
         self._closed = False
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -151,10 +151,10 @@ class FabricClient:
             except Exception:  # noqa: BLE001 - the node may be gone; closing goes on
                 logger.debug("disconnect from %s got no answer", self.fabric_address)
         self._closed = True
-        os.eventfd_write(self._wake, 1)
+        self._wake.ring()
         self._thread.join()
         self._sock.close(linger=0)
-        os.close(self._wake)
+        self._wake.close()
         with self._lock:
             pending, self._pending = self._pending, {}
         for _, future in pending.values():
@@ -190,7 +190,7 @@ class FabricClient:
             timeout_s = self.timeout_s if timeout_s is None else timeout_s
             heapq.heappush(self._deadlines, (time.monotonic() + timeout_s, seq, cid, timeout_s))
             self._outbox.append([capsule.SerializeToString(), *frames])
-        os.eventfd_write(self._wake, 1)
+        self._wake.ring()
         return future
 
     def _next_cid(self) -> int:
@@ -255,14 +255,11 @@ class FabricClient:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._wake, zmq.POLLIN)
+        poller.register(self._wake.fd, zmq.POLLIN)
         while not self._closed:
             events = dict(poller.poll(self._poll_timeout_ms()))
-            if self._wake in events:
-                try:
-                    os.eventfd_read(self._wake)
-                except BlockingIOError:
-                    pass
+            if self._wake.fd in events:
+                self._wake.answer()
             self._send_outbox()
             if self._sock in events:
                 self._receive_all()

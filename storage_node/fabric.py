@@ -8,12 +8,12 @@ views of a namespace's mapping that keep their extents pinned until ZeroMQ lets 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 
 import zmq
 
+from kvtb.doorbell import Doorbell
 from storage_node.commands import CommandProcessor, Reply
 from storage_node.handlers import Command, Result
 
@@ -44,7 +44,7 @@ class FabricServer:
         self._sock.bind(bindable(address))
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._done: queue.SimpleQueue[tuple[Command, Result]] = queue.SimpleQueue()
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake = Doorbell()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.processor: CommandProcessor | None = None
@@ -54,10 +54,7 @@ class FabricServer:
         if self._stopping.is_set():
             return
         self._done.put((cmd, result))
-        try:
-            os.eventfd_write(self._wake, 1)
-        except OSError:  # closed by stop() meanwhile
-            pass
+        self._wake.ring()
 
     def start(self, processor: CommandProcessor) -> None:
         self.processor = processor
@@ -67,24 +64,21 @@ class FabricServer:
     def stop(self) -> None:
         """Stop the loop and close the socket."""
         self._stopping.set()
-        os.eventfd_write(self._wake, 1)
+        self._wake.ring()
         if self._thread:
             self._thread.join()
         self._sock.close(linger=0)
-        os.close(self._wake)
+        self._wake.close()
 
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._wake, zmq.POLLIN)
+        poller.register(self._wake.fd, zmq.POLLIN)
         reading = True
         while not self._stopping.is_set():
             events = dict(poller.poll(500))
-            if self._wake in events:
-                try:
-                    os.eventfd_read(self._wake)
-                except BlockingIOError:
-                    pass
+            if self._wake.fd in events:
+                self._wake.answer()
             self._drain_completions()
             if self._sock in events:
                 self._receive_batch()
