@@ -4,9 +4,11 @@ The agent runs in this process (its real engine, watcher and data path) against 
 node process; the counter stores come from a child process, as the compute node's would, each
 with its CLOCK_MONOTONIC timestamp, so trigger-to-fire is measured from the store itself.
 Raw limits are measured in the same run on the storage node's disk, each moving as many distinct
-bytes as a transfer does (`--total-mib`): ZeroMQ tcp loopback, pread of a cached file, pwrite +
-fsync. The PUT limit is min(zmq, pwrite+fsync); the GET limit is min(zmq, pread). A transfer
-keeps its best of `--rounds` rounds, and a limit its best of as many windows of `--budget-s`.
+bytes as a transfer does (`--total-mib`): ZeroMQ tcp loopback between two processes (and, for
+reference, within one), pread of a cached file, pwrite + fsync. The PUT limit is min(zmq,
+pwrite+fsync); the GET limit is min(zmq, pread). Limits and transfers take turns: before each of
+the `--rounds` rounds, every limit measures one window (`--budget-s` per limit in all). A
+transfer keeps its best round, and a limit its best window.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import random
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +43,8 @@ from storage_node.client import FabricClient
 logger = logging.getLogger(__name__)
 
 RANGES_PER_CHUNK = 128  # a chunk is gathered from many ranges, like [layer, K|V, head] rows
-TRIGGER, FIRED = 0, 1   # counters of the bench region
+TRIGGER, FIRED = 0, 1   # counters of the trigger-to-fire region
+PUT_TRIGGER, PUT_DONE, GET_DONE, GET_TRIGGER = 0, 1, 2, 3  # counters of a transfer's region
 
 
 def _storer(name: str, size: int, counter_offset: int, counters: int, n: int, seed: int, queue) -> None:
@@ -97,8 +101,15 @@ def _strided(base: int, index: int, count: int, chunk_bytes: int) -> tuple[tuple
     return tuple((base + (k * count + index) * row, row) for k in range(RANGES_PER_CHUNK))
 
 
-def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int) -> dict:
-    """PUT then GET `total_bytes` in chunks of `chunk_bytes` through the engine; best bytes/s over rounds."""
+def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
+             before_round: Callable[[], None] | None = None) -> dict:
+    """PUT then GET `total_bytes` in chunks of `chunk_bytes` through the engine; best bytes/s over rounds.
+
+    As the compute node does, each round's operations are queued as triggered operations first
+    (the setup the CPU does once), and a counter store then fires them all: the clock runs from
+    that store until the last completion is counted. before_round() runs before each round (the
+    raw limits' windows, so that limits and transfers take turns).
+    """
     count = max(2, total_bytes // chunk_bytes)
     area = count * chunk_bytes
     size = 2 * area + 4096
@@ -107,24 +118,27 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int) -> d
     region.array[area:2 * area] = 0  # touched once, as a KV pool in use is: no first-touch faults timed
     reg = agent.regions.register(region.name, size, "bench", size - 4096, 4)
     put_s, get_s = [], []
+
+    def fire(trigger: int, works: list, done: int, total: int) -> float:
+        agent.engine.queue(reg, [(trigger, total // count, work, done) for work in works])
+        start = time.perf_counter()
+        region.store_counter(trigger, total // count)
+        _wait(region, done, total)
+        return time.perf_counter() - start
+
     try:
         for r in range(rounds):
+            if before_round is not None:
+                before_round()
             refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
-            puts = [(0, 0, DataWork("put", ref, _strided(0, i, count, chunk_bytes), (0, 0)), 1)
+            puts = [DataWork("put", ref, _strided(0, i, count, chunk_bytes), (0, 0))
                     for i, ref in enumerate(refs)]
-            start = time.perf_counter()
-            agent.engine.queue(reg, puts)
-            _wait(region, 1, (r + 1) * count)
-            put_s.append(time.perf_counter() - start)
-            chunks = agent.lookup("bench", refs[0].context_id)
-            gets = [(0, 0, DataWork("get", refs[c.chunk_index],
-                                    _strided(area, c.chunk_index, count, chunk_bytes), (0, 0), c), 2)
-                    for c in chunks]
-            start = time.perf_counter()
-            agent.engine.queue(reg, gets)
-            _wait(region, 2, (r + 1) * count)
-            get_s.append(time.perf_counter() - start)
-            assert region.read_counter(1)[1] == region.read_counter(2)[1] == 0, "a transfer failed"
+            put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, (r + 1) * count))
+            gets = [DataWork("get", refs[c.chunk_index], _strided(area, c.chunk_index, count, chunk_bytes),
+                             (0, 0), c) for c in agent.lookup("bench", refs[0].context_id)]
+            get_s.append(fire(GET_TRIGGER, gets, GET_DONE, (r + 1) * count))
+            failed = region.read_counter(PUT_DONE)[1] + region.read_counter(GET_DONE)[1]
+            assert failed == 0, f"{failed} transfers failed"
             assert bytes(region.view(area, area)) == bytes(region.view(0, area)), "GET gave other bytes"
             agent.drop_context("bench", refs[0].context_id)
     finally:
@@ -172,16 +186,9 @@ def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int)
     return {"put_bytes_per_s": moved / min(put_s), "get_bytes_per_s": moved / min(get_s)}
 
 
-def raw_limits(sizes_mib: list[int], budget_s: float, data_dir: Path,
-               working_set_bytes: int, windows: int) -> dict[int, dict]:
-    """The machine's raw limits per chunk size, on the storage node's disk, over as many distinct
-    bytes as each transfer moves; the best of `windows` windows, as the transfers keep their best round."""
-    return {mib: rawlimits.path_limits(mib << 20, budget_s, data_dir, working_set_bytes, windows)
-            for mib in sizes_mib}
-
-
 def measure(args, data_dir: Path) -> tuple[dict, list[dict]]:
-    """Trigger-to-fire and transfers through an in-process agent and a real storage node process."""
+    """Trigger-to-fire, and per size the transfers through an in-process agent and a real storage
+    node process, taking turns with windows of the raw limits; then the storage node alone."""
     log = Path(args.out) / "storage.log"
     storage = ServiceProcess("storage-bench", kvtb_argv("serve", "storage"), log, env={
         "KVTB_STORAGE_DATA_DIR": str(data_dir / "storage"), "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0",
@@ -195,20 +202,29 @@ def measure(args, data_dir: Path) -> tuple[dict, list[dict]]:
         trigger = trigger_latency(agent, args.trigger_samples)
         p50, p99 = agent.stats.percentiles()
         trigger["agent_observe_to_fire"] = {"p50_us": p50, "p99_us": p99}
-        transfers = []
-        for mib in args.sizes_mib:
-            t = transfer(agent, mib << 20, args.total_mib << 20, args.rounds)
-            t["storage_node_direct"] = direct(node.fabric_address, mib << 20, args.total_mib << 20,
-                                              args.rounds)
-            transfers.append(t)
+        transfers = [transfer_beside_limits(agent, node.fabric_address, mib << 20, args.total_mib << 20,
+                                            args.rounds, args.budget_s, data_dir) for mib in args.sizes_mib]
         return trigger, transfers
     finally:
         agent.close()
         storage.stop()
 
 
-def add_ratios(t: dict, limits: dict[str, float]) -> list:
-    """Fill a transfer's limits and ratios; return its table row."""
+def transfer_beside_limits(agent: Agent, fabric_address: str, chunk_bytes: int, total_bytes: int,
+                           rounds: int, budget_s: float, data_dir: Path) -> dict:
+    """transfer() with a window of every raw limit before each round (on data_dir's disk, over as
+    many distinct bytes as a round moves; budget_s per limit in all), then the storage node alone
+    (`direct`), and the ratios."""
+    with rawlimits.path_meters(chunk_bytes, data_dir, total_bytes) as meters:
+        sampler = rawlimits.Sampler(meters, budget_s / rounds)
+        t = transfer(agent, chunk_bytes, total_bytes, rounds, before_round=sampler)
+    t["storage_node_direct"] = direct(fabric_address, chunk_bytes, total_bytes, rounds)
+    add_ratios(t, sampler.best())
+    return t
+
+
+def add_ratios(t: dict, limits: dict[str, float]) -> None:
+    """Fill a transfer's limits and ratios (it has storage_node_direct already)."""
     alone = t["storage_node_direct"]
     t["raw_limits_bytes_per_s"] = limits
     t["put_limit_bytes_per_s"] = min(limits["zmq_tcp"], limits["pwrite_fsync"])
@@ -216,6 +232,10 @@ def add_ratios(t: dict, limits: dict[str, float]) -> list:
     for op in ("put", "get"):
         t[f"{op}_vs_limit"] = t[f"{op}_bytes_per_s"] / t[f"{op}_limit_bytes_per_s"]
         t[f"{op}_vs_direct"] = t[f"{op}_bytes_per_s"] / alone[f"{op}_bytes_per_s"]
+
+
+def table_row(t: dict) -> list:
+    alone = t["storage_node_direct"]
     return [f"{t['chunk_bytes'] >> 20} MiB",
             *(v / 1e6 for v in (t["put_bytes_per_s"], alone["put_bytes_per_s"], t["put_limit_bytes_per_s"])),
             t["put_vs_limit"],
@@ -232,12 +252,11 @@ def run(args) -> dict:
                                      "ranges_per_chunk": RANGES_PER_CHUNK, "fsync": True,
                                      "load_average_1m_at_start": os.getloadavg()[0]})
     try:
-        limits = raw_limits(args.sizes_mib, args.budget_s, data_dir, args.total_mib << 20, args.rounds)
         trigger, transfers = measure(args, data_dir)
     finally:
         if temp is not None:
             temp.cleanup()
-    rows = [add_ratios(t, limits[t["chunk_bytes"] >> 20]) for t in transfers]
+    rows = [table_row(t) for t in transfers]
     result["results"] = {"trigger_to_fire": trigger, "transfers": transfers}
     for op in ("put", "get"):
         result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in transfers)

@@ -5,8 +5,9 @@ strided ranges per chunk, as in a KV pool), ZeroMQ, a real storage node process 
 end, queue manager, extent allocator, file, fsync), and back into the region, checked byte
 for byte. It reuses `kvtb bench smartnic`'s transfer functions with chunk sizes from 64 KiB to
 64 MiB; the raw limits (ZeroMQ tcp, pwrite+fsync, page-cache pread) are measured in the same
-run on the same disk, each moving as many distinct bytes as a transfer (`--total-mib`).
-PUT limit = min(zmq, pwrite+fsync); GET limit = min(zmq, pread).
+run on the same disk, each moving as many distinct bytes as a transfer (`--total-mib`), taking
+turns with the transfer's rounds (see `kvtb bench smartnic`). PUT limit = min(zmq,
+pwrite+fsync); GET limit = min(zmq, pread).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import os
 import shutil
 from pathlib import Path
 
-from kvtb.bench import rawlimits
 from kvtb.bench.common import add_common_args, new_result, progress_for
 from kvtb.bench.emit import add_run_args, ratios_text, run_bench, services_dir
 from kvtb.bench.output import format_bytes, format_table, plot_lines
@@ -73,12 +73,9 @@ def measure(args: argparse.Namespace, data_dir: Path, progress) -> list[dict]:
     try:
         agent.start()
         for size in args.sizes:
-            limits = rawlimits.path_limits(size, args.budget_s, data_dir, args.total_mib << 20, args.rounds)
-            t = nic_bench.transfer(agent, size, args.total_mib << 20, args.rounds)
-            t["storage_node_direct"] = nic_bench.direct(node.fabric_address, size, args.total_mib << 20,
-                                                        args.rounds)
-            nic_bench.add_ratios(t, limits)
-            rows.append(t)
+            rows.append(nic_bench.transfer_beside_limits(agent, node.fabric_address, size,
+                                                         args.total_mib << 20, args.rounds, args.budget_s,
+                                                         data_dir))
             progress.update(note=format_bytes(size))
     finally:
         agent.close()

@@ -61,3 +61,49 @@ def test_the_best_window_leaves_a_slow_start_out():
     assert rawlimits._timed_loop(slow_first(), 0.2) < 300
     # two windows of 0.1 s: the second holds only fast steps
     assert rawlimits._timed_loop(slow_first(), 0.2, windows=2) > 300
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_zmq_meter_sends_only_during_its_windows(processes):
+    import zmq
+
+    with rawlimits.ZmqLoopback("tcp", 16 << 10, 64 << 10, processes=processes) as meter:
+        for _ in range(2):
+            assert meter.window(BUDGET_S) > 0
+            # paused between windows: nothing arrives that would take CPU from a transfer
+            assert not meter._pull.poll(300, zmq.POLLIN)
+
+
+def test_a_zmq_meter_between_processes_leaves_no_child_behind():
+    meter = rawlimits.ZmqLoopback("tcp", 16 << 10, processes=2)
+    child = meter._child
+    meter.close()
+    assert child.poll() is not None
+
+
+def test_zmq_rejects_a_third_process_count():
+    with pytest.raises(ValueError):
+        rawlimits.zmq_bytes_per_s("tcp", 1024, BUDGET_S, processes=3)
+
+
+class FixedMeter(rawlimits.Meter):
+    def __init__(self, rates):
+        self.size_bytes, self.rates = 1, iter(rates)
+
+    def window(self, seconds):
+        return next(self.rates)
+
+
+def test_the_sampler_keeps_each_meters_best_window():
+    sampler = rawlimits.Sampler({"a": FixedMeter([3.0, 5.0, 4.0]), "b": FixedMeter([2.0, 1.0, 1.5])}, 0.1)
+    for _ in range(3):
+        sampler()
+    assert sampler.samples == {"a": [3.0, 5.0, 4.0], "b": [2.0, 1.0, 1.5]}
+    assert sampler.best() == {"a": 5.0, "b": 2.0}
+
+
+def test_path_limits_measures_zmq_between_processes_and_within_one(tmp_path):
+    limits = rawlimits.path_limits(16 << 10, BUDGET_S, tmp_path, 64 << 10, windows=2)
+    assert set(limits) == {"zmq_tcp", "zmq_tcp_one_process", "pread_cached", "pwrite_fsync"}
+    assert all(v > 0 for v in limits.values())
+    assert list(tmp_path.iterdir()) == []
