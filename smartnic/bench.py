@@ -119,11 +119,12 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
     reg = agent.regions.register(region.name, size, "bench", size - 4096, 4)
     put_s, get_s = [], []
 
-    def fire(trigger: int, works: list, done: int, total: int) -> float:
-        agent.engine.queue(reg, [(trigger, total // count, work, done) for work in works])
+    def fire(trigger: int, works: list, done: int, round_number: int) -> float:
+        """Queue works on trigger >= round_number, store it, wait for every completion of the round."""
+        agent.engine.queue(reg, [(trigger, round_number, work, done) for work in works])
         start = time.perf_counter()
-        region.store_counter(trigger, total // count)
-        _wait(region, done, total)
+        region.store_counter(trigger, round_number)
+        _wait(region, done, round_number * count)
         return time.perf_counter() - start
 
     try:
@@ -133,10 +134,10 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
             refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
             puts = [DataWork("put", ref, _strided(0, i, count, chunk_bytes), (0, 0))
                     for i, ref in enumerate(refs)]
-            put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, (r + 1) * count))
+            put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, r + 1))
             gets = [DataWork("get", refs[c.chunk_index], _strided(area, c.chunk_index, count, chunk_bytes),
                              (0, 0), c) for c in agent.lookup("bench", refs[0].context_id)]
-            get_s.append(fire(GET_TRIGGER, gets, GET_DONE, (r + 1) * count))
+            get_s.append(fire(GET_TRIGGER, gets, GET_DONE, r + 1))
             failed = region.read_counter(PUT_DONE)[1] + region.read_counter(GET_DONE)[1]
             assert failed == 0, f"{failed} transfers failed"
             assert bytes(region.view(area, area)) == bytes(region.view(0, area)), "GET gave other bytes"

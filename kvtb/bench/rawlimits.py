@@ -49,20 +49,16 @@ _QUIET_MS = 100              # a pause has drained once nothing arrived for this
 _START_TIMEOUT_MS = 60_000
 
 
-def _timed_loop(step, budget_s: float, windows: int = 1) -> float:
-    """Run step() for budget_s cut into windows (each at least one step); the best window's steps/s."""
-    best = 0.0
-    for _ in range(max(1, windows)):
-        iterations = 0
-        start = time.perf_counter()
-        while True:
-            step()
-            iterations += 1
-            elapsed_s = time.perf_counter() - start
-            if elapsed_s >= budget_s / max(1, windows):
-                break
-        best = max(best, iterations / elapsed_s)
-    return best
+def _timed_loop(step, seconds: float) -> float:
+    """Run step() for about `seconds` (at least once); steps per second."""
+    iterations = 0
+    start = time.perf_counter()
+    while True:
+        step()
+        iterations += 1
+        elapsed_s = time.perf_counter() - start
+        if elapsed_s >= seconds:
+            return iterations / elapsed_s
 
 
 def _payload(size_bytes: int) -> np.ndarray:
@@ -389,17 +385,6 @@ class Sampler:
 
     def best(self) -> dict[str, float]:
         return {name: max(rates) for name, rates in self.samples.items() if rates}
-
-
-def path_limits(size_bytes: int, budget_s: float, directory: str | Path | None,
-                working_set_bytes: int | None = None, windows: int = 1) -> dict[str, float]:
-    """path_meters' limits at one size in bytes/s, each the best of `windows` windows of budget_s
-    (taken in turn, a window of each meter at a time)."""
-    with path_meters(size_bytes, directory, working_set_bytes) as meters:
-        sampler = Sampler(meters, budget_s / max(1, windows))
-        for _ in range(max(1, windows)):
-            sampler()
-        return sampler.best()
 
 
 if __name__ == "__main__":

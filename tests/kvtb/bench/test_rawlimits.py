@@ -46,21 +46,24 @@ def test_a_working_set_streams_through_distinct_pieces(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def slow_first():
+class SlowFirst(rawlimits.Meter):
     """A step whose first call takes 0.15 s and the others 1 ms or more."""
-    calls = []
 
-    def step():
-        time.sleep(0.15 if not calls else 0.001)
-        calls.append(1)
-    return step
+    size_bytes = 1
+
+    def __init__(self):
+        self.calls = 0
+
+    def _step(self):
+        time.sleep(0.15 if not self.calls else 0.001)
+        self.calls += 1
 
 
 def test_the_best_window_leaves_a_slow_start_out():
     # one window of 0.2 s holds the slow call: at most 1 + 50 steps, 255 steps/s
-    assert rawlimits._timed_loop(slow_first(), 0.2) < 300
+    assert SlowFirst().best(0.2) < 300
     # two windows of 0.1 s: the second holds only fast steps
-    assert rawlimits._timed_loop(slow_first(), 0.2, windows=2) > 300
+    assert SlowFirst().best(0.2, windows=2) > 300
 
 
 @pytest.mark.parametrize("processes", [1, 2])
@@ -102,8 +105,13 @@ def test_the_sampler_keeps_each_meters_best_window():
     assert sampler.best() == {"a": 5.0, "b": 2.0}
 
 
-def test_path_limits_measures_zmq_between_processes_and_within_one(tmp_path):
-    limits = rawlimits.path_limits(16 << 10, BUDGET_S, tmp_path, 64 << 10, windows=2)
+def test_path_meters_measure_zmq_between_processes_and_within_one(tmp_path):
+    with rawlimits.path_meters(16 << 10, tmp_path, 64 << 10) as meters:
+        sampler = rawlimits.Sampler(meters, BUDGET_S)
+        sampler()
+        sampler()
+    limits = sampler.best()
     assert set(limits) == {"zmq_tcp", "zmq_tcp_one_process", "pread_cached", "pwrite_fsync"}
+    assert all(len(rates) == 2 for rates in sampler.samples.values())
     assert all(v > 0 for v in limits.values())
     assert list(tmp_path.iterdir()) == []
