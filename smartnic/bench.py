@@ -6,9 +6,11 @@ with its CLOCK_MONOTONIC timestamp, so trigger-to-fire is measured from the stor
 Raw limits are measured in the same run on the storage node's disk, each moving as many distinct
 bytes as a transfer does (`--total-mib`): ZeroMQ tcp loopback between two processes (and, for
 reference, within one), pread of a cached file, pwrite + fsync. The PUT limit is min(zmq,
-pwrite+fsync); the GET limit is min(zmq, pread). Limits and transfers take turns: before each of
-the `--rounds` rounds, every limit measures one window (`--budget-s` per limit in all). A
-transfer keeps its best round, and a limit its best window.
+pwrite+fsync); the GET limit is min(zmq, pread). Beside them, the bare path (`kvtb.bench.barepath`):
+the same gather, ZeroMQ hop, writes and fdatasyncs, or send and scatter, done by two bare loops
+with no service around them. Limits, bare path and transfers take turns: before each of the
+`--rounds` rounds, every meter measures one window (`--budget-s` per meter in all). A transfer
+keeps its best round, and a meter its best window.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtb.bench import rawlimits
+from kvtb.bench import barepath, rawlimits
 from kvtb.bench.common import add_common_args, new_result
 from kvtb.bench.output import emit_json, format_table, write_json
 from kvtb.bench.stats import percentile
@@ -213,34 +215,43 @@ def measure(args, data_dir: Path) -> tuple[dict, list[dict]]:
 
 def transfer_beside_limits(agent: Agent, fabric_address: str, chunk_bytes: int, total_bytes: int,
                            rounds: int, budget_s: float, data_dir: Path) -> dict:
-    """transfer() with a window of every raw limit before each round (on data_dir's disk, over as
-    many distinct bytes as a round moves; budget_s per limit in all), then the storage node alone
-    (`direct`), and the ratios."""
-    with rawlimits.path_meters(chunk_bytes, data_dir, total_bytes) as meters:
-        sampler = rawlimits.Sampler(meters, budget_s / rounds)
+    """transfer() with a window of every raw limit and of the bare path before each round (on
+    data_dir's disk, over as many distinct bytes as a round moves; budget_s per meter in all),
+    then the storage node alone (`direct`), and the ratios."""
+    with rawlimits.path_meters(chunk_bytes, data_dir, total_bytes) as limits, \
+            barepath.meters(chunk_bytes, data_dir, total_bytes, RANGES_PER_CHUNK) as bare:
+        sampler = rawlimits.Sampler({**limits, **bare}, budget_s / rounds)
         t = transfer(agent, chunk_bytes, total_bytes, rounds, before_round=sampler)
     t["storage_node_direct"] = direct(fabric_address, chunk_bytes, total_bytes, rounds)
     add_ratios(t, sampler.best())
     return t
 
 
-def add_ratios(t: dict, limits: dict[str, float]) -> None:
-    """Fill a transfer's limits and ratios (it has storage_node_direct already)."""
+def add_ratios(t: dict, measured: dict[str, float]) -> None:
+    """Fill a transfer's limits, bare path and ratios from the meters' best windows (it has
+    storage_node_direct already)."""
     alone = t["storage_node_direct"]
+    limits = {name: rate for name, rate in measured.items() if not name.startswith("bare_")}
     t["raw_limits_bytes_per_s"] = limits
     t["put_limit_bytes_per_s"] = min(limits["zmq_tcp"], limits["pwrite_fsync"])
     t["get_limit_bytes_per_s"] = min(limits["zmq_tcp"], limits["pread_cached"])
+    t["bare_path_bytes_per_s"] = {op: measured[f"bare_{op}"] for op in ("put", "get")}
     for op in ("put", "get"):
+        bare = t["bare_path_bytes_per_s"][op]
         t[f"{op}_vs_limit"] = t[f"{op}_bytes_per_s"] / t[f"{op}_limit_bytes_per_s"]
         t[f"{op}_vs_direct"] = t[f"{op}_bytes_per_s"] / alone[f"{op}_bytes_per_s"]
+        t[f"{op}_vs_bare"] = t[f"{op}_bytes_per_s"] / bare
+        t[f"bare_{op}_vs_limit"] = bare / t[f"{op}_limit_bytes_per_s"]
 
 
 def table_row(t: dict) -> list:
-    alone = t["storage_node_direct"]
+    alone, bare = t["storage_node_direct"], t["bare_path_bytes_per_s"]
     return [f"{t['chunk_bytes'] >> 20} MiB",
-            *(v / 1e6 for v in (t["put_bytes_per_s"], alone["put_bytes_per_s"], t["put_limit_bytes_per_s"])),
+            *(v / 1e6 for v in (t["put_bytes_per_s"], alone["put_bytes_per_s"], bare["put"],
+                                t["put_limit_bytes_per_s"])),
             t["put_vs_limit"],
-            *(v / 1e6 for v in (t["get_bytes_per_s"], alone["get_bytes_per_s"], t["get_limit_bytes_per_s"])),
+            *(v / 1e6 for v in (t["get_bytes_per_s"], alone["get_bytes_per_s"], bare["get"],
+                                t["get_limit_bytes_per_s"])),
             t["get_vs_limit"]]
 
 
@@ -262,9 +273,11 @@ def run(args) -> dict:
     for op in ("put", "get"):
         result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in transfers)
         result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in transfers)
+        result["ratios"][f"{op}_vs_bare_path"] = min(t[f"{op}_vs_bare"] for t in transfers)
+        result["ratios"][f"bare_{op}_vs_limit"] = min(t[f"bare_{op}_vs_limit"] for t in transfers)
     result["ratios"]["floor"] = 0.5
-    result["table"] = format_table(["chunk", "PUT MB/s", "node alone", "raw limit", "ratio",
-                                    "GET MB/s", "node alone", "raw limit", "ratio"], rows)
+    result["table"] = format_table(["chunk", "PUT MB/s", "node alone", "bare path", "raw limit", "ratio",
+                                    "GET MB/s", "node alone", "bare path", "raw limit", "ratio"], rows)
     return result
 
 
@@ -276,7 +289,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per size (the best is kept)")
     parser.add_argument("--trigger-samples", type=int, default=1000)
     parser.add_argument("--budget-s", type=float, default=1.0,
-                        help="seconds per raw-limit measurement (cut into --rounds windows, the best kept)")
+                        help="seconds per raw limit and bare path (cut into --rounds windows, the best kept)")
     parser.add_argument("--data-dir", help="where the storage node and raw limits write (default: temp dir)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
@@ -290,6 +303,8 @@ def main(argv: list[str]) -> int:
         print(f"trigger-to-fire: p50 {tf['p50_us']:.0f} µs, p99 {tf['p99_us']:.0f} µs "
               f"({tf['samples']} stores)")
         print(result["table"])
-        print(f"ratios: put_vs_limit {result['ratios']['put_vs_limit']:.2f}, "
-              f"get_vs_limit {result['ratios']['get_vs_limit']:.2f} (floor 0.5)")
+        r = result["ratios"]
+        print(f"ratios: put_vs_limit {r['put_vs_limit']:.2f}, get_vs_limit {r['get_vs_limit']:.2f} "
+              f"(floor 0.5); the bare path against the same limits: PUT {r['bare_put_vs_limit']:.2f}, "
+              f"GET {r['bare_get_vs_limit']:.2f}")
     return 0

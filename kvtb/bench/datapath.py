@@ -100,14 +100,14 @@ def calibration_transfers(rows: list[dict]) -> list[dict]:
 def table(result: dict) -> str:
     rows = []
     for t in result["results"]["chunks"]:
-        alone = t["storage_node_direct"]
+        alone, bare = t["storage_node_direct"], t["bare_path_bytes_per_s"]
         rows.append([format_bytes(t["chunk_bytes"]),
-                     *(f"{v / 1e6:.0f}" for v in (t["put_bytes_per_s"], alone["put_bytes_per_s"],
+                     *(f"{v / 1e6:.0f}" for v in (t["put_bytes_per_s"], alone["put_bytes_per_s"], bare["put"],
                                                   t["put_limit_bytes_per_s"])), f"{t['put_vs_limit']:.2f}",
-                     *(f"{v / 1e6:.0f}" for v in (t["get_bytes_per_s"], alone["get_bytes_per_s"],
+                     *(f"{v / 1e6:.0f}" for v in (t["get_bytes_per_s"], alone["get_bytes_per_s"], bare["get"],
                                                   t["get_limit_bytes_per_s"])), f"{t['get_vs_limit']:.2f}"])
-    head = ["chunk", "PUT MB/s", "node alone", "raw limit", "PUT/limit",
-            "GET MB/s", "node alone", "raw limit", "GET/limit"]
+    head = ["chunk", "PUT MB/s", "node alone", "bare path", "raw limit", "PUT/limit",
+            "GET MB/s", "node alone", "bare path", "raw limit", "GET/limit"]
     return f"{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}"
 
 
@@ -141,6 +141,7 @@ def run(args: argparse.Namespace) -> dict:
         size = format_bytes(t["chunk_bytes"]).replace(" ", "").replace("i", "").lower()
         for op in ("put", "get"):
             result["ratios"][f"{op}_vs_limit_{size}"] = t[f"{op}_vs_limit"]
+            result["ratios"][f"bare_{op}_vs_limit_{size}"] = t[f"bare_{op}_vs_limit"]
     at_floor = [t for t in rows if t["chunk_bytes"] == FLOOR_BYTES]
     if at_floor:
         for op in ("put", "get"):

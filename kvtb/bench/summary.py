@@ -28,6 +28,16 @@ def _ratio(key: str, fmt: str = "{:.2f}") -> Callable[[dict], str | None]:
     return get
 
 
+def _put_get(put_key: str, get_key: str) -> Callable[[dict], str | None]:
+    """"PUT x, GET y" from two ratios (None unless both are there)."""
+    def get(result: dict) -> str | None:
+        ratios = result.get("ratios") or {}
+        if put_key not in ratios or get_key not in ratios:
+            return None
+        return f"PUT {ratios[put_key]:.2f}, GET {ratios[get_key]:.2f}"
+    return get
+
+
 def _crossover(result: dict) -> str | None:
     cross = (result.get("results") or {}).get("crossover")
     if not cross:
@@ -85,6 +95,10 @@ HEADLINES = (
              "floor 0.5"),
     Headline("Agent GET / raw limit, worst of 1 and 16 MiB chunks", "smartnic", _ratio("get_vs_limit"),
              "floor 0.5"),
+    Headline("Bare path (the path's work, no services) / raw limit, worst of 1 and 16 MiB", "smartnic",
+             _put_get("bare_put_vs_limit", "bare_get_vs_limit"), "what this machine gives"),
+    Headline("Agent / bare path, worst of 1 and 16 MiB chunks", "smartnic",
+             _put_get("put_vs_bare_path", "get_vs_bare_path"), "the services' own cost"),
     Headline("Counter store to triggered-op fire", "smartnic", _trigger_to_fire, "-"),
     Headline("Compute stall per offloaded chunk, CPU-centric / triggered (32-token chunks)", "offload",
              _ratio("cpu_stall_vs_triggered_32", "{:.1f}x"), "the paper: 19x"),

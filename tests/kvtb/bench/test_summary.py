@@ -28,6 +28,14 @@ def test_rows_show_what_ran_with_its_target():
             "`kvtb bench datapath`") in rows
 
 
+def test_a_put_and_get_pair_shows_only_when_both_were_measured():
+    smartnic = {"ratios": {"bare_put_vs_limit": 0.456, "bare_get_vs_limit": 0.62, "put_vs_bare_path": 0.7}}
+    shown = {q: v for q, v, _, _ in summary.rows({"smartnic": smartnic})}
+    assert shown["Bare path (the path's work, no services) / raw limit, worst of 1 and 16 MiB"] == \
+        "PUT 0.46, GET 0.62"
+    assert "Agent / bare path, worst of 1 and 16 MiB chunks" not in shown
+
+
 def test_table_is_markdown_with_one_line_per_row():
     lines = summary.table(RESULTS).splitlines()
     assert lines[0].startswith("| question |") and len(lines) == 2 + len(summary.rows(RESULTS))

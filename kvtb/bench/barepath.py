@@ -1,0 +1,273 @@
+"""The bare path: the work a KV PUT or GET cannot avoid, with no service around it.
+
+A raw limit (`rawlimits`) measures one stage alone, with the whole machine to itself. A PUT
+through the agent does all its stages at once, on the same cores: it gathers a chunk from
+its strided ranges and checksums it, sends it over ZeroMQ tcp to another process, which
+writes it, checksums it, starts its writeback and fdatasyncs each batch before it answers.
+A GET has a process send a value from the page cache, and the receiver scatter it into
+strided ranges while it checksums it. The bare path does exactly that work, with the agent's
+own gather and scatter (`smartnic.gather`), and with nothing else: no capsules, no engine,
+no queue pairs, no journal, no threads of its own. It answers one question: how fast can
+this machine do what the path must do? A data path near its bare path has little left to
+cut; a bare path far below the raw limits says the machine, not the code, sets the pace.
+
+Both meters move `working_set_bytes` of distinct chunks per round (a benchmark passes its
+own round's bytes), laid out as the agent benchmark lays them out: row k of chunk i at
+(k * chunks + i) * row. A window runs whole rounds, at least one, and its rate is the bytes
+of those rounds over the time from the first send to the last acknowledgement.
+
+The other process is a fresh interpreter (`python -m kvtb.bench.barepath put|get ...`); it
+exits when its stdin closes.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from kvtb import crc32c as _crc
+from kvtb.bench.rawlimits import Meter, _payload, _slots, _zmq_socket
+from smartnic import gather
+
+RANGES_PER_CHUNK = 128
+_SLOT = struct.Struct("<Q")
+_SYNC_FILE_RANGE_WRITE = 2
+_REPLY_TIMEOUT_MS = 60_000
+
+
+def _rows(chunk_bytes: int, chunks: int, ranges_per_chunk: int) -> list[list[gather.Run]]:
+    """Each chunk's copy plan: its ranges_per_chunk rows, one strided run.
+
+    ValueError unless the chunk splits into that many rows of whole bytes."""
+    row, rest = divmod(chunk_bytes, ranges_per_chunk)
+    if row == 0 or rest:
+        raise ValueError(f"a chunk of {chunk_bytes} bytes does not split into {ranges_per_chunk} equal rows")
+    return [gather.runs_of([((k * chunks + i) * row, row) for k in range(ranges_per_chunk)])
+            for i in range(chunks)]
+
+
+def _expect(sock, timeout_ms: int = _REPLY_TIMEOUT_MS) -> None:
+    import zmq
+
+    if not sock.poll(timeout_ms, zmq.POLLIN):
+        raise RuntimeError("the bare path's other process did not answer within 60 s")
+
+
+class _Peer:
+    """The other process and the two sockets to it: `out` (PUSH, ours) and `back` (PULL, ours)."""
+
+    def __init__(self, role: str, size_bytes: int, working_set_bytes: int, directory: str):
+        import zmq
+
+        self._ctx = zmq.Context()
+        self.out = _zmq_socket(self._ctx, zmq.PUSH, size_bytes)
+        self.back = _zmq_socket(self._ctx, zmq.PULL, size_bytes)
+        out = self.out.bind_to_random_port("tcp://127.0.0.1")
+        back = self.back.bind_to_random_port("tcp://127.0.0.1")
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "kvtb.bench.barepath", role, f"tcp://127.0.0.1:{out}",
+             f"tcp://127.0.0.1:{back}", str(size_bytes), str(working_set_bytes), directory],
+            stdin=subprocess.PIPE)
+        _expect(self.back)  # the child is set up (its file written, for a GET cached)
+        self.back.recv()
+
+    def close(self) -> None:
+        if self._child is None:
+            return
+        with contextlib.suppress(OSError):
+            self._child.stdin.close()
+        try:
+            self._child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.wait()
+        self._child = None
+        self.out.close()
+        self.back.close()
+        self._ctx.term()
+
+
+class BarePut(Meter):
+    """Gather + crc32c here, ZeroMQ tcp, then pwrite + crc32c + writeback and one fdatasync per
+    batch received in another process, which acknowledges each batch once it is durable."""
+
+    def __init__(self, size_bytes: int, directory: str | Path | None, working_set_bytes: int | None = None,
+                 ranges_per_chunk: int = RANGES_PER_CHUNK):
+        self.size_bytes = size_bytes
+        self.chunks = _slots(size_bytes, working_set_bytes)
+        self._plans = _rows(size_bytes, self.chunks, ranges_per_chunk)
+        self._region = _payload(self.chunks * size_bytes)
+        self._tmp = tempfile.TemporaryDirectory(prefix="kvtb-bare-", dir=directory)
+        self._peer = _Peer("put", size_bytes, self.chunks * size_bytes, self._tmp.name)
+
+    def _round(self) -> None:
+        out, back = self._peer.out, self._peer.back
+        for i, plan in enumerate(self._plans):
+            payload, _ = gather.frames(self._region, plan, 0, _crc.extend)
+            out.send_multipart([_SLOT.pack(i), *payload], copy=False)
+        durable = 0
+        while durable < self.chunks:
+            _expect(back)
+            durable += _SLOT.unpack(back.recv())[0]
+
+    def window(self, seconds: float) -> float:
+        return _rounds(self._round, seconds) * self.chunks * self.size_bytes
+
+    def close(self) -> None:
+        self._peer.close()
+        self._tmp.cleanup()
+
+
+class BareGet(Meter):
+    """Another process sends every chunk from its page-cached file's mapping over ZeroMQ tcp; here
+    each is scattered into its strided rows and checksummed as it is copied, and the crc32c
+    compared with the chunk's."""
+
+    def __init__(self, size_bytes: int, directory: str | Path | None, working_set_bytes: int | None = None,
+                 ranges_per_chunk: int = RANGES_PER_CHUNK):
+        self.size_bytes = size_bytes
+        self.chunks = _slots(size_bytes, working_set_bytes)
+        self._plans = _rows(size_bytes, self.chunks, ranges_per_chunk)
+        payload = _payload(self.chunks * size_bytes)  # what the other process's file holds
+        self._crcs = [_crc.crc32c(payload[i * size_bytes:(i + 1) * size_bytes]) for i in range(self.chunks)]
+        self._region = np.zeros_like(payload)  # touched: no first-touch faults timed
+        del payload
+        self._tmp = tempfile.TemporaryDirectory(prefix="kvtb-bare-", dir=directory)
+        self._peer = _Peer("get", size_bytes, self.chunks * size_bytes, self._tmp.name)
+
+    def _round(self) -> None:
+        out, back = self._peer.out, self._peer.back
+        out.send(b"round")
+        for _ in range(self.chunks):
+            _expect(back)
+            slot, value = back.recv_multipart(copy=False)
+            i = _SLOT.unpack(slot.bytes)[0]
+            _, crc = gather.scatter(value.buffer, self._region, self._plans[i], 0, _crc.extend)
+            if crc != self._crcs[i]:
+                raise RuntimeError(f"bare GET: chunk {i} arrived with another crc32c")
+
+    def window(self, seconds: float) -> float:
+        return _rounds(self._round, seconds) * self.chunks * self.size_bytes
+
+    def close(self) -> None:
+        self._peer.close()
+        self._tmp.cleanup()
+
+
+def _rounds(one_round, seconds: float) -> float:
+    """Run whole rounds for about `seconds` (at least one); rounds per second."""
+    rounds, start = 0, time.perf_counter()
+    while True:
+        one_round()
+        rounds += 1
+        elapsed_s = time.perf_counter() - start
+        if elapsed_s >= seconds:
+            return rounds / elapsed_s
+
+
+@contextlib.contextmanager
+def meters(size_bytes: int, directory: str | Path | None, working_set_bytes: int | None = None,
+           ranges_per_chunk: int = RANGES_PER_CHUNK) -> Iterator[dict[str, Meter]]:
+    """The bare PUT and GET paths at one chunk size, as meters named bare_put and bare_get."""
+    with contextlib.ExitStack() as stack:
+        yield {"bare_put": stack.enter_context(BarePut(size_bytes, directory, working_set_bytes,
+                                                       ranges_per_chunk)),
+               "bare_get": stack.enter_context(BareGet(size_bytes, directory, working_set_bytes,
+                                                       ranges_per_chunk))}
+
+
+# -- the other process ---------------------------------------------------------------------------
+
+def _watch_stdin(stop) -> None:
+    import threading
+
+    def wait() -> None:
+        sys.stdin.read()
+        stop()
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
+def _put_sink(pull, ack, size_bytes: int, working_set_bytes: int, directory: str) -> None:
+    """Write each chunk at its slot, checksum it, start its writeback; fdatasync every batch that
+    arrived together, then acknowledge the batch's count."""
+    import zmq
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fd = os.open(os.path.join(directory, "put.bin"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            if not pull.poll(200, zmq.POLLIN):
+                continue
+            batch = [pull.recv_multipart(copy=False)]
+            while pull.poll(0, zmq.POLLIN):
+                batch.append(pull.recv_multipart(copy=False))
+            for slot, *payload in batch:
+                offset = _SLOT.unpack(slot.bytes)[0] * size_bytes
+                views = [f.buffer for f in payload]
+                written = os.pwritev(fd, views, offset)
+                if written != size_bytes:
+                    raise OSError(f"short write: {written} of {size_bytes} bytes")
+                crc = 0
+                for view in views:
+                    crc = _crc.extend(crc, view)
+                libc.sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(size_bytes),
+                                     _SYNC_FILE_RANGE_WRITE)
+            os.fdatasync(fd)
+            ack.send(_SLOT.pack(len(batch)))
+    finally:
+        os.close(fd)
+
+
+def _get_source(pull, push, size_bytes: int, working_set_bytes: int, directory: str) -> None:
+    """Write the chunks' file (so it is in the page cache), say ready, then for each request send
+    every chunk from the file's mapping (no copy here)."""
+    import mmap
+
+    import zmq
+
+    path = os.path.join(directory, "get.bin")
+    Path(path).write_bytes(_payload(working_set_bytes).tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    data = np.frombuffer(mmap.mmap(fd, working_set_bytes, prot=mmap.PROT_READ), np.uint8)
+    push.send(b"ready")
+    chunks = working_set_bytes // size_bytes
+    while True:
+        if not pull.poll(200, zmq.POLLIN):
+            continue
+        pull.recv()
+        for i in range(chunks):
+            push.send_multipart([_SLOT.pack(i), data[i * size_bytes:(i + 1) * size_bytes]], copy=False)
+
+
+def _child_main(argv: list[str]) -> None:
+    """`python -m kvtb.bench.barepath put|get IN_ADDRESS OUT_ADDRESS SIZE WORKING_SET DIRECTORY`."""
+    import zmq
+
+    role, in_address, out_address = argv[0], argv[1], argv[2]
+    size_bytes, working_set_bytes, directory = int(argv[3]), int(argv[4]), argv[5]
+    ctx = zmq.Context()
+    pull = _zmq_socket(ctx, zmq.PULL, size_bytes)
+    push = _zmq_socket(ctx, zmq.PUSH, size_bytes)
+    pull.connect(in_address)
+    push.connect(out_address)
+    _watch_stdin(lambda: os._exit(0))  # the parent closed our stdin: it is done with us
+    if role == "put":
+        push.send(b"ready")
+        _put_sink(pull, push, size_bytes, working_set_bytes, directory)
+    else:
+        _get_source(pull, push, size_bytes, working_set_bytes, directory)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])
