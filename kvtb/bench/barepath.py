@@ -7,9 +7,11 @@ writes it, checksums it, starts its writeback and fdatasyncs each batch before i
 A GET has a process send a value from the page cache, and the receiver scatter it into
 strided ranges while it checksums it. The bare path does exactly that work, with the agent's
 own gather and scatter (`smartnic.gather`), and with nothing else: no capsules, no engine,
-no queue pairs, no journal, no threads of its own. It answers one question: how fast can
-this machine do what the path must do? A data path near its bare path has little left to
-cut; a bare path far below the raw limits says the machine, not the code, sets the pace.
+no queue pairs, no journal, no threads of its own. It answers: how fast does a minimal
+implementation of the path's work go on this machine, sharing its cores as the path does?
+Against the raw limits it shows what the machine gives; against it, the path shows what the
+services' own per-chunk work costs. It is not a ceiling: each side works on one thread, so a
+path that overlaps stages (the storage node writes while it syncs) can pass it.
 
 Both meters move `working_set_bytes` of distinct chunks per round (a benchmark passes its
 own round's bytes), laid out as the agent benchmark lays them out: row k of chunk i at
@@ -70,31 +72,48 @@ class _Peer:
         import zmq
 
         self._ctx = zmq.Context()
-        self.out = _zmq_socket(self._ctx, zmq.PUSH, size_bytes)
-        self.back = _zmq_socket(self._ctx, zmq.PULL, size_bytes)
-        out = self.out.bind_to_random_port("tcp://127.0.0.1")
-        back = self.back.bind_to_random_port("tcp://127.0.0.1")
-        self._child = subprocess.Popen(
-            [sys.executable, "-m", "kvtb.bench.barepath", role, f"tcp://127.0.0.1:{out}",
-             f"tcp://127.0.0.1:{back}", str(size_bytes), str(working_set_bytes), directory],
-            stdin=subprocess.PIPE)
-        _expect(self.back)  # the child is set up (its file written, for a GET cached)
+        self._child = None
+        try:
+            self.out = _zmq_socket(self._ctx, zmq.PUSH, size_bytes)
+            self.back = _zmq_socket(self._ctx, zmq.PULL, size_bytes)
+            out = self.out.bind_to_random_port("tcp://127.0.0.1")
+            back = self.back.bind_to_random_port("tcp://127.0.0.1")
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "kvtb.bench.barepath", role, f"tcp://127.0.0.1:{out}",
+                 f"tcp://127.0.0.1:{back}", str(size_bytes), str(working_set_bytes), directory],
+                stdin=subprocess.PIPE)
+            self._await_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _await_ready(self) -> None:
+        """Until the child says it is set up (its file written, for a GET cached); RuntimeError if
+        it exits first or says nothing within 60 s."""
+        import zmq
+
+        deadline = time.monotonic() + _REPLY_TIMEOUT_MS / 1000
+        while not self.back.poll(100, zmq.POLLIN):
+            if self._child.poll() is not None:
+                raise RuntimeError(f"the bare path's process exited with {self._child.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the bare path's process was not ready within 60 s")
         self.back.recv()
 
     def close(self) -> None:
-        if self._child is None:
+        if self._ctx is None:
             return
-        with contextlib.suppress(OSError):
-            self._child.stdin.close()
-        try:
-            self._child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._child.kill()
-            self._child.wait()
-        self._child = None
-        self.out.close()
-        self.back.close()
-        self._ctx.term()
+        if self._child is not None:
+            with contextlib.suppress(OSError):
+                self._child.stdin.close()
+            try:
+                self._child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+                self._child.wait()
+            self._child = None
+        self._ctx.destroy(linger=0)  # closes whichever sockets were made
+        self._ctx = None
 
 
 class BarePut(Meter):
@@ -108,7 +127,11 @@ class BarePut(Meter):
         self._plans = _rows(size_bytes, self.chunks, ranges_per_chunk)
         self._region = _payload(self.chunks * size_bytes)
         self._tmp = tempfile.TemporaryDirectory(prefix="kvtb-bare-", dir=directory)
-        self._peer = _Peer("put", size_bytes, self.chunks * size_bytes, self._tmp.name)
+        try:
+            self._peer = _Peer("put", size_bytes, self.chunks * size_bytes, self._tmp.name)
+        except BaseException:
+            self._tmp.cleanup()
+            raise
 
     def _round(self) -> None:
         out, back = self._peer.out, self._peer.back
@@ -143,7 +166,11 @@ class BareGet(Meter):
         self._region = np.zeros_like(payload)  # touched: no first-touch faults timed
         del payload
         self._tmp = tempfile.TemporaryDirectory(prefix="kvtb-bare-", dir=directory)
-        self._peer = _Peer("get", size_bytes, self.chunks * size_bytes, self._tmp.name)
+        try:
+            self._peer = _Peer("get", size_bytes, self.chunks * size_bytes, self._tmp.name)
+        except BaseException:
+            self._tmp.cleanup()
+            raise
 
     def _round(self) -> None:
         out, back = self._peer.out, self._peer.back

@@ -55,3 +55,10 @@ def test_meters_sample_beside_the_raw_limits(tmp_path):
         sampler()
     assert set(sampler.best()) == {"bare_put", "bare_get"}
     assert all(rate > 0 for rate in sampler.best().values())
+
+
+def test_a_peer_that_cannot_start_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(barepath.sys, "executable", "false")  # the child exits at once
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        barepath.BareGet(CHUNK, tmp_path, WORKING_SET, RANGES)
+    assert list(tmp_path.iterdir()) == []
