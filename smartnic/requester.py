@@ -33,17 +33,31 @@ class Chunk:
 
 @dataclasses.dataclass
 class Context:
-    """A context's chunks by index, its owner, its last use and its leases."""
+    """A context's chunks by index, its owner, its last use and its leases.
+
+    Invariant: bytes == the sum of its chunks' lengths; change chunks only through put() and
+    pop(), which keep it (a PUT completion reads it: summing the chunks there made a context
+    of n chunks cost O(n^2) to store)."""
 
     user_id: str
     context_id: str
     chunks: dict[int, Chunk] = dataclasses.field(default_factory=dict)
     last_use: float = 0.0
     leases: int = 0
+    bytes: int = 0
 
-    @property
-    def bytes(self) -> int:
-        return sum(c.length for c in self.chunks.values())
+    def put(self, chunk: Chunk) -> Chunk | None:
+        """Add or replace the chunk at its index; the chunk it replaced."""
+        old = self.chunks.get(chunk.chunk_index)
+        self.chunks[chunk.chunk_index] = chunk
+        self.bytes += chunk.length - (old.length if old is not None else 0)
+        return old
+
+    def pop(self, chunk_index: int) -> Chunk:
+        """Remove and return the chunk at chunk_index (KeyError when absent)."""
+        chunk = self.chunks.pop(chunk_index)
+        self.bytes -= chunk.length
+        return chunk
 
     def ordered(self) -> list[Chunk]:
         return [self.chunks[i] for i in sorted(self.chunks)]
@@ -81,16 +95,14 @@ class Requester:
         ctx = self._contexts.setdefault(context_id, Context(user_id, context_id))
         chunk.last_use = now
         ctx.last_use = max(ctx.last_use, now)
-        old = ctx.chunks.get(chunk.chunk_index)
-        ctx.chunks[chunk.chunk_index] = chunk
-        return old
+        return ctx.put(chunk)
 
     def drop_chunk(self, user_id: str, context_id: str, chunk_index: int) -> Chunk | None:
         """Forget one chunk (a corrupt or lost one); a prefix match stops at the gap."""
         ctx = self._contexts.get(context_id)
         if ctx is None or ctx.user_id != user_id or chunk_index not in ctx.chunks:
             return None
-        dropped = ctx.chunks.pop(chunk_index)
+        dropped = ctx.pop(chunk_index)
         if not ctx.chunks:
             del self._contexts[context_id]
         return dropped
@@ -145,6 +157,6 @@ class Requester:
             old = ctx.chunks.get(chunk.chunk_index)
             if old is None or chunk.token_end > old.token_end:
                 chunk.last_use = now
-                ctx.chunks[chunk.chunk_index] = chunk
+                ctx.put(chunk)
                 loaded += old is None
         return loaded

@@ -58,3 +58,26 @@ def test_leases_and_bytes_and_rebuild():
     assert loaded == 3 and fresh.get("alice", "c1").chunks[1].token_end == 64
     assert {c.context_id for c in fresh.contexts()} == {"c1", "c2"}
     assert [c.context_id for c in fresh.contexts("bob")] == ["c2"]
+
+
+def test_a_contexts_bytes_follow_every_change_of_its_chunks():
+    def sized(index, length, tokens=32):
+        return Chunk(index, index * 32, index * 32 + tokens, "s0", bytes([index]) * 16, length, 7, b"")
+
+    def summed(ctx):
+        return sum(c.length for c in ctx.chunks.values())
+
+    r = Requester()
+    for i, length in enumerate([100, 200, 300]):
+        r.publish("alice", "c1", sized(i, length), 1.0)
+    ctx = r.get("alice", "c1")
+    assert ctx.bytes == summed(ctx) == 600
+    r.publish("alice", "c1", sized(1, 250), 2.0)   # replaced by a longer one
+    assert ctx.bytes == summed(ctx) == 650
+    r.drop_chunk("alice", "c1", 0)
+    assert ctx.bytes == summed(ctx) == 550 and r.total_bytes() == 550
+    fresh = Requester()
+    found = [sized(0, 10, tokens=20), sized(0, 40), sized(1, 5)]  # chunk 0's longer copy wins
+    fresh.rebuild([("alice", "c1", c) for c in found], 5.0)
+    rebuilt = fresh.get("alice", "c1")
+    assert rebuilt.bytes == summed(rebuilt) == 45
