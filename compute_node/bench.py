@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -132,7 +133,7 @@ def main(argv: list[str]) -> int:
                                chunk_tokens=args.chunk_tokens, listen_address="127.0.0.1:0",
                                agent_address=agent.addresses["grpc"], key_salt=SALT,
                                storage_fabric_addresses=(storage.addresses["fabric"],), node_name="bench")
-    close = None
+    close, ok = None, False
     try:
         model, tokenizer = load_model(settings.model_cache_dir, settings.torch_threads)
         server, engine, address, health, close = build_node(settings, model, tokenizer)
@@ -144,11 +145,16 @@ def main(argv: list[str]) -> int:
         decode = measure_decode(stub, args, progress)
         restore = measure_restore(stub, args, progress) if args.context_tokens else None
         progress.close()
+        ok = True
     finally:
         if close is not None:
             close()
         agent.stop()
         storage.stop()
+        if ok:  # the services' files go; after a failure their logs stay, to look at
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            logger.warning("the services' files are kept in %s", tmp)
     result = new_result("offload", {"decode_tokens": args.decode_tokens, "repeats": args.repeats,
                                     "chunk_tokens": args.chunk_tokens, "context_tokens": args.context_tokens,
                                     "storage_fsync": True, "torch_threads": settings.torch_threads})

@@ -67,21 +67,27 @@ class Stack:
         try:
             self.deployment.start(self.config.get("storage") or {})
         except BaseException:
-            self.stop()
+            self.stop(failed=True)
             raise
         logger.info("stack up in %s: %s", self.data_dir, self.deployment.addresses())
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type, *exc: object) -> None:
+        self.stop(failed=exc_type is not None)
 
-    def stop(self) -> None:
-        """Stop every service (last started first); remove the stored data unless keep_data."""
+    def stop(self, failed: bool = False) -> None:
+        """Stop every service (last started first). Unless keep_data, remove data_dir (the run's
+        own directory); after a failure only the stored data, keeping the logs to look at."""
         self.deployment.stop()
-        if not self.keep_data:
-            for proc in self.deployment.procs:
-                if proc.name.startswith("storage-"):
-                    shutil.rmtree(self.data_dir / proc.name, ignore_errors=True)
+        if self.keep_data:
+            return
+        if not failed:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            return
+        for proc in self.deployment.procs:
+            if proc.name.startswith("storage-"):
+                shutil.rmtree(self.data_dir / proc.name, ignore_errors=True)
+        logger.warning("the services' logs are kept in %s", self.data_dir / "logs")
 
     def address(self, service: str, kind: str = "grpc") -> str:
         """A service's announced address ('storage-0', 'smartnic', 'compute', 'frontend')."""
