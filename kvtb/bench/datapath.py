@@ -132,9 +132,12 @@ def run(args: argparse.Namespace) -> dict:
     try:
         with progress_for(args, len(args.sizes), "datapath") as progress:
             rows = measure(args, data_dir, progress)
-    finally:
+    except BaseException:
         if not args.keep_data:
-            shutil.rmtree(data_dir, ignore_errors=True)
+            logger.warning("the storage node's files are kept in %s", data_dir)
+        raise
+    if not args.keep_data:
+        shutil.rmtree(data_dir, ignore_errors=True)
     result["results"]["chunks"] = rows
     result["transfers"] = calibration_transfers(rows)
     for t in rows:
