@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtb.bench import barepath, rawlimits
+from kvtb.bench.chunk_layout import RANGES_PER_CHUNK, strided_ranges
 from kvtb.bench.common import add_common_args, new_result
 from kvtb.bench.output import emit_json, format_table, write_json
 from kvtb.bench.stats import percentile
@@ -44,7 +45,6 @@ from storage_node.client import FabricClient
 
 logger = logging.getLogger(__name__)
 
-RANGES_PER_CHUNK = 128  # a chunk is gathered from many ranges, like [layer, K|V, head] rows
 TRIGGER, FIRED = 0, 1   # counters of the trigger-to-fire region
 PUT_TRIGGER, PUT_DONE, GET_DONE, GET_TRIGGER = 0, 1, 2, 3  # counters of a transfer's region
 
@@ -97,12 +97,6 @@ def trigger_latency(agent: Agent, samples: int) -> dict:
             "mean_us": float(np.mean(latencies))}
 
 
-def _strided(base: int, index: int, count: int, chunk_bytes: int) -> tuple[tuple[int, int], ...]:
-    """The ranges of chunk `index`: row k of each chunk at (k * count + index) * row, as in a KV pool."""
-    row = chunk_bytes // RANGES_PER_CHUNK
-    return tuple((base + (k * count + index) * row, row) for k in range(RANGES_PER_CHUNK))
-
-
 def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
              before_round: Callable[[], None] | None = None) -> dict:
     """PUT then GET `total_bytes` in chunks of `chunk_bytes` through the engine; best bytes/s over rounds.
@@ -134,11 +128,12 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
             if before_round is not None:
                 before_round()
             refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
-            puts = [DataWork("put", ref, _strided(0, i, count, chunk_bytes), (0, 0))
+            puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0))
                     for i, ref in enumerate(refs)]
             put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, r + 1))
-            gets = [DataWork("get", refs[c.chunk_index], _strided(area, c.chunk_index, count, chunk_bytes),
-                             (0, 0), c) for c in agent.lookup("bench", refs[0].context_id)]
+            gets = [DataWork("get", refs[c.chunk_index],
+                             strided_ranges(area, c.chunk_index, count, chunk_bytes), (0, 0), c)
+                    for c in agent.lookup("bench", refs[0].context_id)]
             get_s.append(fire(GET_TRIGGER, gets, GET_DONE, r + 1))
             failed = region.read_counter(PUT_DONE)[1] + region.read_counter(GET_DONE)[1]
             assert failed == 0, f"{failed} transfers failed"

@@ -6,7 +6,8 @@ its strided ranges and checksums it, sends it over ZeroMQ tcp to another process
 writes it, checksums it, starts its writeback and fdatasyncs each batch before it answers.
 A GET has a process send a value from the page cache, and the receiver scatter it into
 strided ranges while it checksums it. The bare path does exactly that work, with the agent's
-own gather and scatter (`smartnic.gather`), and with nothing else: no capsules, no engine,
+own gather and scatter (`smartnic.gather`) and the storage node's own write
+(`storage_node.namespace`), and with nothing else: no capsules, no engine,
 no queue pairs, no journal, no threads of its own. It answers: how fast does a minimal
 implementation of the path's work go on this machine, sharing its cores as the path does?
 Against the raw limits it shows what the machine gives; against it, the path shows what the
@@ -14,9 +15,9 @@ services' own per-chunk work costs. It is not a ceiling: each side works on one 
 path that overlaps stages (the storage node writes while it syncs) can pass it.
 
 Both meters move `working_set_bytes` of distinct chunks per round (a benchmark passes its
-own round's bytes), laid out as the agent benchmark lays them out: row k of chunk i at
-(k * chunks + i) * row. A window runs whole rounds, at least one, and its rate is the bytes
-of those rounds over the time from the first send to the last acknowledgement.
+own round's bytes), laid out as the agent benchmark lays them out (`chunk_layout`). A window
+runs whole rounds, at least one, and its rate is the bytes of those rounds over the time from
+the first send to the last acknowledgement.
 
 The other process is a fresh interpreter (`python -m kvtb.bench.barepath put|get ...`); it
 exits when its stdin closes.
@@ -24,13 +25,13 @@ exits when its stdin closes.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
+import mmap
 import os
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,23 +39,19 @@ from pathlib import Path
 import numpy as np
 
 from kvtb import crc32c as _crc
-from kvtb.bench.rawlimits import Meter, _payload, _slots, _zmq_socket
+from kvtb.bench.chunk_layout import RANGES_PER_CHUNK, strided_ranges
+from kvtb.bench.rawlimits import Meter, _payload, _slots, _timed_loop, _zmq_socket
 from smartnic import gather
+from storage_node.allocator import Extent
+from storage_node.namespace import start_writeback, write_extents
 
-RANGES_PER_CHUNK = 128
 _SLOT = struct.Struct("<Q")
-_SYNC_FILE_RANGE_WRITE = 2
 _REPLY_TIMEOUT_MS = 60_000
 
 
 def _rows(chunk_bytes: int, chunks: int, ranges_per_chunk: int) -> list[list[gather.Run]]:
-    """Each chunk's copy plan: its ranges_per_chunk rows, one strided run.
-
-    ValueError unless the chunk splits into that many rows of whole bytes."""
-    row, rest = divmod(chunk_bytes, ranges_per_chunk)
-    if row == 0 or rest:
-        raise ValueError(f"a chunk of {chunk_bytes} bytes does not split into {ranges_per_chunk} equal rows")
-    return [gather.runs_of([((k * chunks + i) * row, row) for k in range(ranges_per_chunk)])
+    """Each chunk's copy plan, in the transfer benchmarks' layout (ValueError if it cannot split)."""
+    return [gather.runs_of(strided_ranges(0, i, chunks, chunk_bytes, ranges_per_chunk))
             for i in range(chunks)]
 
 
@@ -116,22 +113,48 @@ class _Peer:
         self._ctx = None
 
 
-class BarePut(Meter):
-    """Gather + crc32c here, ZeroMQ tcp, then pwrite + crc32c + writeback and one fdatasync per
-    batch received in another process, which acknowledges each batch once it is durable."""
+class _BareMeter(Meter):
+    """What both bare meters share: the chunks' copy plans, the other process, whole rounds."""
 
-    def __init__(self, size_bytes: int, directory: str | Path | None, working_set_bytes: int | None = None,
-                 ranges_per_chunk: int = RANGES_PER_CHUNK):
+    role = ""
+
+    def __init__(self, size_bytes: int, working_set_bytes: int | None, ranges_per_chunk: int):
         self.size_bytes = size_bytes
         self.chunks = _slots(size_bytes, working_set_bytes)
         self._plans = _rows(size_bytes, self.chunks, ranges_per_chunk)
-        self._region = _payload(self.chunks * size_bytes)
+
+    def _start_peer(self, directory: str | Path | None) -> None:
+        """The other process, working in a temp dir under directory (removed if it cannot start)."""
         self._tmp = tempfile.TemporaryDirectory(prefix="kvtb-bare-", dir=directory)
         try:
-            self._peer = _Peer("put", size_bytes, self.chunks * size_bytes, self._tmp.name)
+            self._peer = _Peer(self.role, self.size_bytes, self.chunks * self.size_bytes, self._tmp.name)
         except BaseException:
             self._tmp.cleanup()
             raise
+
+    def _round(self) -> None:
+        raise NotImplementedError
+
+    def window(self, seconds: float) -> float:
+        """Whole rounds for about `seconds` (at least one); bytes per second."""
+        return _timed_loop(self._round, seconds) * self.chunks * self.size_bytes
+
+    def close(self) -> None:
+        self._peer.close()
+        self._tmp.cleanup()
+
+
+class BarePut(_BareMeter):
+    """Gather + crc32c here, ZeroMQ tcp, then pwrite + crc32c + writeback and one fdatasync per
+    batch received in another process, which acknowledges each batch once it is durable."""
+
+    role = "put"
+
+    def __init__(self, size_bytes: int, directory: str | Path | None, working_set_bytes: int | None = None,
+                 ranges_per_chunk: int = RANGES_PER_CHUNK):
+        super().__init__(size_bytes, working_set_bytes, ranges_per_chunk)
+        self._region = _payload(self.chunks * size_bytes)
+        self._start_peer(directory)
 
     def _round(self) -> None:
         out, back = self._peer.out, self._peer.back
@@ -143,34 +166,22 @@ class BarePut(Meter):
             _expect(back)
             durable += _SLOT.unpack(back.recv())[0]
 
-    def window(self, seconds: float) -> float:
-        return _rounds(self._round, seconds) * self.chunks * self.size_bytes
 
-    def close(self) -> None:
-        self._peer.close()
-        self._tmp.cleanup()
-
-
-class BareGet(Meter):
+class BareGet(_BareMeter):
     """Another process sends every chunk from its page-cached file's mapping over ZeroMQ tcp; here
     each is scattered into its strided rows and checksummed as it is copied, and the crc32c
     compared with the chunk's."""
 
+    role = "get"
+
     def __init__(self, size_bytes: int, directory: str | Path | None, working_set_bytes: int | None = None,
                  ranges_per_chunk: int = RANGES_PER_CHUNK):
-        self.size_bytes = size_bytes
-        self.chunks = _slots(size_bytes, working_set_bytes)
-        self._plans = _rows(size_bytes, self.chunks, ranges_per_chunk)
+        super().__init__(size_bytes, working_set_bytes, ranges_per_chunk)
         payload = _payload(self.chunks * size_bytes)  # what the other process's file holds
         self._crcs = [_crc.crc32c(payload[i * size_bytes:(i + 1) * size_bytes]) for i in range(self.chunks)]
         self._region = np.zeros_like(payload)  # touched: no first-touch faults timed
         del payload
-        self._tmp = tempfile.TemporaryDirectory(prefix="kvtb-bare-", dir=directory)
-        try:
-            self._peer = _Peer("get", size_bytes, self.chunks * size_bytes, self._tmp.name)
-        except BaseException:
-            self._tmp.cleanup()
-            raise
+        self._start_peer(directory)
 
     def _round(self) -> None:
         out, back = self._peer.out, self._peer.back
@@ -182,24 +193,6 @@ class BareGet(Meter):
             _, crc = gather.scatter(value.buffer, self._region, self._plans[i], 0, _crc.extend)
             if crc != self._crcs[i]:
                 raise RuntimeError(f"bare GET: chunk {i} arrived with another crc32c")
-
-    def window(self, seconds: float) -> float:
-        return _rounds(self._round, seconds) * self.chunks * self.size_bytes
-
-    def close(self) -> None:
-        self._peer.close()
-        self._tmp.cleanup()
-
-
-def _rounds(one_round, seconds: float) -> float:
-    """Run whole rounds for about `seconds` (at least one); rounds per second."""
-    rounds, start = 0, time.perf_counter()
-    while True:
-        one_round()
-        rounds += 1
-        elapsed_s = time.perf_counter() - start
-        if elapsed_s >= seconds:
-            return rounds / elapsed_s
 
 
 @contextlib.contextmanager
@@ -216,8 +209,6 @@ def meters(size_bytes: int, directory: str | Path | None, working_set_bytes: int
 # -- the other process ---------------------------------------------------------------------------
 
 def _watch_stdin(stop) -> None:
-    import threading
-
     def wait() -> None:
         sys.stdin.read()
         stop()
@@ -226,11 +217,11 @@ def _watch_stdin(stop) -> None:
 
 
 def _put_sink(pull, ack, size_bytes: int, working_set_bytes: int, directory: str) -> None:
-    """Write each chunk at its slot, checksum it, start its writeback; fdatasync every batch that
-    arrived together, then acknowledge the batch's count."""
+    """Write each chunk at its slot as the storage node writes a value (its crc32c folded into the
+    write, then its writeback started); fdatasync every batch that arrived together, then
+    acknowledge the batch's count."""
     import zmq
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     fd = os.open(os.path.join(directory, "put.bin"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         while True:
@@ -240,16 +231,9 @@ def _put_sink(pull, ack, size_bytes: int, working_set_bytes: int, directory: str
             while pull.poll(0, zmq.POLLIN):
                 batch.append(pull.recv_multipart(copy=False))
             for slot, *payload in batch:
-                offset = _SLOT.unpack(slot.bytes)[0] * size_bytes
-                views = [f.buffer for f in payload]
-                written = os.pwritev(fd, views, offset)
-                if written != size_bytes:
-                    raise OSError(f"short write: {written} of {size_bytes} bytes")
-                crc = 0
-                for view in views:
-                    crc = _crc.extend(crc, view)
-                libc.sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(size_bytes),
-                                     _SYNC_FILE_RANGE_WRITE)
+                extents = [Extent(_SLOT.unpack(slot.bytes)[0] * size_bytes, size_bytes)]
+                write_extents(fd, [f.buffer for f in payload], extents, 0)  # the crc the node checks
+                start_writeback(fd, extents)
             os.fdatasync(fd)
             ack.send(_SLOT.pack(len(batch)))
     finally:
@@ -259,8 +243,6 @@ def _put_sink(pull, ack, size_bytes: int, working_set_bytes: int, directory: str
 def _get_source(pull, push, size_bytes: int, working_set_bytes: int, directory: str) -> None:
     """Write the chunks' file (so it is in the page cache), say ready, then for each request send
     every chunk from the file's mapping (no copy here)."""
-    import mmap
-
     import zmq
 
     path = os.path.join(directory, "get.bin")
