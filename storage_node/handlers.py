@@ -107,7 +107,7 @@ def _verify_payload_crc(cmd: Command) -> int:
 def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
     ns: KvNamespace = cmd.namespace
     c = cmd.capsule
-    pending = ns.reserve(c.key, c.value_length, 0, only_if_absent=c.store_only_if_absent,
+    pending = ns.reserve(c.key, c.value_length, only_if_absent=c.store_only_if_absent,
                          only_if_present=c.store_only_if_present)
     try:
         crc = ns.write(pending, cmd.payload)  # checksummed as it is written: one pass over the bytes

@@ -49,8 +49,8 @@ class PendingStore:
 
     key: bytes
     length: int
-    crc32c: int
     extents: tuple[Extent, ...]
+    crc32c: int = 0  # of the bytes written, set by write()
     only_if_absent: bool = False
     only_if_present: bool = False
 
@@ -125,7 +125,7 @@ class KvNamespace(Namespace):
 
     # -- Store and Delete (the committer thread commits them) ---------------------------------
 
-    def reserve(self, key: bytes, length: int, crc: int, *, only_if_absent: bool = False,
+    def reserve(self, key: bytes, length: int, *, only_if_absent: bool = False,
                 only_if_present: bool = False) -> PendingStore:
         """Allocate fresh extents for a value of length bytes (CAPACITY_EXCEEDED when full)."""
         check_key(key)
@@ -139,7 +139,8 @@ class KvNamespace(Namespace):
                 extents = tuple(self.allocator.allocate(length))
             except AllocationError as exc:
                 raise NvmeError(st.CAPACITY_EXCEEDED, str(exc)) from exc
-        return PendingStore(key, length, crc, extents, only_if_absent, only_if_present)
+        return PendingStore(key, length, extents, only_if_absent=only_if_absent,
+                            only_if_present=only_if_present)
 
     def write(self, pending: PendingStore, buffers: Sequence) -> int:
         """Write the value's bytes to its extents (not yet durable, not yet visible); their crc32c,

@@ -15,7 +15,7 @@ MIB = 1 << 20
 
 
 def put(ns: KvNamespace, key: bytes, value: bytes, **conditions) -> st.Status:
-    pending = ns.reserve(key, len(value), crc32c(value), **conditions)
+    pending = ns.reserve(key, len(value), **conditions)
     ns.write(pending, [value])
     return ns.commit([pending])[0]
 
@@ -48,7 +48,7 @@ def test_store_replace_delete_and_replay(tmp_path, ns):
 
 
 def test_uncommitted_store_is_invisible_and_its_space_returns_on_replay(tmp_path, ns):
-    pending = ns.reserve(b"x", MIB, 0)
+    pending = ns.reserve(b"x", MIB)
     ns.write(pending, [os.urandom(MIB)])
     assert not ns.exist(b"x")
     ns.close()
@@ -86,7 +86,7 @@ def test_a_host_that_checks_the_guard_itself_gets_the_bytes_as_stored(tmp_path, 
 def test_full_namespace_answers_capacity_exceeded(ns):
     put(ns, b"a", bytes(3 * MIB))
     with pytest.raises(NvmeError) as err:
-        ns.reserve(b"b", 2 * MIB, 0)
+        ns.reserve(b"b", 2 * MIB)
     assert err.value.status == st.CAPACITY_EXCEEDED
     assert put(ns, b"b", bytes(MIB)) == st.SUCCESS
 
@@ -114,7 +114,7 @@ def test_concurrent_stores_are_group_committed(ns):
 
     def store(i: int):
         value = bytes([i]) * 1000
-        pending = ns.reserve(b"k%d" % i, len(value), crc32c(value))
+        pending = ns.reserve(b"k%d" % i, len(value))
         ns.write(pending, [value])
         committer.submit(pending, lambda s: finished(i, s))
 
