@@ -17,6 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
+from kvtb.bench.chunk_layout import RANGES_PER_CHUNK
 from kvtb.bench.common import add_common_args, new_result, progress_for
 from kvtb.bench.emit import add_run_args, ratios_text, run_bench, services_dir
 from kvtb.bench.output import format_bytes, format_table, plot_lines
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> dict:
     keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up, first
     result = new_result("datapath", {"sizes_bytes": args.sizes, "total_mib": args.total_mib,
                                      "rounds": args.rounds, "budget_s": args.budget_s, "fsync": True,
-                                     "ranges_per_chunk": nic_bench.RANGES_PER_CHUNK, "smoke": args.smoke,
+                                     "ranges_per_chunk": RANGES_PER_CHUNK, "smoke": args.smoke,
                                      "load_average_1m_at_start": os.getloadavg()[0]})
     data_dir = services_dir(args, "datapath")
     try:
