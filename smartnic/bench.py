@@ -2,7 +2,9 @@
 
 The agent runs in this process (its real engine, watcher and data path) against a real storage
 node process; the counter stores come from a child process, as the compute node's would, each
-with its CLOCK_MONOTONIC timestamp, so trigger-to-fire is measured from the store itself.
+with its CLOCK_MONOTONIC timestamp, so trigger-to-fire is measured from the store itself. A
+transfer's round is timed by such a child too, from its store until it sees the round's last
+completion counted (`smartnic.bench_compute`), so no polling takes the agent's GIL.
 Raw limits are measured in the same run on the storage node's disk, each moving as many distinct
 bytes as a transfer does (`--total-mib`): ZeroMQ tcp loopback between two processes (and, for
 reference, within one), pread of a cached file, pwrite + fsync. The PUT limit is min(zmq,
@@ -18,7 +20,6 @@ import argparse
 import logging
 import multiprocessing
 import os
-import random
 import tempfile
 import time
 import uuid
@@ -37,6 +38,7 @@ from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb_proto import nvmeof_pb2 as pb
 from smartnic import chunk_format as cf
 from smartnic.agent import Agent
+from smartnic.bench_compute import ComputeStandIn, store_at_random_gaps
 from smartnic.datapath import ChunkRef
 from smartnic.engine import CounterWork, DataWork
 from smartnic.region import Region
@@ -49,22 +51,9 @@ TRIGGER, FIRED = 0, 1   # counters of the trigger-to-fire region
 PUT_TRIGGER, PUT_DONE, GET_DONE, GET_TRIGGER = 0, 1, 2, 3  # counters of a transfer's region
 
 
-def _storer(name: str, size: int, counter_offset: int, counters: int, n: int, seed: int, queue) -> None:
-    """Child process: store 1..n into the trigger counter at random gaps, timestamping each store."""
-    region = Region.attach(name, size, counter_offset, counters)
-    rng = random.Random(seed)
-    stamps = []
-    for i in range(1, n + 1):
-        time.sleep(rng.uniform(0.0002, 0.003))
-        stamps.append(time.monotonic_ns())
-        region.store_counter(TRIGGER, i)
-    queue.put(stamps)
-    region.close()
-
-
 def _wait(region: Region, counter: int, total: int, timeout_s: float = 120.0) -> None:
-    """Until the counter reaches total; polls every millisecond (often enough for transfers of tens
-    of milliseconds, rarely enough not to take the agent's GIL from it)."""
+    """Until the counter reaches total; polls every millisecond (untimed waits only: a transfer is
+    timed by the compute stand-in's process, see `smartnic.bench_compute`)."""
     deadline = time.monotonic() + timeout_s
     while region.counter_total(counter) < total:
         if time.monotonic() > deadline:
@@ -83,7 +72,8 @@ def trigger_latency(agent: Agent, samples: int) -> dict:
         agent.engine.queue(reg, works)
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
-        child = ctx.Process(target=_storer, args=(region.name, region.size, 0, 16, samples, 1, queue))
+        child = ctx.Process(target=store_at_random_gaps,
+                            args=(region.name, region.size, 0, 16, TRIGGER, samples, 1, queue))
         child.start()
         stamps = queue.get(timeout=120)
         child.join()
@@ -116,13 +106,12 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
     put_s, get_s = [], []
 
     def fire(trigger: int, works: list, done: int, round_number: int) -> float:
-        """Queue works on trigger >= round_number, store it, wait for every completion of the round."""
+        """Queue works on trigger >= round_number; the compute stand-in stores it and times the
+        round until its every completion is counted."""
         agent.engine.queue(reg, [(trigger, round_number, work, done) for work in works])
-        start = time.perf_counter()
-        region.store_counter(trigger, round_number)
-        _wait(region, done, round_number * count)
-        return time.perf_counter() - start
+        return compute.fire(trigger, round_number, done, round_number * count)
 
+    compute = ComputeStandIn(region, size - 4096)
     try:
         for r in range(rounds):
             if before_round is not None:
@@ -140,6 +129,7 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
             assert bytes(region.view(area, area)) == bytes(region.view(0, area)), "GET gave other bytes"
             agent.drop_context("bench", refs[0].context_id)
     finally:
+        compute.close()
         agent.deregister(reg.region_id, "bench")
         region.close()
     return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK,

@@ -1,0 +1,113 @@
+"""The compute node's side of the agent's benchmarks, in a process of its own.
+
+In a deployment the compute node is another process: it stores a trigger counter into the
+shared counter page and polls the completion counter there, and neither costs the agent
+anything. `kvtb bench smartnic` runs the agent in its own process, so a compute side polling
+from a thread of that process would take the agent's GIL at every poll, and the transfers
+would be timed slower than the agent moves them. So the benchmarks do both from a child
+process, as the compute node would, and the clock runs there: from the store until the
+completion counter reaches its total.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import random
+import time
+
+from smartnic.region import Region
+
+MAX_POLL_S = 1e-3  # the clock's resolution: a round of tens of milliseconds is timed within 1 ms
+
+
+class ComputeStandIn:
+    """A child process that stores a region's trigger counters and times their completions.
+
+        with ComputeStandIn(region, counter_offset) as compute:
+            seconds = compute.fire(trigger=0, value=1, done=1, total=128)
+    """
+
+    def __init__(self, region: Region, counter_offset: int, start_timeout_s: float = 60.0):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, name="kvtb-bench-compute", daemon=True,
+                                 args=(child, region.name, region.size, counter_offset, region.counter_count))
+        self._proc.start()
+        child.close()
+        self._call(("ready",), start_timeout_s)
+
+    def fire(self, trigger: int, value: int, done: int, total: int, timeout_s: float = 120.0) -> float:
+        """Store `value` into counter `trigger`; the seconds until counter `done`'s success plus
+        error reaches `total`. TimeoutError after timeout_s."""
+        return self._call(("fire", trigger, value, done, total, timeout_s), timeout_s + 10.0)
+
+    def _call(self, message: tuple, timeout_s: float):
+        self._conn.send(message)
+        if not self._conn.poll(timeout_s):
+            raise TimeoutError(f"the compute stand-in did not answer {message[0]!r} within {timeout_s:g} s")
+        try:
+            kind, value = self._conn.recv()
+        except EOFError as exc:
+            raise RuntimeError(f"the compute stand-in exited (code {self._proc.exitcode})") from exc
+        if kind == "timeout":
+            raise TimeoutError(value)
+        return value
+
+    def close(self) -> None:
+        try:
+            self._conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        self._proc.join(timeout=5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+
+    def __enter__(self) -> ComputeStandIn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _serve(conn, name: str, size: int, counter_offset: int, counters: int) -> None:
+    region = Region.attach(name, size, counter_offset, counters)
+    try:
+        while (message := conn.recv()) is not None:
+            if message[0] == "ready":
+                conn.send(("ok", None))
+            else:
+                conn.send(_fire(region, *message[1:]))
+    except EOFError:  # the benchmark went away
+        pass
+    finally:
+        region.close()
+
+
+def _fire(region: Region, trigger: int, value: int, done: int, total: int, timeout_s: float) -> tuple:
+    start = time.perf_counter()
+    deadline = start + timeout_s
+    region.store_counter(trigger, value)
+    sleep = 20e-6
+    while region.counter_total(done) < total:
+        now = time.perf_counter()
+        if now > deadline:
+            return "timeout", f"counter {done} stuck at {region.read_counter(done)}, wanted {total}"
+        time.sleep(sleep)
+        sleep = min(2 * sleep, MAX_POLL_S)
+    return "ok", time.perf_counter() - start
+
+
+def store_at_random_gaps(name: str, size: int, counter_offset: int, counters: int, trigger: int,
+                         n: int, seed: int, queue) -> None:
+    """Child process: store 1..n into counter `trigger` at random gaps, timestamping each store
+    (CLOCK_MONOTONIC, as the agent's watcher stamps its firing)."""
+    region = Region.attach(name, size, counter_offset, counters)
+    rng = random.Random(seed)
+    stamps = []
+    for i in range(1, n + 1):
+        time.sleep(rng.uniform(0.0002, 0.003))
+        stamps.append(time.monotonic_ns())
+        region.store_counter(trigger, i)
+    queue.put(stamps)
+    region.close()
