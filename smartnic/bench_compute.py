@@ -41,12 +41,15 @@ class ComputeStandIn:
         return self._call(("fire", trigger, value, done, total, timeout_s), timeout_s + 10.0)
 
     def _call(self, message: tuple, timeout_s: float):
-        self._conn.send(message)
+        try:
+            self._conn.send(message)
+        except OSError as exc:
+            raise RuntimeError(f"the compute stand-in exited (code {self._proc.exitcode})") from exc
         if not self._conn.poll(timeout_s):
             raise TimeoutError(f"the compute stand-in did not answer {message[0]!r} within {timeout_s:g} s")
         try:
             kind, value = self._conn.recv()
-        except EOFError as exc:
+        except (EOFError, OSError) as exc:  # its end of the pipe closed: it exited
             raise RuntimeError(f"the compute stand-in exited (code {self._proc.exitcode})") from exc
         if kind == "timeout":
             raise TimeoutError(value)
