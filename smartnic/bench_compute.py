@@ -6,7 +6,7 @@ anything. `kvtb bench smartnic` runs the agent in its own process, so a compute 
 from a thread of that process would take the agent's GIL at every poll, and the transfers
 would be timed slower than the agent moves them. So the benchmarks do both from a child
 process, as the compute node would, and the clock runs there: from the store until the
-completion counter reaches its total.
+completion counter reaches its total, waiting with the compute node's own `wait_counter`.
 """
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import multiprocessing
 import random
 import time
 
+from compute_node.restore import wait_counter
 from smartnic.region import Region
-
-MAX_POLL_S = 1e-3  # the clock's resolution: a round of tens of milliseconds is timed within 1 ms
 
 
 class ComputeStandIn:
@@ -89,15 +88,9 @@ def _serve(conn, name: str, size: int, counter_offset: int, counters: int) -> No
 
 def _fire(region: Region, trigger: int, value: int, done: int, total: int, timeout_s: float) -> tuple:
     start = time.perf_counter()
-    deadline = start + timeout_s
     region.store_counter(trigger, value)
-    sleep = 20e-6
-    while region.counter_total(done) < total:
-        now = time.perf_counter()
-        if now > deadline:
-            return "timeout", f"counter {done} stuck at {region.read_counter(done)}, wanted {total}"
-        time.sleep(sleep)
-        sleep = min(2 * sleep, MAX_POLL_S)
+    if not wait_counter(lambda: region.counter_total(done), total, timeout_s):
+        return "timeout", f"counter {done} stuck at {region.read_counter(done)}, wanted {total}"
     return "ok", time.perf_counter() - start
 
 
