@@ -111,25 +111,24 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
         agent.engine.queue(reg, [(trigger, round_number, work, done) for work in works])
         return compute.fire(trigger, round_number, done, round_number * count)
 
-    compute = ComputeStandIn(region, size - 4096)
     try:
-        for r in range(rounds):
-            if before_round is not None:
-                before_round()
-            refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
-            puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0))
-                    for i, ref in enumerate(refs)]
-            put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, r + 1))
-            gets = [DataWork("get", refs[c.chunk_index],
-                             strided_ranges(area, c.chunk_index, count, chunk_bytes), (0, 0), c)
-                    for c in agent.lookup("bench", refs[0].context_id)]
-            get_s.append(fire(GET_TRIGGER, gets, GET_DONE, r + 1))
-            failed = region.read_counter(PUT_DONE)[1] + region.read_counter(GET_DONE)[1]
-            assert failed == 0, f"{failed} transfers failed"
-            assert bytes(region.view(area, area)) == bytes(region.view(0, area)), "GET gave other bytes"
-            agent.drop_context("bench", refs[0].context_id)
+        with ComputeStandIn(region, size - 4096) as compute:
+            for r in range(rounds):
+                if before_round is not None:
+                    before_round()
+                refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
+                puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0))
+                        for i, ref in enumerate(refs)]
+                put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, r + 1))
+                gets = [DataWork("get", refs[c.chunk_index],
+                                 strided_ranges(area, c.chunk_index, count, chunk_bytes), (0, 0), c)
+                        for c in agent.lookup("bench", refs[0].context_id)]
+                get_s.append(fire(GET_TRIGGER, gets, GET_DONE, r + 1))
+                failed = region.read_counter(PUT_DONE)[1] + region.read_counter(GET_DONE)[1]
+                assert failed == 0, f"{failed} transfers failed"
+                assert bytes(region.view(area, area)) == bytes(region.view(0, area)), "GET gave other bytes"
+                agent.drop_context("bench", refs[0].context_id)
     finally:
-        compute.close()
         agent.deregister(reg.region_id, "bench")
         region.close()
     return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK,

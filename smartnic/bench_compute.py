@@ -32,7 +32,11 @@ class ComputeStandIn:
                                  args=(child, region.name, region.size, counter_offset, region.counter_count))
         self._proc.start()
         child.close()
-        self._call(("ready",), start_timeout_s)
+        try:
+            self._call(("ready",), start_timeout_s)
+        except BaseException:  # it never came up: leave no process behind
+            self.close()
+            raise
 
     def fire(self, trigger: int, value: int, done: int, total: int, timeout_s: float = 120.0) -> float:
         """Store `value` into counter `trigger`; the seconds until counter `done`'s success plus
@@ -43,16 +47,21 @@ class ComputeStandIn:
         try:
             self._conn.send(message)
         except OSError as exc:
-            raise RuntimeError(f"the compute stand-in exited (code {self._proc.exitcode})") from exc
+            raise self._exited() from exc
         if not self._conn.poll(timeout_s):
             raise TimeoutError(f"the compute stand-in did not answer {message[0]!r} within {timeout_s:g} s")
         try:
             kind, value = self._conn.recv()
         except (EOFError, OSError) as exc:  # its end of the pipe closed: it exited
-            raise RuntimeError(f"the compute stand-in exited (code {self._proc.exitcode})") from exc
+            raise self._exited() from exc
         if kind == "timeout":
             raise TimeoutError(value)
         return value
+
+    def _exited(self) -> RuntimeError:
+        self._proc.join(timeout=5)  # its exit code, once it is reaped
+        return RuntimeError(f"the compute stand-in exited (code {self._proc.exitcode}); "
+                            "its traceback is on stderr")
 
     def close(self) -> None:
         try:

@@ -64,3 +64,10 @@ def test_close_ends_the_child_process(region):
     assert process.is_alive()
     compute.close()
     assert not process.is_alive() and process.exitcode == 0
+
+
+def test_a_stand_in_that_cannot_start_is_reported_as_exited():
+    gone = Region.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", SIZE, COUNTER_OFFSET, COUNTERS)
+    gone.close()  # its shared memory is unlinked: the child cannot attach it
+    with pytest.raises(RuntimeError, match=r"the compute stand-in exited \(code 1\)"):
+        ComputeStandIn(gone, COUNTER_OFFSET)
