@@ -12,7 +12,9 @@ pwrite+fsync); the GET limit is min(zmq, pread). Beside them, the bare path (`kv
 the same gather, ZeroMQ hop, writes and fdatasyncs, or send and scatter, done by two bare loops
 with no service around them. Limits, bare path and transfers take turns: before each of the
 `--rounds` rounds, every meter measures one window (`--budget-s` per meter in all). A transfer
-keeps its best round, and a meter its best window.
+keeps its best round, and a meter its best window. Over every round and window the whole
+machine's busy CPU is read too (`kvtb.bench.cpu_use`): the second table gives each one's
+core-µs per MiB, and how far the path's cost lets it go with every core on it.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtb.bench import barepath, rawlimits
+from kvtb.bench import barepath, cpu_use, rawlimits
 from kvtb.bench.chunk_layout import RANGES_PER_CHUNK, strided_ranges
 from kvtb.bench.common import add_common_args, new_result
 from kvtb.bench.output import emit_json, format_table, write_json
@@ -104,12 +106,17 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
     region.array[area:2 * area] = 0  # touched once, as a KV pool in use is: no first-touch faults timed
     reg = agent.regions.register(region.name, size, "bench", size - 4096, 4)
     put_s, get_s = [], []
+    cpu = {"put": cpu_use.CpuTally(), "get": cpu_use.CpuTally()}
 
-    def fire(trigger: int, works: list, done: int, round_number: int) -> float:
+    def fire(trigger: int, works: list, done: int, round_number: int, op: str) -> float:
         """Queue works on trigger >= round_number; the compute stand-in stores it and times the
-        round until its every completion is counted."""
+        round until its every completion is counted. The machine's busy CPU over the round is
+        added to cpu[op]."""
         agent.engine.queue(reg, [(trigger, round_number, work, done) for work in works])
-        return compute.fire(trigger, round_number, done, round_number * count)
+        window = cpu_use.Window()
+        seconds = compute.fire(trigger, round_number, done, round_number * count)
+        cpu[op].close(window, area)
+        return seconds
 
     try:
         with ComputeStandIn(region, size - 4096) as compute:
@@ -119,11 +126,11 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
                 refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
                 puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0))
                         for i, ref in enumerate(refs)]
-                put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, r + 1))
+                put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, r + 1, "put"))
                 gets = [DataWork("get", refs[c.chunk_index],
                                  strided_ranges(area, c.chunk_index, count, chunk_bytes), (0, 0), c)
                         for c in agent.lookup("bench", refs[0].context_id)]
-                get_s.append(fire(GET_TRIGGER, gets, GET_DONE, r + 1))
+                get_s.append(fire(GET_TRIGGER, gets, GET_DONE, r + 1, "get"))
                 failed = region.read_counter(PUT_DONE)[1] + region.read_counter(GET_DONE)[1]
                 assert failed == 0, f"{failed} transfers failed"
                 assert bytes(region.view(area, area)) == bytes(region.view(0, area)), "GET gave other bytes"
@@ -133,7 +140,8 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
         region.close()
     return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK,
             "rounds": rounds,
-            "put_bytes_per_s": area / min(put_s), "get_bytes_per_s": area / min(get_s)}
+            "put_bytes_per_s": area / min(put_s), "get_bytes_per_s": area / min(get_s),
+            "cpu": {op: tally.figures() for op, tally in cpu.items()}}
 
 
 def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int) -> dict:
@@ -208,7 +216,20 @@ def transfer_beside_limits(agent: Agent, fabric_address: str, chunk_bytes: int, 
         t = transfer(agent, chunk_bytes, total_bytes, rounds, before_round=sampler)
     t["storage_node_direct"] = direct(fabric_address, chunk_bytes, total_bytes, rounds)
     add_ratios(t, sampler.best())
+    t["cpu"].update({name: tally.figures() for name, tally in sampler.cpu().items()})
+    add_cpu_ceilings(t)
     return t
+
+
+def add_cpu_ceilings(t: dict) -> None:
+    """Per op, the rate the path's (and the bare path's) CPU cost per MiB allows if every core
+    worked on it all the time, and that rate against the op's limit: how far the cores alone
+    let it go, whatever its scheduling."""
+    for op in ("put", "get"):
+        for who in (op, f"bare_{op}"):
+            ceiling = cpu_use.ceiling_bytes_per_s(t["cpu"].get(who, {}).get("us_per_mib"))
+            t[f"{who}_cpu_ceiling_bytes_per_s"] = ceiling
+            t[f"{who}_cpu_ceiling_vs_limit"] = ceiling and ceiling / t[f"{op}_limit_bytes_per_s"]
 
 
 def add_ratios(t: dict, measured: dict[str, float]) -> None:
@@ -239,6 +260,33 @@ def table_row(t: dict) -> list:
             t["get_vs_limit"]]
 
 
+def binding_limit(t: dict, op: str) -> str:
+    """The name of the raw limit that bounds op (the slower of the two it is the minimum of)."""
+    names = ("zmq_tcp", "pwrite_fsync") if op == "put" else ("zmq_tcp", "pread_cached")
+    return min(names, key=lambda name: t["raw_limits_bytes_per_s"][name])
+
+
+def cpu_table(transfers: list[dict]) -> str:
+    """The whole machine's busy CPU per MiB moved: the path, the bare path and the binding raw
+    limit, the path's mean busy cores, and how far its CPU cost lets it go against the limit."""
+    def cell(v, fmt: str = "{:.0f}") -> str:
+        return "?" if v is None else fmt.format(v)
+
+    rows = []
+    for t in transfers:
+        row = [f"{t['chunk_bytes'] / (1 << 20):g} MiB"]
+        for op in ("put", "get"):
+            cpu = t["cpu"]
+            row += [cell(cpu[op]["us_per_mib"]), cell(cpu[f"bare_{op}"]["us_per_mib"]),
+                    cell(cpu[binding_limit(t, op)]["us_per_mib"]), cell(cpu[op]["busy_cores"], "{:.2f}"),
+                    cell(t[f"{op}_cpu_ceiling_vs_limit"], "{:.2f}")]
+        rows.append(row)
+    head = ["chunk", "PUT path", "bare path", "limit", "busy cores", "CPU ceiling/limit",
+            "GET path", "bare path", "limit", "busy cores", "CPU ceiling/limit"]
+    return ("CPU of the whole machine per MiB moved (core-µs); CPU ceiling = every core on the "
+            f"path all the time ({os.cpu_count()} cores)\n" + format_table(head, rows))
+
+
 def run(args) -> dict:
     keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up, first
     temp = None if args.data_dir else tempfile.TemporaryDirectory(prefix="kvtb-bench-smartnic-")
@@ -259,10 +307,19 @@ def run(args) -> dict:
         result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in transfers)
         result["ratios"][f"{op}_vs_bare_path"] = min(t[f"{op}_vs_bare"] for t in transfers)
         result["ratios"][f"bare_{op}_vs_limit"] = min(t[f"bare_{op}_vs_limit"] for t in transfers)
+        ceiling = _worst(t[f"{op}_cpu_ceiling_vs_limit"] for t in transfers)
+        if ceiling is not None:  # unknown where /proc/stat cannot be read
+            result["ratios"][f"{op}_cpu_ceiling_vs_limit"] = ceiling
     result["ratios"]["floor"] = 0.5
     result["table"] = format_table(["chunk", "PUT MB/s", "node alone", "bare path", "raw limit", "ratio",
                                     "GET MB/s", "node alone", "bare path", "raw limit", "ratio"], rows)
     return result
+
+
+def _worst(values) -> float | None:
+    """The least of values, or None when any is unknown."""
+    values = list(values)
+    return None if any(v is None for v in values) else min(values)
 
 
 def main(argv: list[str]) -> int:
@@ -287,6 +344,8 @@ def main(argv: list[str]) -> int:
         print(f"trigger-to-fire: p50 {tf['p50_us']:.0f} µs, p99 {tf['p99_us']:.0f} µs "
               f"({tf['samples']} stores)")
         print(result["table"])
+        print()
+        print(cpu_table(result["results"]["transfers"]))
         r = result["ratios"]
         print(f"ratios: put_vs_limit {r['put_vs_limit']:.2f}, get_vs_limit {r['get_vs_limit']:.2f} "
               f"(floor 0.5); the bare path against the same limits: PUT {r['bare_put_vs_limit']:.2f}, "

@@ -137,7 +137,8 @@ class _BareMeter(Meter):
 
     def window(self, seconds: float) -> float:
         """Whole rounds for about `seconds` (at least one); bytes per second."""
-        return _timed_loop(self._round, seconds) * self.chunks * self.size_bytes
+        round_bytes = self.chunks * self.size_bytes
+        return _timed_loop(self._round, seconds, self.cpu, round_bytes) * round_bytes
 
     def close(self) -> None:
         self._peer.close()

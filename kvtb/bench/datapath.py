@@ -109,7 +109,8 @@ def table(result: dict) -> str:
                                                   t["get_limit_bytes_per_s"])), f"{t['get_vs_limit']:.2f}"])
     head = ["chunk", "PUT MB/s", "node alone", "bare path", "raw limit", "PUT/limit",
             "GET MB/s", "node alone", "bare path", "raw limit", "GET/limit"]
-    return f"{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}"
+    return (f"{format_table(head, rows)}\n\n{nic_bench.cpu_table(result['results']['chunks'])}\n\n"
+            f"{ratios_text(result['ratios'])}")
 
 
 def plot(result: dict, out: Path) -> str:
@@ -146,6 +147,8 @@ def run(args: argparse.Namespace) -> dict:
         for op in ("put", "get"):
             result["ratios"][f"{op}_vs_limit_{size}"] = t[f"{op}_vs_limit"]
             result["ratios"][f"bare_{op}_vs_limit_{size}"] = t[f"bare_{op}_vs_limit"]
+            if t[f"{op}_cpu_ceiling_vs_limit"] is not None:
+                result["ratios"][f"{op}_cpu_ceiling_vs_limit_{size}"] = t[f"{op}_cpu_ceiling_vs_limit"]
     at_floor = [t for t in rows if t["chunk_bytes"] == FLOOR_BYTES]
     if at_floor:
         for op in ("put", "get"):

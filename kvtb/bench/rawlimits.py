@@ -27,6 +27,7 @@ reported for reference only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -40,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvtb.bench import cpu_use
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_S = 1.0
@@ -49,15 +52,20 @@ _QUIET_MS = 100              # a pause has drained once nothing arrived for this
 _START_TIMEOUT_MS = 60_000
 
 
-def _timed_loop(step, seconds: float) -> float:
-    """Run step() for about `seconds` (at least once); steps per second."""
+def _timed_loop(step, seconds: float, tally: cpu_use.CpuTally | None = None,
+                bytes_per_step: int = 0) -> float:
+    """Run step() for about `seconds` (at least once); steps per second. With tally, the
+    machine's busy CPU over the loop is added to it, with bytes_per_step per step."""
     iterations = 0
+    window = cpu_use.Window() if tally is not None else None
     start = time.perf_counter()
     while True:
         step()
         iterations += 1
         elapsed_s = time.perf_counter() - start
         if elapsed_s >= seconds:
+            if window is not None:
+                tally.close(window, iterations * bytes_per_step)
             return iterations / elapsed_s
 
 
@@ -80,8 +88,13 @@ class Meter:
 
     size_bytes: int
 
+    @functools.cached_property
+    def cpu(self) -> cpu_use.CpuTally:
+        """The machine's busy CPU over this meter's windows so far, and the bytes they moved."""
+        return cpu_use.CpuTally()
+
     def window(self, seconds: float) -> float:
-        return _timed_loop(self._step, seconds) * self.size_bytes
+        return _timed_loop(self._step, seconds, self.cpu, self.size_bytes) * self.size_bytes
 
     def best(self, budget_s: float, windows: int = 1) -> float:
         """The best of `windows` windows sharing budget_s."""
@@ -285,7 +298,8 @@ class ZmqLoopback(Meter):
             if not pull.poll(_START_TIMEOUT_MS, zmq.POLLIN):
                 raise RuntimeError("the raw ZeroMQ sender sent nothing within 60 s")
             pull.recv_multipart(copy=False)  # the first message: the sender is going, start the clock
-            return _timed_loop(lambda: pull.recv_multipart(copy=False), seconds) * self.size_bytes
+            return _timed_loop(lambda: pull.recv_multipart(copy=False), seconds, self.cpu,
+                               self.size_bytes) * self.size_bytes
         finally:
             self._send(False)
             while pull.poll(_QUIET_MS, zmq.POLLIN):  # drain what was sent before the pause
@@ -385,6 +399,10 @@ class Sampler:
 
     def best(self) -> dict[str, float]:
         return {name: max(rates) for name, rates in self.samples.items() if rates}
+
+    def cpu(self) -> dict[str, cpu_use.CpuTally]:
+        """Each meter's busy CPU over all its windows, and the bytes they moved."""
+        return {name: meter.cpu for name, meter in self.meters.items()}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtb.bench import cpu_use
 from kvtb.launch import kvtb_argv
 
 pytestmark = pytest.mark.slow
@@ -40,6 +41,9 @@ def test_smoke(name, tmp_path):
     assert result["bench"] == name and result["ratios"] and result["machine"]["cores_logical"]
     assert (tmp_path / "out" / "results.json").exists()
     assert all(Path(p).exists() and p.endswith(".png") for p in result["plots"])
+    if name == "datapath" and cpu_use.busy_core_s() is not None:
+        for t in result["results"]["chunks"]:  # the machine's CPU per MiB, of the path and beside it
+            assert all(t["cpu"][who]["us_per_mib"] >= 0 for who in ("put", "get", "bare_put", "zmq_tcp"))
     print(name, result["ratios"])
 
 
