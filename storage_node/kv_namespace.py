@@ -21,7 +21,6 @@ from storage_node.namespace import (
     Namespace,
     new_buffer,
     read_extents,
-    start_writeback,
     write_extents,
 )
 from storage_node.status import NvmeError, Status
@@ -145,9 +144,7 @@ class KvNamespace(Namespace):
     def write(self, pending: PendingStore, buffers: Sequence) -> int:
         """Write the value's bytes to its extents (not yet durable, not yet visible); their crc32c,
         computed as they are written, becomes the pending value's."""
-        pending.crc32c = write_extents(self.fd, buffers, pending.extents, 0)
-        if self.fsync_enabled:
-            start_writeback(self.fd, pending.extents)
+        pending.crc32c = write_extents(self.fd, buffers, pending.extents, 0, writeback=self.fsync_enabled)
         return pending.crc32c
 
     def abort(self, pending: PendingStore) -> None:

@@ -48,19 +48,26 @@ def pwritev_all(fd: int, views: list[memoryview], offset: int) -> None:
 
 
 CHECK_BLOCK_BYTES = 512 << 10  # written, then checksummed while still in the CPU's cache
+WRITEBACK_BYTES = 4 << 20      # written, then handed to the disk while the rest is copied
 
 
 def write_extents(fd: int, buffers: Sequence, extents: Iterable[Extent],
-                  crc: int | None = None) -> int | None:
+                  crc: int | None = None, writeback: bool = False) -> int | None:
     """Scatter the concatenation of buffers over extents (in order) with pwritev, without copies.
 
     With crc (the crc32c so far, usually 0) it is extended over the bytes as they are written,
     a block at a time right after its pwritev, and returned: the bytes cross memory once.
+    With writeback, the kernel is asked to start writing the bytes back (`start_writeback`)
+    every WRITEBACK_BYTES as they are written, and at the end of each extent: the disk works
+    on the first MiBs of a large value while the rest is still being copied, so the fdatasync
+    that follows waits for the last few only. A value under WRITEBACK_BYTES is handed over
+    once, when it is all written.
     """
     views = deque(v for v in (byte_view(b) for b in buffers) if v.nbytes)
     block = CHECK_BLOCK_BYTES if crc is not None else 1 << 62
     for ext in extents:
         offset, room = ext.offset, ext.length
+        unsynced = offset  # written bytes from here on are not yet handed to writeback
         while room and views:
             iov, size = [], 0
             while views and size < min(room, block):
@@ -77,6 +84,11 @@ def write_extents(fd: int, buffers: Sequence, extents: Iterable[Extent],
                 for view in iov:
                     crc = crc32c_extend(crc, view)
             offset, room = offset + size, room - size
+            if writeback and offset - unsynced >= WRITEBACK_BYTES:
+                start_writeback(fd, (Extent(unsynced, offset - unsynced),))
+                unsynced = offset
+        if writeback and offset > unsynced:
+            start_writeback(fd, (Extent(unsynced, offset - unsynced),))
         if not views:
             break
     return crc

@@ -43,7 +43,7 @@ from kvtb.bench.chunk_layout import RANGES_PER_CHUNK, strided_ranges
 from kvtb.bench.rawlimits import Meter, _payload, _slots, _timed_loop, _zmq_socket
 from smartnic import gather
 from storage_node.allocator import Extent
-from storage_node.namespace import start_writeback, write_extents
+from storage_node.namespace import write_extents
 
 _SLOT = struct.Struct("<Q")
 _REPLY_TIMEOUT_MS = 60_000
@@ -233,8 +233,8 @@ def _put_sink(pull, ack, size_bytes: int, working_set_bytes: int, directory: str
                 batch.append(pull.recv_multipart(copy=False))
             for slot, *payload in batch:
                 extents = [Extent(_SLOT.unpack(slot.bytes)[0] * size_bytes, size_bytes)]
-                write_extents(fd, [f.buffer for f in payload], extents, 0)  # the crc the node checks
-                start_writeback(fd, extents)
+                # the crc the node checks, and its writeback as the node starts it
+                write_extents(fd, [f.buffer for f in payload], extents, 0, writeback=True)
             os.fdatasync(fd)
             ack.send(_SLOT.pack(len(batch)))
     finally:
