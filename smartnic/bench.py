@@ -33,7 +33,7 @@ import numpy as np
 from kvtb.bench import barepath, cpu_use, rawlimits
 from kvtb.bench.chunk_layout import RANGES_PER_CHUNK, strided_ranges
 from kvtb.bench.common import add_common_args, new_result
-from kvtb.bench.output import emit_json, format_table, write_json
+from kvtb.bench.output import emit_json, format_bytes, format_table, write_json
 from kvtb.bench.stats import percentile
 from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb.launch import ServiceProcess, kvtb_argv
@@ -274,7 +274,7 @@ def cpu_table(transfers: list[dict]) -> str:
 
     rows = []
     for t in transfers:
-        row = [f"{t['chunk_bytes'] / (1 << 20):g} MiB"]
+        row = [format_bytes(t["chunk_bytes"])]
         for op in ("put", "get"):
             cpu = t["cpu"]
             row += [cell(cpu[op]["us_per_mib"]), cell(cpu[f"bare_{op}"]["us_per_mib"]),
