@@ -141,7 +141,8 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
     return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK,
             "rounds": rounds,
             "put_bytes_per_s": area / min(put_s), "get_bytes_per_s": area / min(get_s),
-            "cpu": {op: tally.figures() for op, tally in cpu.items()}}
+            "cpu": {"put": cpu["put"].figures(best=put_s.index(min(put_s))),
+                    "get": cpu["get"].figures(best=get_s.index(min(get_s)))}}
 
 
 def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int) -> dict:
@@ -216,18 +217,18 @@ def transfer_beside_limits(agent: Agent, fabric_address: str, chunk_bytes: int, 
         t = transfer(agent, chunk_bytes, total_bytes, rounds, before_round=sampler)
     t["storage_node_direct"] = direct(fabric_address, chunk_bytes, total_bytes, rounds)
     add_ratios(t, sampler.best())
-    t["cpu"].update({name: tally.figures() for name, tally in sampler.cpu().items()})
+    t["cpu"].update(sampler.cpu())
     add_cpu_ceilings(t)
     return t
 
 
 def add_cpu_ceilings(t: dict) -> None:
-    """Per op, the rate the path's (and the bare path's) CPU cost per MiB allows if every core
-    worked on it all the time, and that rate against the op's limit: how far the cores alone
-    let it go, whatever its scheduling."""
+    """Per op, the rate the path's (and the bare path's) CPU cost per MiB in its best round
+    allows if every core worked on it all the time, and that rate against the op's limit: how
+    far the cores alone let it go, whatever its scheduling."""
     for op in ("put", "get"):
         for who in (op, f"bare_{op}"):
-            ceiling = cpu_use.ceiling_bytes_per_s(t["cpu"].get(who, {}).get("us_per_mib"))
+            ceiling = cpu_use.ceiling_bytes_per_s(_best_window(t, who)["us_per_mib"])
             t[f"{who}_cpu_ceiling_bytes_per_s"] = ceiling
             t[f"{who}_cpu_ceiling_vs_limit"] = ceiling and ceiling / t[f"{op}_limit_bytes_per_s"]
 
@@ -260,6 +261,11 @@ def table_row(t: dict) -> list:
             t["get_vs_limit"]]
 
 
+def _best_window(t: dict, who: str) -> dict:
+    """CPU figures of the round or window whose rate is reported for who (a path op or a meter)."""
+    return t["cpu"].get(who, {}).get("best_window") or {"us_per_mib": None, "busy_cores": None}
+
+
 def binding_limit(t: dict, op: str) -> str:
     """The name of the raw limit that bounds op (the slower of the two it is the minimum of)."""
     names = ("zmq_tcp", "pwrite_fsync") if op == "put" else ("zmq_tcp", "pread_cached")
@@ -268,7 +274,8 @@ def binding_limit(t: dict, op: str) -> str:
 
 def cpu_table(transfers: list[dict]) -> str:
     """The whole machine's busy CPU per MiB moved: the path, the bare path and the binding raw
-    limit, the path's mean busy cores, and how far its CPU cost lets it go against the limit."""
+    limit, the path's mean busy cores, and how far its CPU cost lets it go against the limit;
+    each in the round or window whose rate the throughput table shows."""
     def cell(v, fmt: str = "{:.0f}") -> str:
         return "?" if v is None else fmt.format(v)
 
@@ -276,10 +283,10 @@ def cpu_table(transfers: list[dict]) -> str:
     for t in transfers:
         row = [format_bytes(t["chunk_bytes"])]
         for op in ("put", "get"):
-            cpu = t["cpu"]
-            row += [cell(cpu[op]["us_per_mib"]), cell(cpu[f"bare_{op}"]["us_per_mib"]),
-                    cell(cpu[binding_limit(t, op)]["us_per_mib"]), cell(cpu[op]["busy_cores"], "{:.2f}"),
-                    cell(t[f"{op}_cpu_ceiling_vs_limit"], "{:.2f}")]
+            path = _best_window(t, op)
+            row += [cell(path["us_per_mib"]), cell(_best_window(t, f"bare_{op}")["us_per_mib"]),
+                    cell(_best_window(t, binding_limit(t, op))["us_per_mib"]),
+                    cell(path["busy_cores"], "{:.2f}"), cell(t[f"{op}_cpu_ceiling_vs_limit"], "{:.2f}")]
         rows.append(row)
     head = ["chunk", "PUT path", "bare path", "limit", "busy cores", "CPU ceiling/limit",
             "GET path", "bare path", "limit", "busy cores", "CPU ceiling/limit"]

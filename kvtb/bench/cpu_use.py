@@ -65,8 +65,8 @@ class Window:
 class CpuTally:
     """The windows added so far, each (wall seconds, busy core-seconds or None, bytes moved).
 
-    Its figures are medians over the windows, so one slow window (the first of a benchmark,
-    which warms caches and allocates) does not set them, as a benchmark keeps its best round.
+    A benchmark reports the figures of the window whose rate it reports (its best round), so
+    that the CPU and the rate describe the same moments, and the medians over all windows.
     """
 
     samples: list[tuple[float, float | None, int]] = field(default_factory=list)
@@ -83,21 +83,32 @@ class CpuTally:
         """True when there are windows and every one's busy time was read."""
         return bool(self.samples) and all(busy is not None for _, busy, _ in self.samples)
 
-    def us_per_mib(self) -> float | None:
-        """Median over the windows of busy core-microseconds per MiB moved."""
-        if not self.known or not all(nbytes for _, _, nbytes in self.samples):
-            return None
-        return statistics.median(busy * 1e6 * MIB / nbytes for _, busy, nbytes in self.samples)
+    def _picked(self, at: int | None) -> list[tuple[float, float, int]]:
+        if not self.known:
+            return []
+        return self.samples if at is None else [self.samples[at]]
 
-    def cores(self) -> float | None:
-        """Median over the windows of the mean number of busy cores."""
-        if not self.known or not all(wall > 0 for wall, _, _ in self.samples):
+    def us_per_mib(self, at: int | None = None) -> float | None:
+        """Busy core-microseconds per MiB moved, in window `at` or the median over the windows."""
+        picked = self._picked(at)
+        if not picked or not all(nbytes for _, _, nbytes in picked):
             return None
-        return statistics.median(busy / wall for wall, busy, _ in self.samples)
+        return statistics.median(busy * 1e6 * MIB / nbytes for _, busy, nbytes in picked)
 
-    def figures(self) -> dict:
-        """The tally as a benchmark reports it (None where busy time is unknown)."""
-        return {"us_per_mib": self.us_per_mib(), "busy_cores": self.cores(), "windows": len(self.samples)}
+    def cores(self, at: int | None = None) -> float | None:
+        """Mean number of busy cores, in window `at` or the median over the windows."""
+        picked = self._picked(at)
+        if not picked or not all(wall > 0 for wall, _, _ in picked):
+            return None
+        return statistics.median(busy / wall for wall, busy, _ in picked)
+
+    def figures(self, best: int | None = None) -> dict:
+        """The medians over the windows and, with best, the figures of that window (None where busy
+        time is unknown)."""
+        out = {"us_per_mib": self.us_per_mib(), "busy_cores": self.cores(), "windows": len(self.samples)}
+        if best is not None:
+            out["best_window"] = {"us_per_mib": self.us_per_mib(best), "busy_cores": self.cores(best)}
+        return out
 
 
 def ceiling_bytes_per_s(us_per_mib: float | None, cores: int | None = None) -> float | None:

@@ -400,9 +400,14 @@ class Sampler:
     def best(self) -> dict[str, float]:
         return {name: max(rates) for name, rates in self.samples.items() if rates}
 
-    def cpu(self) -> dict[str, cpu_use.CpuTally]:
-        """Each meter's busy CPU over all its windows, and the bytes they moved."""
-        return {name: meter.cpu for name, meter in self.meters.items()}
+    def cpu(self) -> dict[str, dict]:
+        """Each meter's busy CPU per MiB and busy cores: medians over its windows, and in the
+        window best() keeps (`cpu_use.CpuTally.figures`)."""
+        figures = {}
+        for name, meter in self.meters.items():
+            rates = self.samples[name]
+            figures[name] = meter.cpu.figures(best=rates.index(max(rates)) if rates else None)
+        return figures
 
 
 if __name__ == "__main__":

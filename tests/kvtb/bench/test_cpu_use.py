@@ -39,6 +39,10 @@ def test_a_tally_gives_medians_over_its_windows():
     assert tally.us_per_mib() == pytest.approx(2.0 * 1e6 / 1024)
     assert tally.cores() == pytest.approx(1.5)
     assert tally.figures() == {"us_per_mib": tally.us_per_mib(), "busy_cores": tally.cores(), "windows": 3}
+    # the window a benchmark reports the rate of (its best round): that window's own figures
+    assert tally.figures(best=0)["best_window"] == {"us_per_mib": pytest.approx(1.5 * 1e6 / 1024),
+                                                    "busy_cores": pytest.approx(1.5)}
+    assert tally.figures(best=2)["best_window"]["busy_cores"] == pytest.approx(6.0)
 
 
 def test_one_unreadable_window_makes_the_figures_unknown():
@@ -47,6 +51,7 @@ def test_one_unreadable_window_makes_the_figures_unknown():
     tally.add(1.0, 1.0, 1 << 20)
     tally.add(1.0, None, 1 << 20)
     assert tally.figures() == {"us_per_mib": None, "busy_cores": None, "windows": 2}
+    assert tally.figures(best=0)["best_window"] == {"us_per_mib": None, "busy_cores": None}
 
 
 def test_the_ceiling_is_every_core_at_the_cost_per_mib():
@@ -91,3 +96,31 @@ def test_a_meter_tallies_the_cpu_and_bytes_of_its_windows():
     assert figures["us_per_mib"] >= 10_000 * (1 - TICK_S / 0.3)
     wall_s, _, nbytes = meter.cpu.samples[0]
     assert nbytes == pytest.approx(rate * wall_s, rel=0.1)  # the bytes the window's rate counts
+
+
+@pytest.mark.skipif(cpu_use.busy_core_s() is None, reason="needs /proc/stat")
+def test_a_sampler_gives_each_meters_cpu_in_the_window_it_keeps():
+    class Slowing(rawlimits.Meter):
+        """Each window spins twice as long per MiB as the one before: the first is the best."""
+
+        size_bytes = 1 << 20
+
+        def __init__(self):
+            self.cpu_s = 0.005
+
+        def _step(self):
+            _spin(self.cpu_s)
+
+        def window(self, seconds):
+            rate = super().window(seconds)
+            self.cpu_s *= 2
+            return rate
+
+    sampler = rawlimits.Sampler({"slowing": Slowing()}, 0.2)
+    for _ in range(3):
+        sampler()
+    figures = sampler.cpu()["slowing"]
+    assert figures["windows"] == 3
+    assert sampler.samples["slowing"].index(sampler.best()["slowing"]) == 0
+    assert figures["best_window"]["us_per_mib"] < figures["us_per_mib"]  # the cheap first window
+    assert figures["best_window"]["us_per_mib"] >= 5_000 * (1 - TICK_S / 0.2)
