@@ -229,8 +229,9 @@ def add_cpu_ceilings(t: dict) -> None:
     for op in ("put", "get"):
         for who in (op, f"bare_{op}"):
             ceiling = cpu_use.ceiling_bytes_per_s(_best_window(t, who)["us_per_mib"])
+            limit = t[f"{op}_limit_bytes_per_s"]
             t[f"{who}_cpu_ceiling_bytes_per_s"] = ceiling
-            t[f"{who}_cpu_ceiling_vs_limit"] = ceiling and ceiling / t[f"{op}_limit_bytes_per_s"]
+            t[f"{who}_cpu_ceiling_vs_limit"] = None if ceiling is None else ceiling / limit
 
 
 def add_ratios(t: dict, measured: dict[str, float]) -> None:
@@ -263,7 +264,7 @@ def table_row(t: dict) -> list:
 
 def _best_window(t: dict, who: str) -> dict:
     """CPU figures of the round or window whose rate is reported for who (a path op or a meter)."""
-    return t["cpu"].get(who, {}).get("best_window") or {"us_per_mib": None, "busy_cores": None}
+    return t["cpu"][who]["best_window"]
 
 
 def binding_limit(t: dict, op: str) -> str:

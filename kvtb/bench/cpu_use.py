@@ -16,9 +16,10 @@ Where there is no /proc/stat, busy time is unknown and every figure derived from
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
+
+from kvtb.bench.stats import median
 
 PROC_STAT = "/proc/stat"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -93,14 +94,14 @@ class CpuTally:
         picked = self._picked(at)
         if not picked or not all(nbytes for _, _, nbytes in picked):
             return None
-        return statistics.median(busy * 1e6 * MIB / nbytes for _, busy, nbytes in picked)
+        return median(busy * 1e6 * MIB / nbytes for _, busy, nbytes in picked)
 
     def cores(self, at: int | None = None) -> float | None:
         """Mean number of busy cores, in window `at` or the median over the windows."""
         picked = self._picked(at)
         if not picked or not all(wall > 0 for wall, _, _ in picked):
             return None
-        return statistics.median(busy / wall for wall, busy, _ in picked)
+        return median(busy / wall for wall, busy, _ in picked)
 
     def figures(self, best: int | None = None) -> dict:
         """The medians over the windows and, with best, the figures of that window (None where busy

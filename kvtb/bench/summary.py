@@ -99,7 +99,7 @@ HEADLINES = (
              _put_get("bare_put_vs_limit", "bare_get_vs_limit"), "what this machine gives"),
     Headline("Agent / bare path, worst of 1 and 16 MiB chunks", "smartnic",
              _put_get("put_vs_bare_path", "get_vs_bare_path"), "the services' own cost"),
-    Headline("Agent at its CPU cost per MiB with every core on it / raw limit, worst of 1 and 16 MiB",
+    Headline("Agent's CPU ceiling (its CPU per MiB, every core on it) / raw limit, worst of 1 and 16 MiB",
              "smartnic", _put_get("put_cpu_ceiling_vs_limit", "get_cpu_ceiling_vs_limit"),
              "how far the cores let it go"),
     Headline("Counter store to triggered-op fire", "smartnic", _trigger_to_fire, "-"),
