@@ -67,7 +67,8 @@ class Agent:
                                   settings.host_nqn, settings.queue_depth, settings.fabric_timeout_s,
                                   settings.reconnect_interval_s, on_up=self._rebuild_from)
         self.datapath = Datapath(self.nodes, settings.namespace_id, settings.salt, settings.get_timeout_s,
-                                 settings.datapath_workers, settings.view_min_bytes)
+                                 settings.datapath_workers, settings.view_min_bytes,
+                                 settings.get_pdu_bytes)
         self.engine = TriggerEngine(self.regions, self.stats, self._handle_data, settings.queue_bound,
                                     settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6)
         self._stop = threading.Event()

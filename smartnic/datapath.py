@@ -2,10 +2,12 @@
 
 PUT reads the region when it fires and sends [header, payload...] with copy=False: ranges of
 1 MiB or more as views of the region, which it never writes while they are in flight, and
-runs of smaller ones joined by one copy (`smartnic.gather` says why). GET checks the value's
-header on arrival, copies the received bytes into the region once and checks their crc32c as
-it copies; a mismatch ends the GET with an error, so the bytes are never used. A GET that has
-not completed by its deadline fails with "timeout" and never writes afterwards.
+runs of smaller ones joined by one copy (`smartnic.gather` says why). GET asks for a large
+value in data PDUs of `get_pdu_bytes` (NVMe/TCP's C2HData within a command) and places each
+one as it arrives, so copying one part into the region overlaps receiving the next; it checks
+the value's header on the first, copies the received bytes into the region once and checks
+their crc32c as it copies; a mismatch ends the GET with an error, so the bytes are never used.
+A GET that has not completed by its deadline fails with "timeout" and never writes afterwards.
 
 Completions run on the fabric client's I/O thread, where the reply arrived: a hand-off to
 another thread per chunk would cost more than the completion (the crc and the copy release
@@ -31,6 +33,8 @@ from storage_node.client import StorageStatusError
 
 logger = logging.getLogger(__name__)
 
+GET_PDU_BYTES = 2 << 20  # a GET asks for values larger than this in data PDUs of this size
+
 
 class ChunkRef(NamedTuple):
     user_id: str
@@ -52,9 +56,10 @@ class Datapath:
     """PUT/GET between regions and storage nodes. Thread-safe."""
 
     def __init__(self, nodes: StorageNodes, nsid: int, salt: str, get_timeout_s: float = 3.0,
-                 workers: int = 1, view_min_bytes: int = gather.VIEW_MIN_BYTES):
+                 workers: int = 1, view_min_bytes: int = gather.VIEW_MIN_BYTES,
+                 get_pdu_bytes: int = GET_PDU_BYTES):
         self.nodes, self.nsid, self.salt, self.get_timeout_s = nodes, nsid, salt, get_timeout_s
-        self.view_min_bytes = view_min_bytes
+        self.view_min_bytes, self.get_pdu_bytes = view_min_bytes, get_pdu_bytes
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="datapath")
 
     def close(self) -> None:
@@ -135,14 +140,16 @@ class Datapath:
             return finish(0, DataError("storage_unavailable", f"storage node {chunk.storage_node} is down"))
         # The crc32c is checked here on arrival, end to end, so the node need not check it too.
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE,
-                                            namespace_id=self.nsid, key=chunk.key, skip_guard_check=True)
+                                            namespace_id=self.nsid, key=chunk.key, skip_guard_check=True,
+                                            data_pdu_bytes=self.get_pdu_bytes)
+        arrival = Arrival(ref, chunk, mem, targets)
         try:
-            future = client.submit(capsule, timeout_s=self.get_timeout_s)
+            future = client.submit(capsule, timeout_s=self.get_timeout_s, on_data=arrival.take)
         except Exception as exc:  # noqa: BLE001
             return finish(0, DataError("storage_unavailable", str(exc)))
-        future.add_done_callback(lambda f: self._get_done(f, ref, chunk, mem, targets, finish))
+        future.add_done_callback(lambda f: self._get_done(f, chunk, arrival, finish))
 
-    def _get_done(self, future, ref: ChunkRef, chunk: Chunk, mem, targets, finish) -> None:
+    def _get_done(self, future, chunk: Chunk, arrival: Arrival, finish) -> None:
         try:
             completion = future.result().raise_for_status()
         except Exception as exc:  # noqa: BLE001
@@ -151,43 +158,11 @@ class Datapath:
                 return finish(0, DataError("timeout", f"GET of chunk {chunk.chunk_index} from "
                                                       f"{chunk.storage_node}: {exc}"))
             return finish(0, DataError("storage_status", f"retrieve from {chunk.storage_node}: {exc}"))
-        frames = completion.frames
+        arrival.take(completion.response.data_offset, completion.frames)
         try:
-            head = self._check(frames, ref, chunk, targets)
+            finish(arrival.end(), None)
         except DataError as exc:
-            return finish(0, exc)
-        # The bytes land first and are checksummed as they are copied (still in cache); a
-        # mismatch ends on the completion counter's error part, which tells the compute node
-        # not to use the slot's contents.
-        try:
-            nbytes, crc = _scatter(cf.skip(frames, len(head)), mem, targets, _crc.crc32c(head))
-        except Exception as exc:  # noqa: BLE001 - a bug must end on the counter, not in a log
-            logger.exception("GET of chunk %d: scatter failed", chunk.chunk_index)
-            return finish(0, DataError("internal", f"scatter failed: {exc}"))
-        if crc != chunk.crc32c:
-            return finish(0, DataError("crc_mismatch",
-                                       f"chunk {chunk.chunk_index}: crc32c mismatch on arrival"))
-        finish(nbytes, None)
-
-    @staticmethod
-    def _check(frames, ref: ChunkRef, chunk: Chunk, targets: Sequence[gather.Run]) -> bytes:
-        """The header's bytes, once the value's length and header match what was asked for."""
-        size = sum(memoryview(f).nbytes for f in frames)
-        if size != chunk.length:
-            raise DataError("length_mismatch", f"chunk {chunk.chunk_index}: got {size} bytes, "
-                                               f"expected {chunk.length}")
-        try:
-            leading = cf.leading_bytes(frames, cf.MAX_HEADER_BYTES)
-            header, header_len = cf.decode_header(leading)
-        except cf.ChunkFormatError as exc:
-            raise DataError("bad_header", str(exc)) from exc
-        got = (header.user_id, header.context_id, header.chunk_index, header.token_start, header.token_end)
-        if got != tuple(ref):
-            raise DataError("bad_header", f"chunk header says {got}, expected {tuple(ref)}")
-        if header_len + header.token_ids_bytes + header.kv_bytes != size or \
-                header.token_ids_bytes + header.kv_bytes != _total(targets):
-            raise DataError("length_mismatch", f"chunk {chunk.chunk_index} does not fit its ranges")
-        return leading[:header_len]
+            finish(0, exc)
 
     # -- housekeeping
     def delete(self, chunk: Chunk) -> None:
@@ -206,6 +181,79 @@ class Datapath:
             logger.warning("delete of a chunk on %s failed: %s", chunk.storage_node, exc)
 
 
+class Arrival:
+    """A GET's value as it arrives, whole or in data PDUs, placed into the region piece by piece.
+
+    The first piece must hold the header, which must name the chunk asked for and fit its
+    ranges; each piece must start where the last ended. The bytes land as they come and are
+    checksummed as they are copied (still in cache); end() says whether all of them came and
+    match the chunk's crc32c. After the first failure nothing more is written. Pieces come on
+    the fabric client's I/O thread, one at a time.
+    """
+
+    def __init__(self, ref: ChunkRef, chunk: Chunk, mem, targets: Sequence[gather.Run]):
+        self.ref, self.chunk, self.mem, self.targets = ref, chunk, mem, targets
+        self.received = 0          # bytes of the value taken so far
+        self.header_bytes = -1     # known once the first piece came
+        self.crc = 0
+        self.error: DataError | None = None
+
+    def take(self, offset: int, frames: Sequence) -> None:
+        """Place the piece of the value that starts at `offset` (its frames, in order)."""
+        if self.error is not None:
+            return
+        try:
+            self._take(offset, frames)
+        except DataError as exc:
+            self.error = exc
+        except Exception as exc:  # noqa: BLE001 - a bug must end on the counter, not in a log
+            logger.exception("GET of chunk %d: placing a piece failed", self.chunk.chunk_index)
+            self.error = DataError("internal", f"scatter failed: {exc}")
+
+    def _take(self, offset: int, frames: Sequence) -> None:
+        index = self.chunk.chunk_index
+        size = sum(memoryview(f).nbytes for f in frames)
+        if offset != self.received or offset + size > self.chunk.length:
+            raise DataError("length_mismatch", f"chunk {index}: bytes [{offset}, {offset + size}) "
+                                               f"after {self.received} of {self.chunk.length}")
+        pos = offset
+        if self.header_bytes < 0:  # offset 0: the piece starts with the header
+            head = _check_header(frames, self.ref, self.chunk, self.targets)
+            self.header_bytes, self.crc, pos = len(head), _crc.crc32c(head), len(head)
+        for view in cf.skip(frames, pos - offset):
+            runs = gather.cut(self.targets, pos - self.header_bytes, view.nbytes)
+            _, self.crc = gather.scatter(view, self.mem, runs, self.crc, _crc.extend)
+            pos += view.nbytes
+        self.received = pos
+
+    def end(self) -> int:
+        """The bytes placed, once the whole value came intact; DataError otherwise."""
+        if self.error is not None:
+            raise self.error
+        if self.received != self.chunk.length:
+            raise DataError("length_mismatch", f"chunk {self.chunk.chunk_index}: got {self.received} "
+                                               f"bytes, expected {self.chunk.length}")
+        if self.crc != self.chunk.crc32c:
+            raise DataError("crc_mismatch", f"chunk {self.chunk.chunk_index}: crc32c mismatch on arrival")
+        return self.received - self.header_bytes
+
+
+def _check_header(frames, ref: ChunkRef, chunk: Chunk, targets: Sequence[gather.Run]) -> bytes:
+    """The header's bytes, once the header matches what was asked for and fits the ranges."""
+    try:
+        leading = cf.leading_bytes(frames, cf.MAX_HEADER_BYTES)
+        header, header_len = cf.decode_header(leading)
+    except cf.ChunkFormatError as exc:
+        raise DataError("bad_header", str(exc)) from exc
+    got = (header.user_id, header.context_id, header.chunk_index, header.token_start, header.token_end)
+    if got != tuple(ref):
+        raise DataError("bad_header", f"chunk header says {got}, expected {tuple(ref)}")
+    if header_len + header.token_ids_bytes + header.kv_bytes != chunk.length or \
+            header.token_ids_bytes + header.kv_bytes != _total(targets):
+        raise DataError("length_mismatch", f"chunk {chunk.chunk_index} does not fit its ranges")
+    return leading[:header_len]
+
+
 def _memory(region: Region):
     """The region's bytes as a numpy array; RegionError once it is closed."""
     if region.array is None:
@@ -221,17 +269,6 @@ def _check_span(region: Region, runs: Sequence[gather.Run]) -> None:
 
 def _total(runs: Sequence[gather.Run]) -> int:
     return sum(r.nbytes for r in runs)
-
-
-def _scatter(payload: list[memoryview], mem, targets: Sequence[gather.Run], crc: int) -> tuple[int, int]:
-    """Copy the payload views into the target runs of mem (one copy); (bytes copied, crc extended)."""
-    if len(payload) == 1:
-        return gather.scatter(payload[0], mem, targets, crc, _crc.extend)
-    for view in payload:
-        crc = _crc.extend(crc, view)
-    views = [memoryview(mem)[o:o + n] for r in targets for o, n in
-             ((r.first + i * r.stride, r.length) for i in range(r.count))]
-    return cf.scatter(payload, views), crc
 
 
 def read_headers(client, nsid: int, node: str) -> list[tuple[str, str, Chunk]]:

@@ -172,6 +172,32 @@ def frames(mem: np.ndarray, todo: Sequence[Run], crc: int = 0, extend: Extend | 
     return out, crc
 
 
+def cut(todo: Sequence[Run], start: int, nbytes: int) -> list[Run]:
+    """The runs holding bytes [start, start + nbytes) of todo's byte stream, in order: whole rows
+    as runs, a row cut at either end as a run of one (for a data PDU that lands mid-stream)."""
+    out: list[Run] = []
+    end, pos = start + nbytes, 0
+    for run in todo:
+        lo, hi = max(start, pos) - pos, min(end, pos + run.nbytes) - pos
+        pos += run.nbytes
+        if hi <= lo:
+            if pos >= end:
+                break
+            continue
+        (i, a), (j, b) = divmod(lo, run.length), divmod(hi, run.length)
+        if i == j:
+            out.append(Run(run.first + i * run.stride + a, b - a, b - a, 1))
+            continue
+        if a:
+            out.append(Run(run.first + i * run.stride + a, run.length - a, run.length - a, 1))
+            i += 1
+        if j > i:
+            out.append(Run(run.first + i * run.stride, run.length, run.stride, j - i))
+        if b:
+            out.append(Run(run.first + j * run.stride, b, b, 1))
+    return out
+
+
 def scatter(source, mem: np.ndarray, todo: Sequence[Run], crc: int = 0,
             extend: Extend | None = None) -> tuple[int, int]:
     """Copy a contiguous source (any buffer) into the runs of mem, in order, checksumming the source

@@ -60,6 +60,7 @@ class SmartNicSettings:
     watcher_max_sleep_us: float = 1000.0
     datapath_workers: int = 1             # threads that submit Deletes (completions need none)
     view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
+    get_pdu_bytes: int = 2 << 20           # GET asks for larger values in data PDUs of this size (0: whole)
     grpc_workers: int = 32
     prefetch_lease_s: float = 10.0         # ReserveSlot lease asked of the compute node
 
@@ -74,6 +75,7 @@ class SmartNicSettings:
         assert self.salt, "salt must not be empty"
         assert self.queue_bound > 0, "queue_bound must be positive"
         assert self.view_min_bytes > 0, "view_min_bytes must be positive"
+        assert self.get_pdu_bytes == 0 or self.get_pdu_bytes >= 4096, "get_pdu_bytes: 0 or at least 4096"
         assert 0 <= self.capacity_low_bytes <= self.capacity_high_bytes, "need low <= high watermark"
         assert self.ttl_s > 0 and self.get_timeout_s > 0 and self.fabric_timeout_s > 0
         assert self.eviction_policy in EVICTION_POLICIES, f"eviction_policy: one of {EVICTION_POLICIES}"

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import zmq
@@ -86,6 +86,16 @@ class Completion:
         return memoryview(b"".join(f.bytes for f in self.frames))
 
 
+@dataclass
+class _Pending:
+    """An outstanding command: its submission number, its Future, and where its data PDUs go."""
+
+    seq: int
+    future: concurrent.futures.Future
+    on_data: Callable[[int, list], None] | None = None
+    early: list = field(default_factory=list)  # data PDUs kept for a Completion (no on_data)
+
+
 class FabricClient:
     """A host's queue pair to one storage node.
 
@@ -107,7 +117,7 @@ class FabricClient:
         self._ctx = context or zmq.Context.instance()
         self._slots = threading.BoundedSemaphore(queue_depth)
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}  # cid -> (seq, future)
+        self._pending: dict[int, _Pending] = {}  # cid -> what is waiting for it
         # (deadline, seq, cid, timeout_s): no reference to the future, so a completed one (and its
         # frames) is freed at once rather than when its deadline passes
         self._deadlines: list[tuple[float, int, int, float]] = []
@@ -157,8 +167,8 @@ class FabricClient:
         self._wake.close()
         with self._lock:
             pending, self._pending = self._pending, {}
-        for _, future in pending.values():
-            future.set_exception(FabricError("client closed"))
+        for entry in pending.values():
+            entry.future.set_exception(FabricError("client closed"))
 
     def __enter__(self) -> FabricClient:
         self.connect()
@@ -170,12 +180,18 @@ class FabricClient:
     # -- submission ---------------------------------------------------------------------------
 
     def submit(self, capsule: nvmeof_pb2.CommandCapsule, frames: Sequence = (),
-               timeout_s: float | None = None) -> concurrent.futures.Future:
+               timeout_s: float | None = None,
+               on_data: Callable[[int, list], None] | None = None) -> concurrent.futures.Future:
         """Send capsule (its command id is assigned here) and frames; return a Future of Completion.
 
         The frames are sent with copy=False: leave them unmodified until the Future resolves.
         After timeout_s (default: the client's) the Future fails with FabricTimeout, and a late
         completion is dropped.
+
+        Data PDUs (capsule.data_pdu_bytes): on_data(offset, frames) runs on the I/O thread for
+        each one as it arrives, in order, and only while the command is outstanding; the
+        Completion then holds the last piece, from response.data_offset. Without on_data the
+        PDUs are kept and the Completion holds the whole value.
         """
         if self._closed:
             raise FabricError("client closed")
@@ -186,7 +202,7 @@ class FabricClient:
             cid = self._next_cid()
             capsule.command_id = cid
             seq = next(self._seqs)
-            self._pending[cid] = (seq, future)
+            self._pending[cid] = _Pending(seq, future, on_data)
             timeout_s = self.timeout_s if timeout_s is None else timeout_s
             heapq.heappush(self._deadlines, (time.monotonic() + timeout_s, seq, cid, timeout_s))
             self._outbox.append([capsule.SerializeToString(), *frames])
@@ -288,14 +304,30 @@ class FabricClient:
             except Exception:  # noqa: BLE001 - protobuf raises DecodeError; log and drop
                 logger.warning("unparsable response from %s dropped", self.fabric_address)
                 continue
+            if response.data_pdu:
+                self._data_pdu(response, frames[1:])
+                continue
             with self._lock:
-                _, future = self._pending.pop(response.command_id, (None, None))
-            if future is None:
+                entry = self._pending.pop(response.command_id, None)
+            if entry is None:
                 logger.debug("late completion for command id %d dropped", response.command_id)
                 continue
             self.sq_head = response.sq_head
             self._slots.release()
-            future.set_result(Completion(response, frames[1:]))
+            entry.future.set_result(Completion(response, entry.early + frames[1:]))
+
+    def _data_pdu(self, response: nvmeof_pb2.ResponseCapsule, frames: list) -> None:
+        with self._lock:
+            entry = self._pending.get(response.command_id)
+        if entry is None:
+            logger.debug("late data PDU for command id %d dropped", response.command_id)
+        elif entry.on_data is None:
+            entry.early.extend(frames)
+        else:
+            try:
+                entry.on_data(response.data_offset, frames)
+            except Exception:  # the handler's bug must not stop the I/O thread
+                logger.exception("data PDU handler for command id %d failed", response.command_id)
 
     def _expire(self, now: float) -> None:
         expired = []
@@ -303,9 +335,9 @@ class FabricClient:
             while self._deadlines and self._deadlines[0][0] <= now:
                 _, seq, cid, timeout_s = heapq.heappop(self._deadlines)
                 entry = self._pending.get(cid)
-                if entry is not None and entry[0] == seq:
+                if entry is not None and entry.seq == seq:
                     del self._pending[cid]
-                    expired.append((cid, entry[1], timeout_s))
+                    expired.append((cid, entry.future, timeout_s))
         for cid, future, timeout_s in expired:
             self._slots.release()
             future.set_exception(FabricTimeout(f"command id {cid} timed out after {timeout_s:g} s"))

@@ -12,6 +12,7 @@ from kvtb_proto import nvmeof_pb2 as pb
 from storage_node import handlers
 from storage_node import status as st
 from storage_node.handlers import OPS, Command, Result
+from storage_node.namespace import byte_view
 from storage_node.stats import Stats
 from storage_node.status import NvmeError, Status
 from storage_node.subsystem import Controller, Subsystem
@@ -34,6 +35,22 @@ Post = Callable[[Command, Result], None]
 # takes tens of microseconds, less than two hand-offs between threads. (Writes stay on the
 # workers: running them inline measured slower, as it delays receiving the next capsules.)
 INLINE_MAX_BYTES = 128 << 10
+MIN_DATA_PDU_BYTES = 4096  # a host may not ask for more messages than a page of data each
+
+
+def data_pdus(session: bytes, response: pb.ResponseCapsule, value: memoryview, pdu: int) -> list[Reply]:
+    """A value sent as data PDUs of `pdu` bytes, the response carrying the last one (views, no copy).
+
+    Each PDU is a view of `value`, which keeps what `value` views (a pinned mapping) alive
+    until ZeroMQ lets go of the last PDU.
+    """
+    offsets = range(0, value.nbytes, pdu)
+    replies = [Reply(session, pb.ResponseCapsule(command_id=response.command_id, data_pdu=True,
+                                                 data_offset=o), [value[o:o + pdu]])
+               for o in offsets[:-1]]
+    response.data_offset = offsets[-1]
+    replies.append(Reply(session, response, [value[offsets[-1]:]]))
+    return replies
 
 
 class CommandProcessor:
@@ -92,7 +109,12 @@ class CommandProcessor:
             status_code=result.status.sc, sq_head=cmd.controller.queue.sq_head,
             sq_id=cmd.controller.qid, value_length=result.value_length, crc32c=result.crc32c,
             keys=result.keys, message=result.message, exists=result.exists)
-        return [Reply(cmd.session, response, result.frames if result.status.ok else [])]
+        if not result.status.ok:
+            return [Reply(cmd.session, response, [])]
+        pdu = cmd.capsule.data_pdu_bytes
+        if not pdu or len(result.frames) != 1 or byte_view(result.frames[0]).nbytes <= pdu:
+            return [Reply(cmd.session, response, result.frames)]
+        return data_pdus(cmd.session, response, byte_view(result.frames[0]), pdu)
 
     def _validate(self, session: bytes, capsule: pb.CommandCapsule, payload: list,
                   controller: Controller) -> Command:
@@ -103,6 +125,9 @@ class CommandProcessor:
         ns = self.subsystem.namespace_for(controller, capsule.namespace_id)
         if not isinstance(ns, spec.kind):
             raise NvmeError(st.INVALID_OPCODE, f"{spec.name} on a {ns.command_set} namespace")
+        if 0 < capsule.data_pdu_bytes < MIN_DATA_PDU_BYTES:
+            raise NvmeError(st.INVALID_FIELD, f"data_pdu_bytes {capsule.data_pdu_bytes} is under "
+                                              f"{MIN_DATA_PDU_BYTES} (0 sends the value whole)")
         nbytes = handlers.payload_size(payload)
         if nbytes and not spec.carries_payload:
             raise NvmeError(st.INVALID_FIELD, f"{spec.name} carries no payload, got {nbytes} bytes")

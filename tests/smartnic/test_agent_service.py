@@ -89,6 +89,26 @@ def test_put_stores_the_bytes_and_get_restores_them(pool, storage):
     assert stats.triggered_fired >= 8 and stats.trigger_to_fire_p99_us > 0
 
 
+def test_gets_in_data_pdus_restore_exactly_the_bytes_put(start_service, storage):
+    # chunks of 4,240 bytes asked for in PDUs of 4,096: each arrives in two, cut mid-row
+    proc = start_service("agent-pdus", "serve", "smartnic", env=agent_env(storage, get_pdu_bytes=4096))
+    channel = grpc.insecure_channel(proc.addresses["grpc"])
+    source, target = Pool(smartnic_pb2_grpc.SmartNicStub(channel)), None
+    try:
+        offload(source)
+        target = Pool(source.stub)
+        info = restore(target, 1, list(IDS))
+        assert target.wait_counter(info.completion_counter, info.threshold) == (4, 0)
+        assert np.array_equal(target.kv(1), source.kv(0)) and np.array_equal(target.token_ids(1), IDS)
+        stats = source.stub.Stats(smartnic_pb2.StatsRequest())
+        assert stats.bytes_got == stats.bytes_put > 4 * 4096
+    finally:
+        for p in (source, target):
+            if p is not None:
+                p.close()
+        channel.close()
+
+
 def test_restore_covers_only_the_matching_prefix(pool):
     offload(pool)
     diverged = list(IDS[:40]) + [1] * 30

@@ -86,3 +86,33 @@ def test_scatter_refuses_a_source_of_another_size_and_writes_nothing():
     with pytest.raises(ValueError, match="source of 9 bytes"):
         gather.scatter(b"x" * 9, dst, gather.runs_of([(0, 4), (10, 4)]))
     assert not dst.any()
+
+
+def test_cut_names_the_rows_that_hold_a_slice_of_the_stream():
+    todo = [Run(0, 10, 100, 3), Run(1000, 4, 4, 1)]  # rows of 10 at 0, 100, 200; then 4 at 1000
+    assert gather.cut(todo, 0, 34) == todo
+    assert gather.cut(todo, 5, 20) == [Run(5, 5, 5, 1), Run(100, 10, 100, 1), Run(200, 5, 5, 1)]
+    assert gather.cut(todo, 12, 3) == [Run(102, 3, 3, 1)]
+    assert gather.cut(todo, 28, 6) == [Run(208, 2, 2, 1), Run(1000, 4, 4, 1)]
+    assert gather.cut(todo, 34, 0) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_scattering_a_stream_in_pieces_at_their_offsets_equals_scattering_it_whole(seed):
+    rng = np.random.default_rng(seed)
+    ranges, offset = [], 0
+    for _ in range(int(rng.integers(1, 6))):
+        length, count = int(rng.integers(1, 50)), int(rng.integers(1, 5))
+        stride = length + int(rng.integers(0, 20))
+        ranges += strided(offset, length, stride, count)
+        offset += count * stride + int(rng.integers(0, 30))
+    todo = gather.runs_of(ranges)
+    source = concat(MEM, ranges)
+    whole, pieces = np.zeros(offset, np.uint8), np.zeros(offset, np.uint8)
+    gather.scatter(source, whole, todo)
+    pos, crc = 0, 0
+    while pos < len(source):
+        n = int(rng.integers(1, len(source) - pos + 1))
+        _, crc = gather.scatter(source[pos:pos + n], pieces, gather.cut(todo, pos, n), crc, extend)
+        pos += n
+    assert np.array_equal(whole, pieces) and crc == crc32c(source)

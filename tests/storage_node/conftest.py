@@ -37,12 +37,17 @@ class Harness:
 
     def send(self, header: bytes, payload=(), session: bytes = b"s1"):
         """Response capsule and frames for one raw message."""
+        replies = self.replies(header, payload, session)
+        assert len(replies) == 1
+        return replies[0].capsule, replies[0].frames
+
+    def replies(self, header: bytes, payload=(), session: bytes = b"s1"):
+        """Every message one raw message is answered with (data PDUs, then the response)."""
         replies = self.processor.receive(session, [memoryview(header), *map(memoryview, payload)])
         if not replies:
             cmd, result = self.done.get(timeout=10)
             replies = self.processor.complete(cmd, result)
-        assert len(replies) == 1
-        return replies[0].capsule, replies[0].frames
+        return replies
 
     def command(self, payload=(), session: bytes = b"s1", **fields):
         """Send a CommandCapsule built from fields (with a fresh command id unless given)."""

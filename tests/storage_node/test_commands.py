@@ -69,6 +69,9 @@ MALFORMED = {
         st.KEY_DOES_NOT_EXIST),
     "unknown fabrics opcode": (lambda h: h.command(command_set=pb.FABRICS, opcode=0x55)[0],
                                st.INVALID_OPCODE),
+    "data PDUs under 4096 bytes": (
+        lambda h: h.command(command_set=KV, opcode=pb.KV_RETRIEVE, namespace_id=1, key=b"k",
+                            data_pdu_bytes=100)[0], st.INVALID_FIELD),
 }
 
 
@@ -171,3 +174,23 @@ def test_a_full_queue_holds_commands_back_and_starts_them_as_slots_free(tmp_path
         assert len(replies[0].frames[0]) == 64 * 4096
     finally:
         h.close()
+
+
+def test_a_retrieve_asked_in_data_pdus_sends_them_in_order_then_the_response(harness):
+    harness.connect()
+    value = bytes(range(256)) * 100  # 25,600 bytes: PDUs of 8,192, 8,192, 8,192 and 1,024
+    assert status(store(harness, b"big", value)) == st.SUCCESS
+    capsule = pb.CommandCapsule(command_set=KV, opcode=pb.KV_RETRIEVE, namespace_id=1, key=b"big",
+                                command_id=77, data_pdu_bytes=8192)
+    replies = harness.replies(capsule.SerializeToString())
+    assert [(r.capsule.command_id, r.capsule.data_pdu, r.capsule.data_offset) for r in replies] == \
+        [(77, True, 0), (77, True, 8192), (77, True, 16384), (77, False, 24576)]
+    assert b"".join(bytes(f) for r in replies for f in r.frames) == value
+    last = replies[-1].capsule
+    assert status(last) == st.SUCCESS and (last.value_length, last.crc32c) == (len(value), crc32c(value))
+    # a value that fits in one PDU, and a failed retrieve, come as the response alone
+    for key, fits in ((b"big", 1 << 20), (b"missing", 8192)):
+        capsule.key, capsule.data_pdu_bytes = key, fits
+        (reply,) = harness.replies(capsule.SerializeToString())
+        assert not reply.capsule.data_pdu and reply.capsule.data_offset == 0
+    assert_still_serving(harness)

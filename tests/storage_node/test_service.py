@@ -151,6 +151,16 @@ def test_a_value_over_64_mib_is_stored_and_read_back(start_service, node_config)
         assert done.response.value_length == value.nbytes
         assert done.payload() == memoryview(value)
         assert bytes(client.retrieve(1, b"big", max_bytes=10).payload()) == value[:10].tobytes()
+        # in data PDUs of 4 MiB: kept for the completion without a handler, or handed over as they come
+        capsule = pb.CommandCapsule(command_set=pb.KEY_VALUE, opcode=pb.KV_RETRIEVE, namespace_id=1,
+                                    key=b"big", data_pdu_bytes=4 << 20)
+        assert client.submit(capsule).result(60).payload() == memoryview(value)
+        pieces = []
+        done = client.submit(capsule, on_data=lambda offset, frames: pieces.append(
+            (offset, b"".join(f.bytes for f in frames)))).result(60)
+        assert [o for o, _ in pieces] == list(range(0, 64 << 20, 4 << 20))
+        assert done.response.data_offset == 64 << 20 and bytes(done.payload()) == value[64 << 20:].tobytes()
+        assert b"".join(p for _, p in pieces) == value[:64 << 20].tobytes()
 
 
 def test_a_host_past_its_queue_depth_is_held_back_and_nothing_is_dropped(start_service, node_config):
