@@ -75,6 +75,8 @@ class SmartNicSettings:
         assert self.salt, "salt must not be empty"
         assert self.queue_bound > 0, "queue_bound must be positive"
         assert self.view_min_bytes > 0, "view_min_bytes must be positive"
+        # the storage node refuses smaller PDUs (storage_node.commands.MIN_DATA_PDU_BYTES), so every
+        # GET would fail: refused here, at start, instead (not imported: settings stay free of protobuf)
         assert self.get_pdu_bytes == 0 or self.get_pdu_bytes >= 4096, "get_pdu_bytes: 0 or at least 4096"
         assert 0 <= self.capacity_low_bytes <= self.capacity_high_bytes, "need low <= high watermark"
         assert self.ttl_s > 0 and self.get_timeout_s > 0 and self.fabric_timeout_s > 0
