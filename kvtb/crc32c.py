@@ -4,8 +4,9 @@ google_crc32c's own binding takes only `bytes`, so a view of shared memory or a 
 frame would have to be copied first. Its wheel ships the C library (hardware SSE4.2 routine),
 which is called here through ctypes. A buffer of RELEASE_GIL_BYTES or more is checksummed with
 the GIL released, so other threads run meanwhile; a smaller one keeps the GIL, because handing
-the GIL to a waiting thread and taking it back costs more than the checksum itself. Falls back
-to google_crc32c on a copy when the library is missing.
+the GIL to a waiting thread and taking it back costs more than the checksum itself. A small
+read-only view (a chunk header cut from received bytes) goes to google_crc32c as a copy. Falls
+back to google_crc32c on a copy when the library is missing.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 RELEASE_GIL_BYTES = 1 << 20
+SMALL_BYTES = 4096  # a read-only buffer up to this size is copied to bytes: cheaper than numpy's address
 
 
 def _load(loader) -> ctypes._CFuncPtr | None:
@@ -58,7 +60,8 @@ def extend(crc: int, buf) -> int:
     """crc32c of the bytes so far (crc) followed by buf (bytes, numpy array, memoryview, zmq buffer)."""
     if isinstance(buf, bytes):
         return google_crc32c.extend(crc, buf)
-    if _EXTEND is None or _EXTEND_HOLDING_GIL is None:
+    if _EXTEND is None or _EXTEND_HOLDING_GIL is None or \
+            (isinstance(buf, memoryview) and buf.readonly and buf.nbytes <= SMALL_BYTES):
         return google_crc32c.extend(crc, memoryview(buf).tobytes())
     address, size = _address(buf)
     if not size:

@@ -6,8 +6,9 @@ runs of smaller ones joined by one copy (`smartnic.gather` says why). GET asks f
 value in data PDUs of `get_pdu_bytes` (NVMe/TCP's C2HData within a command) and places each
 one as it arrives, so copying one part into the region overlaps receiving the next; it checks
 the value's header on the first, copies the received bytes into the region once and checks
-their crc32c as it copies; a mismatch ends the GET with an error, so the bytes are never used.
-A GET that has not completed by its deadline fails with "timeout" and never writes afterwards.
+their crc32c as it copies (`smartnic.dma`); a mismatch ends the GET with an error, so the
+bytes are never used. A GET that has not completed by its deadline fails with "timeout" and
+never writes afterwards.
 
 Completions run on the fabric client's I/O thread, where the reply arrived: a hand-off to
 another thread per chunk would cost more than the completion (the crc and the copy release
@@ -24,7 +25,7 @@ from typing import NamedTuple
 from kvtb import crc32c as _crc
 from kvtb_proto import nvmeof_pb2
 from smartnic import chunk_format as cf
-from smartnic import gather
+from smartnic import dma, gather
 from smartnic.fabric import StorageNodes
 from smartnic.placement import place
 from smartnic.region import Region, RegionError
@@ -87,7 +88,7 @@ class Datapath:
         ids_hash = cf.token_ids_hash(ids_view)
         header = cf.encode_header(cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index,
                                                  ref.token_start, ref.token_end, kv_bytes, ids_hash))
-        payload, crc = gather.frames(mem, runs, _crc.crc32c(header), _crc.extend, self.view_min_bytes)
+        payload, crc = dma.frames(mem, runs, _crc.crc32c(header), self.view_min_bytes)
         frames = [header, *payload]
         key = cf.chunk_key(self.salt, ref.user_id, ref.context_id, ref.chunk_index)
         node = place(key, self.nodes.names, self.nodes.up())
@@ -222,7 +223,7 @@ class Arrival:
             self.header_bytes, self.crc, pos = len(head), _crc.crc32c(head), len(head)
         for view in cf.skip(frames, pos - offset):
             runs = gather.cut(self.targets, pos - self.header_bytes, view.nbytes)
-            _, self.crc = gather.scatter(view, self.mem, runs, self.crc, _crc.extend)
+            _, self.crc = dma.scatter(view, self.mem, runs, self.crc)
             pos += view.nbytes
         self.received = pos
 

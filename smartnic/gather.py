@@ -14,6 +14,9 @@ Both directions fold the crc32c into the copy loop: each block of at most BLOCK_
 checksummed right after it was copied, while it is still in the CPU's cache, so the data
 crosses memory once for the copy and not again for the checksum.
 
+`smartnic.dma` runs these copies with its compiled engine where it was built; the numpy copies
+here are its fallback and the reference its tests compare with.
+
 Pure: numpy only (no zmq, grpc or torch); the crc function is passed in.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ its strided ranges and checksums it, sends it over ZeroMQ tcp to another process
 writes it, checksums it, starts its writeback and fdatasyncs each batch before it answers.
 A GET has a process send a value from the page cache, and the receiver scatter it into
 strided ranges while it checksums it. The bare path does exactly that work, with the agent's
-own gather and scatter (`smartnic.gather`) and the storage node's own write
+own gather and scatter (`smartnic.dma`) and the storage node's own write
 (`storage_node.namespace`), and with nothing else: no capsules, no engine,
 no queue pairs, no journal, no threads of its own. It answers: how fast does a minimal
 implementation of the path's work go on this machine, sharing its cores as the path does?
@@ -41,7 +41,7 @@ import numpy as np
 from kvtb import crc32c as _crc
 from kvtb.bench.chunk_layout import RANGES_PER_CHUNK, strided_ranges
 from kvtb.bench.rawlimits import Meter, _payload, _slots, _timed_loop, _zmq_socket
-from smartnic import gather
+from smartnic import dma, gather
 from storage_node.allocator import Extent
 from storage_node.namespace import write_extents
 
@@ -160,7 +160,7 @@ class BarePut(_BareMeter):
     def _round(self) -> None:
         out, back = self._peer.out, self._peer.back
         for i, plan in enumerate(self._plans):
-            payload, _ = gather.frames(self._region, plan, 0, _crc.extend)
+            payload, _ = dma.frames(self._region, plan)
             out.send_multipart([_SLOT.pack(i), *payload], copy=False)
         durable = 0
         while durable < self.chunks:
@@ -191,7 +191,7 @@ class BareGet(_BareMeter):
             _expect(back)
             slot, value = back.recv_multipart(copy=False)
             i = _SLOT.unpack(slot.bytes)[0]
-            _, crc = gather.scatter(value.buffer, self._region, self._plans[i], 0, _crc.extend)
+            _, crc = dma.scatter(value.buffer, self._region, self._plans[i])
             if crc != self._crcs[i]:
                 raise RuntimeError(f"bare GET: chunk {i} arrived with another crc32c")
 

@@ -9,6 +9,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+from smartnic import dma
+
 logger = logging.getLogger(__name__)
 
 REPO_DIR = Path(__file__).resolve().parents[2]
@@ -63,6 +65,11 @@ def git_commit(repo_dir: Path = REPO_DIR) -> str | None:
     return head + ("-dirty" if dirty else "")
 
 
+def dma_engine() -> str:
+    """The data path's copy engine here (smartnic.dma): "compiled" or "numpy"."""
+    return dma.ENGINE
+
+
 def machine_info(repo_dir: Path = REPO_DIR) -> dict:
     """Everything a report says about where it ran."""
     return {
@@ -76,6 +83,7 @@ def machine_info(repo_dir: Path = REPO_DIR) -> dict:
         "torch": package_version("torch"),
         "numpy": package_version("numpy"),
         "pyzmq": package_version("pyzmq"),
+        "dma_engine": dma_engine(),
         "git_commit": git_commit(repo_dir),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -75,3 +75,4 @@ def test_machine_info_parsing():
     assert memory_bytes("MemTotal:       1024 kB\n") == 1024 * 1024
     info = machine_info()
     assert info["cores_logical"] >= 1 and info["python"]
+    assert info["dma_engine"] in ("compiled", "numpy")

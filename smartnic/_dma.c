@@ -1,0 +1,296 @@
+/* smartnic._dma: the data path's copy engine, with the crc32c folded into the copy.
+ *
+ * A NIC's DMA engine moves a scatter-gather list between host memory and its packets and
+ * computes the checksum on the fly. The numpy path (smartnic.gather) does the same in blocks
+ * of 512 KiB: it copies a block, then checksums it from L2, two passes and several Python calls
+ * per MiB. Here each row is copied in pieces of at most PIECE_BYTES and the piece is
+ * checksummed at once, from L1, with three crc32 streams in flight (combined by shifting, as
+ * in Mark Adler's crc32c.c), so the checksum costs little beyond the copy. Writes into the
+ * region use non-temporal stores, as a NIC's DMA writes bypass the CPU's caches: the region's
+ * lines are not read before they are written, nor kept in the cache.
+ *
+ *   scatter(source, mem, runs, crc) -> crc   copy the contiguous source into the runs of mem
+ *   gather(mem, runs, out, crc) -> crc       copy the runs of mem into the contiguous out
+ *
+ * runs: a sequence of (first, length, stride, count) (smartnic.gather.Run): `count` rows of
+ * `length` bytes, the i-th at first + i * stride. crc: the crc32c of the bytes before; the
+ * result is extended over the contiguous side. Every row must lie inside mem and the runs
+ * must hold exactly the contiguous side's bytes, or ValueError is raised and nothing copied.
+ * The GIL is released while copying more than RELEASE_GIL_BYTES.
+ *
+ * HARDWARE_CRC is False when the CPU lacks SSE4.2; the functions then raise RuntimeError and
+ * smartnic.dma uses the numpy path. Built by setuptools as an optional extension: a machine
+ * without a C compiler (or not x86-64) gets the numpy path.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if !defined(__x86_64__)
+#error "smartnic._dma needs x86-64 (SSE4.2 crc32); smartnic.dma uses numpy elsewhere"
+#endif
+#include <nmmintrin.h>
+#include <emmintrin.h>
+
+#define POLY 0x82f63b78u           /* crc32c, reflected */
+#define LANE 256                   /* bytes per stream: three streams of LANE bytes at a time */
+#define PIECE_BYTES (16 << 10)     /* copied, then checksummed while in L1 */
+#define RELEASE_GIL_BYTES (64 << 10)
+
+static uint32_t lane_shift[4][256];  /* appends LANE zero bytes to a crc register */
+static int hardware_crc;
+
+/* -- crc32c: the operator for LANE zero bytes, built once over GF(2) ----------------------- */
+
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
+{
+    uint32_t sum = 0;
+    for (; vec; vec >>= 1, mat++)
+        if (vec & 1)
+            sum ^= *mat;
+    return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *mat)
+{
+    for (int n = 0; n < 32; n++)
+        square[n] = gf2_times(mat, mat[n]);
+}
+
+static void build_lane_shift(void)
+{
+    uint32_t odd[32], even[32], row = 1;
+    odd[0] = POLY;                     /* one zero bit */
+    for (int n = 1; n < 32; n++, row <<= 1)
+        odd[n] = row;
+    gf2_square(even, odd);             /* two zero bits */
+    gf2_square(odd, even);             /* four */
+    gf2_square(even, odd);             /* one zero byte */
+    for (size_t len = 1; len < LANE; len <<= 1) {  /* LANE is a power of two */
+        gf2_square(odd, even);
+        memcpy(even, odd, sizeof(odd));
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int b = 0; b < 4; b++)
+            lane_shift[b][n] = gf2_times(even, n << (8 * b));
+}
+
+static inline uint32_t shift_lane(uint32_t c)
+{
+    return lane_shift[0][c & 0xff] ^ lane_shift[1][(c >> 8) & 0xff] ^
+           lane_shift[2][(c >> 16) & 0xff] ^ lane_shift[3][c >> 24];
+}
+
+__attribute__((target("sse4.2")))
+static uint32_t crc32c_extend(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint64_t c0 = crc ^ 0xffffffffu;
+    uint64_t a, b, d;
+    while (n >= 3 * LANE) {
+        uint64_t c1 = 0, c2 = 0;
+        const uint8_t *end = p + LANE;
+        do {
+            memcpy(&a, p, 8);
+            memcpy(&b, p + LANE, 8);
+            memcpy(&d, p + 2 * LANE, 8);
+            c0 = _mm_crc32_u64(c0, a);
+            c1 = _mm_crc32_u64(c1, b);
+            c2 = _mm_crc32_u64(c2, d);
+            p += 8;
+        } while (p < end);
+        c0 = shift_lane((uint32_t)c0) ^ (uint32_t)c1;
+        c0 = shift_lane((uint32_t)c0) ^ (uint32_t)c2;
+        p += 2 * LANE;
+        n -= 3 * LANE;
+    }
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&a, p, 8);
+        c0 = _mm_crc32_u64(c0, a);
+    }
+    for (; n; p++, n--)
+        c0 = _mm_crc32_u8((uint32_t)c0, *p);
+    return (uint32_t)c0 ^ 0xffffffffu;
+}
+
+/* -- runs ----------------------------------------------------------------------------------- */
+
+typedef struct {
+    Py_ssize_t first, length, stride, count;
+} run_t;
+
+/* Parse and bound-check runs against a buffer of mem_len bytes; the number of runs, or -1 with
+ * an exception set. *runs_out is PyMem_Malloc'ed; *total gets the runs' bytes. */
+static Py_ssize_t parse_runs(PyObject *seq, Py_ssize_t mem_len, run_t **runs_out, Py_ssize_t *total)
+{
+    PyObject *fast = PySequence_Fast(seq, "runs must be a sequence of (first, length, stride, count)");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    run_t *runs = PyMem_Malloc(sizeof(run_t) * (n ? n : 1));
+    if (runs == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    *total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        run_t *r = &runs[i];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "nnnn;a run is (first, length, stride, count)",
+                              &r->first, &r->length, &r->stride, &r->count))
+            goto fail;
+        if (r->first < 0 || r->length < 0 || r->count < 0 || (r->count > 1 && r->stride < r->length)) {
+            PyErr_Format(PyExc_ValueError, "run %zd (%zd, %zd, %zd, %zd) is malformed", i,
+                         r->first, r->length, r->stride, r->count);
+            goto fail;
+        }
+        if (r->count == 0 || r->length == 0)
+            continue;
+        /* last row's end = first + (count - 1) * stride + length <= mem_len, without overflow */
+        if (r->first > mem_len || r->length > mem_len - r->first ||
+            (r->count > 1 && (r->count - 1) > (mem_len - r->first - r->length) / r->stride)) {
+            PyErr_Format(PyExc_ValueError, "run %zd (%zd, %zd, %zd, %zd) reaches past the %zd bytes of mem",
+                         i, r->first, r->length, r->stride, r->count, mem_len);
+            goto fail;
+        }
+        *total += r->length * r->count;  /* each run lies in mem, so this cannot overflow by much */
+    }
+    Py_DECREF(fast);
+    *runs_out = runs;
+    return n;
+fail:
+    Py_DECREF(fast);
+    PyMem_Free(runs);
+    return -1;
+}
+
+/* memcpy, with non-temporal stores when dst is 16-byte aligned: the region is not read again
+ * soon, so its lines need not be fetched (read for ownership) nor kept in the cache. */
+static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (((uintptr_t)dst & 15) == 0) {
+        for (; n >= 64; n -= 64, src += 64, dst += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)src);
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+            _mm_stream_si128((__m128i *)dst, a);
+            _mm_stream_si128((__m128i *)(dst + 16), b);
+            _mm_stream_si128((__m128i *)(dst + 32), c);
+            _mm_stream_si128((__m128i *)(dst + 48), d);
+        }
+    }
+    memcpy(dst, src, n);
+}
+
+/* Copy between the runs of mem and the contiguous flat buffer, checksumming flat's bytes. */
+static uint32_t copy_runs(uint8_t *mem, uint8_t *flat, const run_t *runs, Py_ssize_t n, int into_mem,
+                          uint32_t crc)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const run_t *r = &runs[i];
+        for (Py_ssize_t k = 0; k < r->count && r->length; k++) {
+            uint8_t *row = mem + r->first + k * r->stride;
+            for (Py_ssize_t done = 0; done < r->length;) {
+                size_t piece = (size_t)(r->length - done) < PIECE_BYTES ? (size_t)(r->length - done) : PIECE_BYTES;
+                if (into_mem)
+                    copy_streaming(row + done, flat, piece);
+                else if (into_mem)
+                    memcpy(row + done, flat, piece);
+                else
+                    memcpy(flat, row + done, piece);
+                crc = crc32c_extend(crc, flat, piece);
+                flat += piece;
+                done += (Py_ssize_t)piece;
+            }
+        }
+    }
+    if (into_mem)
+        _mm_sfence();
+    return crc;
+}
+
+static PyObject *transfer(PyObject *mem_obj, PyObject *runs_obj, PyObject *flat_obj, unsigned long crc_in,
+                          int into_mem)
+{
+    if (!hardware_crc) {
+        PyErr_SetString(PyExc_RuntimeError, "this CPU has no SSE4.2 crc32: use the numpy path");
+        return NULL;
+    }
+    Py_buffer mem, flat;
+    if (PyObject_GetBuffer(mem_obj, &mem, into_mem ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(flat_obj, &flat, into_mem ? PyBUF_C_CONTIGUOUS : (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) < 0) {
+        PyBuffer_Release(&mem);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    run_t *runs = NULL;
+    Py_ssize_t total = 0;
+    Py_ssize_t n = parse_runs(runs_obj, mem.len, &runs, &total);
+    if (n < 0)
+        goto done;
+    if (total != flat.len) {
+        PyErr_Format(PyExc_ValueError, "%s of %zd bytes for runs of %zd", into_mem ? "source" : "out",
+                     flat.len, total);
+        goto done;
+    }
+    uint32_t crc = (uint32_t)crc_in;
+    if (total >= RELEASE_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        crc = copy_runs(mem.buf, flat.buf, runs, n, into_mem, crc);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = copy_runs(mem.buf, flat.buf, runs, n, into_mem, crc);
+    }
+    result = PyLong_FromUnsignedLong(crc);
+done:
+    PyMem_Free(runs);
+    PyBuffer_Release(&flat);
+    PyBuffer_Release(&mem);
+    return result;
+}
+
+static PyObject *dma_scatter(PyObject *self, PyObject *args)
+{
+    PyObject *source, *mem, *runs;
+    unsigned long crc = 0;
+    if (!PyArg_ParseTuple(args, "OOO|k:scatter", &source, &mem, &runs, &crc))
+        return NULL;
+    return transfer(mem, runs, source, crc, 1);
+}
+
+static PyObject *dma_gather(PyObject *self, PyObject *args)
+{
+    PyObject *mem, *runs, *out;
+    unsigned long crc = 0;
+    if (!PyArg_ParseTuple(args, "OOO|k:gather", &mem, &runs, &out, &crc))
+        return NULL;
+    return transfer(mem, runs, out, crc, 0);
+}
+
+static PyMethodDef methods[] = {
+    {"scatter", dma_scatter, METH_VARARGS,
+     "scatter(source, mem, runs, crc=0) -> crc32c: copy the contiguous source into mem's runs."},
+    {"gather", dma_gather, METH_VARARGS,
+     "gather(mem, runs, out, crc=0) -> crc32c: copy mem's runs into the contiguous out."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "smartnic._dma",
+    "The data path's copy engine with the crc32c folded in (see smartnic/_dma.c).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__dma(void)
+{
+    __builtin_cpu_init();
+    hardware_crc = __builtin_cpu_supports("sse4.2");
+    build_lane_shift();
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObject(m, "HARDWARE_CRC", PyBool_FromLong(hardware_crc)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
