@@ -195,8 +195,6 @@ static uint32_t copy_runs(uint8_t *mem, uint8_t *flat, const run_t *runs, Py_ssi
                 size_t piece = (size_t)(r->length - done) < PIECE_BYTES ? (size_t)(r->length - done) : PIECE_BYTES;
                 if (into_mem)
                     copy_streaming(row + done, flat, piece);
-                else if (into_mem)
-                    memcpy(row + done, flat, piece);
                 else
                     memcpy(flat, row + done, piece);
                 crc = crc32c_extend(crc, flat, piece);

@@ -64,17 +64,10 @@ def gather_piece(mem: np.ndarray, piece: gather.Piece, crc: int = 0,
 def frames(mem: np.ndarray, todo: Sequence[gather.Run], crc: int = 0,
            view_min_bytes: int = gather.VIEW_MIN_BYTES, engine: str | None = None) -> tuple[list, int]:
     """A payload's buffers to send (views of mem for ranges of view_min_bytes or more, joined
-    copies of the others) and crc extended over them in order (see smartnic.gather.plan)."""
-    out = []
-    for piece in gather.plan(todo, view_min_bytes):
-        if piece.view:
-            run = piece.runs[0]
-            buf = mem[run.first:run.first + run.length]
-            crc = _crc.extend(crc, buf)
-        else:
-            buf, crc = gather_piece(mem, piece, crc, engine)
-        out.append(buf)
-    return out, crc
+    copies of the others) and crc extended over them in order: smartnic.gather.frames, with
+    the joined copies made by this engine."""
+    return gather.frames(mem, todo, crc, _crc.extend, view_min_bytes,
+                         join=lambda m, piece, c: gather_piece(m, piece, c, engine))
 
 
 def _check_bounds(mem: np.ndarray, todo: Sequence[gather.Run]) -> None:

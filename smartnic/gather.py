@@ -28,6 +28,7 @@ import numpy as np
 
 Range = tuple[int, int]  # (offset, length) in bytes
 Extend = Callable[[int, object], int]  # crc32c so far, next buffer -> crc32c
+Join = Callable[[np.ndarray, "Piece", int], tuple[np.ndarray, int]]  # gather()'s shape, crc built in
 VIEW_MIN_BYTES = 1 << 20  # ranges from this size go out as views of the region
 BLOCK_BYTES = 512 << 10    # copied, then checksummed while still in cache
 
@@ -159,9 +160,10 @@ def gather(mem: np.ndarray, piece: Piece, crc: int = 0,
 
 
 def frames(mem: np.ndarray, todo: Sequence[Run], crc: int = 0, extend: Extend | None = None,
-           view_min_bytes: int = VIEW_MIN_BYTES) -> tuple[list, int]:
+           view_min_bytes: int = VIEW_MIN_BYTES, join: Join | None = None) -> tuple[list, int]:
     """The payload of runs as buffers to send (views of mem for large ranges, joined copies for
-    the others), and crc extended over them in order."""
+    the others), and crc extended over them in order. join(mem, piece, crc) makes each joined
+    copy (default: gather() with extend; `smartnic.dma` passes its engine's)."""
     out = []
     for piece in plan(todo, view_min_bytes):
         if piece.view:
@@ -169,6 +171,8 @@ def frames(mem: np.ndarray, todo: Sequence[Run], crc: int = 0, extend: Extend | 
             buf = mem[run.first:run.first + run.length]
             if extend is not None:
                 crc = extend(crc, buf)
+        elif join is not None:
+            buf, crc = join(mem, piece, crc)
         else:
             buf, crc = gather(mem, piece, crc, extend)
         out.append(buf)

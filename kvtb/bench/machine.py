@@ -65,11 +65,6 @@ def git_commit(repo_dir: Path = REPO_DIR) -> str | None:
     return head + ("-dirty" if dirty else "")
 
 
-def dma_engine() -> str:
-    """The data path's copy engine here (smartnic.dma): "compiled" or "numpy"."""
-    return dma.ENGINE
-
-
 def machine_info(repo_dir: Path = REPO_DIR) -> dict:
     """Everything a report says about where it ran."""
     return {
@@ -83,7 +78,7 @@ def machine_info(repo_dir: Path = REPO_DIR) -> dict:
         "torch": package_version("torch"),
         "numpy": package_version("numpy"),
         "pyzmq": package_version("pyzmq"),
-        "dma_engine": dma_engine(),
+        "dma_engine": dma.ENGINE,  # the data path's copy engine: "compiled" or "numpy"
         "git_commit": git_commit(repo_dir),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
