@@ -12,9 +12,11 @@ pwrite+fsync); the GET limit is min(zmq, pread). Beside them, the bare path (`kv
 the same gather, ZeroMQ hop, writes and fdatasyncs, or send and scatter, done by two bare loops
 with no service around them. Limits, bare path and transfers take turns: before each of the
 `--rounds` rounds, every meter measures one window (`--budget-s` per meter in all). A transfer
-keeps its best round, and a meter its best window. Over every round and window the whole
-machine's busy CPU is read too (`kvtb.bench.cpu_use`): the second table gives each one's
-core-µs per MiB, and how far the path's cost lets it go with every core on it.
+keeps its best round, and a meter its best window; every round's rate is kept too
+(`rounds_bytes_per_s`) and printed as worst / median / best, since rounds spread widely on a
+shared machine. Over every round and window the whole machine's busy CPU is read too
+(`kvtb.bench.cpu_use`): the second table gives each one's core-µs per MiB, and how far the
+path's cost lets it go with every core on it.
 """
 from __future__ import annotations
 
@@ -141,6 +143,7 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
     return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK,
             "rounds": rounds,
             "put_bytes_per_s": area / min(put_s), "get_bytes_per_s": area / min(get_s),
+            "rounds_bytes_per_s": {"put": [area / s for s in put_s], "get": [area / s for s in get_s]},
             "cpu": {"put": cpu["put"].figures(best=put_s.index(min(put_s))),
                     "get": cpu["get"].figures(best=get_s.index(min(get_s)))}}
 
@@ -262,6 +265,17 @@ def table_row(t: dict) -> list:
             t["get_vs_limit"]]
 
 
+def rounds_line(t: dict) -> str:
+    """Every round's rate of one size, worst, median and best: the best alone hides how far the
+    rounds spread on a shared machine."""
+    def spread(rates: list[float]) -> str:
+        return " / ".join(f"{v / 1e6:.0f}" for v in (min(rates), float(np.median(rates)), max(rates)))
+
+    rounds = t["rounds_bytes_per_s"]
+    return (f"{format_bytes(t['chunk_bytes'])} rounds, MB/s worst / median / best: "
+            f"PUT {spread(rounds['put'])}, GET {spread(rounds['get'])}")
+
+
 def _best_window(t: dict, who: str) -> dict:
     """CPU figures of the round or window whose rate is reported for who (a path op or a meter)."""
     return t["cpu"][who]["best_window"]
@@ -352,6 +366,8 @@ def main(argv: list[str]) -> int:
         print(f"trigger-to-fire: p50 {tf['p50_us']:.0f} µs, p99 {tf['p99_us']:.0f} µs "
               f"({tf['samples']} stores)")
         print(result["table"])
+        for t in result["results"]["transfers"]:
+            print(rounds_line(t))
         print()
         print(cpu_table(result["results"]["transfers"]))
         r = result["ratios"]

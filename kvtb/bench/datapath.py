@@ -109,7 +109,8 @@ def table(result: dict) -> str:
                                                   t["get_limit_bytes_per_s"])), f"{t['get_vs_limit']:.2f}"])
     head = ["chunk", "PUT MB/s", "node alone", "bare path", "raw limit", "PUT/limit",
             "GET MB/s", "node alone", "bare path", "raw limit", "GET/limit"]
-    return (f"{format_table(head, rows)}\n\n{nic_bench.cpu_table(result['results']['chunks'])}\n\n"
+    rounds = "\n".join(nic_bench.rounds_line(t) for t in result["results"]["chunks"])
+    return (f"{format_table(head, rows)}\n{rounds}\n\n{nic_bench.cpu_table(result['results']['chunks'])}\n\n"
             f"{ratios_text(result['ratios'])}")
 
 
