@@ -1,0 +1,9 @@
+"""The optional C extension of the data path's copy engine; everything else is in pyproject.toml.
+
+setuptools' pyproject table for extensions ([tool.setuptools.ext-modules]) is still experimental
+and warns at every install; an Extension here is the stable way. optional=True: without a C
+compiler, or off x86-64, the install goes on and smartnic.dma uses numpy instead.
+"""
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("smartnic._dma", ["smartnic/_dma.c"], extra_compile_args=["-O3"], optional=True)])
