@@ -64,4 +64,5 @@ def test_demo_conversation_restores_on_a_swarm(stack):
     turns = stack.chat("Please give me a short recipe for cheesecake.",
                        "Only give temperatures in °C from now on.",
                        "What temperature should I set the oven to?")
-    assert [t["kv_source"] for t in turns] == ["none", "restored", "restored"], turns
+    assert [t["kv_source"] for t in turns] == ["none", "restored", "restored"], \
+        [(t["kv_source"], t["fallback_reason"]) for t in turns]
