@@ -2,8 +2,8 @@
 
 setuptools' pyproject table for extensions ([tool.setuptools.ext-modules]) is still experimental
 and warns at every install; an Extension here is the stable way. optional=True: without a C
-compiler, or off x86-64, the install goes on and smartnic.dma uses numpy instead.
+compiler, or off x86-64, the install goes on and hostmem.dma uses numpy instead.
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("smartnic._dma", ["smartnic/_dma.c"], extra_compile_args=["-O3"], optional=True)])
+setup(ext_modules=[Extension("hostmem._dma", ["hostmem/_dma.c"], extra_compile_args=["-O3"], optional=True)])

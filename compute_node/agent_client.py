@@ -9,7 +9,8 @@ import grpc
 
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
 
-from compute_node.kv_pool import KvPool, layout_to_proto
+from compute_node.kv_pool import KvPool
+from hostmem.layout_proto import layout_to_proto
 
 logger = logging.getLogger(__name__)
 

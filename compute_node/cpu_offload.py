@@ -3,7 +3,7 @@
 At each chunk boundary it copies the chunk out of the slot (the cudaMemcpy of the paper),
 sends it to a storage node through the fabric and waits for the acknowledgement before the
 next token. On a follow-up it retrieves its own chunks and copies them back into the slot.
-Chunks use the agent's format and keys (smartnic.chunk_format) and placement.
+Chunks use the agent's format and keys (fabric.chunk_format) and placement.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from smartnic import chunk_format as cf
-from smartnic.placement import place
+from fabric import chunk_format as cf
+from fabric.placement import place
 from compute_node.kv_pool import KvPool
 from compute_node.offload import OffloadTurn, chunk_bytes
 from compute_node.restore import RestoreOutcome
@@ -47,7 +47,7 @@ class CpuStore:
         self._lock = threading.Lock()
 
     def client(self, node: str):
-        from storage_node.client import FabricClient
+        from fabric.client import FabricClient
         with self._lock:
             client = self._clients.get(node)
             if client is None:

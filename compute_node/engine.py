@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 
-from compute_node import restore as rs
+from hostmem.counters import wait_counter
 from compute_node.kv_pool import KvPool
 from compute_node.offload import NoOffload, TriggeredOffload, settle_tail
 from compute_node.runner import TurnRunner
@@ -210,7 +210,7 @@ class Engine:
         if turn.policy == "triggered" and off is not None and off.drain_counter >= 0:
             settle_tail(off)
             rec.chunks_offloaded = off.chunks
-            drained = rs.wait_counter(lambda: self.pool.counter_total(off.drain_counter),
+            drained = wait_counter(lambda: self.pool.counter_total(off.drain_counter),
                                       off.drain_target, self.settings.drain_timeout_s)
         with self.lock:
             if turn.policy == "resident":

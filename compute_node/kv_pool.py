@@ -1,6 +1,6 @@
 """The KV pool: one registered shared-memory region and the torch/numpy views into it.
 
-    region    = [ kv | token_ids | counters ]                (smartnic.kv_layout.KvLayout)
+    region    = [ kv | token_ids | counters ]                (hostmem.kv_layout.KvLayout)
     kv        : [slot, layer, K|V, kv_head, token, head_dim]  fp32
     token_ids : [slot, token]                                 uint32
     counters  : [counter, success|error]                      uint64; per slot: token count,
@@ -16,8 +16,8 @@ import logging
 import numpy as np
 import torch
 
-from smartnic.kv_layout import KvLayout
-from smartnic.region import Region
+from hostmem.kv_layout import KvLayout
+from hostmem.region import Region
 
 logger = logging.getLogger(__name__)
 
@@ -28,21 +28,6 @@ def layout_for(config, num_slots: int, max_tokens: int, chunk_tokens: int) -> Kv
     return KvLayout(num_slots=num_slots, num_layers=config.num_hidden_layers,
                     num_kv_heads=config.num_key_value_heads, max_tokens=max_tokens,
                     head_dim=head_dim, dtype_bytes=4, chunk_tokens=chunk_tokens)
-
-
-def layout_to_proto(layout: KvLayout):
-    """The layout as smartnic.proto's KvLayout message."""
-    from kvtb_proto import smartnic_pb2
-    slots = range(layout.num_slots)
-    return smartnic_pb2.KvLayout(
-        num_slots=layout.num_slots, num_layers=layout.num_layers,
-        num_kv_heads=layout.num_kv_heads, max_tokens=layout.max_tokens,
-        head_dim=layout.head_dim, dtype_bytes=layout.dtype_bytes,
-        chunk_tokens=layout.chunk_tokens, kv_offset=layout.kv_offset,
-        token_ids_offset=layout.token_ids_offset,
-        slot_token_counter=[layout.token_counter(s) for s in slots],
-        slot_restore_counter=[layout.restore_counter(s) for s in slots],
-        slot_offload_counter=[layout.offload_counter(s) for s in slots])
 
 
 class KvPool:

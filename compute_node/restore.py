@@ -7,8 +7,6 @@ wrong answer.
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Callable
 
 import numpy as np
 
@@ -22,23 +20,6 @@ class RestoreOutcome:
     reason: str = ""        # why covered < announced (empty when it is not)
     bytes_restored: int = 0
     timed_out: bool = False
-
-
-def wait_counter(total: Callable[[], int], threshold: int, timeout_s: float,
-                 spin_s: float = 0.0005) -> bool:
-    """Wait until total() >= threshold; False after timeout_s."""
-    start = time.perf_counter()
-    deadline = start + timeout_s
-    sleep = 0.00005
-    while True:
-        if total() >= threshold:
-            return True
-        now = time.perf_counter()
-        if now >= deadline:
-            return False
-        if now - start > spin_s:
-            time.sleep(min(sleep, deadline - now))
-            sleep = min(sleep * 2, 0.001)
 
 
 def matching_prefix(restored_ids: np.ndarray, request_ids: np.ndarray) -> int:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from compute_node import restore as rs
+from hostmem.counters import wait_counter
 from compute_node.chat_template import StreamDecoder
 from compute_node.offload import OffloadTurn
 from compute_node.sampling import Sampler
@@ -89,7 +90,7 @@ class TurnRunner:
         start_ns = int(t.started_unix_s * 1e9) if t.started_unix_s else time.time_ns()
         timeout = self.e.settings.restore_timeout_s
         counter = t.completion_counter
-        done = rs.wait_counter(lambda: self.pool.counter_total(counter), t.threshold, timeout)
+        done = wait_counter(lambda: self.pool.counter_total(counter), t.threshold, timeout)
         if not done:
             outcome = rs.timed_out(t.tokens_announced, timeout)
             span = StepSpan(7, STEP_NAMES[7], start_ns, time.time_ns(), 0)

@@ -14,14 +14,14 @@ import threading
 import time
 from collections.abc import Sequence
 
-from smartnic import gather
+from hostmem import gather
 from smartnic.datapath import ChunkRef, Datapath, read_headers
-from smartnic.engine import DataWork, TriggerEngine
+from smartnic.watcher import DataWork, TriggerEngine
 from smartnic.eviction import make_policy
-from smartnic.fabric import StorageNodes
+from fabric.nodes import StorageNodes
 from smartnic.match_action import Table
-from smartnic.region import RegionError
-from smartnic.regions import Regions, Registered
+from hostmem.region import RegionError
+from smartnic.registrations import Regions, Registered
 from smartnic.requester import Chunk, Requester
 from smartnic.settings import SmartNicSettings
 from smartnic.stats import Stats

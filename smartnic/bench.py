@@ -40,14 +40,14 @@ from kvtb.bench.stats import percentile
 from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb_proto import nvmeof_pb2 as pb
-from smartnic import chunk_format as cf
+from fabric import chunk_format as cf
 from smartnic.agent import Agent
 from smartnic.bench_compute import ComputeStandIn, store_at_random_gaps
 from smartnic.datapath import ChunkRef
-from smartnic.engine import CounterWork, DataWork
-from smartnic.region import Region
+from smartnic.watcher import CounterWork, DataWork
+from hostmem.region import Region
 from smartnic.settings import SmartNicSettings, StorageNodeRef
-from storage_node.client import FabricClient
+from fabric.client import FabricClient
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ anything. `kvtb bench smartnic` runs the agent in its own process, so a compute 
 from a thread of that process would take the agent's GIL at every poll, and the transfers
 would be timed slower than the agent moves them. So the benchmarks do both from a child
 process, as the compute node would, and the clock runs there: from the store until the
-completion counter reaches its total, waiting with the compute node's own `wait_counter`.
+completion counter reaches its total, waiting with `hostmem.counters.wait_counter`, as the compute node does.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import multiprocessing
 import random
 import time
 
-from compute_node.restore import wait_counter
-from smartnic.region import Region
+from hostmem.counters import wait_counter
+from hostmem.region import Region
 
 
 class ComputeStandIn:

@@ -18,7 +18,7 @@ from kvtb.logs import request_context
 from kvtb_proto import compute_pb2, compute_pb2_grpc
 from smartnic import match_action as ma
 from smartnic.agent import Agent, Restore
-from smartnic.regions import Registered
+from smartnic.registrations import Registered
 from smartnic.smartnic_servicer import restore_info
 
 logger = logging.getLogger(__name__)

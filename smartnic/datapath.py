@@ -2,11 +2,11 @@
 
 PUT reads the region when it fires and sends [header, payload...] with copy=False: ranges of
 1 MiB or more as views of the region, which it never writes while they are in flight, and
-runs of smaller ones joined by one copy (`smartnic.gather` says why). GET asks for a large
+runs of smaller ones joined by one copy (`hostmem.gather` says why). GET asks for a large
 value in data PDUs of `get_pdu_bytes` (NVMe/TCP's C2HData within a command) and places each
 one as it arrives, so copying one part into the region overlaps receiving the next; it checks
 the value's header on the first, copies the received bytes into the region once and checks
-their crc32c as it copies (`smartnic.dma`); a mismatch ends the GET with an error, so the
+their crc32c as it copies (`hostmem.dma`); a mismatch ends the GET with an error, so the
 bytes are never used. A GET that has not completed by its deadline fails with "timeout" and
 never writes afterwards.
 
@@ -24,13 +24,13 @@ from typing import NamedTuple
 
 from kvtb import crc32c as _crc
 from kvtb_proto import nvmeof_pb2
-from smartnic import chunk_format as cf
-from smartnic import dma, gather
-from smartnic.fabric import StorageNodes
-from smartnic.placement import place
-from smartnic.region import Region, RegionError
+from fabric import chunk_format as cf
+from hostmem import dma, gather
+from fabric.nodes import StorageNodes
+from fabric.placement import place
+from hostmem.region import Region, RegionError
 from smartnic.requester import Chunk
-from storage_node.client import StorageStatusError
+from fabric.client import StorageStatusError
 
 logger = logging.getLogger(__name__)
 

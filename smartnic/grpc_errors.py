@@ -7,8 +7,8 @@ import logging
 import grpc
 
 from smartnic.match_action import TableError
-from smartnic.region import RegionError
-from smartnic.regions import AccessDenied, UnknownRegion
+from hostmem.region import RegionError
+from smartnic.registrations import AccessDenied, UnknownRegion
 from smartnic.triggered import QueueFull
 
 logger = logging.getLogger(__name__)

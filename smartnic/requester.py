@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from smartnic.chunk_format import token_ids_hash
+from fabric.chunk_format import token_ids_hash
 
 
 class NotOwner(PermissionError):

@@ -6,7 +6,7 @@ import time
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
 from smartnic.agent import Agent, Restore
 from smartnic.datapath import ChunkRef
-from smartnic.engine import CounterWork, DataWork, OpError
+from smartnic.watcher import CounterWork, DataWork, OpError
 from smartnic.grpc_errors import rpc
 from smartnic.requester import Chunk
 

@@ -10,7 +10,7 @@ from storage_node.kv_namespace import MAX_KEY_BYTES
 from storage_node.namespace import LBA_BYTES, Namespace
 from storage_node.settings import WILDCARD
 from storage_node.stats import Stats
-from storage_node.status import NvmeError
+from fabric.status import NvmeError
 from storage_node.subsystem import Subsystem
 
 MODEL_NUMBER = "kvtestbed storage node"

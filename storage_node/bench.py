@@ -23,7 +23,7 @@ import zmq
 from kvtb.crc32c import crc32c
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb_proto import nvmeof_pb2
-from storage_node.client import FabricClient
+from fabric.client import FabricClient
 
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = (64 * KIB, MIB, 16 * MIB)

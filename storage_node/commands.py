@@ -10,11 +10,11 @@ from google.protobuf.message import DecodeError
 
 from kvtb_proto import nvmeof_pb2 as pb
 from storage_node import handlers
-from storage_node import status as st
+from fabric import status as st
 from storage_node.handlers import OPS, Command, Result
 from storage_node.namespace import byte_view
 from storage_node.stats import Stats
-from storage_node.status import NvmeError, Status
+from fabric.status import NvmeError, Status
 from storage_node.subsystem import Controller, Subsystem
 
 logger = logging.getLogger(__name__)

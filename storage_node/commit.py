@@ -6,9 +6,9 @@ import queue
 import threading
 from collections.abc import Callable
 
-from storage_node import status as st
+from fabric import status as st
 from storage_node.kv_namespace import KvNamespace, Op
-from storage_node.status import Status
+from fabric.status import Status
 
 logger = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from kvtb.crc32c import crc32c
 from kvtb_proto import nvmeof_pb2 as pb
-from storage_node import status as st
+from fabric import status as st
 from storage_node.commit import GroupCommitter
 from storage_node.kv_namespace import KvNamespace, PendingDelete, check_key
 from storage_node.namespace import LBA_BYTES, BlockNamespace, Namespace, byte_view
-from storage_node.status import NvmeError, Status
+from fabric.status import NvmeError, Status
 
 logger = logging.getLogger(__name__)
 

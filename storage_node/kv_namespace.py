@@ -14,7 +14,7 @@ import numpy as np
 
 from kvtb.crc32c import crc32c
 from storage_node import journal as jr
-from storage_node import status as st
+from fabric import status as st
 from storage_node.allocator import AllocationError, Extent, ExtentAllocator
 from storage_node.namespace import (
     LBA_BYTES,
@@ -23,7 +23,7 @@ from storage_node.namespace import (
     read_extents,
     write_extents,
 )
-from storage_node.status import NvmeError, Status
+from fabric.status import NvmeError, Status
 
 logger = logging.getLogger(__name__)
 

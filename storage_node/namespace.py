@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from kvtb.crc32c import extend as crc32c_extend
-from storage_node import status as st
+from fabric import status as st
 from storage_node.allocator import Extent
-from storage_node.status import NvmeError
+from fabric.status import NvmeError
 
 logger = logging.getLogger(__name__)
 

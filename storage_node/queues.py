@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from storage_node import status as st
-from storage_node.status import NvmeError
+from fabric import status as st
+from fabric.status import NvmeError
 
 
 class QueuePair:

@@ -10,7 +10,7 @@ from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
 from storage_node.admin import StorageAdminServicer
 from storage_node.commands import CommandProcessor
-from storage_node.fabric import FabricServer
+from storage_node.fabric_server import FabricServer
 from storage_node.settings import StorageSettings
 from storage_node.stats import Stats
 from storage_node.subsystem import Subsystem

@@ -9,14 +9,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from storage_node import status as st
+from fabric import status as st
 from storage_node.commit import GroupCommitter
 from storage_node.journal import fsync_dir
 from storage_node.kv_namespace import KvNamespace
 from storage_node.namespace import BlockNamespace, Namespace
 from storage_node.queues import QueuePair
 from storage_node.settings import WILDCARD, StorageSettings
-from storage_node.status import NvmeError
+from fabric.status import NvmeError
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ its strided ranges and checksums it, sends it over ZeroMQ tcp to another process
 writes it, checksums it, starts its writeback and fdatasyncs each batch before it answers.
 A GET has a process send a value from the page cache, and the receiver scatter it into
 strided ranges while it checksums it. The bare path does exactly that work, with the agent's
-own gather and scatter (`smartnic.dma`) and the storage node's own write
+own gather and scatter (`hostmem.dma`) and the storage node's own write
 (`storage_node.namespace`), and with nothing else: no capsules, no engine,
 no queue pairs, no journal, no threads of its own. It answers: how fast does a minimal
 implementation of the path's work go on this machine, sharing its cores as the path does?
@@ -41,7 +41,7 @@ import numpy as np
 from kvtb import crc32c as _crc
 from kvtb.bench.chunk_layout import RANGES_PER_CHUNK, strided_ranges
 from kvtb.bench.rawlimits import Meter, _payload, _slots, _timed_loop, _zmq_socket
-from smartnic import dma, gather
+from hostmem import dma, gather
 from storage_node.allocator import Extent
 from storage_node.namespace import write_extents
 

@@ -9,7 +9,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from smartnic import dma
+from hostmem import dma
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import pytest
 
 from compute_node.agent_client import AgentClient
 from kvtb.launch import free_port
-from smartnic.region import Region
+from hostmem.region import Region
 from tests.smartnic.helpers import LAYOUT, agent_env, storage_env
 
 

@@ -1,8 +1,6 @@
-"""What a finished restore covers (pure), and waiting on a counter."""
+"""What a finished restore covers (pure)."""
 from __future__ import annotations
 
-import threading
-import time
 
 import numpy as np
 
@@ -36,12 +34,3 @@ def test_different_ids_mean_nothing_is_reused():
 def test_an_announcement_longer_than_the_request_is_refused():
     out = rs.decide(200, 0, IDS.copy(), IDS, 1000)
     assert out.covered == 0 and "more than the request" in out.reason
-
-
-def test_wait_counter_sees_a_store_and_times_out():
-    value = [0]
-    threading.Timer(0.02, lambda: value.__setitem__(0, 3)).start()
-    start = time.perf_counter()
-    assert rs.wait_counter(lambda: value[0], 3, timeout_s=2.0)
-    assert time.perf_counter() - start < 1.0
-    assert not rs.wait_counter(lambda: 0, 1, timeout_s=0.02)

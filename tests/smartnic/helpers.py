@@ -8,8 +8,8 @@ import grpc
 import numpy as np
 
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
-from smartnic.kv_layout import KvLayout
-from smartnic.region import Region
+from hostmem.kv_layout import KvLayout
+from hostmem.region import Region
 
 LAYOUT = KvLayout(num_slots=2, num_layers=2, num_kv_heads=2, max_tokens=64, head_dim=8, chunk_tokens=16)
 KEY = "secret"

@@ -9,7 +9,7 @@ import pytest
 
 from kvtb.launch import free_port
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
-from storage_node.client import FabricClient
+from fabric.client import FabricClient
 from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
 from tests.smartnic.test_agent_service import CTX, IDS, USER, offload, restore
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
-from smartnic import chunk_format as cf
-from storage_node.client import FabricClient
+from fabric import chunk_format as cf
+from fabric.client import FabricClient
 from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
 
 USER, CTX = "alice", "ctx-1"

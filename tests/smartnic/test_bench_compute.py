@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from smartnic.bench_compute import ComputeStandIn
-from smartnic.region import Region
+from hostmem.region import Region
 
 SIZE, COUNTERS = 1 << 16, 4
 COUNTER_OFFSET = SIZE - 4096

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from kvtb.crc32c import crc32c
-from smartnic import chunk_format as cf
-from smartnic import gather
+from fabric import chunk_format as cf
+from hostmem import gather
 from smartnic.datapath import Arrival, ChunkRef, DataError
 from smartnic.requester import Chunk
 

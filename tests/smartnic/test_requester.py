@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from smartnic.chunk_format import token_ids_hash
+from fabric.chunk_format import token_ids_hash
 from smartnic.requester import Chunk, NotOwner, Requester
 
 IDS = list(range(100, 200))

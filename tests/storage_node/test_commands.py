@@ -3,7 +3,7 @@ import pytest
 
 from kvtb.crc32c import crc32c
 from kvtb_proto import nvmeof_pb2 as pb
-from storage_node import status as st
+from fabric import status as st
 
 from .conftest import GOOD_HOST, Harness, settings_for
 

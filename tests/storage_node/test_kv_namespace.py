@@ -6,10 +6,10 @@ import threading
 import pytest
 
 from kvtb.crc32c import crc32c
-from storage_node import status as st
+from fabric import status as st
 from storage_node.commit import GroupCommitter
 from storage_node.kv_namespace import KvNamespace, PendingDelete
-from storage_node.status import NvmeError
+from fabric.status import NvmeError
 
 MIB = 1 << 20
 

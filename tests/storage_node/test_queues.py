@@ -1,9 +1,9 @@
 """Queue pairs: depth, command id conflicts, waiting order, out-of-order completion, sq head."""
 import pytest
 
-from storage_node import status as st
+from fabric import status as st
 from storage_node.queues import QueuePair
-from storage_node.status import NvmeError
+from fabric.status import NvmeError
 
 
 def test_depth_limits_executing_commands_and_the_rest_wait_in_order():

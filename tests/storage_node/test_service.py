@@ -12,8 +12,8 @@ from kvtb.grpc_health import SERVING, check
 from kvtb_proto import nvmeof_pb2 as pb
 from kvtb_proto import storage_admin_pb2 as apb
 from kvtb_proto import storage_admin_pb2_grpc as apb_grpc
-from storage_node import status as st
-from storage_node.client import FabricClient, FabricError, StorageStatusError
+from fabric import status as st
+from fabric.client import FabricClient, FabricError, StorageStatusError
 
 from .conftest import GOOD_HOST
 

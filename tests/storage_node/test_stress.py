@@ -7,8 +7,8 @@ import pytest
 
 from kvtb.crc32c import crc32c
 from kvtb_proto import nvmeof_pb2 as pb
-from storage_node import status as st
-from storage_node.client import FabricClient, StorageStatusError
+from fabric import status as st
+from fabric.client import FabricClient, StorageStatusError
 
 from .conftest import GOOD_HOST
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from smartnic.placement import place, rank
+from fabric.placement import place, rank
 
 KEYS = [i.to_bytes(16, "little") for i in range(2000)]
 

@@ -9,8 +9,8 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from storage_node import status as st
-from storage_node.client import FabricClient, FabricError
+from fabric import status as st
+from fabric.client import FabricClient, FabricError
 
 logger = logging.getLogger(__name__)
 

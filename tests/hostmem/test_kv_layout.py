@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from smartnic.kv_layout import KvLayout
-from smartnic.region import Region, RegionError
+from hostmem.kv_layout import KvLayout
+from hostmem.region import Region, RegionError
 
 LAYOUT = KvLayout(num_slots=3, num_layers=2, num_kv_heads=3, max_tokens=16, head_dim=4, chunk_tokens=4)
 

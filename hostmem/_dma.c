@@ -1,7 +1,7 @@
-/* smartnic._dma: the data path's copy engine, with the crc32c folded into the copy.
+/* hostmem._dma: the data path's copy engine, with the crc32c folded into the copy.
  *
  * A NIC's DMA engine moves a scatter-gather list between host memory and its packets and
- * computes the checksum on the fly. The numpy path (smartnic.gather) does the same in blocks
+ * computes the checksum on the fly. The numpy path (hostmem.gather) does the same in blocks
  * of 512 KiB: it copies a block, then checksums it from L2, two passes and several Python calls
  * per MiB. Here each row is copied in pieces of at most PIECE_BYTES and the piece is
  * checksummed at once, from L1, with three crc32 streams in flight (combined by shifting, as
@@ -12,14 +12,14 @@
  *   scatter(source, mem, runs, crc) -> crc   copy the contiguous source into the runs of mem
  *   gather(mem, runs, out, crc) -> crc       copy the runs of mem into the contiguous out
  *
- * runs: a sequence of (first, length, stride, count) (smartnic.gather.Run): `count` rows of
+ * runs: a sequence of (first, length, stride, count) (hostmem.gather.Run): `count` rows of
  * `length` bytes, the i-th at first + i * stride. crc: the crc32c of the bytes before; the
  * result is extended over the contiguous side. Every row must lie inside mem and the runs
  * must hold exactly the contiguous side's bytes, or ValueError is raised and nothing copied.
  * The GIL is released while copying more than RELEASE_GIL_BYTES.
  *
  * HARDWARE_CRC is False when the CPU lacks SSE4.2; the functions then raise RuntimeError and
- * smartnic.dma uses the numpy path. Built by setuptools as an optional extension: a machine
+ * hostmem.dma uses the numpy path. Built by setuptools as an optional extension: a machine
  * without a C compiler (or not x86-64) gets the numpy path.
  */
 #define PY_SSIZE_T_CLEAN
@@ -28,7 +28,7 @@
 #include <string.h>
 
 #if !defined(__x86_64__)
-#error "smartnic._dma needs x86-64 (SSE4.2 crc32); smartnic.dma uses numpy elsewhere"
+#error "hostmem._dma needs x86-64 (SSE4.2 crc32); hostmem.dma uses numpy elsewhere"
 #endif
 #include <nmmintrin.h>
 #include <emmintrin.h>
@@ -276,8 +276,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "smartnic._dma",
-    "The data path's copy engine with the crc32c folded in (see smartnic/_dma.c).", -1, methods,
+    PyModuleDef_HEAD_INIT, "hostmem._dma",
+    "The data path's copy engine with the crc32c folded in (see hostmem/_dma.c).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__dma(void)

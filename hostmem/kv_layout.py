@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from smartnic import gather
+from hostmem import gather
 
 COUNTER_BYTES = 16
 TOKEN_ID_BYTES = 4

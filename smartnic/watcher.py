@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from smartnic import gather
+from hostmem import gather
 from smartnic.datapath import ChunkRef
-from smartnic.region import RegionError
-from smartnic.regions import Regions, Registered, UnknownRegion
+from hostmem.region import RegionError
+from smartnic.registrations import Regions, Registered, UnknownRegion
 from smartnic.requester import Chunk
 from smartnic.stats import Stats
 from smartnic.triggered import CounterKey, DeferredWorkQueue, Entry

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from smartnic import chunk_format as cf
+from fabric import chunk_format as cf
 
 
 def header(**kw):

@@ -7,9 +7,9 @@ import uuid
 import pytest
 
 from smartnic.datapath import ChunkRef
-from smartnic.engine import CounterWork, DataWork, TriggerEngine
-from smartnic.region import Region, RegionError
-from smartnic.regions import Regions
+from smartnic.watcher import CounterWork, DataWork, TriggerEngine
+from hostmem.region import Region, RegionError
+from smartnic.registrations import Regions
 from smartnic.stats import Stats
 
 REF = ChunkRef("alice", "c1", 0, 0, 16)

@@ -27,7 +27,7 @@ import zmq
 from kvtb.crc32c import crc32c as compute_crc32c
 from kvtb.doorbell import Doorbell
 from kvtb_proto import nvmeof_pb2
-from storage_node import status as st
+from fabric import status as st
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from kvtb.crc32c import crc32c, extend
-from smartnic import gather
-from smartnic.gather import Run
+from hostmem import gather
+from hostmem.gather import Run
 
 MEM = np.random.default_rng(7).integers(0, 256, 4 << 20, dtype=np.uint8)  # [4 MiB] uint8
 

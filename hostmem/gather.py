@@ -14,7 +14,7 @@ Both directions fold the crc32c into the copy loop: each block of at most BLOCK_
 checksummed right after it was copied, while it is still in the CPU's cache, so the data
 crosses memory once for the copy and not again for the checksum.
 
-`smartnic.dma` runs these copies with its compiled engine where it was built; the numpy copies
+`hostmem.dma` runs these copies with its compiled engine where it was built; the numpy copies
 here are its fallback and the reference its tests compare with.
 
 Pure: numpy only (no zmq, grpc or torch); the crc function is passed in.
@@ -163,7 +163,7 @@ def frames(mem: np.ndarray, todo: Sequence[Run], crc: int = 0, extend: Extend | 
            view_min_bytes: int = VIEW_MIN_BYTES, join: Join | None = None) -> tuple[list, int]:
     """The payload of runs as buffers to send (views of mem for large ranges, joined copies for
     the others), and crc extended over them in order. join(mem, piece, crc) makes each joined
-    copy (default: gather() with extend; `smartnic.dma` passes its engine's)."""
+    copy (default: gather() with extend; `hostmem.dma` passes its engine's)."""
     out = []
     for piece in plan(todo, view_min_bytes):
         if piece.view:

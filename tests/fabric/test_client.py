@@ -6,7 +6,7 @@ import pytest
 import zmq
 
 from kvtb_proto import nvmeof_pb2 as pb
-from storage_node.client import FabricClient, FabricTimeout
+from fabric.client import FabricClient, FabricTimeout
 
 
 class FakeTarget:

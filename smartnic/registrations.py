@@ -12,8 +12,9 @@ import itertools
 import logging
 import threading
 
-from smartnic.kv_layout import COUNTERS_PER_SLOT, KvLayout
-from smartnic.region import Region, RegionError
+from hostmem.kv_layout import KvLayout
+from hostmem.layout_proto import layout_from_proto
+from hostmem.region import Region, RegionError
 
 logger = logging.getLogger(__name__)
 
@@ -48,25 +49,6 @@ class Registered:
         with self.lock:
             self.region.store_counter(counter, success, error)
             return self.region.read_counter(counter)
-
-
-def layout_from_proto(msg, counter_count: int) -> KvLayout:
-    """A KvLayout from its message; refuse one whose offsets differ from KvLayout's arithmetic."""
-    layout = KvLayout(num_slots=msg.num_slots, num_layers=msg.num_layers, num_kv_heads=msg.num_kv_heads,
-                      max_tokens=msg.max_tokens, head_dim=msg.head_dim, dtype_bytes=msg.dtype_bytes or 4,
-                      chunk_tokens=msg.chunk_tokens or 32,
-                      extra_counters=max(0, counter_count - msg.num_slots * COUNTERS_PER_SLOT))
-    wanted = {"kv_offset": layout.kv_offset, "token_ids_offset": layout.token_ids_offset}
-    for name, value in wanted.items():
-        if getattr(msg, name) != value:
-            raise RegionError(f"kv_layout.{name} is {getattr(msg, name)}, KvLayout computes {value}")
-    for name, fn in (("slot_token_counter", layout.token_counter),
-                     ("slot_restore_counter", layout.restore_counter),
-                     ("slot_offload_counter", layout.offload_counter)):
-        given = list(getattr(msg, name))
-        if given and given != [fn(s) for s in range(layout.num_slots)]:
-            raise RegionError(f"kv_layout.{name} differs from KvLayout's counters")
-    return layout
 
 
 class Regions:

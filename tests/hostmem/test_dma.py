@@ -5,17 +5,17 @@ import numpy as np
 import pytest
 
 from kvtb.crc32c import crc32c, extend
-from smartnic import dma, gather
-from smartnic.gather import Piece, Run
+from hostmem import dma, gather
+from hostmem.gather import Piece, Run
 
 try:
-    from smartnic import _dma
+    from hostmem import _dma
 except ImportError:
     _dma = None
 
 BUILT = _dma is not None and _dma.HARDWARE_CRC
 ENGINES = ["numpy", pytest.param("compiled", marks=pytest.mark.skipif(
-    not BUILT, reason="smartnic._dma was not built (no C compiler) or this CPU has no SSE4.2"))]
+    not BUILT, reason="hostmem._dma was not built (no C compiler) or this CPU has no SSE4.2"))]
 RNG = np.random.default_rng(11)
 MEM = RNG.integers(0, 256, 2 << 20, dtype=np.uint8)
 
@@ -92,7 +92,7 @@ def test_bad_runs_are_refused_and_nothing_is_copied(engine):
         assert not mem.any()
 
 
-@pytest.mark.skipif(not BUILT, reason="smartnic._dma was not built")
+@pytest.mark.skipif(not BUILT, reason="hostmem._dma was not built")
 def test_the_compiled_engine_refuses_malformed_runs_and_read_only_memory():
     mem = np.zeros(4096, np.uint8)
     for bad in [(0, 10, 5, 2), (-1, 10, 10, 1), (0, -1, 10, 1), (0, 10, 10, -1)]:

@@ -2,9 +2,9 @@
 the crc32c folded in.
 
 Two engines do the same copies and give the same crc32c:
-- "compiled" (smartnic/_dma.c, built by `pip install` when a C compiler is there): copies each
+- "compiled" (hostmem/_dma.c, built by `pip install` when a C compiler is there): copies each
   row in pieces and checksums each piece from L1 at once, with the GIL released;
-- "numpy" (smartnic.gather with kvtb.crc32c): copies blocks of 512 KiB, then checksums each.
+- "numpy" (hostmem.gather with kvtb.crc32c): copies blocks of 512 KiB, then checksums each.
 
 The compiled one is used when it was built and the CPU has SSE4.2; KVTB_DMA=numpy picks numpy
 (to compare the two, or to rule the compiled one out). ENGINE says which one runs.
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvtb import crc32c as _crc
-from smartnic import gather
+from hostmem import gather
 
 try:
-    from smartnic import _dma
+    from hostmem import _dma
 except ImportError:  # not built (no C compiler, or not x86-64)
     _dma = None
 
@@ -32,7 +32,7 @@ def _choose(wanted: str | None) -> str:
         raise ValueError(f"KVTB_DMA={wanted!r}: expected one of {', '.join(ENGINES)}")
     available = _dma is not None and _dma.HARDWARE_CRC
     if wanted == "compiled" and not available:
-        raise ValueError("KVTB_DMA=compiled, but smartnic._dma was not built or this CPU has no SSE4.2")
+        raise ValueError("KVTB_DMA=compiled, but hostmem._dma was not built or this CPU has no SSE4.2")
     return wanted or ("compiled" if available else "numpy")
 
 
@@ -64,7 +64,7 @@ def gather_piece(mem: np.ndarray, piece: gather.Piece, crc: int = 0,
 def frames(mem: np.ndarray, todo: Sequence[gather.Run], crc: int = 0,
            view_min_bytes: int = gather.VIEW_MIN_BYTES, engine: str | None = None) -> tuple[list, int]:
     """A payload's buffers to send (views of mem for ranges of view_min_bytes or more, joined
-    copies of the others) and crc extended over them in order: smartnic.gather.frames, with
+    copies of the others) and crc extended over them in order: hostmem.gather.frames, with
     the joined copies made by this engine."""
     return gather.frames(mem, todo, crc, _crc.extend, view_min_bytes,
                          join=lambda m, piece, c: gather_piece(m, piece, c, engine))
