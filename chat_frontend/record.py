@@ -9,18 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from kvtb import steps
+from kvtb.steps import Step
 from kvtb_proto import compute_pb2, frontend_pb2
-
-STEP_NAMES = {
-    1: "setup: register region, arm triggers",
-    2: "inference, triggered PUTs",
-    3: "stream response to user",
-    4: "release KV slot",
-    5: "match-action hit, lookup",
-    6: "GETs to storage",
-    7: "KV lands in region",
-    8: "inference on restored KV",
-}
 
 # The keys of `kvtb chat --json`, in order (issue 5).
 RECORD_KEYS = ("turn", "context_id", "reply", "kv_source", "fallback_reason", "ttft_ms", "tbt_ms",
@@ -45,7 +36,7 @@ def _ms(ns: int) -> float:
 def stream_step(clock: TurnClock, reply_bytes: int) -> compute_pb2.Step:
     """Step 3, the response streamed to the user, as the frontend saw it."""
     start = clock.first_text_ns or clock.end_ns
-    return compute_pb2.Step(step=3, name=STEP_NAMES[3], start_unix_ns=start,
+    return compute_pb2.Step(step=Step.STREAM, name=steps.name(Step.STREAM), start_unix_ns=start,
                             end_unix_ns=clock.end_ns, bytes=reply_bytes, service="frontend")
 
 
@@ -71,7 +62,7 @@ def build_summary(turn: int, context_id: str, request_id: str, reply: str,
 def relative_steps(summary: frontend_pb2.TurnSummary) -> list[dict[str, Any]]:
     """The summary's steps as {step, name, start_ms, end_ms, bytes}, relative to the turn's start."""
     base = summary.turn_start_unix_ns
-    return [{"step": s.step, "name": s.name or STEP_NAMES.get(s.step, f"step {s.step}"),
+    return [{"step": s.step, "name": s.name or steps.name(s.step),
              "start_ms": _ms(s.start_unix_ns - base), "end_ms": _ms(s.end_unix_ns - base),
              "bytes": s.bytes}
             for s in summary.steps]

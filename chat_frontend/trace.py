@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from chat_frontend.record import STEP_NAMES
+from kvtb import steps
 from kvtb_proto import frontend_pb2
 
 SERVICES = ("frontend", "smartnic", "compute", "storage")
@@ -52,7 +52,7 @@ def turn_events(summary: frontend_pb2.TurnSummary, base_ns: int) -> list[dict[st
     # as the record orders them: by start, steps of the same millisecond in step order
     for s in sorted(summary.steps, key=lambda s: (s.start_unix_ns // 1_000_000, s.step)):
         service = s.service or "compute"
-        events.append({"name": f"{s.step}. {s.name or STEP_NAMES.get(s.step, '')}", "cat": f"step{s.step}",
+        events.append({"name": f"{s.step}. {s.name or steps.name(s.step)}", "cat": f"step{s.step}",
                        "ph": "X", "pid": _pid(service), "tid": summary.turn,
                        "ts": _us(s.start_unix_ns, base_ns),
                        "dur": max(0.0, _us(s.end_unix_ns, s.start_unix_ns)),

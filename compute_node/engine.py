@@ -17,7 +17,8 @@ from compute_node.offload import NoOffload, TriggeredOffload, settle_tail
 from compute_node.runner import TurnRunner
 from compute_node.settings import ComputeSettings
 from compute_node.slots import Acquired, QueueFull, SlotManager, WaitQueue
-from compute_node.turn import STEP_NAMES, RestoreTicket, StepSpan, Turn
+from compute_node.turn import RestoreTicket, StepSpan, Turn
+from kvtb.steps import Step
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class Engine:
                 self.slots.drop_context(turn.context, now())
             self.lock.notify_all()
         if turn.policy != "resident":
-            rec.steps.append(StepSpan(4, STEP_NAMES[4], start_ns, time.time_ns(), rec.bytes_offloaded))
+            rec.steps.append(StepSpan(Step.RELEASE, start_ns, time.time_ns(), rec.bytes_offloaded))
         if self.setup_span is not None:
             rec.steps.insert(0, self.setup_span)
             self.setup_span = None

@@ -21,6 +21,7 @@ from kvtb_proto import compute_pb2, compute_pb2_grpc
 
 from compute_node.settings import POLICIES, ComputeSettings
 from compute_node.turn import StepSpan
+from kvtb.steps import Step
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def build_node(settings: ComputeSettings, model, tokenizer, listen_address: str 
             agent.register(pool, settings.access_key or secrets.token_hex(16), settings.node_name,
                            settings.advertise_address or address,
                            settings.register_timeout_s if needed else 2.0)
-            setup = StepSpan(1, "setup: register the KV pool", start_ns, time.time_ns(), layout.region_bytes)
+            setup = StepSpan(Step.SETUP, start_ns, time.time_ns(), layout.region_bytes)
         except grpc.RpcError as exc:
             agent.close()
             agent = None

@@ -32,8 +32,6 @@ class OffloadTurn:
     capacity_tokens: int     # tokens the slot can hold at the end of this turn
     stall_s: float = 0.0
     arm_s: float = 0.0
-    arm_start_ns: int = 0
-    arm_end_ns: int = 0
     armed: int = 0           # PUTs queued by arm()
     chunks: int = 0          # chunks offloaded (fired or stored)
     bytes: int = 0
@@ -119,16 +117,12 @@ class TriggeredOffload:
     def arm(self, turn: OffloadTurn) -> None:
         """Queue one PUT per full chunk the turn can fill, in one call that decoding does not wait for."""
         start = time.perf_counter()
-        turn.arm_start_ns = time.time_ns()
         c = self.layout.chunk_tokens
         ops = [self._put(turn, i, i * c, (i + 1) * c, (i + 1) * c)
                for i in range(turn.first_chunk, turn.capacity_tokens // c)]
         turn.armed = len(ops)
         if ops:
             turn.arm_future = self.agent.queue_async(ops)
-            turn.arm_future.add_done_callback(lambda _: setattr(turn, "arm_end_ns", time.time_ns()))
-        else:
-            turn.arm_end_ns = time.time_ns()
         turn.arm_s = time.perf_counter() - start
         turn.stall_s += turn.arm_s
 

@@ -18,7 +18,8 @@ from compute_node.chat_template import StreamDecoder
 from compute_node.offload import OffloadTurn
 from compute_node.sampling import Sampler
 from compute_node.slot_cache import SlotCache
-from compute_node.turn import STEP_NAMES, StepSpan, Turn, TurnRecordData
+from compute_node.turn import StepSpan, Turn, TurnRecordData
+from kvtb.steps import Step
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class TurnRunner:
             start_ns = time.time_ns()
             outcome = self.e.cpu_store.restore(self.pool, slot, turn.user_id, turn.context_id, ids)
             if outcome is not None:
-                span = StepSpan(7, STEP_NAMES[7], start_ns, time.time_ns(), outcome.bytes_restored)
+                span = StepSpan(Step.RESTORE, start_ns, time.time_ns(), outcome.bytes_restored)
                 return self._from_outcome(outcome, span)
         if not follow_up:
             return Reuse(0, "none")
@@ -93,14 +94,14 @@ class TurnRunner:
         done = wait_counter(lambda: self.pool.counter_total(counter), t.threshold, timeout)
         if not done:
             outcome = rs.timed_out(t.tokens_announced, timeout)
-            span = StepSpan(7, STEP_NAMES[7], start_ns, time.time_ns(), 0)
+            span = StepSpan(Step.RESTORE, start_ns, time.time_ns(), 0)
             reuse = self._from_outcome(outcome, span)
             reuse.quarantine = (counter, t.threshold)
             return reuse
         errors = self.pool.read_counter(counter)[1] - t.error_base
         outcome = rs.decide(t.tokens_announced, errors, self.pool.token_ids[slot, :t.tokens_announced],
                             turn.token_ids, t.bytes)
-        return self._from_outcome(outcome, StepSpan(7, STEP_NAMES[7], start_ns, time.time_ns(),
+        return self._from_outcome(outcome, StepSpan(Step.RESTORE, start_ns, time.time_ns(),
                                                     outcome.bytes_restored))
 
     @staticmethod
@@ -169,9 +170,7 @@ class TurnRunner:
         rec.bytes_offloaded = off.bytes
         rec.chunks_offloaded = off.chunks
         rec.offload_stall_ms = off.stall_s * 1e3
-        if off.arm_start_ns:
-            rec.steps.append(StepSpan(1, "setup: arm triggered PUTs", off.arm_start_ns, off.arm_end_ns))
-        step = 2 if rec.kv_source == "none" else 8
-        rec.steps.append(StepSpan(step, STEP_NAMES[step], infer_start, infer_end, off.bytes))
+        step = Step.INFERENCE if rec.kv_source == "none" else Step.FOLLOW_UP
+        rec.steps.append(StepSpan(step, infer_start, infer_end, off.bytes))
         e.remember(turn.context, cache.length)
         return rec, off, reuse

@@ -9,9 +9,8 @@ import time
 import numpy as np
 
 from compute_node.sampling import SamplingParams
-
-# Step numbers and names of the paper's workflow (section III-A) that happen on this node.
-STEP_NAMES = {1: "setup", 2: "inference", 4: "release slot", 7: "restore lands", 8: "follow-up inference"}
+from kvtb import steps
+from kvtb.steps import Step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +29,16 @@ class RestoreTicket:
 
 @dataclasses.dataclass
 class StepSpan:
-    step: int
-    name: str
+    """One of the paper's steps as it happened here (absolute times, time.time_ns())."""
+
+    step: Step
     start_ns: int
     end_ns: int
     bytes: int = 0
+
+    @property
+    def name(self) -> str:
+        return steps.name(self.step)
 
 
 @dataclasses.dataclass

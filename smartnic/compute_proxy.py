@@ -14,7 +14,9 @@ import time
 
 import grpc
 
+from kvtb import steps
 from kvtb.logs import request_context
+from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc
 from smartnic import match_action as ma
 from smartnic.agent import Agent, Restore
@@ -148,11 +150,11 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
 
     @staticmethod
     def _add_steps(record, arrival_ns: int, matched_ns: int, restore: Restore | None) -> None:
-        record.steps.append(compute_pb2.Step(step=5, name="match-action and requester lookup",
+        record.steps.append(compute_pb2.Step(step=Step.LOOKUP, name=steps.name(Step.LOOKUP),
                                              start_unix_ns=arrival_ns, end_unix_ns=matched_ns,
                                              service="smartnic"))
         if restore is not None and restore.chunks:
-            record.steps.append(compute_pb2.Step(step=6, name="KV GET from storage",
+            record.steps.append(compute_pb2.Step(step=Step.GET, name=steps.name(Step.GET),
                                                  start_unix_ns=restore.started_ns,
                                                  end_unix_ns=restore.done_ns or time.time_ns(),
                                                  bytes=restore.bytes, service="smartnic"))
