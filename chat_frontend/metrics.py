@@ -74,9 +74,10 @@ def families(tenants: Tenants, figures: Callable[[], dict]) -> Iterable:
     yield metrics.gauge("contexts", "Contexts stored by the frontend.", f.get("contexts", 0))
 
 
-def install(tenants: Tenants, figures: Callable[[], dict]) -> None:
-    """Register the frontend's collector and its histograms (so they show before the first turn)."""
+def reader(tenants: Tenants, figures: Callable[[], dict]):
+    """The frontend's collector (read at every scrape); its histograms are created now, so they show
+    before the first turn."""
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
                  "e2e_request_latency_seconds"):
         metrics.histogram(name)
-    metrics.add_collector(lambda: families(tenants, figures))
+    return lambda: families(tenants, figures)

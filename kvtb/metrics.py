@@ -104,7 +104,27 @@ def _split(address: str) -> tuple[str, int]:
 
 
 def start_metrics_server(address: str) -> str:
-    """Serve REGISTRY on http://ADDRESS/metrics (a daemon thread); return the bound host:port.
+    """Serve REGISTRY on http://ADDRESS/metrics (a daemon thread); return the bound host:port."""
+    return _start_http(address)[0]
+
+
+class MetricsEndpoint:
+    """A node's metrics: its collector registered and `/metrics` served; close() undoes both."""
+
+    def __init__(self, address: str, read: Read | None = None):
+        self._collector = add_collector(read) if read is not None else None
+        self.address, self._server = _start_http(address)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._collector is not None:
+            REGISTRY.unregister(self._collector)
+            self._collector = None
+
+
+def _start_http(address: str):
+    """(bound host:port, server) serving REGISTRY on http://ADDRESS/metrics.
 
     Port 0 picks a free port. When a fixed port is taken (a second service of the same kind on
     this machine) the server takes a free one and says so: metrics never stop a service.
@@ -122,4 +142,4 @@ def start_metrics_server(address: str) -> str:
         server, _ = start_http_server(0, host, registry=REGISTRY)
     bound = f"{host}:{server.server_port}"
     logger.info("metrics on http://%s/metrics", bound)
-    return bound
+    return bound, server

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvtb.grpc_health import wait_serving
 
 from . import fake_agent
-from .test_server import free_port
+from kvtb.launch import free_port
 
 TOKEN = "t-alice"
 HI = [{"role": "user", "content": "hi"}]

@@ -32,7 +32,7 @@ def tiny_model():
 def tiny_settings(**overrides) -> ComputeSettings:
     base = dict(num_slots=4, max_context_tokens=256, chunk_tokens=8, listen_address="127.0.0.1:0",
                 agent_address="", storage_fabric_addresses=(), policy="resident",
-                node_name=f"test{os.getpid()}")
+                node_name=f"test{os.getpid()}", metrics_address="127.0.0.1:0")
     base.update(overrides)
     return ComputeSettings(**base)
 
@@ -76,36 +76,27 @@ class FakeAgent:
         return len(mine)
 
 
-@dataclasses.dataclass
-class Node:
-    engine: object
-    address: str
-    close: object
-
-
 @pytest.fixture
 def make_node(tiny_model, tokenizer):
     """Start an in-process node (tiny model) on port 0; stopped after the test."""
-    from compute_node.main import build_node
+    from compute_node.node import serve
     nodes = []
 
-    def make(agent=None, **overrides) -> Node:
-        settings = tiny_settings(**overrides)
-        server, engine, address, health, close = build_node(settings, tiny_model, tokenizer)
-        if agent is not None:
-            agent.pool = engine.pool
-            from compute_node.offload import TriggeredOffload
-            engine.agent = agent
-            engine._offloaders["triggered"] = TriggeredOffload(engine.pool, agent)
-        server.start()
-        health.set_serving()
-        node = Node(engine, address, close)
+    def make(agent=None, **overrides):
+        node = serve(tiny_settings(**overrides), tiny_model, tokenizer)
+        node.start()
         nodes.append(node)
+        if agent is not None:  # a stand-in agent in this process, wired in before any turn
+            from compute_node.offload import TriggeredOffload
+            agent.pool = node.engine.pool
+            node.engine.agent = agent
+            node.engine._offloaders["triggered"] = TriggeredOffload(node.engine.pool, agent)
+        node.address = node.addresses["grpc"]
         return node
 
     yield make
     for node in nodes:
-        node.close()
+        node.stop()
 
 
 # -- real processes: a storage node, the agent and a compute node with the real model

@@ -1,4 +1,4 @@
-"""The storage node service: subsystem, I/O workers, fabric front end and admin gRPC server."""
+"""The storage node: subsystem, I/O workers, fabric front end, admin gRPC server and metrics (`serve`)."""
 from __future__ import annotations
 
 import logging
@@ -7,8 +7,10 @@ from concurrent import futures
 import grpc
 
 from kvtb.grpc_health import Health, add_health_and_reflection
+from kvtb.metrics import MetricsEndpoint
+from kvtb.service_metrics import storage_families
 from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
-from storage_node.admin import StorageAdminServicer
+from storage_node.admin_servicer import StorageAdminServicer
 from storage_node.commands import CommandProcessor
 from storage_node.fabric_server import FabricServer
 from storage_node.settings import StorageSettings
@@ -20,11 +22,18 @@ logger = logging.getLogger(__name__)
 ADMIN_SERVICE = storage_admin_pb2.DESCRIPTOR.services_by_name["StorageAdmin"].full_name
 
 
+def serve(settings: StorageSettings) -> "StorageNode":
+    """The storage node of these settings, not started yet."""
+    return StorageNode(settings)
+
+
 class StorageNode:
-    """One running storage node. start() binds and serves; stop() drains and closes.
+    """One running storage node (a kvtb.node.Node). start() binds and serves; stop() drains and closes.
 
     Not thread-safe: one owner starts and stops it.
     """
+
+    service = "storage"
 
     def __init__(self, settings: StorageSettings):
         self.settings = settings
@@ -34,10 +43,11 @@ class StorageNode:
         self.fabric: FabricServer | None = None
         self.grpc_server: grpc.Server | None = None
         self.health: Health | None = None
+        self.metrics: MetricsEndpoint | None = None
         self.addresses: dict[str, str] = {}
 
     def start(self) -> dict[str, str]:
-        """Open the namespaces, bind both endpoints and serve; return the bound addresses."""
+        """Open the namespaces, bind both endpoints and metrics, and serve; return the bound addresses."""
         self.subsystem.open()
         self.executor = futures.ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="io")
         self.fabric = FabricServer(self.settings.fabric_address)
@@ -54,8 +64,18 @@ class StorageNode:
         self.fabric.start(processor)
         self.health.set_serving()
         self.addresses = {"admin": f"{host}:{port}", "fabric": self.fabric.address}
+        self.metrics = MetricsEndpoint(self.settings.metrics_address,
+                                       lambda: storage_families(self.stats.snapshot(), self.namespace_usage()))
+        self.addresses["metrics"] = self.metrics.address
         logger.info("storage node %s serving: %s", self.settings.node_name, self.addresses)
         return self.addresses
+
+    def ready_extra(self) -> dict:
+        return {"node": self.settings.node_name, "subsystem_nqn": self.settings.subsystem_nqn}
+
+    def namespace_usage(self) -> list[tuple[int, int, int]]:
+        """(nsid, used bytes, keys) of each namespace."""
+        return [(nsid, ns.used_bytes, ns.key_count) for nsid, ns in sorted(self.subsystem.namespaces.items())]
 
     def stop(self) -> None:
         """Stop taking capsules, finish what runs, commit what is queued, close the files."""
@@ -67,5 +87,7 @@ class StorageNode:
             self.grpc_server.stop(grace=1.0).wait()
         if self.executor:
             self.executor.shutdown(wait=True)
+        if self.metrics:
+            self.metrics.close()
         self.subsystem.close()  # commits what was queued, then closes the files
         logger.info("storage node %s stopped", self.settings.node_name)

@@ -183,3 +183,23 @@ def test_a_host_past_its_queue_depth_is_held_back_and_nothing_is_dropped(start_s
         assert all(r.status_code == 0 for r in answered)
     finally:
         sock.close()
+
+
+def test_storage_node_serves_once_started_and_not_while_stopping(tmp_path):
+    from kvtb.grpc_health import NOT_SERVING
+    from storage_node.node import serve
+    from storage_node.settings import StorageSettings
+    from tests.kvtb.grpc_reflection import HEALTH, reflected_services
+    node = serve(StorageSettings(data_dir=str(tmp_path), admin_address="127.0.0.1:0",
+                                 fabric_address="tcp://127.0.0.1:0", metrics_address="127.0.0.1:0",
+                                 namespace_size_bytes=1 << 20))
+    node.start()
+    address = node.addresses["admin"]
+    try:
+        assert set(node.addresses) == {"admin", "fabric", "metrics"}
+        assert check(address) == SERVING and check(address, "kvtb.storage.StorageAdmin") == SERVING
+        assert {"kvtb.storage.StorageAdmin", HEALTH} <= reflected_services(address)
+        node.health.set_not_serving()  # what stop() does first
+        assert check(address) == NOT_SERVING
+    finally:
+        node.stop()

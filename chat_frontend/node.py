@@ -1,0 +1,119 @@
+"""The chat frontend as a service: its gRPC server and OpenAI HTTP API on one uvloop event loop (`serve`).
+
+The loop runs in a thread of its own, so the frontend is started and stopped like every other
+node; everything the frontend does happens on that loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+
+import grpc
+import uvloop
+
+from chat_frontend import http_api
+from chat_frontend import metrics as frontend_metrics
+from chat_frontend.agent_client import AgentClient
+from chat_frontend.chat_service import ChatService
+from chat_frontend.errors import ChatError
+from chat_frontend.frontend_servicer import ChatFrontendServicer
+from chat_frontend.settings import FrontendSettings
+from chat_frontend.store import SessionStore
+from kvtb.grpc_health import Health, add_health_and_reflection
+from kvtb.metrics import MetricsEndpoint
+from kvtb_proto import frontend_pb2, frontend_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["ChatFrontend"].full_name
+
+
+def serve(settings: FrontendSettings) -> "FrontendNode":
+    """The frontend of these settings, not started yet."""
+    return FrontendNode(settings)
+
+
+async def wait_for_agent(agent: AgentClient, health: Health, retry_s: float) -> None:
+    """Set SERVING once the agent answers Info (the model is loaded behind it)."""
+    while True:
+        try:
+            info = await agent.info(timeout_s=5.0)
+        except ChatError as exc:
+            logger.info("waiting for the agent at %s: %s", agent.address, exc.message)
+            await asyncio.sleep(retry_s)
+            continue
+        logger.info("agent answers: model %s, context %d tokens", info.model, info.max_context_tokens)
+        health.set_serving()
+        return
+
+
+class FrontendNode:
+    """The running frontend (a kvtb.node.Node). Not thread-safe: one owner starts and stops it."""
+
+    service = "frontend"
+
+    def __init__(self, settings: FrontendSettings):
+        self.settings = settings
+        self.addresses: dict[str, str] = {}
+        self.health: Health | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Run the loop in its thread; return once both servers listen (or raise why they cannot)."""
+        started: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(started,), name="frontend-loop", daemon=True)
+        self._thread.start()
+        self.addresses = started.result()
+
+    def ready_extra(self) -> dict:
+        return {}
+
+    def stop(self) -> None:
+        """Stop taking requests and wait until the loop has closed everything."""
+        if self._loop is not None and self._stop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self, started: concurrent.futures.Future) -> None:
+        try:
+            uvloop.run(self._serve(started))
+        except BaseException as exc:  # noqa: BLE001 - reported to start(), which raises it
+            if not started.done():
+                started.set_exception(exc)
+            else:
+                logger.exception("the frontend's loop failed")
+
+    async def _serve(self, started: concurrent.futures.Future) -> None:
+        s = self.settings
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        store = SessionStore(s.db_path)
+        agent = AgentClient(s.agent_address, s.agent_timeout_s)
+        service = ChatService(s, store, agent)
+        server = grpc.aio.server()
+        servicer = ChatFrontendServicer(service, agent)
+        frontend_pb2_grpc.add_ChatFrontendServicer_to_server(servicer, server)
+        self.health = add_health_and_reflection(server, [SERVICE_NAME], aio=True)
+        host = s.listen_address.rsplit(":", 1)[0]
+        port = server.add_insecure_port(s.listen_address)
+        await server.start()
+        api = http_api.OpenAiApi(service, lambda: bool(agent.model), lambda: agent.model)
+        runner, http_address = await http_api.start(api, s.http_address)
+        metrics = MetricsEndpoint(s.metrics_address, frontend_metrics.reader(service.tenants,
+                                                                             servicer.frontend_figures))
+        started.set_result({"grpc": f"{host}:{port}", "http": http_address, "metrics": metrics.address})
+        logger.info("frontend listening on %s:%d (OpenAI API http://%s/v1), agent %s, data %s", host, port,
+                    http_address, s.agent_address, s.data_dir)
+        waiter = asyncio.create_task(wait_for_agent(agent, self.health, s.info_retry_s))
+        await self._stop.wait()
+        self.health.set_not_serving()
+        waiter.cancel()
+        await runner.cleanup()
+        await server.stop(grace=5.0)
+        await agent.close()
+        metrics.close()
+        store.close()

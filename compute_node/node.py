@@ -1,0 +1,124 @@
+"""The compute node as a service: the LLM, its KV pool, the engine, the ComputeNode gRPC server and
+metrics (`serve`).
+
+start() creates the pool and registers it with the agent (step 1, once per start), then serves.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+from compute_node.settings import ComputeSettings
+from compute_node.turn import StepSpan
+from kvtb.grpc_health import Health, add_health_and_reflection
+from kvtb.metrics import MetricsEndpoint
+from kvtb.service_metrics import compute_families
+from kvtb.steps import Step
+from kvtb_proto import compute_pb2, compute_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name
+
+
+def serve(settings: ComputeSettings, model=None, tokenizer=None) -> "ComputeNode":
+    """The compute node of these settings, not started; without a model, start() loads SmolLM2."""
+    return ComputeNode(settings, model, tokenizer)
+
+
+class ComputeNode:
+    """The running compute node (a kvtb.node.Node). Not thread-safe: one owner starts and stops it."""
+
+    service = "compute"
+
+    def __init__(self, settings: ComputeSettings, model=None, tokenizer=None):
+        self.settings = settings
+        self.model, self.tokenizer = model, tokenizer
+        self.pool = self.agent = self.cpu_store = self.engine = None
+        self.server: grpc.Server | None = None
+        self.health: Health | None = None
+        self.metrics: MetricsEndpoint | None = None
+        self.addresses: dict[str, str] = {}
+        self._keeper_stop = threading.Event()
+
+    def start(self) -> None:
+        """Load the model (if not given), create and register the pool, start the engine and serve."""
+        from compute_node.agent_client import AgentClient
+        from compute_node.chat_template import ChatEncoder
+        from compute_node.compute_servicer import ComputeNodeServicer
+        from compute_node.cpu_offload import CpuStore
+        from compute_node.engine import Engine
+        from compute_node.kv_pool import KvPool, layout_for
+
+        s = self.settings
+        if self.model is None:
+            from compute_node.model_loader import load_model
+            self.model, self.tokenizer = load_model(s.model_cache_dir, s.torch_threads)
+        layout = layout_for(self.model.config, s.num_slots, s.max_context_tokens, s.chunk_tokens)
+        self.pool = KvPool.create(s.shm_name, layout)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="compute-grpc"))
+        port = self.server.add_insecure_port(s.listen_address)
+        if not port:
+            raise OSError(f"cannot listen on {s.listen_address}")
+        address = f"{s.listen_address.rsplit(':', 1)[0]}:{port}"
+        setup = self._register(AgentClient, address) if s.agent_address else None
+        if s.storage_fabric_addresses:
+            self.cpu_store = CpuStore(s.storage_fabric_addresses, s.storage_host_nqn, s.storage_nsid, s.key_salt)
+        self.engine = Engine(s, self.model, self.tokenizer, self.pool, agent=self.agent,
+                             cpu_store=self.cpu_store, setup_span=setup).start()
+        if self.agent is not None:
+            self.agent.keep_registered(self._keeper_stop)
+        compute_pb2_grpc.add_ComputeNodeServicer_to_server(
+            ComputeNodeServicer(self.engine, ChatEncoder(self.tokenizer)), self.server)
+        self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
+        self.server.start()
+        self.metrics = MetricsEndpoint(s.metrics_address, lambda: compute_families(self.engine.snapshot()))
+        self.addresses = {"grpc": address, "metrics": self.metrics.address}
+        self.health.set_serving()
+        logger.info("compute node serving on %s (policy %s)", address, s.policy)
+
+    def _register(self, client_class, address: str) -> StepSpan | None:
+        """Step 1: register the pool with the agent; the span, or None when running without it."""
+        s = self.settings
+        agent = client_class(s.agent_address)
+        needed = s.policy == "triggered" or s.require_agent
+        start_ns = time.time_ns()
+        try:
+            agent.register(self.pool, s.access_key or secrets.token_hex(16), s.node_name,
+                           s.advertise_address or address, s.register_timeout_s if needed else 2.0)
+        except grpc.RpcError as exc:
+            agent.close()
+            if needed:
+                raise RuntimeError(f"cannot register the KV pool with the agent at {s.agent_address}: "
+                                   f"{exc.code()} {exc.details()}") from exc
+            logger.info("running without the agent (%s): policies resident, recompute and cpu only", exc.code())
+            return None
+        self.agent = agent
+        return StepSpan(Step.SETUP, start_ns, time.time_ns(), self.pool.layout.region_bytes)
+
+    def ready_extra(self) -> dict:
+        return {"policy": self.settings.policy, "policies": self.engine.policies() if self.engine else []}
+
+    def stop(self) -> None:
+        """Stop serving, stop the engine, deregister the pool and free it."""
+        if self.health:
+            self.health.set_not_serving()
+        self._keeper_stop.set()
+        if self.server:
+            self.server.stop(grace=2.0).wait()
+        if self.engine:
+            self.engine.stop()
+        if self.agent is not None:
+            self.agent.deregister()
+            self.agent.close()
+        if self.cpu_store is not None:
+            self.cpu_store.close()
+        if self.metrics:
+            self.metrics.close()
+        if self.pool is not None:
+            self.pool.close()
