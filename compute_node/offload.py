@@ -84,26 +84,17 @@ class TriggeredOffload:
         self.pool = pool
         self.agent = agent
         self.layout = pool.layout
-        self._ranges: dict[tuple[int, int, int], list] = {}
 
     def _put(self, turn: OffloadTurn, index: int, start: int, end: int,
              threshold: int) -> smartnic_pb2.TriggeredOp:
         L = self.layout
-        key = (turn.slot, start, end)
-        ranges = self._ranges.get(key)
-        if ranges is None:
-            ranges = [smartnic_pb2.Range(offset=o, length=n) for o, n in L.kv_ranges(turn.slot, start, end)]
-            if end - start == L.chunk_tokens:
-                self._ranges[key] = ranges
-        offset, length = L.token_ids_range(turn.slot, start, end)
         return smartnic_pb2.TriggeredOp(
             region_id=self.agent.region_id, access_key=self.agent.access_key,
             trigger_counter=L.token_counter(turn.slot), threshold=threshold,
             completion_counter=L.offload_counter(turn.slot),
-            put=smartnic_pb2.PutOp(ranges=ranges, token_ids=smartnic_pb2.Range(offset=offset, length=length),
-                                   chunk=smartnic_pb2.ChunkRef(user_id=turn.user_id, context_id=turn.context_id,
-                                                               chunk_index=index, token_start=start,
-                                                               token_end=end)))
+            put=smartnic_pb2.PutOp(slot=turn.slot, chunk=smartnic_pb2.ChunkRef(
+                user_id=turn.user_id, context_id=turn.context_id, chunk_index=index, token_start=start,
+                token_end=end)))
 
     def begin(self, turn: OffloadTurn, count: int) -> None:
         """Before prefill: the token counter goes back to the tokens already in the slot."""

@@ -128,6 +128,12 @@ class KvLayout:
         return gather.Run(self.row_offset(slot, 0, 0, 0, token_start), length,
                           self.max_tokens * self.token_bytes, rows)
 
+    def chunk_runs(self, slot: int, token_start: int, token_end: int) -> tuple[gather.Run, ...]:
+        """A chunk's bytes in the slot as copy runs: its token ids, then its KV rows (kv_run)."""
+        offset, length = self.token_ids_range(slot, token_start, token_end)
+        ids = gather.Run(offset, length, length, 1 if length else 0)
+        return tuple(r for r in (ids, self.kv_run(slot, token_start, token_end)) if r.count)
+
     def token_ids_range(self, slot: int, token_start: int, token_end: int) -> tuple[int, int]:
         """(offset, length) of token ids [start, end) of a slot."""
         self._check_slot(slot)

@@ -14,12 +14,11 @@ import threading
 import time
 from collections.abc import Sequence
 
-from hostmem import gather
 from smartnic.datapath import ChunkRef, Datapath, read_headers
 from smartnic.watcher import DataWork, TriggerEngine
 from smartnic.eviction import make_policy
 from fabric.nodes import StorageNodes
-from smartnic.match_action import Table
+from smartnic import match_action as ma
 from hostmem.region import RegionError
 from smartnic.registrations import Regions, Registered
 from smartnic.requester import Chunk, Requester
@@ -60,7 +59,7 @@ class Agent:
         self.requester = Requester()
         self.policy = make_policy(settings.eviction_policy, settings.capacity_high_bytes,
                                   settings.capacity_low_bytes, settings.ttl_s)
-        self.tables = {"ingress": Table("ingress")}  # the pipeline matches every turn in "ingress"
+        self.tables = {"ingress": ma.Table("ingress")}  # the pipeline matches every turn in "ingress"
         self.stats = Stats()
         self.regions = Regions()
         self.nodes = StorageNodes([(n.name, n.fabric_address) for n in settings.storage_nodes],
@@ -97,11 +96,51 @@ class Agent:
                 self.policy.touch(ctx.context_id, ctx.bytes, ctx.last_use)
         logger.info("rebuilt %d chunks of %d found on %s", loaded, len(found), node)
 
-    # -- registration
+    # -- registration (step 1) and the registered regions
+    def register(self, shm_name: str, size: int, access_key: str, counter_offset: int, counter_count: int,
+                 layout_msg=None, owner: str = "", compute_address: str = "") -> Registered:
+        """Map a compute node's region (fi_mr_reg); RegionError when it cannot be mapped."""
+        return self.regions.register(shm_name, size, access_key, counter_offset, counter_count, layout_msg,
+                                     owner, compute_address)
+
     def deregister(self, region_id: int, access_key: str) -> None:
         self.regions.get(region_id, access_key)
         self.engine.flush(region_id)
         self.regions.deregister(region_id, access_key)
+
+    def registration(self, region_id: int, access_key: str | None = None) -> Registered:
+        """A registered region; with a key, checked (AccessDenied, UnknownRegion)."""
+        return self.regions.get(region_id, access_key)
+
+    def compute_target(self, name: str = "") -> tuple[str, Registered | None]:
+        """(address, region) of the compute node named by a table action ("" for the registered one)."""
+        reg = self.regions.for_compute(name)
+        if reg is not None:
+            return reg.compute_address, reg
+        address = name if ":" in name else self.settings.compute_address
+        return address, self.regions.for_compute(address) if address else None
+
+    # -- triggered operations (the deferred work queue)
+    def queue_triggered(self, reg: Registered, works) -> list[int]:
+        """Queue (trigger, threshold, work, completion) entries of one region, all or none."""
+        for _, _, work, _ in works:
+            if isinstance(work, DataWork):
+                self.check_owner(work.ref.user_id, work.ref.context_id)
+        return self.engine.queue(reg, works)
+
+    def cancel(self, reg: Registered, counter: int) -> int:
+        return self.engine.cancel(reg.region_id, counter)
+
+    def flush(self, reg: Registered) -> int:
+        return self.engine.flush(reg.region_id)
+
+    @staticmethod
+    def read_errors(reg: Registered, limit: int) -> list:
+        """Take up to `limit` of the region's failed operations, oldest first."""
+        errors = []
+        while reg.errors and len(errors) < limit:
+            errors.append(reg.errors.popleft())
+        return errors
 
     # -- data operations fired by the engine
     def _handle_data(self, reg: Registered, entry: Entry, done) -> None:
@@ -162,12 +201,37 @@ class Agent:
         done(kind, message)
 
     # -- match-action
-    def table(self, name: str = "") -> Table:
+    def table(self, name: str = "") -> ma.Table:
         """A table by name ("" is "ingress"), created on first use; call with `lock` held."""
         name = name or "ingress"
         if name not in self.tables:
-            self.tables[name] = Table(name)
+            self.tables[name] = ma.Table(name)
         return self.tables[name]
+
+    def match(self, packet: dict, now: float) -> ma.Decision:
+        """Look a turn up in the ingress table (counting the hit)."""
+        with self.lock:
+            return self.table().lookup(packet, now)
+
+    def write_table(self, updates: Sequence[tuple[str, str, ma.Entry]]) -> list[int]:
+        """Apply (kind: insert|modify|delete, table, entry) updates, all or none; the entry ids."""
+        with self.lock:
+            for kind, name, entry in updates:  # check ids first so that a bad one changes nothing
+                if kind != "insert" and entry.entry_id not in self.table(name).entries:
+                    raise ma.TableError(f"table {name or 'ingress'!r} has no entry {entry.entry_id}")
+            ops = {"insert": ma.Table.insert, "modify": ma.Table.modify,
+                   "delete": lambda table, entry: table.delete(entry.entry_id)}
+            return [ops[kind](self.table(name), entry) for kind, name, entry in updates]
+
+    def read_table(self, name: str) -> tuple[str, list[ma.Entry], ma.Action, int]:
+        """(name, entries, default action, default hits) of a table."""
+        with self.lock:
+            table = self.table(name)
+            return table.name, list(table.entries.values()), table.default, table.default_hits
+
+    def set_default_action(self, name: str, action: ma.Action) -> None:
+        with self.lock:
+            self.table(name).default = action
 
     # -- requester
     def lookup(self, user_id: str, context_id: str) -> list[Chunk]:
@@ -220,6 +284,11 @@ class Agent:
             raise
         return restore
 
+    def list_contexts(self, user_id: str = "") -> list[tuple[str, str]]:
+        """(user, context) of the contexts with stored chunks ("" user: all)."""
+        with self.lock:
+            return [(c.user_id, c.context_id) for c in self.requester.contexts(user_id)]
+
     def drop_context(self, user_id: str, context_id: str, reason: str = "dropped") -> int:
         with self.lock:
             self.requester.check_owner(user_id, context_id)
@@ -270,8 +339,6 @@ class Agent:
 
 
 def _restore_get(layout, slot: int, ref: ChunkRef, chunk: Chunk, restore: Restore) -> DataWork:
-    """The GET of one chunk into a slot; its ranges given as the two runs the layout makes of them."""
+    """The GET of one chunk into a slot, its targets the runs the layout makes of it."""
     ids = layout.token_ids_range(slot, ref.token_start, ref.token_end)
-    kv = layout.kv_run(slot, ref.token_start, ref.token_end)
-    plan = tuple(r for r in (gather.Run(ids[0], ids[1], ids[1], 1 if ids[1] else 0), kv) if r.count)
-    return DataWork("get", ref, (), ids, chunk, restore, plan)
+    return DataWork("get", ref, (), ids, chunk, restore, layout.chunk_runs(slot, ref.token_start, ref.token_end))

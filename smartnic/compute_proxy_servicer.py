@@ -1,10 +1,9 @@
 """The ComputeNode service served by the agent in front of its compute node (steps 5 and 6).
 
-Generate matches the turn in the "ingress" table on (user id, context id, the peer's 5-tuple),
-refuses what the table or the requester's owner check refuses, starts the prefetch of the
-context's KV into a slot reserved on the compute node, forwards the turn with `restore`
-filled in, and adds its own steps to the record on the way back. The other methods are
-forwarded unchanged.
+Thin: Generate asks `smartnic.ingress` what to do with the turn (step 5: match-action, owner
+check, the prefetch into a slot the compute node reserves), forwards it with `restore` filled
+in, and adds the agent's steps to the record on the way back. The other methods are forwarded
+unchanged.
 """
 from __future__ import annotations
 
@@ -18,14 +17,11 @@ from kvtb import steps
 from kvtb.logs import request_context
 from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc
-from smartnic import match_action as ma
+from smartnic import ingress
 from smartnic.agent import Agent, Restore
-from smartnic.registrations import Registered
 from smartnic.smartnic_servicer import restore_info
 
 logger = logging.getLogger(__name__)
-
-TCP = 6
 
 
 def parse_peer(peer: str) -> tuple[str, int]:
@@ -59,21 +55,10 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
                 self._stubs[address] = compute_pb2_grpc.ComputeNodeStub(channel)
             return self._stubs[address]
 
-    def _target(self, context, name: str = "") -> tuple[str, Registered | None]:
-        reg = self.agent.regions.for_compute(name)
-        if reg is not None:
-            return reg.compute_address, reg
-        address = name if ":" in name else self.agent.settings.compute_address
-        if not address:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "no compute node known: none registered a region "
-                                                       "with compute_address and none is configured")
-        return address, self.agent.regions.for_compute(address)
-
-    def _packet(self, request, context) -> dict:
+    def _packet(self, request, context) -> ingress.Packet:
         src, sport = parse_peer(context.peer())
-        return {"user_id": request.user_id, "context_id": request.context_id, "src_addr": src,
-                "src_port": sport, "dst_addr": self.listen_host, "dst_port": self.listen_port,
-                "protocol": TCP}
+        return ingress.Packet(request.user_id, request.context_id, src, sport, self.listen_host,
+                              self.listen_port)
 
     def Generate(self, request, context):
         with request_context(request.request_id):
@@ -81,72 +66,47 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
 
     def _generate(self, request, context):
         arrival_ns = time.time_ns()
-        with self.agent.lock:
-            decision = self.agent.table().lookup(self._packet(request, context), time.monotonic())
-        if decision.action.type == ma.DENY:
-            self.agent.stats.inc("denied")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"denied by match-action entry {decision.entry_id}")
-        if decision.over_limit:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"rate limit of match-action entry {decision.entry_id} exceeded")
         try:
-            self.agent.check_owner(request.user_id, request.context_id)
-        except PermissionError as exc:
-            self.agent.stats.inc("denied")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        address, reg = self._target(context, decision.action.compute_node)
-        stub = self._stub(address)
+            plan = ingress.plan(self.agent, self._packet(request, context), request.token_ids,
+                                lambda address: self._reserve(address, request),
+                                may_prefetch=not request.has_restore)
+        except ingress.Refused as exc:
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.kind == "rate_limited" else grpc.StatusCode.PERMISSION_DENIED
+            context.abort(code, str(exc))
+        except ingress.NoComputeNode as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         forwarded = compute_pb2.TurnRequest()
         forwarded.CopyFrom(request)
-        restore = None
-        if decision.action.type != ma.FORWARD and not request.has_restore and reg is not None:
-            restore = self._prefetch(stub, reg, request)
-            if restore is not None:
-                forwarded.restore.CopyFrom(restore_info(restore))
-                forwarded.has_restore = True
-        matched_ns = time.time_ns()
+        restore = plan.restore
+        if restore is not None:
+            forwarded.restore.CopyFrom(restore_info(restore))
+            forwarded.has_restore = True
         chunks, nbytes = (restore.chunks, restore.bytes) if restore else (0, 0)
         logger.info("turn of %s/%s to %s: %s, %d chunks prefetched (%d bytes)", request.user_id,
-                    request.context_id, address, decision.action.type, chunks, nbytes,
+                    request.context_id, plan.compute_address, plan.action.type, chunks, nbytes,
                     extra={"event": "turn", "user_id": request.user_id, "context_id": request.context_id,
                            "bytes": nbytes})
-        call = stub.Generate(forwarded)
+        call = self._stub(plan.compute_address).Generate(forwarded)
         context.add_callback(call.cancel)
         try:
             for event in call:
                 if event.HasField("record"):
-                    self._add_steps(event.record, arrival_ns, matched_ns, restore)
+                    self._add_steps(event.record, arrival_ns, plan.decided_ns, restore)
                 yield event
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED or context.is_active():
                 context.abort(exc.code(), exc.details() or str(exc))
 
-    def _prefetch(self, stub, reg: Registered, request) -> Restore | None:
-        """Reserve a slot and queue the GETs when the requester has a matching prefix (step 5)."""
-        if reg.layout is None:
-            return None
-        if not self.agent.matching_chunks(request.user_id, request.context_id, request.token_ids):
-            return None  # not a miss yet: the compute node may still ask for a Restore
+    def _reserve(self, address: str, request) -> ingress.Reservation | None:
+        """The compute node's ReserveSlot for the prefetch; None when it has no slot for it now."""
         try:
-            slot = stub.ReserveSlot(compute_pb2.ReserveSlotRequest(
+            slot = self._stub(address).ReserveSlot(compute_pb2.ReserveSlotRequest(
                 request_id=request.request_id, user_id=request.user_id, context_id=request.context_id,
                 lease_s=self.agent.settings.prefetch_lease_s), timeout=5.0)
         except grpc.RpcError as exc:
             logger.warning("ReserveSlot failed (%s): forwarding without prefetch", exc.code())
             return None
-        if not slot.reserved:
-            return None
-        try:
-            target = self.agent.regions.get(slot.region_id) if slot.region_id else reg
-            restore = self.agent.restore(target, request.user_id, request.context_id, slot.slot,
-                                         list(request.token_ids))
-        except Exception as exc:  # a full queue or a bad slot: the turn goes on without a prefetch
-            logger.warning("prefetch into slot %d failed (%s): forwarding without it", slot.slot, exc)
-            return None
-        if restore.chunks:
-            self.agent.stats.inc("prefetches")
-        return restore
+        return ingress.Reservation(slot.slot, slot.region_id) if slot.reserved else None
 
     @staticmethod
     def _add_steps(record, arrival_ns: int, matched_ns: int, restore: Restore | None) -> None:
@@ -161,7 +121,10 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
         record.steps.sort(key=lambda s: (s.step, s.start_unix_ns))
 
     def _forward(self, name: str, request, context):
-        address, _ = self._target(context)
+        address, _ = self.agent.compute_target()
+        if not address:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "no compute node known: none registered a region "
+                                                       "with compute_address and none is configured")
         remaining = context.time_remaining()  # 0 when the caller set no deadline
         timeout = remaining if 0 < remaining < 3600 else 60.0
         try:

@@ -52,42 +52,28 @@ def entry_to(table: str, e: ma.Entry) -> smartnic_pb2.TableEntry:
                                    priority=e.priority, action=action_to(e.action), hit_count=e.hit_count)
 
 
+_UPDATE_KINDS = {smartnic_pb2.Update.INSERT: "insert", smartnic_pb2.Update.MODIFY: "modify",
+                 smartnic_pb2.Update.DELETE: "delete"}
+
+
 class MatchActionServicer(smartnic_pb2_grpc.MatchActionServicer):
-    """Thin: translate entries and apply them under the agent's lock (all updates or none)."""
+    """Thin: translate entries and call the agent (which applies all updates or none)."""
 
     def __init__(self, agent: Agent):
         self.agent = agent
 
     @rpc
     def Write(self, request, context):
-        parsed = [(u.type, u.entry.table, entry_from(u.entry)) for u in request.updates]
-        ids = []
-        with self.agent.lock:
-            for kind, name, entry in parsed:  # check ids first so that a bad one changes nothing
-                known = self.agent.table(name).entries
-                if kind != smartnic_pb2.Update.INSERT and entry.entry_id not in known:
-                    raise ma.TableError(f"table {name or 'ingress'!r} has no entry {entry.entry_id}")
-            for kind, name, entry in parsed:
-                table = self.agent.table(name)
-                if kind == smartnic_pb2.Update.INSERT:
-                    ids.append(table.insert(entry))
-                elif kind == smartnic_pb2.Update.MODIFY:
-                    ids.append(table.modify(entry))
-                else:
-                    ids.append(table.delete(entry.entry_id))
-        return smartnic_pb2.WriteResponse(entry_ids=ids)
+        updates = [(_UPDATE_KINDS[u.type], u.entry.table, entry_from(u.entry)) for u in request.updates]
+        return smartnic_pb2.WriteResponse(entry_ids=self.agent.write_table(updates))
 
     @rpc
     def Read(self, request, context):
-        with self.agent.lock:
-            table = self.agent.table(request.table)
-            return smartnic_pb2.ReadResponse(
-                entries=[entry_to(table.name, e) for e in table.entries.values()],
-                default_action=action_to(table.default), default_hit_count=table.default_hits)
+        name, entries, default, default_hits = self.agent.read_table(request.table)
+        return smartnic_pb2.ReadResponse(entries=[entry_to(name, e) for e in entries],
+                                         default_action=action_to(default), default_hit_count=default_hits)
 
     @rpc
     def SetDefaultAction(self, request, context):
-        action = action_from(request.action)
-        with self.agent.lock:
-            self.agent.table(request.table).default = action
+        self.agent.set_default_action(request.table, action_from(request.action))
         return smartnic_pb2.SetDefaultActionResponse()

@@ -19,12 +19,20 @@ def _ref(chunk: smartnic_pb2.ChunkRef) -> ChunkRef:
     return ChunkRef(chunk.user_id, chunk.context_id, chunk.chunk_index, chunk.token_start, chunk.token_end)
 
 
-def _work(op: smartnic_pb2.TriggeredOp):
-    """(work, completion counter or None) of one TriggeredOp."""
+def _work(op: smartnic_pb2.TriggeredOp, layout):
+    """(work, completion counter or None) of one TriggeredOp in a region with this layout (or None)."""
     kind = op.WhichOneof("op")
     if kind in ("put", "get"):
-        data = getattr(op, kind)
-        return DataWork(kind, _ref(data.chunk), tuple((r.offset, r.length) for r in data.ranges),
+        data, ref = getattr(op, kind), _ref(getattr(op, kind).chunk)
+        if data.HasField("slot"):  # the source named in the layout known from registration
+            if layout is None:
+                raise ValueError("a put or get names a slot, but the region has no kv_layout")
+            if data.ranges or data.token_ids.length:
+                raise ValueError("a put or get names a slot or ranges, not both")
+            ids = layout.token_ids_range(data.slot, ref.token_start, ref.token_end)
+            return DataWork(kind, ref, (), ids, plan=layout.chunk_runs(data.slot, ref.token_start, ref.token_end)), \
+                op.completion_counter
+        return DataWork(kind, ref, tuple((r.offset, r.length) for r in data.ranges),
                         (data.token_ids.offset, data.token_ids.length)), op.completion_counter
     if kind in ("counter_add", "counter_set"):
         c = getattr(op, kind)
@@ -62,11 +70,11 @@ class SmartNicServicer(smartnic_pb2_grpc.SmartNicServicer):
         self.agent = agent
 
     def _reg(self, ref):
-        return self.agent.regions.get(ref.region_id, ref.access_key)
+        return self.agent.registration(ref.region_id, ref.access_key)
 
     @rpc
     def RegisterMemory(self, request, context):
-        reg = self.agent.regions.register(
+        reg = self.agent.register(
             request.shm_name, request.size_bytes, request.access_key, request.counter_offset,
             request.counter_count, request.kv_layout if request.HasField("kv_layout") else None,
             request.owner, request.compute_address)
@@ -114,34 +122,23 @@ class SmartNicServicer(smartnic_pb2_grpc.SmartNicServicer):
         first = request.ops[0]
         if any((op.region_id, op.access_key) != (first.region_id, first.access_key) for op in request.ops):
             raise ValueError("every op of one QueueTriggered call must name the same region")
-        reg = self.agent.regions.get(first.region_id, first.access_key)
-        works = []
-        for op in request.ops:
-            work, completion = _work(op)
-            if isinstance(work, DataWork):
-                self.agent.check_owner(work.ref.user_id, work.ref.context_id)
-            works.append((op.trigger_counter, op.threshold, work, completion))
-        return smartnic_pb2.QueueTriggeredResponse(op_ids=self.agent.engine.queue(reg, works))
+        reg = self.agent.registration(first.region_id, first.access_key)
+        works = [(op.trigger_counter, op.threshold, *_work(op, reg.layout)) for op in request.ops]
+        return smartnic_pb2.QueueTriggeredResponse(op_ids=self.agent.queue_triggered(reg, works))
 
     @rpc
     def CancelCounter(self, request, context):
         reg = self._reg(request.counter)
-        return smartnic_pb2.CancelResponse(cancelled=self.agent.engine.cancel(reg.region_id,
-                                                                              request.counter.counter))
+        return smartnic_pb2.CancelResponse(cancelled=self.agent.cancel(reg, request.counter.counter))
 
     @rpc
     def Flush(self, request, context):
-        reg = self.agent.regions.get(request.region_id, request.access_key)
-        return smartnic_pb2.FlushResponse(cancelled=self.agent.engine.flush(reg.region_id))
+        return smartnic_pb2.FlushResponse(cancelled=self.agent.flush(self._reg(request)))
 
     @rpc
     def ReadErrors(self, request, context):
-        reg = self.agent.regions.get(request.region_id, request.access_key)
-        limit = request.max_errors or 100
-        errors = []
-        while reg.errors and len(errors) < limit:
-            errors.append(_op_error(reg.errors.popleft()))
-        return smartnic_pb2.ReadErrorsResponse(errors=errors)
+        errors = self.agent.read_errors(self._reg(request), request.max_errors or 100)
+        return smartnic_pb2.ReadErrorsResponse(errors=[_op_error(e) for e in errors])
 
     @rpc
     def Lookup(self, request, context):
@@ -151,16 +148,14 @@ class SmartNicServicer(smartnic_pb2_grpc.SmartNicServicer):
 
     @rpc
     def Restore(self, request, context):
-        reg = self.agent.regions.get(request.region_id, request.access_key)
-        restore = self.agent.restore(reg, request.context.user_id, request.context.context_id, request.slot,
+        restore = self.agent.restore(self._reg(request), request.context.user_id, request.context.context_id, request.slot,
                                      list(request.token_ids))
         return restore_info(restore)
 
     @rpc
     def ListContexts(self, request, context):
-        with self.agent.lock:
-            refs = [smartnic_pb2.ContextRef(user_id=c.user_id, context_id=c.context_id)
-                    for c in self.agent.requester.contexts(request.user_id)]
+        refs = [smartnic_pb2.ContextRef(user_id=user, context_id=ctx)
+                for user, ctx in self.agent.list_contexts(request.user_id)]
         return smartnic_pb2.ListContextsResponse(contexts=refs)
 
     @rpc

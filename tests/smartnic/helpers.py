@@ -94,7 +94,9 @@ class Pool:
         self.kv(slot)[...] = rng.standard_normal(self.kv(slot).shape, dtype=np.float32)
         self.token_ids(slot)[: len(token_ids)] = token_ids
 
-    def put_ops(self, slot: int, user: str, context: str, num_tokens: int) -> list[smartnic_pb2.TriggeredOp]:
+    def put_ops(self, slot: int, user: str, context: str, num_tokens: int,
+                by_ranges: bool = False) -> list[smartnic_pb2.TriggeredOp]:
+        """PUTs of a slot's chunks, named as the compute node names them (slot and tokens) or by ranges."""
         lay, ops = self.layout, []
         for i in range(-(-num_tokens // lay.chunk_tokens)):
             start, end = lay.chunk_tokens_range(i, num_tokens)
@@ -107,16 +109,18 @@ class Pool:
                     threshold=end,
                     completion_counter=lay.offload_counter(slot),
                     put=smartnic_pb2.PutOp(
-                        ranges=[
-                            smartnic_pb2.Range(offset=o, length=n) for o, n in lay.kv_ranges(slot, start, end)
-                        ],
-                        token_ids=smartnic_pb2.Range(offset=ids_off, length=ids_len),
                         chunk=smartnic_pb2.ChunkRef(
                             user_id=user, context_id=context, chunk_index=i, token_start=start, token_end=end
                         ),
                     ),
                 )
             )
+            if by_ranges:
+                ops[-1].put.ranges.extend(
+                    smartnic_pb2.Range(offset=o, length=n) for o, n in lay.kv_ranges(slot, start, end))
+                ops[-1].put.token_ids.CopyFrom(smartnic_pb2.Range(offset=ids_off, length=ids_len))
+            else:
+                ops[-1].put.slot = slot
         return ops
 
     def wait_counter(self, counter: int, threshold: int, timeout_s: float = 10.0) -> tuple[int, int]:

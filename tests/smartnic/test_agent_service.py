@@ -211,12 +211,20 @@ def test_queue_bound_bad_key_and_bounds(pool):
             smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=10**6)
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    bad = pool.put_ops(0, USER, CTX, 16)[0]
+    bad = pool.put_ops(0, USER, CTX, 16, by_ranges=True)[0]
     bad.put.ranges[0].offset = LAYOUT.region_bytes - 8  # runs past the end of the region
     with pytest.raises(grpc.RpcError) as err:
         pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=[bad]))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "outside the region" in err.value.details()
+    both = pool.put_ops(0, USER, CTX, 16, by_ranges=True)[0]
+    both.put.slot = 0  # names its source twice
+    missing = pool.put_ops(0, USER, CTX, 16)[0]
+    missing.put.slot = LAYOUT.num_slots  # a slot the registered layout does not have
+    for bad in (both, missing):
+        with pytest.raises(grpc.RpcError) as err:
+            pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=[bad]))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.mark.slow
