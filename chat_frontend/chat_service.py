@@ -1,8 +1,8 @@
 """One chat turn from the user's request to the stored transcript, independent of transport.
 
 The gRPC servicer (and later an HTTP API) calls `ChatService.chat` and relays its events.
-The engine is the SmartNIC agent in front of the compute node (`agent_client.AgentClient`);
-tests pass a fake with the same methods.
+Turns go to the SmartNIC agent in front of the compute node (`agent_client.AgentClient`, the
+`Agent` protocol below); tests pass a fake with the same methods.
 """
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from kvtb_proto import compute_pb2, frontend_pb2
 logger = logging.getLogger(__name__)
 
 
-class Engine(Protocol):
+class Agent(Protocol):
+    """What the frontend needs of the agent (which serves the compute node's service)."""
+
     async def info(self) -> compute_pb2.InfoResponse: ...
     async def encode_chat(self, request: compute_pb2.EncodeChatRequest) -> list[int]: ...
     def generate(self, request: compute_pb2.TurnRequest) -> AsyncIterator[compute_pb2.TurnEvent]: ...
@@ -38,12 +40,12 @@ def new_context_id() -> str:
 
 
 class ChatService:
-    """Authenticates, checks limits, runs turns through the engine and keeps transcripts."""
+    """Authenticates, checks limits, runs turns through the agent and keeps transcripts."""
 
-    def __init__(self, settings: FrontendSettings, store: SessionStore, engine: Engine):
+    def __init__(self, settings: FrontendSettings, store: SessionStore, agent: Agent):
         self.settings = settings
         self.store = store
-        self.engine = engine
+        self.agent = agent
         self.auth = Authenticator(settings.users)
         self.admission = Admission(settings.max_concurrent_turns, settings.max_waiting_turns,
                                    settings.queue_timeout_s)
@@ -107,8 +109,8 @@ class ChatService:
                     max_new: int, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
         ctx = self.store.get_context(context_id)  # again: an earlier turn may have just ended
         history = ctx.token_ids if ctx else ()
-        info = await self.engine.info()
-        prompt_ids = await self.engine.encode_chat(
+        info = await self.agent.info()
+        prompt_ids = await self.agent.encode_chat(
             conversation.encode_request(self.settings.system_prompt, request.message, ctx is not None))
         room = info.max_context_tokens - len(history) - len(prompt_ids)
         max_new = limits.fit_default(max_new, request.max_new_tokens, room)
@@ -125,7 +127,7 @@ class ChatService:
         texts: list[str] = []
         token_ids: list[int] = []
         record = None
-        async for event in self.engine.generate(turn_request):
+        async for event in self.agent.generate(turn_request):
             if event.HasField("token"):
                 token_ids.append(event.token.id)
                 if event.token.text:

@@ -13,7 +13,7 @@ Pure logic (no torch, grpc or I/O; time passed in):
     settings.py       ComputeSettings (section `compute`)
 Model side:
     model_loader.py   SmolLM2-135M-Instruct from the wheel's GGUF file, cached as safetensors
-    kv_pool.py        the region and its torch/numpy views: [slot, layer, K|V, kv_head, token, head_dim]
+    kv_pool.py        the region (hostmem) and its torch/numpy views: [slot, layer, K|V, kv_head, token, head_dim]
     slot_cache.py     a transformers cache whose layers write into (and return views of) a slot
     sampling.py, chat_template.py   next-token choice; conversation ids without re-tokenising
     runner.py         one turn: reuse or restore, prefill, decode, offload hooks
@@ -23,5 +23,7 @@ Offload:
     cpu_offload.py    the CPU-centric baseline: copy, store, wait for the ack; its own restore
     agent_client.py   RegisterMemory, QueueTriggered, CancelCounter, Restore
 Service:
-    service.py, main.py, bench.py (`kvtb bench offload`)
+    compute_servicer.py, node.py (`serve`), main.py
+Shared layers it uses: hostmem (region, counters, KV layout), fabric (for `cpu`: the storage
+client, chunk format, placement), kvtb (settings, logs, metrics, steps).
 """

@@ -20,7 +20,7 @@ from smartnic.eviction import make_policy
 from fabric.nodes import StorageNodes
 from smartnic import match_action as ma
 from hostmem.region import RegionError
-from smartnic.registrations import Regions, Registered
+from smartnic.registrations import Registrations, Registered
 from smartnic.requester import Chunk, Requester
 from smartnic.settings import SmartNicSettings
 from smartnic.stats import Stats
@@ -61,7 +61,7 @@ class Agent:
                                   settings.capacity_low_bytes, settings.ttl_s)
         self.tables = {"ingress": ma.Table("ingress")}  # the pipeline matches every turn in "ingress"
         self.stats = Stats()
-        self.regions = Regions()
+        self.regions = Registrations()
         self.nodes = StorageNodes([(n.name, n.fabric_address) for n in settings.storage_nodes],
                                   settings.host_nqn, settings.queue_depth, settings.fabric_timeout_s,
                                   settings.reconnect_interval_s, on_up=self._rebuild_from)

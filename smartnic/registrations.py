@@ -51,8 +51,8 @@ class Registered:
             return self.region.read_counter(counter)
 
 
-class Regions:
-    """Region id -> Registered. Thread-safe."""
+class Registrations:
+    """The registered regions: region id -> Registered. Thread-safe."""
 
     def __init__(self):
         self._lock = threading.Lock()

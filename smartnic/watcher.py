@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from hostmem import gather
 from smartnic.datapath import ChunkRef
 from hostmem.region import RegionError
-from smartnic.registrations import Regions, Registered, UnknownRegion
+from smartnic.registrations import Registrations, Registered, UnknownRegion
 from smartnic.requester import Chunk
 from smartnic.stats import Stats
 from smartnic.triggered import CounterKey, DeferredWorkQueue, Entry
@@ -70,7 +70,7 @@ Done = Callable[[str | None, str], None]  # (error kind or None, message)
 class TriggerEngine:
     """Thread-safe: queue/cancel/flush from any thread; one watcher thread fires."""
 
-    def __init__(self, regions: Regions, stats: Stats, handle_data: Callable[[Registered, Entry, Done], None],
+    def __init__(self, regions: Registrations, stats: Stats, handle_data: Callable[[Registered, Entry, Done], None],
                  bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 1e-3):
         self.regions, self.stats, self.handle_data = regions, stats, handle_data
         self.spin_s, self.max_sleep_s = spin_s, max_sleep_s

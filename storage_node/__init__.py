@@ -1,7 +1,6 @@
 """The storage node: an NVMe-oF-style target that keeps KV chunks in files.
 
 Logic (no zmq, no grpc):
-    status.py        NVMe status codes (SCT, SC) and NvmeError
     allocator.py     extent allocator (best fit, scatter when fragmented, coalescing frees)
     journal.py       append-only index journal: length + crc32c records, replay, torn tail cut
     queues.py        queue pair per host: depth, command ids, waiting commands, sq head
@@ -13,8 +12,10 @@ Logic (no zmq, no grpc):
     handlers.py      per-opcode validation and execution
     commands.py      capsule -> access check -> queue admission -> dispatch -> response
     settings.py      StorageSettings (section `storage`)
-    stats.py (crc32c: kvtb/crc32c.py, shared with the agent)
+    stats.py
 I/O:
-    fabric.py (ZeroMQ ROUTER), admin.py (StorageAdmin gRPC), server.py, main.py (`kvtb serve storage`),
-    client.py (the host library: FabricClient), bench.py (`kvtb bench storage`)
+    fabric_server.py (the ZeroMQ ROUTER front end), admin_servicer.py (StorageAdmin gRPC),
+    node.py (`serve`), main.py (`kvtb serve storage`)
+Shared layers it uses: fabric (NVMe status codes; the host side, FabricClient, lives there too),
+kvtb (crc32c, settings, logs, metrics).
 """

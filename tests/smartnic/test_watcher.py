@@ -9,7 +9,7 @@ import pytest
 from smartnic.datapath import ChunkRef
 from smartnic.watcher import CounterWork, DataWork, TriggerEngine
 from hostmem.region import Region, RegionError
-from smartnic.registrations import Regions
+from smartnic.registrations import Registrations
 from smartnic.stats import Stats
 
 REF = ChunkRef("alice", "c1", 0, 0, 16)
@@ -18,7 +18,7 @@ REF = ChunkRef("alice", "c1", 0, 0, 16)
 @pytest.fixture
 def engine():
     region = Region.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", 4096, 0, 8)
-    regions = Regions()
+    regions = Registrations()
     reg = regions.register(region.name, 4096, "k", 0, 8)
     outcomes: list[str | None] = []
     handled = []
