@@ -95,7 +95,7 @@ def test_one_turn_is_followed_through_the_logs(triggered, openai_chat):
 
 def test_every_grpc_server_is_serving_and_reflects_its_services(triggered):
     from kvtb.grpc_health import SERVING, check
-    from tests.kvtb.test_service_health import reflected_services
+    from tests.kvtb.grpc_reflection import reflected_services
     expected = {"frontend": "kvtb.frontend.ChatFrontend", "smartnic": "kvtb.smartnic.SmartNic",
                 "compute": "kvtb.compute.ComputeNode", "storage-0": "kvtb.storage.StorageAdmin"}
     for name, service in expected.items():
