@@ -1,23 +1,17 @@
-"""The turn's record: built from the engine's TurnRecord and the frontend's own clock. Pure.
+"""The turn's summary: built from the engine's TurnRecord and the frontend's own clock. Pure.
 
 Times follow the ScaleLLM paper's split: e2e is from the frontend receiving the request to it
 sending the last event; engine time is what the compute node reports for the turn; gateway
 time is the rest (routing, authentication, the agent, streaming back): e2e - engine.
+The user's client turns the summary into the record it prints (chat_client/record.py).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from kvtb import steps
 from kvtb.steps import Step
 from kvtb_proto import compute_pb2, frontend_pb2
-
-# The keys of `kvtb chat --json`, in order (issue 5).
-RECORD_KEYS = ("turn", "context_id", "reply", "kv_source", "fallback_reason", "ttft_ms", "tbt_ms",
-               "e2e_ms", "gateway_ms", "tokens_prefilled", "tokens_reused", "tokens_out",
-               "bytes_restored", "bytes_offloaded", "steps")
-STEP_KEYS = ("step", "name", "start_ms", "end_ms", "bytes")
 
 
 @dataclasses.dataclass
@@ -27,10 +21,6 @@ class TurnClock:
     start_ns: int
     first_text_ns: int = 0   # first reply text sent to the user
     end_ns: int = 0          # last event sent
-
-
-def _ms(ns: int) -> float:
-    return round(ns / 1e6, 3)
 
 
 def stream_step(clock: TurnClock, reply_bytes: int) -> compute_pb2.Step:
@@ -58,24 +48,3 @@ def build_summary(turn: int, context_id: str, request_id: str, reply: str,
         bytes_offloaded=record.bytes_offloaded, steps=steps, turn_start_unix_ns=clock.start_ns,
         request_id=request_id, engine_ms=round(record.engine_ms, 3), finish_reason=finish_reason)
 
-
-def relative_steps(summary: frontend_pb2.TurnSummary) -> list[dict[str, Any]]:
-    """The summary's steps as {step, name, start_ms, end_ms, bytes}, relative to the turn's start."""
-    base = summary.turn_start_unix_ns
-    return [{"step": s.step, "name": s.name or steps.name(s.step),
-             "start_ms": _ms(s.start_unix_ns - base), "end_ms": _ms(s.end_unix_ns - base),
-             "bytes": s.bytes}
-            for s in summary.steps]
-
-
-def summary_to_dict(summary: frontend_pb2.TurnSummary) -> dict[str, Any]:
-    """The record as `kvtb chat --json` prints it (one JSON object per turn)."""
-    return {
-        "turn": summary.turn, "context_id": summary.context_id, "reply": summary.reply,
-        "kv_source": summary.kv_source or "none", "fallback_reason": summary.fallback_reason or None,
-        "ttft_ms": summary.ttft_ms, "tbt_ms": summary.tbt_ms, "e2e_ms": summary.e2e_ms,
-        "gateway_ms": summary.gateway_ms, "tokens_prefilled": summary.tokens_prefilled,
-        "tokens_reused": summary.tokens_reused, "tokens_out": summary.tokens_out,
-        "bytes_restored": summary.bytes_restored, "bytes_offloaded": summary.bytes_offloaded,
-        "steps": relative_steps(summary),
-    }

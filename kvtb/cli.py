@@ -23,10 +23,10 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "eviction"): "kvtb.bench.eviction:main",
     ("bench", "all"): "kvtb.bench.report:main",
     ("simulate",): "kvtb.simulate:main",
-    ("chat",): "chat_frontend.cli:main",
+    ("chat",): "chat_client.cli:main",
     ("up",): "kvtb.up:main",
-    ("stats",): "chat_frontend.stats_cli:main",
-    ("trace",): "chat_frontend.trace_cli:main",
+    ("stats",): "chat_client.stats_cli:main",
+    ("trace",): "chat_client.trace_cli:main",
     ("health",): "kvtb.grpc_health:main",
 }
 

@@ -1,5 +1,8 @@
 """The package graph has floors: services never import each other; nothing in the product imports bench/.
 
+The user's client (chat_client) is product but no service: it talks to the frontend over gRPC and
+imports only the runtime library and the protos, and no service imports it.
+
 Read from the source with `ast` (every import statement, also those inside functions), so a lazy
 import cannot hide an edge.
 """
@@ -13,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("chat_frontend", "compute_node", "smartnic", "storage_node")
 SHARED = ("hostmem", "fabric", "kvtb")  # what a service may import (and kvtb_proto)
-PRODUCT = SERVICES + SHARED
+CLIENTS = ("chat_client",)  # the user's command-line client: product, not a service
+PRODUCT = SERVICES + SHARED + CLIENTS
 
 
 def imported_packages(package: str) -> dict[str, set[str]]:
@@ -44,6 +48,21 @@ def test_a_shared_layer_imports_no_service(package):
     edges = {module: sorted(tops & set(SERVICES)) for module, tops in imported_packages(package).items()
              if tops & set(SERVICES)}
     assert not edges, f"the shared layer {package} imports services: {edges}"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_client_imports_no_service_only_kvtb(client):
+    below = set(SERVICES) | {"hostmem", "fabric"}
+    edges = {module: sorted(tops & below) for module, tops in imported_packages(client).items() if tops & below}
+    assert not edges, f"the client {client} talks to the frontend over gRPC, imports only kvtb: {edges}"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_no_service_imports_a_client(client):
+    # kvtb is left out while it still holds the benchmarks (they drive chats with the client)
+    users = [module for package in SERVICES + ("hostmem", "fabric")
+             for module, tops in imported_packages(package).items() if client in tops]
+    assert not users, f"the client {client} sits above the services, but these import it: {users}"
 
 
 @pytest.mark.parametrize("package", PRODUCT)

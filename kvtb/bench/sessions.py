@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Sequence
 
-from chat_frontend.client import FrontendClient
+from chat_client.client import FrontendClient
 
 TOPICS = ("the storage node", "the SmartNIC agent", "the compute node", "the chat frontend",
           "a trigger counter", "the KV cache", "an eviction timer", "a queue pair")

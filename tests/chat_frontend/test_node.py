@@ -5,7 +5,7 @@ import grpc
 import pytest
 import yaml
 
-from chat_frontend.client import FrontendClient, RpcFailure
+from chat_client.client import FrontendClient, RpcFailure
 from kvtb.grpc_health import NOT_SERVING, check, wait_serving
 from kvtb.launch import free_port
 

@@ -1,5 +1,6 @@
+"""The frontend's TurnSummary: the engine's record, the frontend's clock and its own step 3."""
+from chat_frontend.record import TurnClock, build_summary
 from kvtb import steps as steps_mod
-from chat_frontend.record import RECORD_KEYS, STEP_KEYS, TurnClock, build_summary, summary_to_dict
 from kvtb_proto import compute_pb2
 
 T0 = 1_700_000_000_000_000_000
@@ -20,30 +21,38 @@ def engine_record() -> compute_pb2.TurnRecord:
         ])
 
 
-def test_summary_times_relative_and_gateway_is_e2e_minus_engine():
+def test_summary_times_and_gateway_is_e2e_minus_engine():
     clock = TurnClock(start_ns=T0, first_text_ns=T0 + 50 * MS, end_ns=T0 + 500 * MS)
-    summary = build_summary(2, "c1", "r1", "It is 180 °C.", engine_record(), clock)
-    record = summary_to_dict(summary)
-    assert tuple(record) == RECORD_KEYS
-    assert record["turn"] == 2 and record["context_id"] == "c1" and record["reply"] == "It is 180 °C."
-    assert record["kv_source"] == "restored" and record["fallback_reason"] is None
-    assert (record["ttft_ms"], record["tbt_ms"], record["e2e_ms"]) == (50.0, 12.5, 500.0)
-    assert record["gateway_ms"] == 100.0
-    assert (record["tokens_prefilled"], record["tokens_reused"], record["tokens_out"]) == (9, 64, 20)
-    assert (record["bytes_restored"], record["bytes_offloaded"]) == (4096, 2048)
-    steps = record["steps"]
-    assert all(tuple(s) == STEP_KEYS for s in steps)
-    assert [s["step"] for s in steps] == [5, 6, 8, 3]
-    assert steps[0] == {"step": 5, "name": steps_mod.name(5), "start_ms": 2.0, "end_ms": 3.0,
-                        "bytes": 0}
-    assert steps[3] == {"step": 3, "name": "stream response to user", "start_ms": 50.0,
-                        "end_ms": 500.0, "bytes": len("It is 180 °C.".encode())}
-    assert summary.engine_ms == 400.0 and summary.turn_start_unix_ns == T0
+    summary = build_summary(2, "c1", "r1", "It is 180 °C.", engine_record(), clock, "stop")
+    assert (summary.turn, summary.context_id, summary.request_id) == (2, "c1", "r1")
+    assert summary.reply == "It is 180 °C." and summary.finish_reason == "stop"
+    assert summary.kv_source == "restored" and summary.fallback_reason == ""
+    assert (summary.ttft_ms, summary.tbt_ms, summary.e2e_ms) == (50.0, 12.5, 500.0)
+    assert summary.gateway_ms == 100.0 and summary.engine_ms == 400.0
+    assert (summary.tokens_prefilled, summary.tokens_reused, summary.tokens_out) == (9, 64, 20)
+    assert (summary.bytes_restored, summary.bytes_offloaded) == (4096, 2048)
+    assert summary.turn_start_unix_ns == T0
+    assert [s.step for s in summary.steps] == [5, 6, 8, 3]  # absolute, sorted by start
+
+
+def test_the_frontend_adds_step_3_from_first_text_to_the_end():
+    clock = TurnClock(start_ns=T0, first_text_ns=T0 + 50 * MS, end_ns=T0 + 500 * MS)
+    stream = build_summary(2, "c1", "r1", "It is 180 °C.", engine_record(), clock).steps[-1]
+    assert (stream.step, stream.name, stream.service) == (3, steps_mod.name(3), "frontend")
+    assert (stream.start_unix_ns, stream.end_unix_ns) == (T0 + 50 * MS, T0 + 500 * MS)
+    assert stream.bytes == len("It is 180 °C.".encode())
+
+
+def test_step_one_of_the_node_start_comes_first():
+    rec = engine_record()
+    rec.steps.append(compute_pb2.Step(step=1, start_unix_ns=T0 - 9000 * MS, end_unix_ns=T0 - 8990 * MS,
+                                      service="compute"))
+    summary = build_summary(1, "c1", "r1", "hi", rec, TurnClock(start_ns=T0, end_ns=T0 + 500 * MS))
+    assert [s.step for s in summary.steps] == [1, 5, 6, 8, 3]
 
 
 def test_fallback_and_no_text():
     rec = compute_pb2.TurnRecord(kv_source="recomputed", fallback_reason="crc mismatch", engine_ms=900.0)
     summary = build_summary(1, "c", "r", "", rec, TurnClock(start_ns=T0, end_ns=T0 + 800 * MS))
-    record = summary_to_dict(summary)
-    assert record["fallback_reason"] == "crc mismatch"
-    assert record["ttft_ms"] == 800.0 and record["gateway_ms"] == 0.0  # never negative
+    assert summary.fallback_reason == "crc mismatch"
+    assert summary.ttft_ms == 800.0 and summary.gateway_ms == 0.0  # never negative

@@ -9,7 +9,7 @@ import grpc
 import pytest
 import yaml
 
-from chat_frontend.client import FrontendClient
+from chat_client.client import FrontendClient
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb_proto import frontend_pb2, frontend_pb2_grpc
 

@@ -2,7 +2,7 @@
 import grpc
 import pytest
 
-from chat_frontend.client import FrontendClient, RpcFailure
+from chat_client.client import FrontendClient, RpcFailure
 from kvtb_proto import compute_pb2, compute_pb2_grpc, frontend_pb2, frontend_pb2_grpc
 
 from .conftest import USERS, run_turn

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from chat_frontend.record import RECORD_KEYS, STEP_KEYS
+from chat_client.record import RECORD_KEYS, STEP_KEYS
 from kvtb.launch import kvtb_argv
 
 from .conftest import MAX_NEW_TOKENS, PAPER_CHAT, USERS, kvtb, paper_messages

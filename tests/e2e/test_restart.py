@@ -1,7 +1,7 @@
 """A frontend restart keeps the conversation, and the next turn still restores its KV."""
 import pytest
 
-from chat_frontend.client import FrontendClient
+from chat_client.client import FrontendClient
 from kvtb.launch import ServiceProcess, kvtb_argv
 
 from .conftest import USERS, run_turn

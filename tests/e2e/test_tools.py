@@ -84,7 +84,7 @@ def test_trace_of_the_session_has_every_service_in_step_order(triggered, openai_
 
 
 def test_one_turn_is_followed_through_the_logs(triggered, openai_chat):
-    from chat_frontend.client import FrontendClient
+    from chat_client.client import FrontendClient
     context = FrontendClient(triggered.frontend, USERS["bob"]).get_context(openai_chat["session"])
     request_id = context.turns[-1].summary.request_id
     logs = triggered.root / "var" / "logs"

@@ -5,7 +5,7 @@ from kvtb import cli
 
 def test_resolve_takes_the_longest_command():
     assert cli.resolve(["serve", "storage", "--config", "x"]) == ("storage_node.main:main", ["--config", "x"])
-    assert cli.resolve(["chat", "--json"]) == ("chat_frontend.cli:main", ["--json"])
+    assert cli.resolve(["chat", "--json"]) == ("chat_client.cli:main", ["--json"])
     assert cli.resolve(["serve", "nothing"]) is None
 
 

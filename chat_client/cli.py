@@ -6,11 +6,11 @@ import json
 import sys
 from typing import TextIO
 
-from chat_frontend import render
-from chat_frontend.client import (DEFAULT_FRONTEND, DEFAULT_USER, FrontendClient, RpcFailure,
-                                  default_config_path, token_for)
-from chat_frontend.record import summary_to_dict
-from chat_frontend.trace import write_trace
+from chat_client import render
+from chat_client.client import (DEFAULT_FRONTEND, DEFAULT_USER, FrontendClient, RpcFailure,
+                                default_config_path, token_for)
+from chat_client.record import summary_to_dict
+from chat_client.trace import write_trace
 from kvtb_proto import compute_pb2
 
 HELP_LINE = "commands: /new (a new context), /stats, /quit"

@@ -1,7 +1,8 @@
 """Chrome trace export of a context's turns (pure)."""
 import json
 
-from chat_frontend.trace import chrome_trace, write_trace
+from chat_client.trace import chrome_trace, write_trace
+from kvtb import steps as steps_mod
 from kvtb_proto import compute_pb2, frontend_pb2
 
 MS = 1_000_000
@@ -43,3 +44,17 @@ def test_steps_of_the_same_millisecond_keep_step_order():
                          end_unix_ns=T0 + 5 * MS)])
     spans = [e for e in chrome_trace([s])["traceEvents"] if e.get("cat", "").startswith("step")]
     assert [e["args"]["step"] for e in spans] == [6, 7]
+
+
+def test_step_one_before_the_first_turn_moves_the_origin_not_below_zero():
+    first = summary(1, T0)
+    first.steps.insert(0, compute_pb2.Step(step=1, service="compute", start_unix_ns=T0 - 60_000 * MS,
+                                           end_unix_ns=T0 - 59_990 * MS, bytes=1 << 20))
+    trace = chrome_trace([summary(2, T0 + 100 * MS), first])
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert min(e["ts"] for e in spans) == 0  # Perfetto drops events before 0
+    setup = next(e for e in spans if e["cat"] == "step1")
+    assert setup["ts"] == 0 and setup["dur"] == 10_000 and setup["tid"] == 1
+    assert setup["name"] == "1. " + steps_mod.name(1)
+    turn1 = next(e for e in spans if e["cat"] == "turn" and e["tid"] == 1)
+    assert turn1["ts"] == 60_000_000 and trace["otherData"]["start_unix_ns"] == T0 - 60_000 * MS

@@ -57,9 +57,11 @@ def _bar(step: dict[str, Any], span: float, width: int) -> str:
 
 
 def _span_text(step: dict[str, Any]) -> str:
-    text = f"{step['start_ms']:8.1f} – {step['end_ms']:8.1f} ms"
-    if step["start_ms"] < 0:
-        text += " (before the turn)"
+    start, end = step["start_ms"], step["end_ms"]
+    if end <= 0 and start < 0:  # wholly before the turn: how long it took and how long ago
+        text = f"{end - start:8.1f} ms, {-start / 1000:.1f} s before the turn"
+    else:
+        text = f"{start:8.1f} – {end:8.1f} ms" + (" (began before the turn)" if start < 0 else "")
     if step["bytes"]:
         text += f"  {human_bytes(step['bytes'])}"
     return text

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chat_frontend.client import (DEFAULT_FRONTEND, DEFAULT_USER, FrontendClient, RpcFailure,
-                                  default_config_path, token_for)
-from chat_frontend.trace import write_trace
+from chat_client.client import (DEFAULT_FRONTEND, DEFAULT_USER, FrontendClient, RpcFailure,
+                                default_config_path, token_for)
+from chat_client.trace import write_trace
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

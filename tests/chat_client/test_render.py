@@ -1,4 +1,4 @@
-from chat_frontend import render
+from chat_client import render
 
 
 def record(**over):
@@ -28,7 +28,8 @@ def test_timeline_bars_scale_to_the_turn():
     lines = render.timeline(record(), width=20)
     assert lines[0].endswith("100 ms|")
     setup, gets, stream = lines[1:]
-    assert "|◂" in setup and "(before the turn)" in setup
+    assert "|◂                   |" in setup  # step 1: the compute node's start, long before
+    assert "1000.0 ms, 5.0 s before the turn" in setup
     assert "|█████               |" in gets and "1.5 MB" in gets
     assert "|          ██████████|" in stream
 
@@ -44,3 +45,9 @@ def test_stats_lines_with_an_unreachable_part():
     assert "hits 2, misses 1" in text and "evictions 1 {lru: 1}" in text and "bytes on s0: 1.0 KB" in text
     assert "compute: unreachable (UNAVAILABLE: down)" in text
     assert "storage s:1: 3 keys, 2.0 KB used" in text
+
+
+def test_a_step_that_began_before_the_turn_runs_into_it():
+    steps = [{"step": 1, "name": "setup", "start_ms": -10.0, "end_ms": 30.0, "bytes": 0}]
+    (row,) = render.timeline(record(steps=steps), width=20)[1:]
+    assert "|◂█████              |" in row and "-10.0 –     30.0 ms (began before the turn)" in row

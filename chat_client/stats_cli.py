@@ -5,8 +5,8 @@ import argparse
 import json
 import sys
 
-from chat_frontend import render
-from chat_frontend.client import DEFAULT_FRONTEND, FrontendClient, RpcFailure
+from chat_client import render
+from chat_client.client import DEFAULT_FRONTEND, FrontendClient, RpcFailure
 
 
 def main(argv: list[str]) -> int:

@@ -1,9 +1,10 @@
 """A context's turns as Chrome trace JSON (the trace event format), which Perfetto opens. Pure.
 
 One process per service (frontend, smartnic, compute), one thread per turn; every step of
-the paper's eight is an "X" (complete) event with ts and dur in µs from the first turn's
-start, and args with its bytes, the turn's request id and step number. The frontend adds one
-event per turn spanning the whole turn.
+the paper's eight is an "X" (complete) event with ts and dur in µs from the earliest event
+(the first turn's start, or step 1 when the compute node registered before it: Perfetto drops
+events with negative timestamps), and args with its bytes, the turn's request id and step
+number. The frontend adds one event per turn spanning the whole turn.
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def chrome_trace(turns: Iterable[frontend_pb2.TurnSummary]) -> dict[str, Any]:
     """The trace of the turns (Chrome trace event format, JSON object form)."""
     turns = sorted(turns, key=lambda t: t.turn)
     base = min((t.turn_start_unix_ns for t in turns), default=0)
+    base = min([base, *(s.start_unix_ns for t in turns for s in t.steps if s.start_unix_ns)])
     events = _metadata(turns)
     for t in turns:
         events.extend(turn_events(t, base))
