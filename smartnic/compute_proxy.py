@@ -5,6 +5,10 @@ refuses what the table or the requester's owner check refuses, starts the prefet
 context's KV into a slot reserved on the compute node, forwards the turn with `restore`
 filled in, and adds its own steps to the record on the way back. The other methods are
 forwarded unchanged.
+
+The compute node's errors are relayed with their status; when it cannot be reached (or there
+is none), UNAVAILABLE names it and its address and the trailing metadata `kvtb-failed-service:
+compute-node` says so, so the frontend blames the compute node, not the agent.
 """
 from __future__ import annotations
 
@@ -24,6 +28,16 @@ from smartnic.smartnic_servicer import restore_info
 logger = logging.getLogger(__name__)
 
 TCP = 6
+FAILED_SERVICE = ("kvtb-failed-service", "compute-node")  # trailing metadata of UNAVAILABLE
+
+
+def relay(context, exc: grpc.RpcError, address: str) -> None:
+    """Abort with the compute node's status; UNAVAILABLE names the node and its address."""
+    code, details = exc.code(), exc.details() or str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        context.set_trailing_metadata((FAILED_SERVICE,))
+        details = f"the compute node at {address} is unavailable: {details}"
+    context.abort(code, details)
 
 
 def parse_peer(peer: str) -> tuple[str, int]:
@@ -63,6 +77,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
             return reg.compute_address, reg
         address = name if ":" in name else self.agent.settings.compute_address
         if not address:
+            context.set_trailing_metadata((FAILED_SERVICE,))
             context.abort(grpc.StatusCode.UNAVAILABLE, "no compute node known: none registered a region "
                                                        "with compute_address and none is configured")
         return address, self.agent.regions.for_compute(address)
@@ -118,7 +133,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
                 yield event
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED or context.is_active():
-                context.abort(exc.code(), exc.details() or str(exc))
+                relay(context, exc, address)
 
     def _prefetch(self, stub, reg: Registered, request) -> Restore | None:
         """Reserve a slot and queue the GETs when the requester has a matching prefix (step 5)."""
@@ -165,7 +180,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
         try:
             return getattr(self._stub(address), name)(request, timeout=timeout)
         except grpc.RpcError as exc:
-            context.abort(exc.code(), exc.details() or str(exc))
+            relay(context, exc, address)
 
     def ReserveSlot(self, request, context):
         return self._forward("ReserveSlot", request, context)
