@@ -1,7 +1,10 @@
 """The frontend's link to the SmartNIC agent, which serves the ComputeNode service.
 
 Every turn goes to the agent (it matches the request, may prefetch the context's KV, and
-forwards to the compute node). gRPC errors become ChatErrors with the agent's status.
+forwards to the compute node). gRPC errors become ChatErrors with the agent's status, naming
+the service that failed: an UNAVAILABLE the agent marks with `kvtb-failed-service` (its compute
+node cannot be reached) keeps the agent's message, which names that service; any other
+UNAVAILABLE means the agent itself cannot be reached.
 """
 from __future__ import annotations
 
@@ -16,9 +19,15 @@ from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2
 logger = logging.getLogger(__name__)
 
 
+FAILED_SERVICE_KEY = "kvtb-failed-service"  # smartnic.compute_proxy.FAILED_SERVICE
+
+
 def chat_error(exc: grpc.aio.AioRpcError, address: str) -> ChatError:
     """The ChatError to report for an error from the agent."""
     code = exc.code().name if exc.code() else "INTERNAL"
+    failed = dict(exc.trailing_metadata() or ()).get(FAILED_SERVICE_KEY)
+    if code == "UNAVAILABLE" and failed:
+        return ChatError("UNAVAILABLE", f"{exc.details()} (the agent at {address} answered)")
     if code == "UNAVAILABLE":
         return ChatError("UNAVAILABLE", f"the agent at {address} cannot be reached: {exc.details()}")
     return ChatError(code if code in CODES else "INTERNAL", f"agent: {exc.details()}")

@@ -32,7 +32,8 @@ class Authenticator:
                             "'authorization: Bearer TOKEN' metadata")
         found = ""
         for name, known in self._users:
-            if hmac.compare_digest(known, token.encode()):
+            # surrogateescape: an HTTP header's bytes that are not UTF-8 (they match no token)
+            if hmac.compare_digest(known, token.encode("utf-8", "surrogateescape")):
                 found = name
         if not found:
             raise ChatError("UNAUTHENTICATED", "unknown token")

@@ -71,24 +71,26 @@ class ChatService:
         """Run one turn: yields text deltas, then the turn's summary."""
         clock = TurnClock(start_ns=time.time_ns())
         user = self.user(request.token, metadata)
+        tenant = self.settings.tenant_of(user)  # metrics name tenants, never users
         try:
             async with contextlib.aclosing(self._admitted(user, request, clock)) as events:
                 async for event in events:  # closed at once when the user goes away
                     yield event
         except ChatError as exc:
-            self.tenants.failed(user, exc.code)
+            self.tenants.failed(tenant, exc.code)
             raise
         except (GeneratorExit, asyncio.CancelledError):  # the user went away
-            self.tenants.failed(user, "CANCELLED")
+            self.tenants.failed(tenant, "CANCELLED")
             raise
         except BaseException:
-            self.tenants.failed(user, "INTERNAL")
+            self.tenants.failed(tenant, "INTERNAL")
             raise
 
     async def _admitted(self, user: str, request: frontend_pb2.ChatRequest,
                         clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
         """Check the request's limits and context, wait for admission, run the turn."""
         limits.check_message(request.message, self.settings.message_max_chars)
+        limits.check_sampling(request.sampling.temperature, request.sampling.top_p)
         max_new = limits.resolve_max_new_tokens(request.max_new_tokens,
                                                 self.settings.max_new_tokens_default,
                                                 self.settings.max_new_tokens_cap)
@@ -117,7 +119,7 @@ class ChatService:
         limits.check_context_fits(len(history), len(prompt_ids), max_new, info.max_context_tokens)
         request_id = uuid.uuid4().hex
         log_request_id.set(request_id)  # this task serves this turn only
-        timer = TurnTimer(user, clock.start_ns)
+        timer = TurnTimer(self.settings.tenant_of(user), clock.start_ns)
         turn_request = compute_pb2.TurnRequest(
             request_id=request_id, user_id=user, context_id=context_id,
             token_ids=[*history, *prompt_ids], max_new_tokens=max_new, sampling=request.sampling)
@@ -154,7 +156,7 @@ class ChatService:
         await asyncio.to_thread(self.store.add_turn, context_id, user, row, kept, time.time())
         self.turns_completed += 1
         timer.done(clock.end_ns)
-        self.tenants.finished(user, summary)
+        self.tenants.finished(self.settings.tenant_of(user), summary)
         logger.info("turn %s done: kv_source %s, %d tokens out, e2e %.1f ms, gateway %.1f ms",
                     request_id, summary.kv_source, summary.tokens_out, summary.e2e_ms,
                     summary.gateway_ms,

@@ -7,10 +7,12 @@ CODES = ("INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED", "NOT_FOUND"
 
 
 class ChatError(Exception):
-    """A refusal or failure to report to the user: a status code name and a message."""
+    """A refusal or failure to report to the user: a status code name, a message, and the
+    request field it is about (OpenAI's `param`), if any."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, param: str | None = None):
         assert code in CODES, code
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.param = param

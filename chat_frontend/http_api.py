@@ -8,6 +8,9 @@ A stream is: a chunk whose delta carries the role, one chunk per piece of text a
 a chunk with an empty delta and the finish_reason (as OpenAI sends it: the text is never held
 back to learn whether it is the last), the usage chunk when asked, `data: [DONE]`. An error
 after the stream began is one `data: {"error": ...}` event before `[DONE]`.
+
+Every error is OpenAI's JSON (`{"error": {"message", "type", "param", "code"}}`) with its status:
+the handlers' refusals here, aiohttp's own errors through `http_errors`.
 """
 from __future__ import annotations
 
@@ -21,16 +24,23 @@ from aiohttp import web
 from chat_frontend import openai_format as oa
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
+from chat_frontend.http_errors import JsonErrorRunner, openai_errors
 from kvtb_proto import frontend_pb2
 
 logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Session-Id"
+MAX_BODY_BYTES = 1 << 20
 
 
-def error_response(code: str, message: str, headers: dict | None = None) -> web.Response:
-    status, body = oa.error_body(code, message)
+def error_response(code: str, message: str, headers: dict | None = None,
+                   param: str | None = None) -> web.Response:
+    status, body = oa.error_body(code, message, param)
     return web.json_response(body, status=status, headers=headers)
+
+
+def refusal(exc: ChatError, headers: dict | None = None) -> web.Response:
+    return error_response(exc.code, exc.message, headers, exc.param)
 
 
 class OpenAiApi:
@@ -42,7 +52,7 @@ class OpenAiApi:
         self.model = model
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 20)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
         app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
                         web.get("/v1/models", self.models), web.get("/health", self.health)])
         return app
@@ -59,12 +69,12 @@ class OpenAiApi:
             {"id": self.model(), "object": "model", "created": 0, "owned_by": "kvtestbed"}]})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        session = request.headers.get(SESSION_HEADER, "").strip()
         try:
+            session = _text_header(request, SESSION_HEADER)
             req = await self._parse(request, session)
         except ChatError as exc:
             logger.info("chat completion refused: %s", exc)
-            return error_response(exc.code, exc.message)
+            return refusal(exc)
         turn = frontend_pb2.ChatRequest(context_id=session, message=req.message,
                                         max_new_tokens=req.max_new_tokens, sampling=req.sampling)
         events = self.service.chat(turn, list(request.headers.items()))
@@ -73,7 +83,7 @@ class OpenAiApi:
             first = await anext(events)  # validated, admitted: the context id is known
         except ChatError as exc:
             logger.info("chat completion refused: %s", exc)
-            return error_response(exc.code, exc.message)
+            return refusal(exc)
         except Exception as exc:  # a bug or a broken store: say so, keep serving
             logger.exception("chat completion failed")
             return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}")
@@ -84,7 +94,7 @@ class OpenAiApi:
             summary = await _last_summary(events)
         except ChatError as exc:
             logger.info("chat completion failed: %s", exc)
-            return error_response(exc.code, exc.message, headers)
+            return refusal(exc, headers)
         except Exception as exc:
             logger.exception("chat completion failed")
             return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}", headers)
@@ -92,7 +102,8 @@ class OpenAiApi:
 
     async def _parse(self, request: web.Request, session: str) -> oa.CompletionRequest:
         user = self.service.user("", request.headers.items())  # 401 before anything else
-        req = oa.parse_request(await request.read(), self.service.settings.system_prompt)
+        settings = self.service.settings
+        req = oa.parse_request(await request.read(), settings.system_prompt, settings.max_new_tokens_cap)
         if req.model != self.model():
             raise ChatError("NOT_FOUND", f"the model {req.model!r} does not exist; this frontend "
                             f"serves {self.model()!r} (GET /v1/models)")
@@ -127,13 +138,24 @@ class OpenAiApi:
             return response
         except ChatError as exc:
             logger.info("chat completion failed while streaming: %s", exc)
-            await response.write(oa.sse(oa.error_body(exc.code, exc.message)[1]))
+            await response.write(oa.sse(oa.error_body(exc.code, exc.message, exc.param)[1]))
         except Exception as exc:
             logger.exception("chat completion failed while streaming")
             await response.write(oa.sse(oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")[1]))
         await response.write(oa.sse("[DONE]"))
         await response.write_eof()
         return response
+
+
+def _text_header(request: web.Request, name: str) -> str:
+    """The header's value; INVALID_ARGUMENT when its bytes are not UTF-8 (aiohttp keeps them as
+    surrogates, which SQLite and protobuf refuse)."""
+    value = request.headers.get(name, "").strip()
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ChatError("INVALID_ARGUMENT", f"the {name} header is not UTF-8 text", name) from None
+    return value
 
 
 async def _last_summary(events) -> frontend_pb2.TurnSummary:
@@ -152,7 +174,7 @@ async def start(api: OpenAiApi, address: str) -> tuple[web.AppRunner, str]:
     Port 0 picks a free port; so does a fixed port that is taken (a second frontend on this
     machine), with a warning: the ready line announces the real one.
     """
-    runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    runner = JsonErrorRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
     host, _, port = address.rpartition(":")
     site = web.TCPSite(runner, host, int(port))

@@ -1,7 +1,11 @@
-"""Limits on a turn: message length, tokens to generate, the model's context. Pure."""
+"""Limits on a turn: message length, tokens to generate, sampling, the model's context. Pure."""
 from __future__ import annotations
 
+import math
+
 from chat_frontend.errors import ChatError
+
+MAX_TEMPERATURE = 100.0  # the compute node's bound (compute_node.sampling.check_sampling)
 
 
 def check_message(message: str, max_chars: int) -> None:
@@ -22,6 +26,15 @@ def resolve_max_new_tokens(requested: int, default: int, cap: int) -> int:
         raise ChatError("INVALID_ARGUMENT",
                         f"max_new_tokens is {requested}, over the limit of {cap} by {requested - cap}")
     return requested
+
+
+def check_sampling(temperature: float, top_p: float) -> None:
+    """INVALID_ARGUMENT unless temperature is in [0, 100] and top_p in [0, 1] (NaN is neither)."""
+    if not (math.isfinite(temperature) and 0.0 <= temperature <= MAX_TEMPERATURE):
+        raise ChatError("INVALID_ARGUMENT", f"sampling.temperature must be in [0, {MAX_TEMPERATURE:g}], "
+                        f"got {temperature}", "temperature")
+    if not (math.isfinite(top_p) and 0.0 <= top_p <= 1.0):
+        raise ChatError("INVALID_ARGUMENT", f"sampling.top_p must be in [0, 1], got {top_p}", "top_p")
 
 
 def check_context_fits(tokens_so_far: int, new_tokens: int, max_new_tokens: int,

@@ -1,4 +1,8 @@
-"""The frontend's Prometheus metrics: request latencies by tenant, and its counters at scrape time."""
+"""The frontend's Prometheus metrics: request latencies by tenant, and its counters at scrape time.
+
+A tenant is a group of users (settings `tenants`; "default" for a user not listed): label values
+are tenant names, never user names, so a scrape does not list who uses the service.
+"""
 from __future__ import annotations
 
 import collections

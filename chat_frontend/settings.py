@@ -7,10 +7,18 @@ from typing import Mapping
 
 from kvtb.settings import load_settings
 
+DEFAULT_TENANT = "default"
+
 
 @dataclasses.dataclass(frozen=True)
 class FrontendSettings:
-    """Where the frontend listens, whom it forwards to, who may use it and its limits."""
+    """Where the frontend listens, whom it forwards to, who may use it and its limits.
+
+    Every address defaults to loopback: `/metrics` (`metrics_address`), the OpenAI API and gRPC
+    are reachable from this host only until the operator binds them elsewhere. The metrics carry
+    no user names: a turn counts for its user's tenant, from `tenants` (a YAML mapping user name ->
+    tenant name; a user not listed belongs to tenant "default").
+    """
 
     listen_address: str = "127.0.0.1:50050"
     http_address: str = "127.0.0.1:8000"     # the OpenAI-compatible API
@@ -19,6 +27,7 @@ class FrontendSettings:
     storage_admin_addresses: tuple[str, ...] = ("127.0.0.1:50061", "127.0.0.1:50062")
     data_dir: str = "var/frontend"
     users: Mapping[str, str] = dataclasses.field(default_factory=dict)  # user name -> token
+    tenants: Mapping[str, str] = dataclasses.field(default_factory=dict)  # user name -> tenant (metrics)
     system_prompt: str = ""                  # empty: the chat template's default
     message_max_chars: int = 4000
     max_new_tokens_default: int = 256
@@ -41,6 +50,14 @@ class FrontendSettings:
         tokens = list(self.users.values())
         assert all(isinstance(t, str) and t for t in tokens), "every user needs a non-empty token"
         assert len(set(tokens)) == len(tokens), "two users share a token"
+        assert all(isinstance(t, str) and t for t in self.tenants.values()), \
+            "every tenant needs a non-empty name"
+        unknown = sorted(set(self.tenants) - set(self.users))
+        assert not unknown, f"tenants names users that are not in users: {unknown}"
+
+    def tenant_of(self, user: str) -> str:
+        """The tenant a user's turns count for in the metrics."""
+        return self.tenants.get(user, DEFAULT_TENANT)
 
     @property
     def db_path(self) -> str:

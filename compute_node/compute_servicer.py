@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import queue
 
 import grpc
@@ -26,6 +27,17 @@ class BadRequest(Exception):
         self.code = code
 
 
+MAX_LEASE_S = 3600.0
+
+
+def check_lease(lease_s: float) -> None:
+    """A ReserveSlot lease must be finite and at most an hour (NaN or inf would never expire)."""
+    if not (math.isfinite(lease_s) and 0.0 <= lease_s <= MAX_LEASE_S):
+        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"lease_s must be in [0, {MAX_LEASE_S:g}] seconds (0: the node's default), "
+                         f"got {lease_s}")
+
+
 def check_token_ids(ids: np.ndarray, vocab_size: int, what: str = "token_ids") -> None:
     if ids.size and int(ids.max()) >= vocab_size:
         bad = int(np.flatnonzero(ids >= vocab_size)[0])
@@ -34,7 +46,13 @@ def check_token_ids(ids: np.ndarray, vocab_size: int, what: str = "token_ids") -
 
 
 def make_turn(request: compute_pb2.TurnRequest, engine) -> Turn:
-    """Validate a TurnRequest into a Turn (raises BadRequest)."""
+    """Validate a TurnRequest into a Turn (raises BadRequest).
+
+    Every number is checked before it reaches torch: token ids against the vocabulary, the
+    length against the context, temperature and top_p against their ranges (NaN and infinities
+    refused; a temperature too small to divide by samples as sampling.MIN_TEMPERATURE).
+    max_new_tokens needs no check: the runner stops at the context's end.
+    """
     s, invalid = engine.settings, grpc.StatusCode.INVALID_ARGUMENT
     ids = np.asarray(request.token_ids, dtype=np.uint32)
     if ids.size == 0:
@@ -128,6 +146,10 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
     def ReserveSlot(self, request, context):
         if not request.user_id or not request.context_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "user_id and context_id must be set")
+        try:
+            check_lease(request.lease_s)
+        except BadRequest as exc:
+            context.abort(exc.code, str(exc))
         got, resident = self.engine.reserve(request.user_id, request.context_id, request.lease_s)
         if got is None:
             return compute_pb2.ReserveSlotResponse(reserved=False)

@@ -1,9 +1,17 @@
-"""Choosing the next token from logits: greedy by default, or temperature and top-p with a seed."""
+"""Choosing the next token from logits: greedy by default, or temperature and top-p with a seed.
+
+A temperature below MIN_TEMPERATURE samples as MIN_TEMPERATURE (as vLLM does): in fp32,
+logits / 1e-300 is inf (the divisor itself rounds to 0) and softmax gives NaN, which
+torch.multinomial refuses. At 0.01 sampling is already all but greedy, so the clamp changes
+no reply a user could tell apart, and every temperature check_sampling accepts is safe.
+"""
 from __future__ import annotations
 
 import dataclasses
 
 import torch
+
+MIN_TEMPERATURE = 1e-2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +28,7 @@ class SamplingParams:
 
 
 def check_sampling(temperature: float, top_p: float) -> str | None:
-    """Why these values are invalid, or None."""
+    """Why these values are invalid (NaN and infinities are), or None."""
     if not temperature >= 0.0 or temperature > 100.0:
         return f"sampling.temperature must be in [0, 100], got {temperature}"
     if not 0.0 <= top_p <= 1.0:
@@ -41,7 +49,8 @@ class Sampler:
         """logits: [vocab] -> token id."""
         if self.params.greedy:
             return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float() / self.params.temperature, dim=-1)  # [vocab]
+        temperature = max(self.params.temperature, MIN_TEMPERATURE)
+        probs = torch.softmax(logits.float() / temperature, dim=-1)  # [vocab]
         if 0.0 < self.params.top_p < 1.0:
             probs = top_p_filter(probs, self.params.top_p)
         return int(torch.multinomial(probs, 1, generator=self.generator))

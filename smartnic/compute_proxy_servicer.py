@@ -4,6 +4,10 @@ Thin: Generate asks `smartnic.ingress` what to do with the turn (step 5: match-a
 check, the prefetch into a slot the compute node reserves), forwards it with `restore` filled
 in, and adds the agent's steps to the record on the way back. The other methods are forwarded
 unchanged.
+
+The compute node's errors are relayed with their status; when it cannot be reached (or there
+is none), UNAVAILABLE names it and its address and the trailing metadata `kvtb-failed-service:
+compute-node` says so, so the frontend blames the compute node, not the agent.
 """
 from __future__ import annotations
 
@@ -22,6 +26,17 @@ from smartnic.agent import Agent, Restore
 from smartnic.smartnic_servicer import restore_info
 
 logger = logging.getLogger(__name__)
+
+FAILED_SERVICE = ("kvtb-failed-service", "compute-node")  # trailing metadata of UNAVAILABLE
+
+
+def relay(context, exc: grpc.RpcError, address: str) -> None:
+    """Abort with the compute node's status; UNAVAILABLE names the node and its address."""
+    code, details = exc.code(), exc.details() or str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        context.set_trailing_metadata((FAILED_SERVICE,))
+        details = f"the compute node at {address} is unavailable: {details}"
+    context.abort(code, details)
 
 
 def parse_peer(peer: str) -> tuple[str, int]:
@@ -74,6 +89,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
             code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.kind == "rate_limited" else grpc.StatusCode.PERMISSION_DENIED
             context.abort(code, str(exc))
         except ingress.NoComputeNode as exc:
+            context.set_trailing_metadata((FAILED_SERVICE,))
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         forwarded = compute_pb2.TurnRequest()
         forwarded.CopyFrom(request)
@@ -95,7 +111,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
                 yield event
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED or context.is_active():
-                context.abort(exc.code(), exc.details() or str(exc))
+                relay(context, exc, plan.compute_address)
 
     def _reserve(self, address: str, request) -> ingress.Reservation | None:
         """The compute node's ReserveSlot for the prefetch; None when it has no slot for it now."""
@@ -123,6 +139,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
     def _forward(self, name: str, request, context):
         address, _ = self.agent.compute_target()
         if not address:
+            context.set_trailing_metadata((FAILED_SERVICE,))
             context.abort(grpc.StatusCode.UNAVAILABLE, "no compute node known: none registered a region "
                                                        "with compute_address and none is configured")
         remaining = context.time_remaining()  # 0 when the caller set no deadline
@@ -130,7 +147,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
         try:
             return getattr(self._stub(address), name)(request, timeout=timeout)
         except grpc.RpcError as exc:
-            context.abort(exc.code(), exc.details() or str(exc))
+            relay(context, exc, address)
 
     def ReserveSlot(self, request, context):
         return self._forward("ReserveSlot", request, context)

@@ -49,3 +49,19 @@ def serve(address: str = "127.0.0.1:0") -> tuple[grpc.Server, FakeComputeNode, s
     port = server.add_insecure_port(address)
     server.start()
     return server, node, f"{address.rsplit(':', 1)[0]}:{port}"
+
+
+def main(argv: list[str]) -> None:
+    """`python -m tests.chat_frontend.fake_agent ADDRESS [--hold]`: serve until killed.
+
+    With --hold every Generate waits (up to 30 s) before it answers: a turn to kill mid-way.
+    """
+    server, node, _ = serve(argv[0])
+    if "--hold" in argv:
+        node.gate.clear()
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1:])

@@ -6,7 +6,7 @@ from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
 from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import SessionStore
-from kvtb_proto import frontend_pb2
+from kvtb_proto import compute_pb2, frontend_pb2
 
 from .fakes import STOP, FakeEngine
 
@@ -18,11 +18,11 @@ def make(tmp_path, engine=None, **settings):
     return ChatService(s, SessionStore(s.db_path), engine or FakeEngine())
 
 
-def run_turn(service, message, context_id="", token="ta", metadata=(), max_new_tokens=8):
+def run_turn(service, message, context_id="", token="ta", metadata=(), max_new_tokens=8, sampling=None):
     async def go():
         events = []
         request = frontend_pb2.ChatRequest(token=token, context_id=context_id, message=message,
-                                           max_new_tokens=max_new_tokens)
+                                           max_new_tokens=max_new_tokens, sampling=sampling)
         async for e in service.chat(request, metadata):
             events.append(e)
         return events
@@ -102,3 +102,33 @@ def test_default_reply_length_fits_the_context(tmp_path):
     # 4 prompt + 4 reply ids so far, 4 new: 28 left
     run_turn(service, "and again", context_id=ctx, max_new_tokens=0)
     assert engine.turns[1].max_new_tokens == 40 - 8 - 4
+
+
+def test_sampling_is_checked_before_the_agent(tmp_path):
+    engine = FakeEngine()
+    service = make(tmp_path, engine)
+    nan, inf = float("nan"), float("inf")
+    for sampling, param in ((compute_pb2.Sampling(temperature=nan), "temperature"),
+                            (compute_pb2.Sampling(temperature=inf), "temperature"),
+                            (compute_pb2.Sampling(temperature=-0.5), "temperature"),
+                            (compute_pb2.Sampling(temperature=1.0, top_p=nan), "top_p"),
+                            (compute_pb2.Sampling(top_p=1.5), "top_p")):
+        err = refusal(service, "hi", sampling=sampling)
+        assert err.code == "INVALID_ARGUMENT" and err.param == param, err
+    assert engine.turns == []
+    run_turn(service, "hi", sampling=compute_pb2.Sampling(temperature=1e-300, top_p=1.0, seed=2**64 - 1))
+    assert engine.turns[0].sampling.seed == 2**64 - 1
+
+
+def test_metrics_count_tenants_never_users(tmp_path):
+    service = make(tmp_path, tenants={"alice": "team-a"})
+    run_turn(service, "hi")
+    run_turn(service, "hi", token="tb")
+    refusal(service, "", token="tb")
+    turns, tokens = service.tenants.snapshot()
+    assert turns == {("team-a", "ok"): 1, ("default", "ok"): 1, ("default", "INVALID_ARGUMENT"): 1}
+    assert {tenant for tenant, _ in tokens} == {"team-a", "default"}
+    with pytest.raises(AssertionError, match="not in users"):
+        FrontendSettings(users=USERS, tenants={"mallory": "team-m"})
+    with pytest.raises(AssertionError, match="non-empty"):
+        FrontendSettings(users=USERS, tenants={"alice": ""})

@@ -1,6 +1,9 @@
 """The OpenAI API of a real frontend process in front of a fake agent: the `openai` client,
 errors in OpenAI's shape, /health and /metrics."""
+import http.client
 import json
+import random
+import socket
 import urllib.error
 import urllib.request
 
@@ -25,7 +28,8 @@ def frontend(start_service, tmp_path):
     cfg = tmp_path / "kvtb.yaml"
     cfg.write_text(yaml.safe_dump({"frontend": {
         "listen_address": "127.0.0.1:0", "agent_address": agent_address, "data_dir": str(tmp_path / "fe"),
-        "users": {"alice": TOKEN, "bob": "t-bob"}, "info_retry_s": 0.1, "storage_admin_addresses": []}}))
+        "users": {"alice": TOKEN, "bob": "t-bob"}, "tenants": {"alice": "team-a"}, "info_retry_s": 0.1,
+        "storage_admin_addresses": []}}))
     proc = start_service("frontend", "serve", "frontend", "--config", str(cfg))
     addresses = proc.addresses
     assert get(addresses["http"], "/health")[0] == 503  # loading: no agent yet
@@ -49,8 +53,10 @@ def get(address: str, path: str, token: str = "") -> tuple[int, dict | str]:
         return status, body
 
 
-def post(address: str, body: dict | bytes, token: str = TOKEN, session: str = "") -> tuple[int, dict, dict]:
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+def post(address: str, body: dict | bytes, token: str = TOKEN, session: str = "",
+         extra_headers: dict | None = None) -> tuple[int, dict, dict]:
+    """(status, JSON body, headers); a body that is not JSON fails the test here."""
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}", **(extra_headers or {})}
     if session:
         headers["X-Session-Id"] = session
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -133,12 +139,149 @@ def test_metrics_move_after_a_turn(frontend):
                 for family in text_string_to_metric_families(text) for s in family.samples}
 
     before = scrape()
-    assert 'kvtb:e2e_request_latency_seconds_count{"tenant": "alice"}' not in before
+    assert 'kvtb:e2e_request_latency_seconds_count{"tenant": "team-a"}' not in before
     client(frontend["http"]).chat.completions.create(model="fake", messages=HI)
+    client(frontend["http"], "t-bob").chat.completions.create(model="fake", messages=HI)
+    post(frontend["http"], {"model": "fake", "messages": HI, "max_tokens": 300})  # over the context
     after = scrape()
-    assert after['kvtb:e2e_request_latency_seconds_count{"tenant": "alice"}'] == 1
-    assert after['kvtb:time_to_first_token_seconds_count{"tenant": "alice"}'] == 1
-    assert after['kvtb:requests_total{"status": "ok", "tenant": "alice"}'] == 1
-    assert after['kvtb:generation_tokens_total{"tenant": "alice"}'] == 2
+    assert after['kvtb:e2e_request_latency_seconds_count{"tenant": "team-a"}'] == 1
+    assert after['kvtb:time_to_first_token_seconds_count{"tenant": "team-a"}'] == 1
+    assert after['kvtb:requests_total{"status": "ok", "tenant": "team-a"}'] == 1
+    assert after['kvtb:requests_total{"status": "INVALID_ARGUMENT", "tenant": "team-a"}'] == 1
+    assert after['kvtb:generation_tokens_total{"tenant": "team-a"}'] == 2
+    assert after['kvtb:requests_total{"status": "ok", "tenant": "default"}'] == 1  # bob: no tenant listed
     assert after["kvtb:num_requests_running{}"] == 0
+    text = get(frontend["metrics"], "/metrics")[1]
+    assert "alice" not in text and "bob" not in text  # no user name, as a label or anywhere
 
+
+GOOD = {"model": "fake", "messages": HI}
+NESTED = b'{"model": "fake", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+BAD_INPUTS = [  # (what, body, HTTP status, param or None): each is refused in OpenAI's shape
+    *[(f"max_tokens {v!r}", {**GOOD, "max_tokens": v}, 400, "max_tokens")
+      for v in (10**12, 2**32, 2**70, float("inf"), float("nan"), -1, 1.5, "10", True, 1025)],
+    ("max_completion_tokens 2^32", {**GOOD, "max_completion_tokens": 2**32}, 400, "max_completion_tokens"),
+    *[(f"seed {v!r}", {**GOOD, "seed": v}, 400, "seed") for v in (2**64, 2**63, -2**63 - 1, float("nan"), 0.5)],
+    *[(f"temperature {v!r}", {**GOOD, "temperature": v}, 400, "temperature")
+      for v in (float("nan"), float("inf"), -1, 101, "hot")],
+    *[(f"top_p {v!r}", {**GOOD, "top_p": v}, 400, "top_p") for v in (float("nan"), -0.1, 1.5, [])],
+    *[(f"n {v!r}", {**GOOD, "n": v}, 400, "n") for v in (2, 0, 2**70, float("nan"), True)],
+    ("a lone surrogate in a message", {**GOOD, "messages": [{"role": "user", "content": "hi \ud800"}]}, 400,
+     "messages[0].content"),
+    ("a lone surrogate in a content part", {**GOOD, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "\udfff"}]}]}, 400, "messages[0].content[0].text"),
+    ("a lone surrogate in the model", {**GOOD, "model": "\ud800"}, 400, "model"),
+    ("a lone surrogate in a key", {**GOOD, "\ud800": 1}, 400, None),
+    ("a role that is not a string", {**GOOD, "messages": [{"role": 5, "content": "hi"}]}, 400, "messages[0]"),
+    ("a tool message", {**GOOD, "messages": [{"role": "tool", "content": "hi"}]}, 400, "messages"),
+    ("an image part", {**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content"),
+    ("a text part that is a number", {**GOOD, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": 5}]}]}, 400, "messages[0].content"),
+    ("a name that is a number", {**GOOD, "messages": [{"role": "user", "content": "hi", "name": 5}]}, 400,
+     "messages[0].name"),
+    ("messages that are an object", {**GOOD, "messages": {"role": "user"}}, 400, "messages"),
+    ("a message that is a string", {**GOOD, "messages": ["hi"]}, 400, "messages[0]"),
+    ("stop sequences", {**GOOD, "stop": ["\n"]}, 400, "stop"),
+    ("five stop sequences", {**GOOD, "stop": ["a"] * 5}, 400, "stop"),
+    ("stop that is a number", {**GOOD, "stop": 5}, 400, "stop"),
+    ("stream that is a string", {**GOOD, "stream": "yes"}, 400, "stream"),
+    ("stream_options that is a list", {**GOOD, "stream": True, "stream_options": []}, 400, "stream_options"),
+    ("include_usage that is a string", {**GOOD, "stream": True, "stream_options": {"include_usage": "yes"}},
+     400, "stream_options.include_usage"),
+    ("user that is an object", {**GOOD, "user": {}}, 400, "user"),
+    ("a message over message_max_chars", {**GOOD, "messages": [{"role": "user", "content": "a" * 4001}]},
+     400, None),
+    ("JSON nested 100,000 deep", NESTED, 400, None),
+    ("an integer of 5,000 digits", b'{"model": "fake", "messages": [], "seed": ' + b"9" * 5000 + b"}", 400, None),
+    ("bytes that are not UTF-8", b'{"model": "\xff\xfe"}', 400, None),
+    ("an empty body", b"", 400, None),
+    ("a body over 1 MiB", {**GOOD, "user": "u" * (1 << 20)}, 413, None),
+]
+
+
+def assert_openai_error(status: int, body: dict, expected_status: int) -> None:
+    assert status == expected_status, body
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"] and body["error"]["type"] and body["error"]["code"], body
+
+
+def test_bad_input_gets_an_openai_error_and_the_frontend_goes_on(frontend):
+    address = frontend["http"]
+    for what, body, expected, param in BAD_INPUTS:
+        status, got, _ = post(address, body)
+        assert_openai_error(status, got, expected)
+        assert param is None or got["error"]["param"] == param, (what, got)
+        assert post(address, GOOD)[0] == 200, f"no good turn after {what}"
+    # a temperature so small that logits / temperature overflows is accepted (the node clamps it)
+    status, got, _ = post(address, {**GOOD, "temperature": 1e-300, "seed": -1})
+    assert status == 200 and got["choices"][0]["message"]["content"] == " ok"
+
+
+def test_errors_before_any_route_have_the_openai_shape(frontend):
+    host, port = frontend["http"].rsplit(":", 1)
+    status, got, _ = post(frontend["http"], GOOD, extra_headers={"X-Big": "a" * 20_000})
+    assert_openai_error(status, got, 400)
+    assert "a" * 100 not in got["error"]["message"]  # the request's bytes are not echoed
+    with socket.create_connection((host, int(port)), timeout=10) as sock:  # not HTTP at all
+        sock.sendall(b"HELLO THERE\r\n\r\n")
+        raw = sock.makefile("rb").read()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400" and b"application/json" in head, raw
+    assert_openai_error(400, json.loads(payload), 400)
+    for method, path, expected, headers in (
+            ("GET", "/v1/chat/completions", 405, {}), ("GET", "/v1/nothing", 404, {}),
+            ("DELETE", "/health", 405, {}),
+            ("POST", "/v1/chat/completions", 400, {"Authorization": f"Bearer {TOKEN}",
+                                                   "Content-Encoding": "gzip"})):  # a body that is not gzip
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request(method, path, body=json.dumps(GOOD) if method == "POST" else None, headers=headers)
+        response = conn.getresponse()
+        assert response.getheader("Content-Type").startswith("application/json")
+        assert_openai_error(response.status, json.loads(response.read()), expected)
+        conn.close()
+    assert post(frontend["http"], GOOD)[0] == 200
+
+
+def test_header_bytes_that_are_not_utf8_are_refused(frontend):
+    status, got, _ = post(frontend["http"], GOOD, token="\xff\xfe")  # urllib sends latin-1: bytes ff fe
+    assert_openai_error(status, got, 401)
+    status, got, _ = post(frontend["http"], GOOD, session="ctx-\xff")
+    assert_openai_error(status, got, 400)
+    assert got["error"]["param"] == "X-Session-Id"
+    assert post(frontend["http"], GOOD)[0] == 200
+
+
+FUZZ_VALUES = [None, True, False, 0, 1, -1, 2**31, 2**32, 2**63, 2**64, 2**70, -2**70, 0.5, 1e-300, 1e300,
+               float("nan"), float("inf"), float("-inf"), "", "x", "\ud800", "é" * 3, [], [1], ["a"] * 5,
+               {}, {"a": 1}, [{"type": "text", "text": "hi"}], [{"type": "text", "text": "\udc00"}]]
+FUZZ_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+               "n", "stop", "stream", "stream_options", "user", "frequency_penalty", "logprobs"]
+MESSAGE_FIELDS = ["role", "content", "name"]
+
+
+def fuzzed(rng: random.Random) -> dict:
+    """A good request with one to three fields (of the body or its message) set to odd values."""
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(rng.randint(1, 3)):
+        value = rng.choice(FUZZ_VALUES)
+        if rng.random() < 0.3 and isinstance(body["messages"], list) and body["messages"] \
+                and isinstance(body["messages"][0], dict):
+            body["messages"][0][rng.choice(MESSAGE_FIELDS)] = value
+        else:
+            body[rng.choice(FUZZ_FIELDS)] = value
+    return body
+
+
+def test_fuzzed_fields_never_give_a_500_or_a_body_that_is_not_json(frontend):
+    rng = random.Random(20)
+    statuses = []
+    for _ in range(150):
+        body = fuzzed(rng)
+        status, got, _ = post(frontend["http"], body)  # fails here when the body is not JSON
+        statuses.append(status)
+        assert status in (200, 400, 404), (body, got)
+        if status != 200:
+            assert_openai_error(status, got, status)
+    assert statuses.count(400) > 50 and statuses.count(200) > 5  # both kinds were tried
+    assert post(frontend["http"], GOOD)[0] == 200

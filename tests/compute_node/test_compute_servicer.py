@@ -74,6 +74,25 @@ def test_bad_input_gets_a_clear_status_and_the_node_goes_on(make_node):
     assert info.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4 and "resident" in info.policies
 
 
+def test_sampling_and_lease_values_are_checked_before_torch(make_node):
+    stub = _stub(make_node())
+    nan, inf = float("nan"), float("inf")
+    for sampling in (compute_pb2.Sampling(temperature=nan), compute_pb2.Sampling(temperature=inf),
+                     compute_pb2.Sampling(temperature=-1e-300), compute_pb2.Sampling(top_p=nan),
+                     compute_pb2.Sampling(temperature=1.0, top_p=inf)):
+        code, msg = _code(lambda sampling=sampling: _turn(stub, [1, 2, 3], sampling=sampling))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "sampling." in msg
+    # overflowing logits / temperature: sampled at the smallest safe temperature, not NaN
+    tokens, rec = _turn(stub, [1, 2, 3], sampling=compute_pb2.Sampling(temperature=1e-300, seed=2**64 - 1))
+    assert rec.tokens_out == len(tokens) > 0
+    for lease_s in (nan, inf, -1.0, 1e9):
+        code, msg = _code(lambda lease_s=lease_s: stub.ReserveSlot(compute_pb2.ReserveSlotRequest(
+            user_id="u", context_id="c-lease", lease_s=lease_s)))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "lease_s" in msg
+    assert stub.ReserveSlot(compute_pb2.ReserveSlotRequest(user_id="u", context_id="c-lease",
+                                                           lease_s=1.0)).reserved
+
+
 def test_past_the_queue_bound_a_turn_gets_resource_exhausted(make_node):
     node = make_node(num_slots=1, queue_bound=1)
     stub = _stub(node)

@@ -28,3 +28,17 @@ def test_bad_values_are_explained():
     assert "temperature" in check_sampling(-1.0, 0.0)
     assert "top_p" in check_sampling(0.5, 1.5)
     assert check_sampling(0.7, 0.95) is None
+
+
+def test_a_tiny_temperature_samples_like_the_smallest_safe_one():
+    logits = torch.randn(49152, generator=torch.Generator().manual_seed(3)) * 20  # [vocab]
+    for temperature in (1e-300, 5e-324, 1e-38, 1e-3):
+        draws = Sampler(SamplingParams(temperature=temperature, seed=1))
+        assert [draws(logits) for _ in range(5)] == [int(torch.argmax(logits))] * 5
+    assert check_sampling(1e-300, 0.0) is None
+
+
+def test_nan_and_infinity_are_refused():
+    nan, inf = float("nan"), float("inf")
+    assert "temperature" in check_sampling(nan, 0.0) and "temperature" in check_sampling(inf, 0.0)
+    assert "top_p" in check_sampling(0.5, nan) and "top_p" in check_sampling(0.5, -inf)

@@ -15,6 +15,7 @@ from kvtb_proto import frontend_pb2, frontend_pb2_grpc
 
 MAX_NEW_TOKENS = 32
 USERS = {"demo": "demo-token", "alice": "alice-token", "bob": "bob-token"}
+TENANTS = {"bob": "team-b"}  # metrics label tenants, never users; alice and demo: "default"
 PAPER_CHAT = Path(__file__).resolve().parents[2] / "deploy" / "demo-chat.txt"
 
 
@@ -32,7 +33,7 @@ def write_config(path: Path) -> Path:
         "compute": {"listen_address": "127.0.0.1:0", "num_slots": 4, "max_context_tokens": 1024,
                     "key_salt": "e2e-salt", "metrics_address": "127.0.0.1:0"},
         "frontend": {"listen_address": "127.0.0.1:0", "http_address": "127.0.0.1:0",
-                     "metrics_address": "127.0.0.1:0", "users": USERS,
+                     "metrics_address": "127.0.0.1:0", "users": USERS, "tenants": TENANTS,
                      "max_new_tokens_default": MAX_NEW_TOKENS, "message_max_chars": 500},
     }
     path.write_text(yaml.safe_dump(config))

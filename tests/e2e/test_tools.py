@@ -50,10 +50,10 @@ def test_openai_client_streams_then_continues_with_restored_kv(openai_chat):
 
 def test_every_service_metrics_move_after_the_chat(openai_chat):
     before, after = openai_chat["before"], openai_chat["after"]
-    assert value(after["frontend"], "kvtb:requests_total", tenant="bob", status="ok") == \
-        value(before["frontend"], "kvtb:requests_total", tenant="bob", status="ok") + 2
-    assert value(after["frontend"], "kvtb:time_to_first_token_seconds_count", tenant="bob") >= 2
-    assert value(after["frontend"], "kvtb:prompt_tokens_cached_total", tenant="bob") > 0
+    assert value(after["frontend"], "kvtb:requests_total", tenant="team-b", status="ok") == \
+        value(before["frontend"], "kvtb:requests_total", tenant="team-b", status="ok") + 2
+    assert value(after["frontend"], "kvtb:time_to_first_token_seconds_count", tenant="team-b") >= 2
+    assert value(after["frontend"], "kvtb:prompt_tokens_cached_total", tenant="team-b") > 0
     for name, service in (("kvtb:kv_restore_bytes_total", "compute"),
                           ("kvtb:kv_offload_bytes_total", "compute"),
                           ("kvtb:triggered_ops_fired_total", "smartnic"),

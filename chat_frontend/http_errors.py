@@ -1,0 +1,79 @@
+"""aiohttp's own errors in OpenAI's JSON shape, with their HTTP status.
+
+Two places make them: the `openai_errors` middleware turns what aiohttp raises inside a request
+(413 for a body over `client_max_size`, 404, 405, a body it cannot decode) and a bug's 500 into
+OpenAI's error object; `JsonErrorRunner` serves the app on connections whose `handle_error`
+answers in the same shape what fails before any route (a request line or header too long, too
+many headers, a request that is not HTTP). Neither echoes the request's bytes.
+"""
+from __future__ import annotations
+
+import logging
+
+from aiohttp import http_exceptions, web
+
+from chat_frontend import openai_format as oa
+
+logger = logging.getLogger(__name__)
+
+
+def _json(status: int, message: str, headers: dict | None = None) -> web.Response:
+    return web.json_response(oa.http_error_body(status, message), status=status, headers=headers)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
+    """aiohttp's own HTTP errors (413, 404, 405) and a bug's 500 in OpenAI's JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        allow = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return _json(exc.status, exc.text or exc.reason, allow)
+    except web.RequestPayloadError as exc:  # a body that cannot be decoded (bad gzip, bad chunks)
+        return _json(400, f"the body cannot be read: {exc.__cause__ or exc}")
+    except Exception as exc:
+        if request.writer is not None and request.writer.output_size:  # a stream began: too late
+            raise
+        logger.exception("%s %s failed", request.method, request.path)
+        status, body = oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")
+        return web.json_response(body, status=status)
+
+
+def _unparsable(status: int, exc: BaseException | None) -> str:
+    """What to tell a client whose request aiohttp could not parse (never echoing its bytes)."""
+    if isinstance(exc, http_exceptions.LineTooLong):
+        return "the request line or a header is too long"
+    if status >= 500 or exc is None:
+        return "the frontend failed to handle the request"
+    return f"the request is not valid HTTP ({type(exc).__name__})"
+
+
+class _ConnectionHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering what fails before any route in OpenAI's JSON."""
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; refuses once a response began
+        response = _json(status, _unparsable(status, exc))
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> web.RequestHandler:
+        return _ConnectionHandler(self, loop=self._loop, **self._kwargs)
+
+
+class JsonErrorRunner(web.AppRunner):
+    """An AppRunner whose connections are `_ConnectionHandler`s.
+
+    aiohttp (3.14) builds its Server in `Application._make_handler` with no hook for the
+    handler's class, so the server it made becomes a `_Server` (which adds only `__call__`).
+    """
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _Server
+        return server
