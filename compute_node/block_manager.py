@@ -103,8 +103,8 @@ class BlockManager:
 
     @property
     def usage(self) -> float:
-        """Blocks in use / total (vLLM's kv_cache_usage_perc, as a fraction)."""
-        return 1.0 - self.num_free_blocks / self.num_blocks
+        """Blocks not allocatable (held, or pinned by I/O) / total: vLLM's kv_cache_usage_perc as a fraction."""
+        return 1.0 - self.num_allocatable_blocks / self.num_blocks
 
     # -- prefix lookup
     def _hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
@@ -210,6 +210,7 @@ class BlockManager:
         return seq.num_blocks - len(seq.block_table) <= self.num_allocatable_blocks
 
     def blocks_to_append(self, seq: Sequence) -> int:
+        """Blocks may_append(seq) would take."""
         return seq.num_blocks - len(seq.block_table)
 
     def may_append(self, seq: Sequence) -> None:

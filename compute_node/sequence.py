@@ -29,8 +29,9 @@ class Sequence:
     """One request's state; mutated only by the block manager and the scheduler.
 
     Invariants: 0 <= num_cached_tokens <= num_computed_tokens < num_tokens while it holds
-    blocks and is not finished; len(block_table) == num_blocks while it holds blocks (the
-    blocks cover every token, the uncomputed ones included); block_hashes[i] is the hash
+    blocks and is not finished; the block table covers every token, the uncomputed ones
+    included (a just-sampled token that starts a new block gets it at the next schedule,
+    by may_append); block_hashes[i] is the hash
     chain value of full block i (computed lazily, never invalidated: tokens are only appended).
     Identity (not value) equality: a sequence can be a set member or a dict key.
     """

@@ -157,10 +157,10 @@ def test_fresh_blocks_first_then_cached_ones_least_recently_freed_first():
 
 def test_a_revived_and_freed_again_block_becomes_the_most_recently_freed():
     bm = BlockManager(4, BT)
-    a, b = computed(bm, range(0, 5)), computed(bm, range(100, 105))
+    a, b = computed(bm, range(5)), computed(bm, range(100, 105))
     bm.deallocate(a)
     bm.deallocate(b)
-    again = seq(range(0, 5))  # revives a's head (and takes a plain block)
+    again = seq(range(5))  # revives a's head (and takes a plain block)
     bm.allocate(again)
     bm.deallocate(again)  # a's head is now freed after b's
     bm.allocate(seq(range(300, 311)))  # 3 blocks: 2 plain, then the least recently freed cached (b's)
@@ -187,6 +187,7 @@ def test_a_pinned_free_block_is_never_allocated_until_unpinned():
     blocks = bm.deallocate(a, pin=True)  # a swap-out: the blocks holding KV, pinned
     assert blocks == a.pinned_blocks == table[:1]
     assert bm.num_pinned_free_blocks == 1 and bm.num_allocatable_blocks == 3
+    assert bm.usage == pytest.approx(0.25)  # a block held by I/O is in use
     taken = seq(range(600, 612))  # 3 blocks: every allocatable one
     bm.allocate(taken)
     assert blocks[0] not in taken.block_table

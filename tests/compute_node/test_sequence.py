@@ -42,8 +42,9 @@ def test_identity_equality_ids_and_opaque_payload():
     assert a.status is SequenceStatus.WAITING and a.payload == {"temperature": 0.0}
 
 
-@pytest.mark.parametrize("kwargs", [dict(token_ids=[], max_new_tokens=1), dict(token_ids=[1], max_new_tokens=0),
-                                    dict(token_ids=[1], max_new_tokens=1, salt="text")])
+@pytest.mark.parametrize("kwargs", [
+    {"token_ids": [], "max_new_tokens": 1}, {"token_ids": [1], "max_new_tokens": 0},
+    {"token_ids": [1], "max_new_tokens": 1, "salt": "text"}])
 def test_bad_sequences_are_refused(kwargs):
     with pytest.raises(AssertionError):
         Sequence(**kwargs)
