@@ -174,7 +174,7 @@ class BlockManager:
     def allocate_for_restore(self, seq: Sequence, num_tokens: int) -> list[int]:
         """allocate(), then pin the blocks storage must fill for tokens [0, num_tokens); return their indexes."""
         self.allocate(seq)
-        target = min(num_tokens, len(seq) - 1)
+        seq.num_restore_tokens = target = min(num_tokens, len(seq) - 1)
         first = seq.num_cached_tokens // self.block_tokens
         seq.restore_blocks = list(range(first, -(-target // self.block_tokens)))
         for i in seq.restore_blocks:
@@ -185,9 +185,8 @@ class BlockManager:
         """Tokens [0, covered_tokens) landed: they become computed; blocks past them are to be prefilled."""
         for i in seq.restore_blocks:
             self.unpin(seq.block_table[i])
-        end = len(seq.restore_blocks) and (seq.restore_blocks[-1] + 1) * self.block_tokens
-        seq.restore_blocks = []
-        covered = min(covered_tokens, end, len(seq) - 1)
+        covered = min(covered_tokens, seq.num_restore_tokens)
+        seq.restore_blocks, seq.num_restore_tokens = [], 0
         if covered > seq.num_computed_tokens:
             self.mark_computed(seq, covered - seq.num_computed_tokens)
 
@@ -197,6 +196,8 @@ class BlockManager:
         seq.num_computed_tokens += num_tokens
         assert seq.num_computed_tokens <= len(seq), "computed past the sequence's tokens"
         filled = list(range(before // self.block_tokens, seq.num_computed_tokens // self.block_tokens))
+        if not filled:
+            return filled
         hashes = self._hashes(seq, seq.num_computed_tokens // self.block_tokens)
         for i in filled:
             block = self.blocks[seq.block_table[i]]
@@ -233,7 +234,7 @@ class BlockManager:
                 self._park(block)
         for i in seq.restore_blocks:  # a restore in flight: its pins stay until its I/O ends
             seq.pinned_blocks.append(seq.block_table[i])
-        seq.restore_blocks = []
+        seq.restore_blocks, seq.num_restore_tokens = [], 0
         seq.block_table = []
         seq.num_computed_tokens = seq.num_cached_tokens = 0
         seq.pinned_blocks.extend(pinned)

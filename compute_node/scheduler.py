@@ -178,7 +178,7 @@ class Scheduler:
         seq.status = RESTORING
         self.restoring[seq.seq_id] = seq
         return RestoreRequest(seq, indexes, [seq.block_table[i] for i in indexes], seq.num_cached_tokens,
-                              min(num_tokens, len(seq) - 1))
+                              seq.num_restore_tokens)
 
     def restore_done(self, seq: Sequence, covered_tokens: int) -> None:
         """The restore's I/O ended with tokens [0, covered_tokens) in place: seq may join the batch.

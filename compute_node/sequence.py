@@ -53,6 +53,7 @@ class Sequence:
     num_preemptions: int = 0
     num_preempted_tokens: int = 0  # KV tokens held at the last preemption, until re-admitted
     restore_blocks: list[int] = dataclasses.field(default_factory=list)  # block indexes being filled
+    num_restore_tokens: int = 0  # the restore in flight brings tokens [0, this) (with the cached ones)
     pinned_blocks: list[int] = dataclasses.field(default_factory=list)  # block ids pinned for our I/O
     finish_reason: str = ""  # "stop", "length" or "abort"
 

@@ -251,6 +251,14 @@ def test_a_partial_restore_keeps_what_landed_and_leaves_the_rest_to_prefill():
     assert bm.blocks[s.block_table[0]].hash is not None and bm.blocks[s.block_table[1]].hash is None
 
 
+def test_a_restore_never_covers_more_than_it_was_asked_for():
+    bm = BlockManager(8, BT)
+    s = seq(range(14))
+    assert bm.allocate_for_restore(s, 10) == [0, 1, 2]
+    bm.restore_done(s, 12)  # block 2 holds 2 restored tokens; the rest of it is not KV of s
+    assert s.num_computed_tokens == 10 and bm.num_pinned_blocks == 0
+
+
 def test_an_abandoned_restore_keeps_its_pins_until_the_io_ends():
     bm = BlockManager(3, BT)
     s = seq(range(9))

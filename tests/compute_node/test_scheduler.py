@@ -389,16 +389,20 @@ class FakeEngine:
                 assert all(self.bm.blocks[b].ref_count == 0 and self.bm.blocks[b].pins for b in ids)
                 self.sched.restore_done(s, req.num_tokens)  # releases the pins
                 return
-            exp = self.expected(s)
-            for i, b in zip(req.block_indexes, ids):
-                assert self.bm.blocks[b].ref_count == 1
-                if source == "swap":
-                    self.pool[b] = list(self.storage[s.seq_id][i])
-                else:  # a previous turn stored the right KV
-                    self.pool[b] = [exp[p] if p < len(exp) else None for p in range(i * BT, (i + 1) * BT)]
             covered = req.num_tokens
             if self.rng.random() < 0.2:  # a partial restore: the rest is prefilled
                 covered = self.rng.randint(req.first_token, req.num_tokens)
+            # storage holds the swapped-out blocks, or (prefetch) what a previous turn stored
+            source_values = self.storage[s.seq_id] if source == "swap" else None
+            exp = self.expected(s)
+            for i, b in zip(req.block_indexes, ids):
+                assert self.bm.blocks[b].ref_count == 1
+                for off, p in enumerate(range(i * BT, (i + 1) * BT)):
+                    good = source_values[i][off] if source_values else exp[p] if p < len(exp) else None
+                    # past what landed, or past what was asked for: never the right KV
+                    self.pool[b][off] = good if p < min(covered, req.num_tokens) else "lost"
+            if covered == req.num_tokens:  # whole blocks landed: the manager keeps only what it asked for
+                covered += self.rng.randint(0, BT)
             self.sched.restore_done(s, covered)
             self.swap_ins += source == "swap"
         self.later(landed, 3)
