@@ -1,0 +1,274 @@
+"""The paged KV pool's bookkeeping: blocks, reference counts, the prefix cache, I/O pins (pure).
+
+A full block is named by a hash chain over its token ids, everything before it and the
+sequence's salt (block_hash), so identical prefixes with the same salt share blocks and
+different salts never do. The SmartNIC agent addresses stored blocks by the same chain
+(hash_chain). A block whose reference count drops to 0 keeps its hash and stays findable
+until it is needed for something else: never-used (or hashless) free blocks are handed out
+first, then cached free blocks, least recently freed first.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import logging
+import struct
+from collections.abc import Sequence as Seq
+
+from compute_node.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+_LENGTHS = struct.Struct("<II")
+
+
+def block_hash(parent_hash: bytes, token_ids: Seq[int], salt: bytes) -> bytes:
+    """blake2b-128 of (len(parent) u32, len(salt) u32, parent, salt, token ids as uint32 LE)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(_LENGTHS.pack(len(parent_hash), len(salt)))
+    h.update(parent_hash)
+    h.update(salt)
+    h.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
+    return h.digest()
+
+
+def hash_chain(token_ids: Seq[int], salt: bytes, block_tokens: int, parent: bytes = b"",
+               start_block: int = 0) -> list[bytes]:
+    """Hashes of the full blocks of token_ids from start_block on (parent: the hash before it)."""
+    hashes = []
+    for i in range(start_block, len(token_ids) // block_tokens):
+        parent = block_hash(parent, token_ids[i * block_tokens:(i + 1) * block_tokens], salt)
+        hashes.append(parent)
+    return hashes
+
+
+@dataclasses.dataclass
+class Block:
+    """One block of the pool: how many block tables hold it, its hash if full and computed, its I/O pins."""
+
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None
+    pins: int = 0
+
+
+class NoFreeBlock(RuntimeError):
+    """An allocation was attempted without checking can_allocate / can_append first."""
+
+
+class BlockManager:
+    """Blocks of one pool. Not thread-safe: the engine owns it.
+
+    Invariants: a block's ref_count is the number of block tables holding it; every block is
+    in exactly one of: used (ref_count > 0), free-plain (no findable hash), free-cached (its
+    hash maps to it, LRU order), free-pinned (ref_count 0 and pins > 0: never handed out);
+    hash_to_block maps only to blocks whose `hash` is that key; a block gets a hash only once
+    all its tokens are computed, and is never written while its ref_count > 1 or while pinned.
+    """
+
+    def __init__(self, num_blocks: int, block_tokens: int):
+        assert num_blocks > 0 and block_tokens > 0
+        self.num_blocks, self.block_tokens = num_blocks, block_tokens
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.hash_to_block: dict[bytes, int] = {}
+        self._plain: collections.deque[int] = collections.deque(range(num_blocks))
+        self._cached: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._pinned_free: set[int] = set()
+        self.prefix_cache_queries = 0  # tokens looked up (vLLM's prefix_cache_queries)
+        self.prefix_cache_hits = 0  # tokens found
+
+    # -- statistics
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence holds (cached and pinned ones included)."""
+        return len(self._plain) + len(self._cached) + len(self._pinned_free)
+
+    @property
+    def num_allocatable_blocks(self) -> int:
+        return len(self._plain) + len(self._cached)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return len(self._cached)
+
+    @property
+    def num_pinned_free_blocks(self) -> int:
+        """Free blocks held back by I/O in flight: allocatable once unpinned."""
+        return len(self._pinned_free)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return sum(1 for b in self.blocks if b.pins)
+
+    @property
+    def usage(self) -> float:
+        """Blocks not allocatable (held, or pinned by I/O) / total: vLLM's kv_cache_usage_perc as a fraction."""
+        return 1.0 - self.num_allocatable_blocks / self.num_blocks
+
+    # -- prefix lookup
+    def _hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
+        """seq.block_hashes extended to num_full_blocks entries."""
+        have = len(seq.block_hashes)
+        if have < num_full_blocks:
+            parent = seq.block_hashes[-1] if have else b""
+            seq.block_hashes.extend(hash_chain(seq.token_ids[:num_full_blocks * self.block_tokens],
+                                               seq.salt, self.block_tokens, parent, have))
+        return seq.block_hashes
+
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """Block ids of the leading full blocks found in the cache, leaving >= 1 token to compute."""
+        assert seq.block_tokens == self.block_tokens, "the sequence's block_tokens is not the pool's"
+        hits = []
+        limit = (len(seq) - 1) // self.block_tokens
+        for h in self._hashes(seq, limit)[:limit]:
+            block_id = self.hash_to_block.get(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def _needs(self, seq: Sequence, hits: list[int]) -> int:
+        """Allocatable blocks an allocation of seq consumes."""
+        revived = sum(1 for b in hits if b in self._cached)
+        return revived + seq.num_blocks - len(hits)
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        """Whether allocate(seq) (or allocate_for_restore) would find enough blocks now."""
+        return self._needs(seq, self._prefix_hits(seq)) <= self.num_allocatable_blocks
+
+    # -- allocation
+    def _take(self) -> int:
+        if self._plain:
+            block_id = self._plain.popleft()
+        elif self._cached:
+            block_id, _ = self._cached.popitem(last=False)
+            block = self.blocks[block_id]
+            del self.hash_to_block[block.hash]
+            block.hash = None
+        else:
+            raise NoFreeBlock("no allocatable block")
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def _revive(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            self._cached.pop(block_id, None)
+            self._pinned_free.discard(block_id)
+        block.ref_count += 1
+
+    def allocate(self, seq: Sequence) -> None:
+        """Blocks for all of seq's tokens, prefix hits first (they count as computed)."""
+        assert not seq.block_table, "sequence already holds blocks"
+        hits = self._prefix_hits(seq)
+        if self._needs(seq, hits) > self.num_allocatable_blocks:
+            raise NoFreeBlock(f"sequence {seq.seq_id} needs more blocks than are allocatable")
+        for block_id in hits:
+            self._revive(block_id)
+        seq.block_table = hits + [self._take() for _ in range(seq.num_blocks - len(hits))]
+        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_tokens
+        self.prefix_cache_queries += len(seq)
+        self.prefix_cache_hits += seq.num_cached_tokens
+
+    def allocate_for_restore(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """allocate(), then pin the blocks storage must fill for tokens [0, num_tokens); return their indexes."""
+        self.allocate(seq)
+        seq.num_restore_tokens = target = min(num_tokens, len(seq) - 1)
+        first = seq.num_cached_tokens // self.block_tokens
+        seq.restore_blocks = list(range(first, -(-target // self.block_tokens)))
+        for i in seq.restore_blocks:
+            self.pin(seq.block_table[i])
+        return list(seq.restore_blocks)
+
+    def restore_done(self, seq: Sequence, covered_tokens: int) -> None:
+        """Tokens [0, covered_tokens) landed: they become computed; blocks past them are to be prefilled."""
+        for i in seq.restore_blocks:
+            self.unpin(seq.block_table[i])
+        covered = min(covered_tokens, seq.num_restore_tokens)
+        seq.restore_blocks, seq.num_restore_tokens = [], 0
+        if covered > seq.num_computed_tokens:
+            self.mark_computed(seq, covered - seq.num_computed_tokens)
+
+    def mark_computed(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """num_tokens more tokens have KV; register the blocks that became full; return their indexes."""
+        before = seq.num_computed_tokens
+        seq.num_computed_tokens += num_tokens
+        assert seq.num_computed_tokens <= len(seq), "computed past the sequence's tokens"
+        filled = list(range(before // self.block_tokens, seq.num_computed_tokens // self.block_tokens))
+        if not filled:
+            return filled
+        hashes = self._hashes(seq, seq.num_computed_tokens // self.block_tokens)
+        for i in filled:
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and hashes[i] not in self.hash_to_block:
+                block.hash = hashes[i]
+                self.hash_to_block[block.hash] = block.block_id
+        return filled
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether the blocks for seq's tokens so far (a decode crossing a block boundary) can be had."""
+        return seq.num_blocks - len(seq.block_table) <= self.num_allocatable_blocks
+
+    def blocks_to_append(self, seq: Sequence) -> int:
+        """Blocks may_append(seq) would take."""
+        return seq.num_blocks - len(seq.block_table)
+
+    def may_append(self, seq: Sequence) -> None:
+        """Give seq the blocks its newest tokens need (a new block when a decode crosses a boundary)."""
+        while len(seq.block_table) < seq.num_blocks:
+            seq.block_table.append(self._take())
+
+    def deallocate(self, seq: Sequence, pin: bool = False) -> list[int]:
+        """Release seq's blocks (full ones stay cached); with pin, first pin those holding KV and return them."""
+        pinned = []
+        if pin:
+            pinned = seq.block_table[:-(-seq.num_computed_tokens // self.block_tokens)]
+            for block_id in pinned:
+                self.pin(block_id)
+        # The tail first: released blocks are reused oldest first, so the prefix outlives the tail.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._park(block)
+        for i in seq.restore_blocks:  # a restore in flight: its pins stay until its I/O ends
+            seq.pinned_blocks.append(seq.block_table[i])
+        seq.restore_blocks, seq.num_restore_tokens = [], 0
+        seq.block_table = []
+        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        seq.pinned_blocks.extend(pinned)
+        return pinned
+
+    def _park(self, block: Block) -> None:
+        """A block nobody holds goes where it belongs among the free ones."""
+        if block.pins:
+            self._pinned_free.add(block.block_id)
+        elif block.hash is not None:
+            self._cached[block.block_id] = None
+        else:
+            self._plain.append(block.block_id)
+
+    # -- I/O pins
+    def pin(self, block_id: int) -> None:
+        """A PUT or GET on the block is in flight: it must not be handed to anyone else."""
+        block = self.blocks[block_id]
+        block.pins += 1
+        if block.ref_count == 0 and block.pins == 1:
+            self._unpark(block_id)
+            self._pinned_free.add(block_id)
+
+    def unpin(self, block_id: int) -> None:
+        """One I/O on the block ended."""
+        block = self.blocks[block_id]
+        assert block.pins > 0, f"block {block_id} is not pinned"
+        block.pins -= 1
+        if block.ref_count == 0 and block.pins == 0:
+            self._pinned_free.discard(block_id)
+            self._park(block)
+
+    def _unpark(self, block_id: int) -> None:
+        if block_id in self._cached:
+            del self._cached[block_id]
+        else:
+            self._plain.remove(block_id)

@@ -1,0 +1,339 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each (pure).
+
+One step runs every running decode (1 token each), the running prefills' next chunks, then
+admits waiting sequences in order while max_num_seqs, the token budget and free blocks allow
+(chunked prefill mixed with the decodes). When a decode cannot get a block, the most
+recently admitted running sequence is preempted: by recompute (its blocks are freed, it
+prefills again later, finding its full blocks in the prefix cache if they are still there)
+or by swap (its KV blocks are pinned until the engine has stored them, then it is restored).
+The engine drives it: schedule() -> run the model -> postprocess(); restores and swap-outs
+go through the block pins and restore_done().
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
+
+from compute_node.block_manager import BlockManager
+from compute_node.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+PREEMPTION_MODES = ("swap", "recompute")
+WAITING, RESTORING, RUNNING = SequenceStatus.WAITING, SequenceStatus.RESTORING, SequenceStatus.RUNNING
+SWAPPED, FINISHED = SequenceStatus.SWAPPED, SequenceStatus.FINISHED
+
+
+class QueueFull(Exception):
+    """The wait queue is at max_waiting (the service answers RESOURCE_EXHAUSTED)."""
+
+
+class NeverFits(ValueError):
+    """The sequence needs more blocks than the pool has (the service answers INVALID_ARGUMENT)."""
+
+
+@dataclasses.dataclass
+class ScheduledSeq:
+    """One sequence's work in a step: tokens [start, start + num_tokens) are computed."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    samples: bool  # the step computes the sequence's last token: its logits give the next token
+
+    @property
+    def filled_blocks(self) -> range:
+        """Indexes of the blocks this step completes (their last token is computed by it)."""
+        bt = self.seq.block_tokens
+        return range(self.start // bt, (self.start + self.num_tokens) // bt)
+
+
+@dataclasses.dataclass
+class SwapOut:
+    """A swap victim: block_ids hold its KV tokens [0, num_tokens), each pinned once; unpin once stored."""
+
+    seq: Sequence
+    block_ids: list[int]
+    num_tokens: int
+
+
+@dataclasses.dataclass
+class RestoreRequest:
+    """Blocks the engine must fill from storage: block_ids[k] is seq.block_table[block_indexes[k]] (pinned)."""
+
+    seq: Sequence
+    block_indexes: list[int]
+    block_ids: list[int]
+    first_token: int  # tokens before it were found in the prefix cache
+    num_tokens: int  # tokens [first_token, num_tokens) are to arrive
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    """What one step does; plain values for the engine and the model runner."""
+
+    scheduled: list[ScheduledSeq] = dataclasses.field(default_factory=list)
+    preempted: list[tuple[Sequence, str]] = dataclasses.field(default_factory=list)  # (seq, kind)
+    swapped_out: list[SwapOut] = dataclasses.field(default_factory=list)
+    restores: list[RestoreRequest] = dataclasses.field(default_factory=list)  # swapped ones re-admitted
+    admitted: list[Sequence] = dataclasses.field(default_factory=list)
+    stalled: list[Sequence] = dataclasses.field(default_factory=list)  # decodes waiting for pinned blocks
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def sampling(self) -> list[Sequence]:
+        """The sequences whose next token postprocess() expects, in order."""
+        return [s.seq for s in self.scheduled if s.samples]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclasses.dataclass
+class SchedulerStats:
+    """Counters since start."""
+
+    preemptions: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # by kind
+    preempted_tokens: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    tokens_recomputed: int = 0  # KV tokens lost to preemption and prefilled again
+    tokens_restored: int = 0  # KV tokens of swapped sequences brought back from storage
+    finished: int = 0  # aborted ones included
+
+
+class Scheduler:
+    """Waiting, restoring, ready and running sequences over one BlockManager. Not thread-safe.
+
+    Invariants: a sequence is in exactly one of waiting (no blocks, or SWAPPED), restoring
+    (RESTORING, blocks allocated), ready (restored, holds blocks, waits for a place in the
+    batch) and running (RUNNING, in admission order); len(running) <= max_num_seqs; every
+    running sequence has at least one token to compute.
+    """
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 preemption: str = "recompute", max_waiting: int = 64, stop_token_ids: Iterable[int] = (),
+                 pin_finished: bool = False):
+        assert preemption in PREEMPTION_MODES, f"preemption must be one of {PREEMPTION_MODES}"
+        assert max_num_seqs > 0 and max_waiting > 0
+        assert max_num_batched_tokens >= max_num_seqs, "the token budget must fit a decode per sequence"
+        self.bm = block_manager
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.preemption, self.max_waiting = preemption, max_waiting
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.pin_finished = pin_finished  # pin a finished sequence's KV blocks (so its tail can be stored)
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.ready: collections.deque[Sequence] = collections.deque()
+        self.restoring: dict[int, Sequence] = {}
+        self.running: list[Sequence] = []
+        self.stats = SchedulerStats()
+
+    # -- queries
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for the batch (restoring ones included): vLLM's num_requests_waiting."""
+        return len(self.waiting) + len(self.ready) + len(self.restoring)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.ready or self.restoring or self.running)
+
+    # -- entry
+    def _check_fits(self, seq: Sequence) -> None:
+        if seq.max_blocks > self.bm.num_blocks:
+            raise NeverFits(f"{seq.num_prompt_tokens} prompt tokens + {seq.max_new_tokens} new tokens need "
+                            f"{seq.max_blocks} blocks of {self.bm.block_tokens} tokens; the pool has "
+                            f"{self.bm.num_blocks}")
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (NeverFits if it could never run; QueueFull past max_waiting)."""
+        assert not seq.block_table and seq.status is WAITING, "add() takes a new sequence"
+        self._check_fits(seq)
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_waiting {self.max_waiting})")
+        seq.status = WAITING
+        self.waiting.append(seq)
+
+    def start_restore(self, seq: Sequence, num_tokens: int) -> RestoreRequest | None:
+        """A new sequence whose first num_tokens tokens storage will fill: allocate now (None: no blocks)."""
+        self._check_fits(seq)
+        if not self.bm.can_allocate(seq):
+            return None
+        return self._restore(seq, num_tokens)
+
+    def _restore(self, seq: Sequence, num_tokens: int) -> RestoreRequest | None:
+        """Allocate for a restore; RESTORING if blocks must be filled, else ready at once (None)."""
+        indexes = self.bm.allocate_for_restore(seq, num_tokens)
+        if not indexes:
+            self._make_ready(seq)
+            return None
+        seq.status = RESTORING
+        self.restoring[seq.seq_id] = seq
+        return RestoreRequest(seq, indexes, [seq.block_table[i] for i in indexes], seq.num_cached_tokens,
+                              seq.num_restore_tokens)
+
+    def restore_done(self, seq: Sequence, covered_tokens: int) -> None:
+        """The restore's I/O ended with tokens [0, covered_tokens) in place: seq may join the batch.
+
+        For a sequence aborted while restoring, this releases the pins its restore still held.
+        """
+        if seq.is_finished:
+            self.release_pins(seq)
+            return
+        assert self.restoring.pop(seq.seq_id, None) is seq, f"sequence {seq.seq_id} is not restoring"
+        self.bm.restore_done(seq, covered_tokens)
+        self._make_ready(seq)
+
+    def _make_ready(self, seq: Sequence) -> None:
+        if seq.num_preempted_tokens:  # a swapped sequence is back: what storage gave, and what it did not
+            restored = max(0, min(seq.num_computed_tokens, seq.num_preempted_tokens) - seq.num_cached_tokens)
+            self.stats.tokens_restored += restored
+            self.stats.tokens_recomputed += max(0, seq.num_preempted_tokens - seq.num_computed_tokens)
+            seq.num_preempted_tokens = 0
+        seq.status = WAITING
+        self.ready.append(seq)
+
+    def release_pins(self, seq: Sequence, block_ids: Iterable[int] | None = None) -> None:
+        """The I/O on these of seq.pinned_blocks (default: all) ended: unpin them."""
+        for block_id in list(seq.pinned_blocks if block_ids is None else block_ids):
+            seq.pinned_blocks.remove(block_id)
+            self.bm.unpin(block_id)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence wherever it is (its restore's pins move to seq.pinned_blocks)."""
+        if seq.status is FINISHED:
+            return
+        for queue in (self.waiting, self.ready, self.running):
+            if seq in queue:
+                queue.remove(seq)
+        self.restoring.pop(seq.seq_id, None)
+        self._finish(seq, "abort")
+
+    # -- one step
+    def schedule(self) -> SchedulerOutput:
+        """Choose the next step's work (decodes, prefill chunks, admissions), preempting if blocks run out."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget:  # decodes first, in admission order
+            seq = self.running[i]
+            if seq.is_decode:
+                room = self._make_room(seq, out)
+                if room == "preempted":
+                    continue  # seq was the last one: the loop ends
+                if room == "ok":
+                    self.bm.may_append(seq)
+                    budget -= self._run(seq, 1, out)
+            i += 1
+        for seq in self.running:  # then the prefills already under way
+            if not seq.is_decode and budget:
+                budget -= self._run(seq, min(seq.num_tokens_to_compute, budget), out)
+        if not out.preempted:  # no admission while memory is short
+            self._admit(out, budget)
+        return out
+
+    def _make_room(self, seq: Sequence, out: SchedulerOutput) -> str:
+        """Blocks for seq's decode: "ok", "stalled" (pinned blocks will do) or "preempted" (seq itself)."""
+        while not self.bm.can_append(seq):
+            need = self.bm.blocks_to_append(seq) - self.bm.num_allocatable_blocks
+            if self.bm.num_pinned_free_blocks >= need:
+                out.stalled.append(seq)  # I/O in flight will release enough: skip one step
+                return "stalled"
+            victim = self.running[-1]  # the most recently admitted
+            self._preempt(victim, out)
+            if victim is seq:
+                return "preempted"
+        return "ok"
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        while budget and len(self.running) < self.max_num_seqs:
+            if self.ready:
+                seq = self.ready.popleft()
+            elif self.waiting:
+                seq = self.waiting[0]
+                if seq.status is SWAPPED:
+                    if seq.pinned_blocks or not self.bm.can_allocate(seq):
+                        break  # its swap-out is still being stored, or no blocks yet
+                    self.waiting.popleft()
+                    restore = self._restore(seq, seq.num_preempted_tokens)
+                    if restore is not None:
+                        out.restores.append(restore)
+                    continue  # RESTORING, or now in ready
+                if not self.bm.can_allocate(seq):
+                    break
+                self.waiting.popleft()
+                self.bm.allocate(seq)
+                if seq.num_preempted_tokens:
+                    self.stats.tokens_recomputed += max(0, seq.num_preempted_tokens - seq.num_cached_tokens)
+                    seq.num_preempted_tokens = 0
+            else:
+                break
+            seq.status = RUNNING
+            self.running.append(seq)
+            out.admitted.append(seq)
+            budget -= self._run(seq, min(seq.num_tokens_to_compute, budget), out)
+
+    def _run(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> int:
+        start = seq.num_computed_tokens
+        out.scheduled.append(ScheduledSeq(seq, start, num_tokens, start + num_tokens == len(seq)))
+        return num_tokens
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        kind = self.preemption
+        tokens = seq.num_computed_tokens
+        self.stats.preemptions[kind] += 1
+        self.stats.preempted_tokens[kind] += tokens
+        seq.num_preemptions += 1
+        seq.num_preempted_tokens = tokens
+        if kind == "swap" and tokens:
+            block_ids = self.bm.deallocate(seq, pin=True)
+            out.swapped_out.append(SwapOut(seq, block_ids, tokens))
+            seq.status = SWAPPED
+        else:
+            self.bm.deallocate(seq)
+            seq.status = WAITING
+        out.preempted.append((seq, kind))
+        self.waiting.appendleft(seq)
+        logger.debug("preempted sequence %s by %s (%d KV tokens)", seq.seq_id, kind, tokens)
+
+    # -- after the step
+    def postprocess(self, output: SchedulerOutput, sampled_tokens: Seq[int]) -> list[Sequence]:
+        """Advance computed tokens, append sampled ones (aligned with output.sampling); return the finished."""
+        assert len(sampled_tokens) == len(output.sampling), "one sampled token per sampling sequence"
+        tokens = iter(sampled_tokens)
+        finished = []
+        for s in output.scheduled:
+            token = next(tokens) if s.samples else None
+            seq = s.seq
+            if seq.status is not RUNNING:  # aborted since the step was scheduled
+                continue
+            assert seq.num_computed_tokens == s.start, "postprocess called twice for a step"
+            self.bm.mark_computed(seq, s.num_tokens)
+            if token is None:
+                continue
+            seq.append_token(token)
+            if token in self.stop_token_ids:
+                reason = "stop"
+            elif seq.num_completion_tokens >= seq.max_new_tokens:
+                reason = "length"
+            else:
+                continue
+            self.running.remove(seq)
+            self._finish(seq, reason)
+            finished.append(seq)
+        return finished
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.block_table:
+            self.bm.deallocate(seq, pin=self.pin_finished and reason != "abort")
+        seq.status, seq.finish_reason = FINISHED, reason
+        self.stats.finished += 1
