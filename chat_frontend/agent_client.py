@@ -14,6 +14,7 @@ from typing import AsyncIterator
 import grpc
 
 from chat_frontend.errors import CODES, ChatError
+from kvtb.rpc import Security, aio_channel
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -36,10 +37,11 @@ def chat_error(exc: grpc.aio.AioRpcError, address: str) -> ChatError:
 class AgentClient:
     """Async client of the agent's ComputeNode proxy and SmartNic stats. One event loop."""
 
-    def __init__(self, address: str, turn_timeout_s: float = 300.0):
+    def __init__(self, address: str, turn_timeout_s: float = 300.0, security: Security = Security.off()):
         self.address = address
+        self.security = security
         self.turn_timeout_s = turn_timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = aio_channel(address, security, peer="smartnic")
         self._compute = compute_pb2_grpc.ComputeNodeStub(self._channel)
         self._smartnic = smartnic_pb2_grpc.SmartNicStub(self._channel)
         self._info: compute_pb2.InfoResponse | None = None

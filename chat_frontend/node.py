@@ -23,6 +23,7 @@ from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import SessionStore
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
+from kvtb.rpc import Security
 from kvtb_proto import frontend_pb2, frontend_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class FrontendNode:
         s = self.settings
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         store = SessionStore(s.db_path)
-        agent = AgentClient(s.agent_address, s.agent_timeout_s)
+        agent = AgentClient(s.agent_address, s.agent_timeout_s, Security.of("frontend", s.credentials_dir, s.insecure))
         service = ChatService(s, store, agent)
         server = grpc.aio.server()
         servicer = ChatFrontendServicer(service, agent)

@@ -23,6 +23,8 @@ class FrontendSettings:
     listen_address: str = "127.0.0.1:50050"
     http_address: str = "127.0.0.1:8000"     # the OpenAI-compatible API
     metrics_address: str = "127.0.0.1:9100"  # Prometheus /metrics
+    credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
+    insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
     agent_address: str = "127.0.0.1:50051"   # the SmartNIC agent in front of the compute node
     storage_admin_addresses: tuple[str, ...] = ("127.0.0.1:50061", "127.0.0.1:50062")
     data_dir: str = "var/frontend"

@@ -9,6 +9,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from chat_frontend.agent_client import AgentClient
+from kvtb.rpc import Security, aio_channel
 from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -25,9 +26,9 @@ async def _figures(what: str, call: Awaitable) -> dict[str, Any]:
                          unquote_int64_if_possible=True)
 
 
-async def storage_figures(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
+async def storage_figures(address: str, security: Security, timeout_s: float = 5.0) -> dict[str, Any]:
     """One storage node's StorageAdmin.Stats."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with aio_channel(address, security, peer="storage") as channel:
         stub = storage_admin_pb2_grpc.StorageAdminStub(channel)
         figures = await _figures(f"storage {address}",
                                  stub.Stats(storage_admin_pb2.StatsRequest(), timeout=timeout_s))
@@ -40,6 +41,6 @@ async def gather(frontend: dict[str, Any], agent: AgentClient,
     agent_figs, compute_figs, *storage = await asyncio.gather(
         _figures("agent", agent.agent_stats()),
         _figures("compute", agent.compute_stats()),
-        *(storage_figures(a) for a in storage_addresses))
+        *(storage_figures(a, agent.security) for a in storage_addresses))
     return {"frontend": frontend, "agent": {"address": agent.address, **agent_figs},
             "compute": compute_figs, "storage": storage}

@@ -7,6 +7,7 @@ import time
 
 import grpc
 
+from kvtb.rpc import Security, channel
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
 
 from compute_node.kv_pool import KvPool
@@ -18,10 +19,10 @@ logger = logging.getLogger(__name__)
 class AgentClient:
     """One registered region at one agent. Thread-safe (gRPC stubs are)."""
 
-    def __init__(self, address: str, timeout_s: float = 10.0):
+    def __init__(self, address: str, security: Security = Security.off(), timeout_s: float = 10.0):
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = grpc.insecure_channel(address)
+        self.channel = channel(address, security, peer="smartnic")
         self.stub = smartnic_pb2_grpc.SmartNicStub(self.channel)
         self.region_id: int | None = None
         self.access_key = ""

@@ -17,6 +17,7 @@ from compute_node.settings import ComputeSettings
 from compute_node.turn import StepSpan
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
+from kvtb.rpc import Authorizer, Security, add_port
 from kvtb.service_metrics import compute_families
 from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc
@@ -24,6 +25,8 @@ from kvtb_proto import compute_pb2, compute_pb2_grpc
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name
+# Only the agent in front of this node sends it turns (and the operator: kvtb.rpc.Authorizer).
+ACCESS = {f"/{SERVICE_NAME}/*": {"smartnic"}}
 
 
 def serve(settings: ComputeSettings, model=None, tokenizer=None) -> "ComputeNode":
@@ -61,8 +64,10 @@ class ComputeNode:
             self.model, self.tokenizer = load_model(s.model_cache_dir, s.torch_threads)
         layout = layout_for(self.model.config, s.num_slots, s.max_context_tokens, s.chunk_tokens)
         self.pool = KvPool.create(s.shm_name, layout)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="compute-grpc"))
-        port = self.server.add_insecure_port(s.listen_address)
+        self.security = Security.of("compute", s.credentials_dir, s.insecure)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="compute-grpc"),
+                                  interceptors=[Authorizer(ACCESS, self.security)])
+        port = add_port(self.server, s.listen_address, self.security)
         if not port:
             raise OSError(f"cannot listen on {s.listen_address}")
         address = f"{s.listen_address.rsplit(':', 1)[0]}:{port}"
@@ -85,7 +90,7 @@ class ComputeNode:
     def _register(self, client_class, address: str) -> StepSpan | None:
         """Step 1: register the pool with the agent; the span, or None when running without it."""
         s = self.settings
-        agent = client_class(s.agent_address)
+        agent = client_class(s.agent_address, self.security)
         needed = s.policy == "triggered" or s.require_agent
         start_ns = time.time_ns()
         try:

@@ -21,6 +21,8 @@ class ComputeSettings:
     chunk_tokens: int = 32
     listen_address: str = "127.0.0.1:50071"
     metrics_address: str = "127.0.0.1:9102"  # Prometheus /metrics
+    credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
+    insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
     agent_address: str = "127.0.0.1:50051"
     advertise_address: str = ""  # where the agent reaches this node (empty: the bound listen address)
     # Under `cpu`: the storage nodes' fabric addresses (tcp://host:port) the compute process

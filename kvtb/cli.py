@@ -28,6 +28,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("stats",): "chat_client.stats_cli:main",
     ("trace",): "chat_client.trace_cli:main",
     ("health",): "kvtb.grpc_health:main",
+    ("credentials",): "kvtb.credentials:main",
 }
 
 HELP = """usage: kvtb COMMAND [ARGS...]

@@ -2,7 +2,8 @@
 
 Servers call `add_health_and_reflection` before they start: everything is NOT_SERVING
 until the service calls `health.set_serving()`, and again while it shuts down.
-`kvtb health ADDR` probes a server (used by `kvtb up` and by the containers' health checks).
+`kvtb health ADDR` probes a server (used by `kvtb up` and by the containers' health checks), as the
+operator over mutual TLS (the internal ports), else in plain text (the frontend's user port).
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from typing import Iterable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from kvtb.credentials import CredentialsError
+from kvtb.rpc import OPERATOR, Security, channel
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -61,21 +65,34 @@ def add_health_and_reflection(server, service_names: Iterable[str], *, aio: bool
     return status
 
 
-def check(address: str, service: str = "", timeout_s: float = 2.0) -> int | None:
+def securities(security: Security | None = None) -> list[Security]:
+    """How to reach a port whose security is not known: as the operator (internal ports, mutual TLS),
+    then in plain text (the frontend's user port); or just `security` when it is given."""
+    if security is not None:
+        return [security]
+    try:
+        return [Security.of(OPERATOR), Security.off()]
+    except CredentialsError:
+        return [Security.off()]
+
+
+def check(address: str, service: str = "", timeout_s: float = 2.0, security: Security | None = None) -> int | None:
     """Return the server's health status, or None when it cannot be reached."""
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s).status
-        except grpc.RpcError:
-            return None
+    for sec in securities(security):
+        with channel(address, sec) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            try:
+                return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s).status
+            except grpc.RpcError:
+                continue
+    return None
 
 
-def wait_serving(address: str, timeout_s: float = 60.0, service: str = "") -> bool:
+def wait_serving(address: str, timeout_s: float = 60.0, service: str = "", security: Security | None = None) -> bool:
     """Poll until the server at address answers SERVING; False after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if check(address, service) == SERVING:
+        if check(address, service, security=security) == SERVING:
             return True
         time.sleep(0.2)
     return False

@@ -17,8 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvtb import credentials
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import ServiceProcess, announce_ready, kvtb_argv
+from kvtb.rpc import OPERATOR, Security
 from kvtb.settings import SettingsError, read_config_file
 
 logger = logging.getLogger(__name__)
@@ -83,16 +85,27 @@ class Deployment:
 
     def _start(self, name: str, args: list[str], env: dict[str, str], timeout_s: float) -> ServiceProcess:
         argv = kvtb_argv("serve", *args, *(["--config", self.config] if self.config else []))
+        env = {credentials.ENV_DIR: str(self.credentials_dir), **env}
         proc = ServiceProcess(name, argv, self.data_dir / "logs" / f"{name}.log", env=env)
         self.procs.append(proc)
         logger.info("starting %s", name)
         proc.start(timeout_s=timeout_s)
-        if not wait_serving(grpc_address(proc), timeout_s=timeout_s):
+        if not wait_serving(grpc_address(proc), timeout_s=timeout_s, security=self.security(name)):
             raise RuntimeError(f"{name} announced {proc.addresses} but is not SERVING; "
                                f"log {proc.log_path}:\n{proc.log_tail()}")
         return proc
 
+    @property
+    def credentials_dir(self) -> Path:
+        return self.data_dir / "credentials"
+
+    def security(self, name: str) -> Security:
+        """How `kvtb up` checks a service's health: the frontend's user port is plain (tokens)."""
+        return Security.off() if name == "frontend" else Security.of(OPERATOR, str(self.credentials_dir))
+
     def start(self, section: dict[str, Any]) -> None:
+        """Make the deployment's credentials (the first time), then start every service in order."""
+        credentials.init(self.credentials_dir)
         storage = [self._start(f"storage-{i}", ["storage"], storage_env(i, section, self.data_dir), 60)
                    for i in range(self.storage_nodes)]
         agent = self._start("smartnic", ["smartnic"], agent_env(storage), 60)

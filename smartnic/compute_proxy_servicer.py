@@ -19,6 +19,8 @@ import grpc
 
 from kvtb import steps
 from kvtb.logs import request_context
+from kvtb.rpc import Security
+from kvtb.rpc import channel as channel_to
 from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc
 from smartnic import ingress
@@ -51,8 +53,10 @@ def parse_peer(peer: str) -> tuple[str, int]:
 class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
     """Thread-safe: stubs are cached per compute address under a lock."""
 
-    def __init__(self, agent: Agent, listen_host: str = "127.0.0.1", listen_port: int = 0):
+    def __init__(self, agent: Agent, listen_host: str = "127.0.0.1", listen_port: int = 0,
+                 security: Security = Security.off()):
         self.agent = agent
+        self.security = security
         self.listen_host, self.listen_port = listen_host, listen_port
         self._lock = threading.Lock()
         self._stubs: dict[str, compute_pb2_grpc.ComputeNodeStub] = {}
@@ -65,7 +69,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
     def _stub(self, address: str) -> compute_pb2_grpc.ComputeNodeStub:
         with self._lock:
             if address not in self._stubs:
-                channel = grpc.insecure_channel(address)
+                channel = channel_to(address, self.security, peer="compute")
                 self._channels.append(channel)
                 self._stubs[address] = compute_pb2_grpc.ComputeNodeStub(channel)
             return self._stubs[address]

@@ -9,6 +9,7 @@ import grpc
 
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
+from kvtb.rpc import Authorizer, Security, add_port
 from kvtb.service_metrics import agent_families
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 from smartnic.agent import Agent
@@ -19,9 +20,21 @@ from smartnic.smartnic_servicer import SmartNicServicer
 
 logger = logging.getLogger(__name__)
 
-SERVICE_NAMES = [smartnic_pb2.DESCRIPTOR.services_by_name["SmartNic"].full_name,
-                 smartnic_pb2.DESCRIPTOR.services_by_name["MatchAction"].full_name,
-                 compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name]
+SMARTNIC, MATCH_ACTION, COMPUTE = (smartnic_pb2.DESCRIPTOR.services_by_name["SmartNic"].full_name,
+                                   smartnic_pb2.DESCRIPTOR.services_by_name["MatchAction"].full_name,
+                                   compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name)
+SERVICE_NAMES = [SMARTNIC, MATCH_ACTION, COMPUTE]
+
+# Who may call what (kvtb.rpc.Authorizer; the operator may call everything, MatchAction and the
+# requester's Lookup, ListContexts and DropContext are the operator's alone). User and context ids
+# come only from the frontend: it alone may send turns.
+ACCESS = {
+    **{f"/{SMARTNIC}/{m}": {"compute"} for m in (
+        "RegisterMemory", "DeregisterMemory", "CounterAdd", "CounterSet", "CounterRead", "CounterWait",
+        "QueueTriggered", "CancelCounter", "Flush", "ReadErrors", "Restore")},
+    f"/{SMARTNIC}/Stats": {"frontend"},
+    **{f"/{COMPUTE}/{m}": {"frontend"} for m in ("Generate", "EncodeChat", "Decode", "Info", "Stats")},
+}
 
 
 def serve(settings: SmartNicSettings) -> "AgentNode":
@@ -47,14 +60,16 @@ class AgentNode:
         """Connect to the storage nodes, bind the gRPC server and metrics, and serve."""
         self.agent.start()
         s = self.settings
+        security = Security.of("smartnic", s.credentials_dir, s.insecure)
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(s.grpc_workers),
                                   options=[("grpc.max_receive_message_length", 64 << 20),
-                                           ("grpc.max_send_message_length", 64 << 20)])
+                                           ("grpc.max_send_message_length", 64 << 20)],
+                                  interceptors=[Authorizer(ACCESS, security)])
         host = s.listen_address.rpartition(":")[0]
-        port = self.server.add_insecure_port(s.listen_address)
+        port = add_port(self.server, s.listen_address, security)
         if port == 0:
             raise OSError(f"cannot listen on {s.listen_address}")
-        self.proxy = ComputeProxyServicer(self.agent, host, port)
+        self.proxy = ComputeProxyServicer(self.agent, host, port, security)
         smartnic_pb2_grpc.add_SmartNicServicer_to_server(SmartNicServicer(self.agent), self.server)
         smartnic_pb2_grpc.add_MatchActionServicer_to_server(MatchActionServicer(self.agent), self.server)
         compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.proxy, self.server)

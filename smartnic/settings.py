@@ -41,6 +41,8 @@ class SmartNicSettings:
 
     listen_address: str = "127.0.0.1:50051"
     metrics_address: str = "127.0.0.1:9101"  # Prometheus /metrics
+    credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
+    insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
     storage_nodes: tuple = DEFAULT_STORAGE_NODES
     host_nqn: str = "nqn.2026-11.org.kvtestbed:smartnic-0"
     namespace_id: int = 1

@@ -8,6 +8,7 @@ import grpc
 
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
+from kvtb.rpc import Authorizer, Security, add_port
 from kvtb.service_metrics import storage_families
 from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
 from storage_node.admin_servicer import StorageAdminServicer
@@ -20,6 +21,9 @@ from storage_node.subsystem import Subsystem
 logger = logging.getLogger(__name__)
 
 ADMIN_SERVICE = storage_admin_pb2.DESCRIPTOR.services_by_name["StorageAdmin"].full_name
+# Who may call what on the admin port (the operator may call everything): the frontend gathers
+# the system's figures for `kvtb stats`.
+ADMIN_ACCESS = {f"/{ADMIN_SERVICE}/Stats": {"frontend"}}
 
 
 def serve(settings: StorageSettings) -> "StorageNode":
@@ -52,12 +56,14 @@ class StorageNode:
         self.executor = futures.ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="io")
         self.fabric = FabricServer(self.settings.fabric_address)
         processor = CommandProcessor(self.subsystem, self.executor, self.fabric.post, self.stats)
-        self.grpc_server = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="admin"))
+        security = Security.of("storage", self.settings.credentials_dir, self.settings.insecure)
+        self.grpc_server = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="admin"),
+                                       interceptors=[Authorizer(ADMIN_ACCESS, security)])
         storage_admin_pb2_grpc.add_StorageAdminServicer_to_server(
             StorageAdminServicer(self.subsystem, self.stats, self.fabric.address), self.grpc_server)
         self.health = add_health_and_reflection(self.grpc_server, [ADMIN_SERVICE])
         host = self.settings.admin_address.rsplit(":", 1)[0]
-        port = self.grpc_server.add_insecure_port(self.settings.admin_address)
+        port = add_port(self.grpc_server, self.settings.admin_address, security)
         if port == 0:
             raise OSError(f"cannot bind the admin address {self.settings.admin_address}")
         self.grpc_server.start()

@@ -43,6 +43,8 @@ class StorageSettings:
     max_value_bytes: int = 1 << 30
     admin_address: str = "127.0.0.1:50061"
     metrics_address: str = "127.0.0.1:9103"   # Prometheus /metrics
+    credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
+    insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
     fabric_address: str = "tcp://127.0.0.1:55061"
     # host NQN (or "*") -> namespace ids it may reach (or "*"): the NIC-2 access list
     allowed_hosts: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {WILDCARD: WILDCARD})

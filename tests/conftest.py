@@ -2,12 +2,31 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
+from kvtb import credentials
 from kvtb.launch import ServiceProcess, kvtb_argv
+from kvtb.rpc import Security, channel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# One deployment's credentials for the whole run, made as `kvtb up` makes them: every service a
+# test starts (in this process or as a child) finds them through KVTB_CREDENTIALS_DIR, so the
+# tests run with security on, as a user's deployment does.
+CREDENTIALS = credentials.init(tempfile.mkdtemp(prefix="kvtb-test-credentials-"))
+os.environ[credentials.ENV_DIR] = str(CREDENTIALS)
+
+
+def as_identity(identity: str = "operator") -> Security:
+    """This test run's security as one of the deployment's identities."""
+    return Security.of(identity, str(CREDENTIALS))
+
+
+def secure_channel(address: str, peer: str = "", identity: str = "operator"):
+    """A mutual-TLS channel to a service of this run (as the operator, unless told otherwise)."""
+    return channel(address, as_identity(identity), peer=peer)
 
 # Tests leave the fixed HTTP and metrics ports to a `kvtb up` on this machine.
 FREE_SIDE_PORTS = {f"KVTB_{s}_METRICS_ADDRESS": "127.0.0.1:0"

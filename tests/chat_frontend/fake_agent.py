@@ -6,6 +6,7 @@ from concurrent import futures
 
 import grpc
 
+from kvtb.rpc import Security, add_port
 from kvtb_proto import compute_pb2, compute_pb2_grpc
 
 STOP = 2
@@ -41,22 +42,22 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
         return compute_pb2.ComputeStatsResponse(turns=len(self.requests))
 
 
-def serve(address: str = "127.0.0.1:0") -> tuple[grpc.Server, FakeComputeNode, str]:
-    """Start the fake agent; (server, servicer, address)."""
+def serve(address: str = "127.0.0.1:0", identity: str = "smartnic") -> tuple[grpc.Server, FakeComputeNode, str]:
+    """Start the fake (as the agent, or as `identity`) with the run's credentials; (server, servicer, address)."""
     server = grpc.server(futures.ThreadPoolExecutor(16))
     node = FakeComputeNode()
     compute_pb2_grpc.add_ComputeNodeServicer_to_server(node, server)
-    port = server.add_insecure_port(address)
+    port = add_port(server, address, Security.of(identity))
     server.start()
     return server, node, f"{address.rsplit(':', 1)[0]}:{port}"
 
 
 def main(argv: list[str]) -> None:
-    """`python -m tests.chat_frontend.fake_agent ADDRESS [--hold]`: serve until killed.
+    """`python -m tests.chat_frontend.fake_agent ADDRESS [--hold] [--as IDENTITY]`: serve until killed.
 
     With --hold every Generate waits (up to 30 s) before it answers: a turn to kill mid-way.
     """
-    server, node, _ = serve(argv[0])
+    server, node, _ = serve(argv[0], argv[argv.index("--as") + 1] if "--as" in argv else "smartnic")
     if "--hold" in argv:
         node.gate.clear()
     server.wait_for_termination()

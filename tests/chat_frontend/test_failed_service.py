@@ -11,6 +11,7 @@ import grpc
 import pytest
 import yaml
 
+from tests.conftest import secure_channel
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import free_port
 from kvtb_proto import compute_pb2, compute_pb2_grpc
@@ -23,9 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def start_fake_compute(address: str) -> subprocess.Popen:
     """The fake ComputeNode (its Generate held until killed) as a process; once it answers."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.chat_frontend.fake_agent", address, "--hold"],
-                            cwd=ROOT)
-    with grpc.insecure_channel(address) as channel:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.chat_frontend.fake_agent", address, "--hold",
+                             "--as", "compute"], cwd=ROOT)
+    with secure_channel(address, peer="compute") as channel:
         grpc.channel_ready_future(channel).result(timeout=30)
     return proc
 
@@ -54,7 +55,7 @@ def test_a_killed_compute_node_is_named_and_a_gone_agent_too(stack):
     addresses, agent, compute_address, compute = stack
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         held = pool.submit(post, addresses["http"], GOOD)  # waits in the fake's Generate
-        with grpc.insecure_channel(agent.addresses["grpc"]) as channel:
+        with secure_channel(agent.addresses["grpc"], peer="smartnic") as channel:
             stats = compute_pb2_grpc.ComputeNodeStub(channel).Stats
             while stats(compute_pb2.ComputeStatsRequest(), timeout=10).turns < 1:
                 time.sleep(0.01)  # until the turn reached the compute node
@@ -72,7 +73,7 @@ def test_a_killed_compute_node_is_named_and_a_gone_agent_too(stack):
     assert f"the compute node at {compute_address} is unavailable" in body["error"]["message"]
 
     # the agent's own answer over gRPC
-    with grpc.insecure_channel(agent.addresses["grpc"]) as channel, pytest.raises(grpc.RpcError) as err:
+    with secure_channel(agent.addresses["grpc"], peer="smartnic") as channel, pytest.raises(grpc.RpcError) as err:
         list(compute_pb2_grpc.ComputeNodeStub(channel).Generate(compute_pb2.TurnRequest(
             request_id="r", user_id="u", context_id="c", token_ids=[1, 2]), timeout=10))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and compute_address in err.value.details()

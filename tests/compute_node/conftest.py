@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from compute_node.settings import ComputeSettings
+from tests.conftest import secure_channel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -165,9 +166,8 @@ class Chat:
     """A client of the compute node through the agent (the frontend's path)."""
 
     def __init__(self, address: str, user: str = "alice"):
-        import grpc
         from kvtb_proto import compute_pb2_grpc
-        self.channel = grpc.insecure_channel(address)
+        self.channel = secure_channel(address)
         self.stub = compute_pb2_grpc.ComputeNodeStub(self.channel)
         self.user = user
 

@@ -5,10 +5,11 @@ import grpc
 import pytest
 
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2
+from tests.conftest import secure_channel
 
 
 def _stub(node):
-    return compute_pb2_grpc.ComputeNodeStub(grpc.insecure_channel(node.address))
+    return compute_pb2_grpc.ComputeNodeStub(secure_channel(node.address, peer="compute"))
 
 
 def _turn(stub, ids, ctx="c1", policy="", n=8, **kw):
@@ -120,3 +121,22 @@ def test_a_restore_that_never_completes_falls_back_to_recompute_in_another_slot(
     assert rec.kv_source == "recomputed" and "not complete after 0.2 s" in rec.fallback_reason
     assert rec.slot != got.slot and rec.tokens_prefilled == 20 and tokens
     assert 7 in [s.step for s in rec.steps]
+
+
+def test_only_the_agent_may_send_turns_to_the_node(make_node):
+    from kvtb.rpc import Security, channel
+    node = make_node()
+    request = compute_pb2.TurnRequest(request_id="r", user_id="alice", context_id="c", token_ids=[1, 2])
+    for identity in ("frontend", "storage", "compute"):
+        with secure_channel(node.address, peer="compute", identity=identity) as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                list(compute_pb2_grpc.ComputeNodeStub(ch).Generate(request, timeout=10))
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, identity
+            with pytest.raises(grpc.RpcError) as err:
+                compute_pb2_grpc.ComputeNodeStub(ch).Decode(compute_pb2.DecodeRequest(token_ids=[1]), timeout=10)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, identity
+    with channel(node.address, Security.off()) as ch, pytest.raises(grpc.RpcError) as err:
+        compute_pb2_grpc.ComputeNodeStub(ch).Info(compute_pb2.InfoRequest(), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    with secure_channel(node.address, peer="compute", identity="smartnic") as ch:
+        assert compute_pb2_grpc.ComputeNodeStub(ch).Decode(compute_pb2.DecodeRequest(token_ids=[1]), timeout=10)

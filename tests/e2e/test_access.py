@@ -6,6 +6,7 @@ from chat_client.client import FrontendClient, RpcFailure
 from kvtb_proto import compute_pb2, compute_pb2_grpc, frontend_pb2, frontend_pb2_grpc
 
 from .conftest import USERS, run_turn
+from tests.conftest import secure_channel
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,7 @@ def test_second_user_can_neither_read_nor_continue(triggered, alice_context):
 
 
 def test_agent_denies_another_users_kv(triggered, alice_context):
-    with grpc.insecure_channel(triggered.agent) as channel:
+    with secure_channel(triggered.agent, peer="smartnic") as channel:
         stub = compute_pb2_grpc.ComputeNodeStub(channel)
         request = compute_pb2.TurnRequest(request_id="probe", user_id="bob", context_id=alice_context,
                                           token_ids=[1, 2, 3], max_new_tokens=1)

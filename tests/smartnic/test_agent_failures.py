@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import time
 
-import grpc
 import pytest
 
 from kvtb.launch import free_port
@@ -12,6 +11,7 @@ from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
 from fabric.client import FabricClient
 from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
 from tests.smartnic.test_agent_service import CTX, IDS, USER, offload, restore
+from tests.conftest import secure_channel
 
 
 def start(start_service, tmp_path, nodes=("s0",), **agent_settings):
@@ -19,7 +19,7 @@ def start(start_service, tmp_path, nodes=("s0",), **agent_settings):
         (n, start_service(f"storage-{n}", "serve", "storage", env=storage_env(tmp_path, n))) for n in nodes
     ]
     agent = start_service("agent", "serve", "smartnic", env=agent_env(storage, **agent_settings))
-    channel = grpc.insecure_channel(agent.addresses["grpc"])
+    channel = secure_channel(agent.addresses["grpc"], peer="smartnic")
     return storage, agent, Pool(smartnic_pb2_grpc.SmartNicStub(channel))
 
 
@@ -137,7 +137,7 @@ def test_a_node_down_at_start_is_tolerated_and_joins_later(start_service, tmp_pa
     late = {"admin": "127.0.0.1:0", "fabric": f"tcp://127.0.0.1:{port}"}
     agent = start_service("agent", "serve", "smartnic", env=agent_env([("s0", s0), ("s1", late)]))
     assert agent.ready["storage_nodes_up"] == ["s0"]
-    pool = Pool(smartnic_pb2_grpc.SmartNicStub(grpc.insecure_channel(agent.addresses["grpc"])))
+    pool = Pool(smartnic_pb2_grpc.SmartNicStub(secure_channel(agent.addresses["grpc"], peer="smartnic")))
     try:
         offload(pool, context="c-early")
         assert set(pool.stub.Stats(smartnic_pb2.StatsRequest()).bytes_by_storage_node) == {"s0"}

@@ -11,6 +11,7 @@ from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
 from fabric import chunk_format as cf
 from fabric.client import FabricClient
 from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
+from tests.conftest import secure_channel
 
 USER, CTX = "alice", "ctx-1"
 IDS = np.arange(1000, 1064, dtype=np.uint32)
@@ -24,7 +25,7 @@ def storage(start_service, tmp_path):
 @pytest.fixture
 def agent(start_service, storage):
     proc = start_service("agent", "serve", "smartnic", env=agent_env(storage))
-    channel = grpc.insecure_channel(proc.addresses["grpc"])
+    channel = secure_channel(proc.addresses["grpc"], peer="smartnic")
     yield proc, smartnic_pb2_grpc.SmartNicStub(channel)
     channel.close()
 
@@ -92,7 +93,7 @@ def test_put_stores_the_bytes_and_get_restores_them(pool, storage):
 def test_gets_in_data_pdus_restore_exactly_the_bytes_put(start_service, storage):
     # chunks of 4,240 bytes asked for in PDUs of 4,096: each arrives in two, cut mid-row
     proc = start_service("agent-pdus", "serve", "smartnic", env=agent_env(storage, get_pdu_bytes=4096))
-    channel = grpc.insecure_channel(proc.addresses["grpc"])
+    channel = secure_channel(proc.addresses["grpc"], peer="smartnic")
     source, target = Pool(smartnic_pb2_grpc.SmartNicStub(channel)), None
     try:
         offload(source)
@@ -234,7 +235,7 @@ def test_restart_rebuilds_the_hashmap(start_service, storage, pool, agent):
     pool.region.close()
     agent[0].stop()
     proc = start_service("agent-again", "serve", "smartnic", env=agent_env(storage))
-    with grpc.insecure_channel(proc.addresses["grpc"]) as channel:
+    with secure_channel(proc.addresses["grpc"], peer="smartnic") as channel:
         stub = smartnic_pb2_grpc.SmartNicStub(channel)
         after = stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX))
         assert [(c.key, c.crc32c, c.length, c.token_end) for c in after.chunks] == [

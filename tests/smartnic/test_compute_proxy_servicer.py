@@ -14,6 +14,8 @@ import pytest
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 from tests.smartnic.helpers import LAYOUT, Pool, agent_env, storage_env
 from tests.smartnic.test_agent_service import CTX, IDS, USER, offload
+from kvtb.rpc import add_port
+from tests.conftest import as_identity, secure_channel
 
 SLOT = 1
 
@@ -56,9 +58,9 @@ def setup(start_service, tmp_path):
     fake = FakeComputeNode()
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(8))
     compute_pb2_grpc.add_ComputeNodeServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = add_port(server, "127.0.0.1:0", as_identity("compute"))  # the fake compute node, with its certificate
     server.start()
-    channel = grpc.insecure_channel(agent.addresses["grpc"])
+    channel = secure_channel(agent.addresses["grpc"], peer="smartnic")
     fake.pool = Pool(smartnic_pb2_grpc.SmartNicStub(channel), compute_address=f"127.0.0.1:{port}")
     yield fake, channel
     fake.pool.close()

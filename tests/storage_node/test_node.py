@@ -16,6 +16,7 @@ from fabric import status as st
 from fabric.client import FabricClient, FabricError, StorageStatusError
 
 from .conftest import GOOD_HOST
+from tests.conftest import secure_channel
 
 
 def start_node(start_service, config: str):
@@ -23,7 +24,7 @@ def start_node(start_service, config: str):
 
 
 def admin(node):
-    return apb_grpc.StorageAdminStub(grpc.insecure_channel(node.addresses["admin"]))
+    return apb_grpc.StorageAdminStub(secure_channel(node.addresses["admin"], peer="storage"))
 
 
 def test_serves_health_identify_and_exits_cleanly_on_sigterm(start_service, node_config):
@@ -201,5 +202,42 @@ def test_storage_node_serves_once_started_and_not_while_stopping(tmp_path):
         assert {"kvtb.storage.StorageAdmin", HEALTH} <= reflected_services(address)
         node.health.set_not_serving()  # what stop() does first
         assert check(address) == NOT_SERVING
+    finally:
+        node.stop()
+
+
+def test_admin_answers_only_the_operator_and_stats_to_the_frontend(tmp_path):
+    from kvtb import credentials
+    from kvtb.rpc import Security, channel
+    from storage_node.node import serve
+    from storage_node.settings import StorageSettings
+    node = serve(StorageSettings(data_dir=str(tmp_path / "d"), admin_address="127.0.0.1:0",
+                                 fabric_address="tcp://127.0.0.1:0", metrics_address="127.0.0.1:0",
+                                 namespace_size_bytes=1 << 20))
+    node.start()
+    address = node.addresses["admin"]
+    calls = {"Identify": lambda s: s.Identify(apb.IdentifyRequest(), timeout=5),
+             "Disconnect": lambda s: s.Disconnect(apb.DisconnectRequest(host_nqn="nqn.x"), timeout=5),
+             "CreateNamespace": lambda s: s.CreateNamespace(apb.CreateNamespaceRequest(), timeout=5),
+             "Stats": lambda s: s.Stats(apb.StatsRequest(), timeout=5)}
+    stranger = Security.of("operator", str(credentials.init(tmp_path / "elsewhere")))
+    try:
+        for ch in (channel(address, Security.off()), channel(address, stranger, peer="storage")):
+            for name, call in calls.items():
+                with pytest.raises(grpc.RpcError) as err:
+                    call(apb_grpc.StorageAdminStub(ch))
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE, name
+            ch.close()
+        for identity in ("frontend", "smartnic", "compute"):
+            with secure_channel(address, peer="storage", identity=identity) as ch:
+                stub = apb_grpc.StorageAdminStub(ch)
+                for name in ("Identify", "Disconnect", "CreateNamespace"):
+                    with pytest.raises(grpc.RpcError) as err:
+                        calls[name](stub)
+                    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, (identity, name)
+        with secure_channel(address, peer="storage", identity="frontend") as ch:
+            assert calls["Stats"](apb_grpc.StorageAdminStub(ch)).commands_completed == 0
+        with secure_channel(address, peer="storage") as ch:  # the operator
+            assert calls["Identify"](apb_grpc.StorageAdminStub(ch)).fabric_address
     finally:
         node.stop()

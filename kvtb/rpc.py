@@ -1,0 +1,148 @@
+"""gRPC between the services: mutual TLS with the deployment's certificates, and who may call what.
+
+Every internal gRPC port (the agent, the compute node, a storage node's admin) is served with
+`add_port`, which requires a client certificate signed by the deployment's CA, and guarded by an
+`Authorizer`: a table from method to the identities (certificate common names) that may call it.
+A peer without a certificate cannot connect; one with the wrong identity gets PERMISSION_DENIED
+naming the method and who may call it. Health checks and reflection answer any authenticated peer.
+Clients reach a service with `channel(address, peer=IDENTITY)`: the server's certificate must
+carry that identity (its DNS name), whatever address it is reached at.
+
+`Security.off()` (setting `insecure: true`) turns all of it off: for benchmarks that measure what
+security costs, never the default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping
+
+import grpc
+
+from kvtb.credentials import COMMON_NAME, Credentials
+
+logger = logging.getLogger(__name__)
+
+OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                 "grpc.reflection.v1.ServerReflection")
+OPERATOR = "operator"
+
+
+@dataclasses.dataclass(frozen=True)
+class Security:
+    """How one process speaks gRPC: as which identity, with which credentials (None: insecure)."""
+
+    credentials: Credentials | None
+
+    @classmethod
+    def of(cls, identity: str, credentials_dir: str = "", insecure: bool = False) -> "Security":
+        """The settings' security: mutual TLS as `identity` unless insecure."""
+        return cls(None if insecure else Credentials.load(identity, credentials_dir))
+
+    @classmethod
+    def off(cls) -> "Security":
+        return cls(None)
+
+    @property
+    def identity(self) -> str:
+        return self.credentials.identity if self.credentials else ""
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        ca, cert, key = self.credentials.tls()
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        ca, cert, key = self.credentials.tls()
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def add_port(server, address: str, security: Security) -> int:
+    """Bind address on server (sync or aio) with mutual TLS (or insecure when security is off)."""
+    if security.credentials is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, security.server_credentials())
+
+
+def _options(peer: str, options: Iterable[tuple[str, object]]) -> list[tuple[str, object]]:
+    return [("grpc.ssl_target_name_override", peer or COMMON_NAME), *options]
+
+
+def channel(address: str, security: Security, peer: str = "", options: Iterable = ()) -> grpc.Channel:
+    """A channel to the service of identity `peer` at address ("" peer: any service of the deployment)."""
+    if security.credentials is None:
+        return grpc.insecure_channel(address, options=list(options))
+    return grpc.secure_channel(address, security.channel_credentials(), options=_options(peer, options))
+
+
+def aio_channel(address: str, security: Security, peer: str = "", options: Iterable = ()) -> grpc.aio.Channel:
+    """channel() for asyncio."""
+    if security.credentials is None:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    return grpc.aio.secure_channel(address, security.channel_credentials(), options=_options(peer, options))
+
+
+def peer_identity(context) -> str:
+    """The calling peer's identity (its certificate's common name); "" without one."""
+    names = context.auth_context().get("x509_common_name") or []
+    return names[0].decode() if names else ""
+
+
+class Authorizer(grpc.ServerInterceptor):
+    """Who may call what: `allowed[method]` is the identities that may call it (full method names,
+    e.g. "/kvtb.smartnic.MatchAction/Write", or a whole service as "/kvtb.smartnic.MatchAction/*").
+    The operator may call everything. A method in no entry is refused: new methods are closed
+    until someone says who may call them. With security off, everyone may call everything.
+    """
+
+    def __init__(self, allowed: Mapping[str, Iterable[str]], security: Security):
+        self.allowed = {method: frozenset(ids) | {OPERATOR} for method, ids in allowed.items()}
+        self.enabled = security.credentials is not None
+
+    def identities_for(self, method: str) -> frozenset[str] | None:
+        """Who may call method; None when it is open (health, reflection) or nobody is named."""
+        service = method.rsplit("/", 1)[0]
+        if service.strip("/") in OPEN_SERVICES:
+            return None
+        return self.allowed.get(method, self.allowed.get(f"{service}/*", frozenset({OPERATOR})))
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not self.enabled:
+            return handler
+        allowed = self.identities_for(method)
+        if allowed is None:
+            return handler
+        return _guarded(handler, method, allowed)
+
+
+def _guarded(handler: grpc.RpcMethodHandler, method: str, allowed: frozenset[str]) -> grpc.RpcMethodHandler:
+    """The handler, checking the caller's identity before its behaviour runs."""
+
+    def check(context) -> None:
+        who = peer_identity(context)
+        if who not in allowed:
+            logger.warning("refused %s to %r", method, who or "a peer without a certificate")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"{method} may be called by {', '.join(sorted(allowed))}, not by {who or 'an unknown peer'}")
+
+    def wrap(behaviour, streaming_response: bool):
+        if behaviour is None:
+            return None
+        if streaming_response:
+            def stream(request, context):
+                check(context)
+                yield from behaviour(request, context)
+            return stream
+
+        def unary(request, context):
+            check(context)
+            return behaviour(request, context)
+        return unary
+
+    kind = ("unary_unary" if handler.unary_unary else "unary_stream" if handler.unary_stream
+            else "stream_unary" if handler.stream_unary else "stream_stream")
+    make = getattr(grpc, f"{kind}_rpc_method_handler")
+    return make(wrap(getattr(handler, kind), kind.endswith("stream")),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
