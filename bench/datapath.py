@@ -1,0 +1,120 @@
+"""`kvtb bench datapath`: KV PUT and GET throughput through the whole path, beside this machine's limits.
+
+The path: a registered region, the agent's triggered engine and data path (gather from 128
+strided ranges per chunk, as in a KV pool), ZeroMQ, a real storage node process (fabric front
+end, queue manager, extent allocator, file, fsync), and back into the region, checked byte
+for byte. It reuses `kvtb bench smartnic`'s transfer functions with chunk sizes from 64 KiB to
+64 MiB; the raw limits (ZeroMQ tcp, pwrite+fsync, page-cache pread) are measured in the same
+run on the same disk, each moving as many distinct bytes as a transfer (`--total-mib`), taking
+turns with the transfer's rounds (see `bench.smartnic`). PUT limit = min(zmq, pwrite+fsync);
+GET limit = min(zmq, pread).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from bench import smartnic
+from bench.results import (
+    add_common_args,
+    data_dir,
+    floors,
+    format_bytes,
+    new_result,
+    plot_lines,
+    plots,
+    progress_for,
+    ratios_text,
+    run_bench,
+)
+from kvtb.heap import keep_large_buffers_in_the_heap
+
+logger = logging.getLogger(__name__)
+
+KIB = 1024
+SIZES = (64 * KIB, 256 * KIB, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+SMOKE_SIZES = (64 * KIB, 1 << 20)
+FLOOR_BYTES = 16 << 20
+FLOOR = smartnic.FLOOR
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvtb bench datapath", description=__doc__.splitlines()[0])
+    add_common_args(parser, "datapath")
+    parser.add_argument("--sizes-kib", type=lambda s: [int(x) * KIB for x in s.split(",")],
+                        help="chunk sizes in KiB, comma-separated (default 64 KiB to 64 MiB)")
+    parser.add_argument("--total-mib", type=int, default=128, help="bytes moved per size and round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per size (the best is kept)")
+    parser.add_argument("--budget-s", type=float, default=1.0,
+                        help="seconds per raw-limit measurement (cut into --rounds windows, the best kept)")
+    args = parser.parse_args(argv)
+    args.sizes = args.sizes_kib or list(SMOKE_SIZES if args.smoke else SIZES)
+    if args.smoke:
+        args.total_mib, args.rounds, args.budget_s = min(args.total_mib, 4), 1, min(args.budget_s, 0.2)
+    return args
+
+
+def measure(args: argparse.Namespace, directory: Path, progress) -> list[dict]:
+    """Per chunk size: the whole path beside the storage node alone and the raw limits."""
+    most_chunks = max(max(2, (args.total_mib << 20) // size) for size in args.sizes)
+    rows = []
+    with smartnic.agent_beside_storage(directory, max(512, most_chunks)) as (agent, fabric):
+        for size in args.sizes:
+            rows.append(smartnic.transfer_beside_limits(agent, fabric, size, args.total_mib << 20,
+                                                        args.rounds, args.budget_s, directory))
+            progress.update(note=format_bytes(size))
+    return rows
+
+
+def calibration_transfers(rows: list[dict]) -> list[dict]:
+    """Per-chunk times for `kvtb simulate --calibrate`: triggered = the agent's path, cpu = a host client.
+
+    Chunks are pipelined, so `seconds` is the amortized time per chunk (chunk bytes / throughput).
+    """
+    out = []
+    for t in rows:
+        for mode, figures in (("triggered", t), ("cpu", t["storage_node_direct"])):
+            for op in ("put", "get"):
+                out.append({"mode": mode, "direction": op, "bytes": t["chunk_bytes"],
+                            "seconds": t["chunk_bytes"] / figures[f"{op}_bytes_per_s"]})
+    return out
+
+
+def table(result: dict) -> str:
+    return f"{smartnic.transfers_table(result['results']['chunks'])}\n\n{ratios_text(result['ratios'])}"
+
+
+def plot(result: dict, out: Path) -> Path | None:
+    chunks = result["results"]["chunks"]
+    xs = [t["chunk_bytes"] / KIB for t in chunks]
+    series = {f"{op.upper()} {label}": (xs, [get(t) / 1e6 for t in chunks])
+              for op in ("put", "get")
+              for label, get in (("whole path", lambda t, o=op: t[f"{o}_bytes_per_s"]),
+                                 ("raw limit", lambda t, o=op: t[f"{o}_limit_bytes_per_s"]))}
+    return plot_lines(out / "datapath.png", series, title="KV PUT/GET through region, agent, storage",
+                      xlabel="chunk size (KiB)", ylabel="MB/s", logx=True, logy=True)
+
+
+def run(args: argparse.Namespace) -> dict:
+    keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up, first
+    result = new_result("datapath", {"sizes_bytes": args.sizes, "total_mib": args.total_mib,
+                                     "rounds": args.rounds, "budget_s": args.budget_s, "fsync": True,
+                                     "ranges_per_chunk": smartnic.RANGES_PER_CHUNK, "smoke": args.smoke})
+    with progress_for(args, len(args.sizes), "datapath") as progress, data_dir(args, "datapath") as path:
+        rows = measure(args, path, progress)
+    result["results"]["chunks"] = rows
+    result["transfers"] = calibration_transfers(rows)
+    for t in rows:
+        size = format_bytes(t["chunk_bytes"]).replace(" ", "").replace("i", "").lower()
+        for op in ("put", "get"):
+            result["ratios"][f"{op}_vs_limit_{size}"] = t[f"{op}_vs_limit"]
+        if t["chunk_bytes"] == FLOOR_BYTES:
+            result["ratios"] |= {f"{op}_vs_limit": t[f"{op}_vs_limit"] for op in ("put", "get")}
+    result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "get_vs_limit": FLOOR})
+    result["plots"] = plots(plot(result, Path(args.out)))
+    return result
+
+
+def main(argv: list[str]) -> int:
+    return run_bench(argv, parse_args, run, table)

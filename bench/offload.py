@@ -1,0 +1,182 @@
+"""`kvtb bench offload`: what offload costs the compute process, with the real model, per chunk size.
+
+For each chunk size (`--chunk-tokens`, default 8 32 128 tokens) a fresh process
+(`python -m bench.offload --one-chunk N`) starts a storage node and the agent as processes,
+runs the compute node in its own process (its gRPC server registered with the agent) and sends
+every turn through the agent, as the frontend does. During a greedy decode of
+`--decode-tokens` tokens it measures the mean time between tokens under resident, triggered and
+cpu, and the compute process's own stall per offloaded chunk (the time its engine thread spent
+in offload, arming and cancel calls included) under triggered and cpu, the policies in turn over
+`--repeats` rounds. The chunk sizes are then put side by side.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from bench.results import (
+    add_common_args,
+    data_dir,
+    emit_json,
+    format_table,
+    new_result,
+    plot_lines,
+    plots,
+    progress_for,
+    ratios_text,
+    run_bench,
+    setup_logging,
+)
+from bench.stack import start_storage
+from bench.stats import mean, ratio
+from bench.turns import encode, generate
+from kvtb.launch import ServiceProcess, kvtb_argv
+
+logger = logging.getLogger(__name__)
+
+CHUNK_TOKENS = (8, 32, 128)
+POLICIES = ("resident", "triggered", "cpu")
+SALT = "bench-offload-salt"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvtb bench offload", description=__doc__.splitlines()[0])
+    add_common_args(parser, "offload")
+    parser.add_argument("--chunk-tokens", type=int, nargs="+",
+                        help=f"tokens per offloaded chunk (default {CHUNK_TOKENS})")
+    parser.add_argument("--decode-tokens", type=int, default=128,
+                        help="tokens decoded per turn (default 128)")
+    parser.add_argument("--repeats", type=int, default=3, help="turns per policy (default 3)")
+    parser.add_argument("--one-chunk", type=int, help=argparse.SUPPRESS)  # the process of one chunk size
+    args = parser.parse_args(argv)
+    args.chunk_tokens = args.chunk_tokens or ([8] if args.smoke else list(CHUNK_TOKENS))
+    if args.smoke:
+        args.decode_tokens, args.repeats = min(args.decode_tokens, 12), 1
+    return args
+
+
+def measure_decode(stub, decode_tokens: int, repeats: int) -> dict:
+    """Mean TBT and stall per chunk for each offload policy, the policies in turn over `repeats` rounds."""
+    prompt = encode(stub, "Tell me a long story about a baker who travels the world.", False)
+    generate(stub, "bench", f"warmup-{uuid.uuid4().hex[:8]}", prompt, 16, "resident", ignore_eos=True)
+    records: dict[str, list] = {p: [] for p in POLICIES}
+    for _ in range(repeats):
+        for policy in POLICIES:
+            context = f"{policy}-{uuid.uuid4().hex[:8]}"
+            records[policy].append(generate(stub, "bench", context, prompt, decode_tokens, policy,
+                                            timeout_s=900, ignore_eos=True).record)
+    out: dict = {"prompt_tokens": len(prompt)}
+    for policy, recs in records.items():
+        stalls = [r.offload_stall_ms / r.chunks_offloaded for r in recs if r.chunks_offloaded]
+        out[policy] = {"tbt_ms": mean(r.tbt_ms for r in recs), "tbt_ms_runs": [r.tbt_ms for r in recs],
+                       "stall_per_chunk_ms": mean(stalls) if stalls else 0.0,
+                       "stall_ms_runs": [r.offload_stall_ms for r in recs],
+                       "chunks_per_turn": mean(r.chunks_offloaded for r in recs)}
+    return out
+
+
+def measure_one_chunk(args: argparse.Namespace, directory: Path) -> dict:
+    """In this process: storage node and agent as processes, the compute node here with chunks of
+    args.one_chunk tokens; the decode figures."""
+    import grpc
+
+    from compute_node.main import build_node
+    from compute_node.model_loader import load_model
+    from compute_node.settings import ComputeSettings
+    from kvtb_proto import compute_pb2_grpc
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    storage = start_storage(directory, "s0", namespace_size_bytes=4 << 30)
+    agent = ServiceProcess("smartnic", kvtb_argv("serve", "smartnic"), directory / "smartnic.log", env={
+        "KVTB_SMARTNIC_LISTEN_ADDRESS": "127.0.0.1:0", "KVTB_SMARTNIC_METRICS_ADDRESS": "127.0.0.1:0",
+        "KVTB_SMARTNIC_SALT": SALT,
+        "KVTB_SMARTNIC_STORAGE_NODES": f"s0={storage.addresses['admin']}={storage.addresses['fabric']}"})
+    close = None
+    try:
+        agent.start()
+        settings = ComputeSettings(policy="triggered", num_slots=4, max_context_tokens=1024,
+                                   chunk_tokens=args.one_chunk, listen_address="127.0.0.1:0",
+                                   agent_address=agent.addresses["grpc"], key_salt=SALT,
+                                   storage_fabric_addresses=(storage.addresses["fabric"],), node_name="bench")
+        model, tokenizer = load_model(settings.model_cache_dir, settings.torch_threads)
+        server, _, _, health, close = build_node(settings, model, tokenizer)
+        server.start()
+        health.set_serving()
+        with grpc.insecure_channel(agent.addresses["grpc"]) as channel:
+            stub = compute_pb2_grpc.ComputeNodeStub(channel)
+            decode = measure_decode(stub, args.decode_tokens, args.repeats)
+        return decode | {"torch_threads": settings.torch_threads}
+    finally:
+        if close is not None:
+            close()
+        agent.stop()
+        storage.stop()
+
+
+def run_one_chunk(args: argparse.Namespace, chunk: int) -> dict:
+    """One chunk size in a fresh process; its decode figures (raises with its stderr when it fails)."""
+    argv = [sys.executable, "-m", "bench.offload", "--one-chunk", str(chunk), "--out", str(args.out),
+            "--decode-tokens", str(args.decode_tokens), "--repeats", str(args.repeats),
+            *(["--keep-data"] if args.keep_data else [])]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"offload with chunks of {chunk} tokens failed ({done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(result: dict) -> str:
+    rows = [[chunk, *(f"{d[p]['tbt_ms']:.2f}" for p in POLICIES),
+             *(f"{d[p]['stall_per_chunk_ms']:.3f}" for p in ("triggered", "cpu"))]
+            for chunk, d in result["results"]["chunks"].items()]
+    head = ["chunk tokens", "TBT resident", "TBT triggered", "TBT cpu", "stall/chunk triggered",
+            "stall/chunk cpu"]
+    return (f"decode of {result['settings']['decode_tokens']} tokens, times in ms\n"
+            f"{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}")
+
+
+def plot(result: dict, out: Path) -> Path | None:
+    chunks = result["results"]["chunks"]
+    xs = [int(c) for c in chunks]
+    series = {f"stall/chunk {p}": (xs, [d[p]["stall_per_chunk_ms"] for d in chunks.values()])
+              for p in ("triggered", "cpu")}
+    return plot_lines(out / "offload.png", series, title="Compute-process stall per offloaded chunk",
+                      xlabel="chunk tokens", ylabel="ms per chunk", logx=True, logy=True)
+
+
+def run(args: argparse.Namespace) -> dict:
+    result = new_result("offload", {"chunk_tokens": args.chunk_tokens, "decode_tokens": args.decode_tokens,
+                                    "repeats": args.repeats, "storage_fsync": True, "smoke": args.smoke})
+    chunks = result["results"]["chunks"] = {}
+    with progress_for(args, len(args.chunk_tokens), "offload") as progress:
+        for chunk in args.chunk_tokens:
+            chunks[str(chunk)] = d = run_one_chunk(args, chunk)
+            tbt = {p: d[p]["tbt_ms"] for p in POLICIES}
+            result["ratios"] |= {
+                f"cpu_stall_vs_triggered_{chunk}": ratio(d["cpu"]["stall_per_chunk_ms"],
+                                                         d["triggered"]["stall_per_chunk_ms"]),
+                f"triggered_tbt_vs_resident_{chunk}": ratio(tbt["triggered"], tbt["resident"]),
+                f"cpu_tbt_vs_resident_{chunk}": ratio(tbt["cpu"], tbt["resident"])}
+            progress.update(note=f"{chunk} tokens")
+    result["plots"] = plots(plot(result, Path(args.out)))
+    return result
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.one_chunk is None:
+        return run_bench(argv, parse_args, run, table)
+    setup_logging(args)
+    with data_dir(args, f"offload-{args.one_chunk}") as directory:
+        emit_json(measure_one_chunk(args, directory))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,294 @@
+"""`kvtb bench smartnic`: trigger-to-fire latency, and the agent's PUT/GET beside this machine's limits.
+
+The agent runs in this process (its real engine, watcher and data path) against a real storage
+node process. Counter stores come from a child process, as the compute node's would
+(`bench.compute_standin`): trigger-to-fire is measured from each store's CLOCK_MONOTONIC stamp,
+and a transfer's round is timed there, from its store until its last completion is counted, so
+no polling takes the agent's GIL. Each chunk is gathered from 128 strided ranges, as from a KV
+pool. Before each of `--rounds` rounds every raw limit (`bench.rawlimits`: ZeroMQ tcp between
+two processes, pwrite+fsync, cached pread, on the storage node's disk, as many distinct bytes as
+a round moves) measures one window; a transfer keeps its best round and a limit its best window,
+and every round's rate is kept too. PUT limit = min(zmq, pwrite+fsync); GET limit = min(zmq,
+pread). Beside them, the storage node alone: the same values stored and retrieved by a bare
+fabric client (the `cpu` mode of `kvtb simulate --calibrate`).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import multiprocessing
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from bench.compute_standin import ComputeStandIn, store_at_random_gaps
+from bench.rawlimits import Sampler, path_meters, put_get_limits
+from bench.results import (
+    add_common_args,
+    data_dir,
+    floors,
+    format_bytes,
+    format_table,
+    new_result,
+    progress_for,
+    ratios_text,
+    run_bench,
+)
+from bench.stack import start_storage
+from bench.stats import percentile
+from fabric import chunk_format as cf
+from fabric.client import FabricClient
+from hostmem.region import Region
+from kvtb.heap import keep_large_buffers_in_the_heap
+from kvtb_proto import nvmeof_pb2 as pb
+from smartnic.agent import Agent
+from smartnic.datapath import ChunkRef
+from smartnic.settings import SmartNicSettings, StorageNodeRef
+from smartnic.watcher import CounterWork, DataWork
+
+logger = logging.getLogger(__name__)
+
+RANGES_PER_CHUNK = 128  # one [layer, K|V, kv_head] row of the chunk's tokens each, as in a KV pool
+TRIGGER, FIRED = 0, 1   # counters of the trigger-to-fire region
+PUT_TRIGGER, PUT_DONE, GET_DONE, GET_TRIGGER = 0, 1, 2, 3  # counters of a transfer's region
+FLOOR = 0.5
+
+
+def strided_ranges(base: int, index: int, count: int, chunk_bytes: int,
+                   ranges_per_chunk: int = RANGES_PER_CHUNK) -> tuple[tuple[int, int], ...]:
+    """The (offset, length) rows of chunk `index` of `count`: row k at base + (k * count + index) * row.
+
+    ValueError unless the chunk splits into ranges_per_chunk rows of whole bytes."""
+    row, rest = divmod(chunk_bytes, ranges_per_chunk)
+    if row == 0 or rest:
+        raise ValueError(f"a chunk of {chunk_bytes} bytes does not split into {ranges_per_chunk} equal rows")
+    return tuple((base + (k * count + index) * row, row) for k in range(ranges_per_chunk))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvtb bench smartnic", description=__doc__.splitlines()[0])
+    add_common_args(parser, "smartnic")
+    parser.add_argument("--sizes-mib", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
+    parser.add_argument("--total-mib", type=int, default=128, help="bytes moved per size and round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per size (the best is kept)")
+    parser.add_argument("--trigger-samples", type=int, default=1000)
+    parser.add_argument("--budget-s", type=float, default=1.0,
+                        help="seconds per raw limit (cut into --rounds windows, the best kept)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes_mib, args.total_mib, args.rounds = [1], min(args.total_mib, 4), 1
+        args.trigger_samples, args.budget_s = min(args.trigger_samples, 50), min(args.budget_s, 0.2)
+    return args
+
+
+@contextlib.contextmanager
+def agent_beside_storage(directory: Path, queue_bound: int) -> Iterator[tuple[Agent, str]]:
+    """An agent in this process with one storage node process; yields (agent, the node's fabric address)."""
+    storage = start_storage(directory, "bench")
+    try:
+        node = StorageNodeRef("bench", storage.addresses["admin"], storage.addresses["fabric"])
+        agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,),
+                                       queue_bound=queue_bound, eviction_policy="timer"))
+        try:
+            agent.start()
+            yield agent, node.fabric_address
+        finally:
+            agent.close()
+    finally:
+        storage.stop()
+
+
+def _wait(region: Region, counter: int, total: int, timeout_s: float = 120.0) -> None:
+    """Until the counter reaches total (untimed waits only); polls every millisecond."""
+    deadline = time.monotonic() + timeout_s
+    while region.counter_total(counter) < total:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"counter {counter} stuck at {region.read_counter(counter)}, wanted {total}")
+        time.sleep(0.001)
+
+
+def trigger_latency(agent: Agent, samples: int) -> dict:
+    """Store-to-fire latency in µs over `samples` counter stores from another process."""
+    region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", 1 << 16, 0, 16)
+    reg = agent.regions.register(region.name, region.size, "bench", 0, 16)
+    fired: dict[int, int] = {}
+    agent.engine.on_fire.append(lambda entry, ns: fired.__setitem__(entry.threshold, ns))
+    try:
+        works = [(TRIGGER, i, CounterWork("add", FIRED, 1), None) for i in range(1, samples + 1)]
+        agent.engine.queue(reg, works)
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=store_at_random_gaps,
+                            args=(region.name, region.size, 0, 16, TRIGGER, samples, 1, queue))
+        child.start()
+        stamps = queue.get(timeout=120)
+        child.join()
+        _wait(region, FIRED, samples)
+    finally:
+        agent.engine.on_fire.clear()
+        agent.deregister(reg.region_id, "bench")
+        region.close()
+    latencies = [(fired[i + 1] - t) / 1000 for i, t in enumerate(stamps)]
+    p50, p99 = agent.stats.percentiles()
+    return {"samples": samples, "p50_us": percentile(latencies, 50), "p99_us": percentile(latencies, 99),
+            "mean_us": float(np.mean(latencies)), "agent_observe_to_fire": {"p50_us": p50, "p99_us": p99}}
+
+
+def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
+             before_round: Callable[[], None] = lambda: None) -> dict:
+    """PUT then GET `total_bytes` in chunks of `chunk_bytes` through the engine, `rounds` times.
+
+    As the compute node does, each round's operations are queued as triggered operations first
+    (the setup the CPU does once), and one counter store then fires them all: the clock runs from
+    that store until the last completion is counted. before_round() runs before each round.
+    """
+    count = max(2, total_bytes // chunk_bytes)
+    area = count * chunk_bytes
+    size = 2 * area + 4096
+    region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", size, size - 4096, 4)
+    region.array[:area] = np.random.default_rng(0).integers(0, 256, area, dtype=np.uint8)
+    region.array[area:2 * area] = 0  # touched once, as a KV pool in use is: no first-touch faults timed
+    reg = agent.regions.register(region.name, size, "bench", size - 4096, 4)
+    put_s, get_s = [], []
+    try:
+        with ComputeStandIn(region, size - 4096) as compute:
+            def fire(trigger: int, works: list, done: int, round_number: int) -> float:
+                agent.engine.queue(reg, [(trigger, round_number, work, done) for work in works])
+                return compute.fire(trigger, round_number, done, round_number * count)
+
+            for r in range(1, rounds + 1):
+                before_round()
+                refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
+                puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0))
+                        for i, ref in enumerate(refs)]
+                put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, r))
+                gets = [DataWork("get", refs[c.chunk_index],
+                                 strided_ranges(area, c.chunk_index, count, chunk_bytes), (0, 0), c)
+                        for c in agent.lookup("bench", refs[0].context_id)]
+                get_s.append(fire(GET_TRIGGER, gets, GET_DONE, r))
+                failed = region.read_counter(PUT_DONE)[1] + region.read_counter(GET_DONE)[1]
+                assert failed == 0, f"{failed} transfers failed"
+                assert bytes(region.view(area, area)) == bytes(region.view(0, area)), "GET gave other bytes"
+                agent.drop_context("bench", refs[0].context_id)
+    finally:
+        agent.deregister(reg.region_id, "bench")
+        region.close()
+    return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK,
+            "rounds": rounds,
+            "put_bytes_per_s": area / min(put_s), "get_bytes_per_s": area / min(get_s),
+            "rounds_bytes_per_s": {"put": [area / s for s in put_s], "get": [area / s for s in get_s]}}
+
+
+def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int) -> dict:
+    """The storage node alone: values of the agent's size, one frame each, stored and retrieved by a
+    bare FabricClient that copies and checks nothing itself (its Retrieves skip the node's guard
+    check, as the agent's do); the best of `rounds`."""
+    count = max(2, total_bytes // chunk_bytes)
+    view = memoryview(np.random.default_rng(1).integers(0, 256, count * chunk_bytes, dtype=np.uint8))
+    client = FabricClient(fabric_address, "nqn.2026-11.org.kvtestbed:bench-direct")
+    client.connect()
+    put_s, get_s = [], []
+
+    def timed(submit: Callable[[], list]) -> float:
+        start = time.perf_counter()  # the checksums the client computes are in the time, as a host's are
+        for future in submit():
+            future.result().raise_for_status()
+        return time.perf_counter() - start
+
+    try:
+        for r in range(rounds):
+            keys = [cf.chunk_key("direct", "bench", str(r), i) for i in range(count)]
+            frames = [[view[i * chunk_bytes:(i + 1) * chunk_bytes]] for i in range(count)]
+            put_s.append(timed(lambda: [client.submit(pb.CommandCapsule(
+                command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1, key=k, value_length=chunk_bytes,
+                crc32c=cf.crc32c_of(f), has_crc32c=True), f) for k, f in zip(keys, frames)]))
+            get_s.append(timed(lambda: [client.submit(pb.CommandCapsule(
+                command_set=pb.KEY_VALUE, opcode=pb.KV_RETRIEVE, namespace_id=1, key=k,
+                skip_guard_check=True)) for k in keys]))
+            for k in keys:
+                client.delete(1, k)
+    finally:
+        client.close()
+    moved = count * chunk_bytes
+    return {"put_bytes_per_s": moved / min(put_s), "get_bytes_per_s": moved / min(get_s)}
+
+
+def transfer_beside_limits(agent: Agent, fabric_address: str, chunk_bytes: int, total_bytes: int,
+                           rounds: int, budget_s: float, directory: Path) -> dict:
+    """transfer() with a window of every raw limit before each round (on directory's disk, budget_s per
+    limit in all), then the storage node alone (`direct`), and the ratios."""
+    with path_meters(chunk_bytes, directory, total_bytes) as meters:
+        sampler = Sampler(meters, budget_s / rounds)
+        t = transfer(agent, chunk_bytes, total_bytes, rounds, before_round=sampler)
+    t["raw_limits_bytes_per_s"] = sampler.best()
+    t["storage_node_direct"] = alone = direct(fabric_address, chunk_bytes, total_bytes, rounds)
+    for op, limit in put_get_limits(t["raw_limits_bytes_per_s"]).items():
+        t[f"{op}_limit_bytes_per_s"] = limit
+        t[f"{op}_vs_limit"] = t[f"{op}_bytes_per_s"] / limit
+        t[f"{op}_vs_direct"] = t[f"{op}_bytes_per_s"] / alone[f"{op}_bytes_per_s"]
+    return t
+
+
+def transfers_table(transfers: list[dict]) -> str:
+    """Per chunk size: the path, the node alone and the raw limit in MB/s, with each op's ratio, and
+    every round's spread (the best alone hides how far the rounds spread on a shared machine)."""
+    rows, spreads = [], []
+    for t in transfers:
+        alone = t["storage_node_direct"]
+        rows.append([format_bytes(t["chunk_bytes"]), *(
+            cell for op in ("put", "get") for cell in (
+                *(f"{v / 1e6:.0f}" for v in (t[f"{op}_bytes_per_s"], alone[f"{op}_bytes_per_s"],
+                                             t[f"{op}_limit_bytes_per_s"])), f"{t[f'{op}_vs_limit']:.2f}"))])
+        spreads.append(rounds_line(t))
+    head = ["chunk", "PUT MB/s", "node alone", "raw limit", "PUT/limit",
+            "GET MB/s", "node alone", "raw limit", "GET/limit"]
+    return "\n".join([format_table(head, rows), *spreads])
+
+
+def rounds_line(t: dict) -> str:
+    """Every round's rate of one size: worst, median and best."""
+    def spread(rates: list[float]) -> str:
+        return " / ".join(f"{v / 1e6:.0f}" for v in (min(rates), float(np.median(rates)), max(rates)))
+
+    rounds = t["rounds_bytes_per_s"]
+    return (f"{format_bytes(t['chunk_bytes'])} rounds, MB/s worst / median / best: "
+            f"PUT {spread(rounds['put'])}, GET {spread(rounds['get'])}")
+
+
+def table(result: dict) -> str:
+    tf = result["results"]["trigger_to_fire"]
+    return (f"trigger-to-fire: p50 {tf['p50_us']:.0f} µs, p99 {tf['p99_us']:.0f} µs "
+            f"({tf['samples']} stores)\n"
+            f"{transfers_table(result['results']['transfers'])}\n\n{ratios_text(result['ratios'])}")
+
+
+def run(args: argparse.Namespace) -> dict:
+    keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up, first
+    result = new_result("smartnic", {"sizes_mib": args.sizes_mib, "total_mib": args.total_mib,
+                                     "rounds": args.rounds, "trigger_samples": args.trigger_samples,
+                                     "budget_s": args.budget_s, "ranges_per_chunk": RANGES_PER_CHUNK,
+                                     "fsync": True, "smoke": args.smoke})
+    with progress_for(args, 1 + len(args.sizes_mib), "smartnic") as progress, \
+            data_dir(args, "smartnic") as path, \
+            agent_beside_storage(path, max(512, args.trigger_samples)) as (agent, fabric):
+        trigger = trigger_latency(agent, args.trigger_samples)
+        progress.update(note="trigger-to-fire")
+        transfers = []
+        for mib in args.sizes_mib:
+            transfers.append(transfer_beside_limits(agent, fabric, mib << 20, args.total_mib << 20,
+                                                    args.rounds, args.budget_s, path))
+            progress.update(note=f"{mib} MiB")
+    result["results"] = {"trigger_to_fire": trigger, "transfers": transfers}
+    for op in ("put", "get"):  # the worst over sizes
+        result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in transfers)
+        result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in transfers)
+    result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "get_vs_limit": FLOOR})
+    return result
+
+
+def main(argv: list[str]) -> int:
+    return run_bench(argv, parse_args, run, table)

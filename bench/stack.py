@@ -1,0 +1,140 @@
+"""The services a benchmark runs against, on free ports, in a data directory.
+
+`Stack`: a config with every address on port 0 (the ready lines carry the real ones); storage,
+agent, compute node and frontend started with `kvtb up`'s `Deployment` and all stopped when the
+`with` block ends, also on an error or Ctrl-C. `start_storage`: one storage node process alone.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from kvtb.launch import ServiceProcess, kvtb_argv
+from kvtb.up import Deployment
+from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+SALT = "kvtb-bench-salt"
+
+
+def start_storage(data_dir: Path, name: str, **settings: object) -> ServiceProcess:
+    """A storage node process on free ports, its data and log under data_dir; settings are
+    StorageSettings fields (namespace_size_bytes=...), given as KVTB_STORAGE_* variables."""
+    log = data_dir / f"storage-{name}.log"
+    proc = ServiceProcess(f"storage-{name}", kvtb_argv("serve", "storage"), log, env={
+        "KVTB_STORAGE_NODE_NAME": name, "KVTB_STORAGE_DATA_DIR": str(data_dir / f"storage-{name}"),
+        "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0", "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0",
+        "KVTB_STORAGE_METRICS_ADDRESS": "127.0.0.1:0",
+        **{f"KVTB_STORAGE_{key.upper()}": str(value) for key, value in settings.items()}})
+    proc.start(timeout_s=60)
+    return proc
+
+
+def bench_users(count: int) -> dict[str, str]:
+    """user name -> bearer token for `count` benchmark users (u0, u1, ...)."""
+    return {f"u{i}": f"u{i}-token" for i in range(count)}
+
+
+def bench_config(*, num_slots: int = 8, max_context_tokens: int = 4096, users: int = 4,
+                 max_new_tokens: int = 16, smartnic: dict[str, Any] | None = None,
+                 compute: dict[str, Any] | None = None, frontend: dict[str, Any] | None = None) -> dict:
+    """A config with every address on port 0 and the given sizes; extra keys per section."""
+    free = "127.0.0.1:0"
+    return {
+        "storage": {"admin_address": free, "fabric_address": "tcp://127.0.0.1:0", "metrics_address": free,
+                    "namespace_size_bytes": 8 << 30},
+        "smartnic": {"listen_address": free, "metrics_address": free, "salt": SALT, **(smartnic or {})},
+        "compute": {"listen_address": free, "metrics_address": free, "num_slots": num_slots,
+                    "max_context_tokens": max_context_tokens, "key_salt": SALT, **(compute or {})},
+        "frontend": {"listen_address": free, "http_address": free, "metrics_address": free,
+                     "users": bench_users(users),
+                     "max_new_tokens_default": max_new_tokens, "max_new_tokens_cap": 1024,
+                     "max_waiting_turns": 256, "queue_timeout_s": 600.0, **(frontend or {})},
+    }
+
+
+class Stack:
+    """Every service as a local process; a context manager that always stops them.
+
+    Not thread-safe: one owner starts and stops it; the addresses may be read from any thread.
+    """
+
+    def __init__(self, data_dir: str | Path, config: dict[str, Any], *, policy: str = "triggered",
+                 storage_nodes: int = 1, keep_data: bool = False):
+        self.data_dir = Path(data_dir).resolve()
+        self.config = copy.deepcopy(config)
+        self.policy = policy
+        self.keep_data = keep_data
+        self.config_path = self.data_dir / "kvtb.yaml"
+        self.deployment = Deployment(str(self.config_path), self.data_dir, policy, storage_nodes)
+
+    def __enter__(self) -> Stack:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(self.config))
+        try:
+            self.deployment.start(self.config.get("storage") or {})
+        except BaseException:
+            self.stop(failed=True)
+            raise
+        logger.info("stack up in %s: %s", self.data_dir, self.deployment.addresses())
+        return self
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        self.stop(failed=exc_type is not None)
+
+    def stop(self, failed: bool = False) -> None:
+        """Stop every service (last started first). Unless keep_data, remove data_dir (the run's
+        own directory); after a failure only the stored data, keeping the logs to look at."""
+        self.deployment.stop()
+        if self.keep_data:
+            return
+        if not failed:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            return
+        for proc in self.deployment.procs:
+            if proc.name.startswith("storage-"):
+                shutil.rmtree(self.data_dir / proc.name, ignore_errors=True)
+        logger.warning("the services' logs are kept in %s", self.data_dir / "logs")
+
+    def address(self, service: str, kind: str = "grpc") -> str:
+        """A service's announced address ('storage-0', 'smartnic', 'compute', 'frontend')."""
+        for proc in self.deployment.procs:
+            if proc.name == service:
+                return proc.addresses[kind]
+        raise KeyError(service)
+
+    @property
+    def frontend(self) -> str:
+        return self.address("frontend")
+
+    @property
+    def agent(self) -> str:
+        return self.address("smartnic")
+
+    @property
+    def fabric_addresses(self) -> list[str]:
+        return [p.addresses["fabric"] for p in self.deployment.procs if p.name.startswith("storage-")]
+
+    def token(self, user: str) -> str:
+        return self.config["frontend"]["users"][user]
+
+    def compute_stub(self, channel: grpc.Channel) -> compute_pb2_grpc.ComputeNodeStub:
+        """The ComputeNode service as the agent serves it (turns pass its match-action table)."""
+        return compute_pb2_grpc.ComputeNodeStub(channel)
+
+    def agent_stats(self) -> smartnic_pb2.StatsResponse:
+        """The agent's counters (hits, misses, evictions, bytes stored)."""
+        with grpc.insecure_channel(self.agent) as channel:
+            return smartnic_pb2_grpc.SmartNicStub(channel).Stats(smartnic_pb2.StatsRequest(), timeout=10)
+
+    def compute_stats(self) -> compute_pb2.ComputeStatsResponse:
+        with grpc.insecure_channel(self.agent) as channel:
+            stub = compute_pb2_grpc.ComputeNodeStub(channel)
+            return stub.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)

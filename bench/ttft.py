@@ -1,0 +1,171 @@
+"""`kvtb bench ttft`: follow-up time to first token after a long context: resident, restored, recomputed.
+
+One compute node serves all three policies (TurnRequest.policy). For each context size the
+first turn is run once under `resident` and once under `triggered` (its KV then lives only in
+storage); then one follow-up per policy continues it with a short new message, the policies in
+turn (the order rotates, so that no policy always runs right after the background work of
+another), so the three are measured side by side; each repetition builds the context anew.
+A `triggered` follow-up is prefetched by the agent from storage (steps 5-7); a `recompute`
+follow-up prefills the whole transcript again. TTFT is timed by the client from the call to the
+first token.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import grpc
+
+from bench.results import (
+    add_common_args,
+    floors,
+    format_table,
+    new_result,
+    plot_lines,
+    plots,
+    progress_for,
+    ratios_text,
+    run_bench,
+    services_dir,
+)
+from bench.stack import Stack, bench_config
+from bench.stats import crossover, ratio, summarize
+from bench.turns import context_prompt, follow_up_ids, generate
+
+logger = logging.getLogger(__name__)
+
+SIZES = (32, 64, 128, 256, 512, 1024, 2048, 3584)
+SMOKE_SIZES = (64, 160)
+POLICIES = ("resident", "triggered", "recompute")
+BUILT = ("resident", "triggered")   # policies whose first turn leaves KV behind
+FLOORS = {"recompute_vs_restore_2048": 10.0}
+USER = "u0"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvtb bench ttft", description=__doc__.splitlines()[0])
+    add_common_args(parser, "ttft")
+    parser.add_argument("--sizes", type=int, nargs="+", help=f"context lengths in tokens (default {SIZES})")
+    parser.add_argument("--reps", type=int, default=3, help="follow-ups per context and policy (default 3)")
+    parser.add_argument("--max-new-tokens", type=int, default=2, help="tokens per follow-up reply")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="the compute node's torch threads (default 0: the node's default, all cores)")
+    args = parser.parse_args(argv)
+    args.sizes = args.sizes or list(SMOKE_SIZES if args.smoke else SIZES)
+    if args.smoke:
+        args.reps = min(args.reps, 2)
+    return args
+
+
+def run_size(stub, size: int, reps: int, max_new: int, progress) -> dict:
+    """Every policy's follow-ups after a context of about `size` tokens.
+
+    Each repetition builds the context anew under `resident` and under `triggered` (untimed),
+    then times one follow-up per policy that continues it exactly (the context, its reply, a
+    new short message), as a returning user's turn does: so every follow-up sees a context of
+    the same length, and whatever a policy kept of the first turn is all reusable.
+    """
+    prompt = context_prompt(stub, size)
+    turns: dict[str, list] = {p: [] for p in POLICIES}
+    for rep in range(reps):
+        firsts = {p: generate(stub, USER, f"{p}-{size}-{rep}", prompt, 1, p) for p in BUILT}
+        progress.update(len(BUILT), note=f"{size} tokens built")
+        message = f"Question {rep + 1}: in one word, where does the conversation live?"
+        asked = {p: follow_up_ids(stub, prompt, firsts[p], message) for p in BUILT}
+        asked["recompute"] = asked["triggered"]  # keeps nothing: a context of its own, the same tokens
+        for policy in POLICIES[rep % 3:] + POLICIES[:rep % 3]:  # each policy goes first once
+            context = f"{policy}-{size}-{rep}"
+            turns[policy].append(generate(stub, USER, context, asked[policy], max_new, policy))
+            progress.update(note=f"{size} tokens {policy}")
+    return {"context_tokens": len(prompt), "follow_up_tokens": len(asked["triggered"]),
+            "policies": {p: summarize_turns(turns[p]) for p in POLICIES}}
+
+
+def warm_up(stub) -> None:
+    """One short context and a follow-up under each policy, untimed (first calls are slow)."""
+    prompt = context_prompt(stub, 64)
+    for policy in POLICIES:
+        first = generate(stub, USER, f"warm-up-{policy}", prompt, 1, policy)
+        generate(stub, USER, f"warm-up-{policy}", follow_up_ids(stub, prompt, first, "Hi?"), 2, policy)
+
+
+def summarize_turns(turns: list) -> dict:
+    """Client TTFT (s) and what the compute node did, per follow-up and summarized."""
+    ttft = [t.ttft_s for t in turns]
+    return {"ttft_s": summarize(ttft), "ttft_samples_s": ttft,
+            "engine_ttft_ms": [t.record.ttft_ms for t in turns],
+            "kv_source": [t.record.kv_source for t in turns],
+            "fallback_reason": [t.record.fallback_reason for t in turns if t.record.fallback_reason],
+            "tokens_prefilled": [t.record.tokens_prefilled for t in turns],
+            "tokens_reused": [t.record.tokens_reused for t in turns],
+            "bytes_restored": [t.record.bytes_restored for t in turns]}
+
+
+def add_ratios(result: dict) -> None:
+    """recompute_vs_restore_<n>, restore_vs_resident_<n>, the crossover and the floors."""
+    sizes, rec, res = [], [], []
+    for size, row in result["results"]["sizes"].items():
+        med = {p: row["policies"][p]["ttft_s"]["p50"] for p in POLICIES}
+        result["ratios"][f"recompute_vs_restore_{size}"] = ratio(med["recompute"], med["triggered"])
+        result["ratios"][f"restore_vs_resident_{size}"] = ratio(med["triggered"], med["resident"])
+        sizes.append(row["context_tokens"])  # what the context really holds, template included
+        rec.append(med["recompute"])
+        res.append(med["triggered"])
+    result["results"]["crossover"] = crossover(sizes, rec, res)
+    result["floors"] = floors(result["ratios"], FLOORS)
+
+
+def table(result: dict) -> str:
+    rows = []
+    for size, row in result["results"]["sizes"].items():
+        med = {p: row["policies"][p]["ttft_s"]["p50"] * 1e3 for p in POLICIES}
+        sources = "/".join(sorted(set(row["policies"]["triggered"]["kv_source"])))
+        rows.append([size, row["context_tokens"], f"{med['resident']:.1f}", f"{med['triggered']:.1f}",
+                     f"{med['recompute']:.1f}", f"{result['ratios'][f'recompute_vs_restore_{size}']:.2f}",
+                     f"{result['ratios'][f'restore_vs_resident_{size}']:.2f}", sources])
+    head = ["size", "tokens", "resident ms", "restored ms", "recompute ms", "recompute/restore",
+            "restore/resident", "triggered kv"]
+    cross = result["results"]["crossover"]
+    where = (f"{cross['tokens']:.0f} tokens" if cross["tokens"] else
+             {"below_smallest": f"below the smallest size measured ({cross.get('smallest')})",
+              "above_largest": f"above the largest size measured ({cross.get('largest')})"}[cross["where"]])
+    return (f"follow-up TTFT, median of {result['settings']['reps']} (client side)\n"
+            f"{format_table(head, rows)}\n\ncrossover (recomputing as fast as restoring): {where}\n\n"
+            f"{ratios_text(result['ratios'])}")
+
+
+def plot(result: dict, out) -> Path | None:
+    series = {}
+    for policy in POLICIES:
+        xs = [row["context_tokens"] for row in result["results"]["sizes"].values()]
+        ys = [row["policies"][policy]["ttft_s"]["p50"] * 1e3 for row in result["results"]["sizes"].values()]
+        series["restored (triggered)" if policy == "triggered" else policy] = (xs, ys)
+    return plot_lines(out / "ttft.png", series, title="Follow-up TTFT after a context",
+                      xlabel="context tokens", ylabel="TTFT (ms, median)", logx=True, logy=True)
+
+
+def run(args: argparse.Namespace) -> dict:
+    settings = {"sizes": args.sizes, "reps": args.reps, "max_new_tokens": args.max_new_tokens,
+                "torch_threads": args.torch_threads,
+                "policies": list(POLICIES), "smoke": args.smoke}
+    result = new_result("ttft", settings)
+    config = bench_config(num_slots=8, max_context_tokens=max(4096, max(args.sizes) + 256), users=1,
+                          compute={"torch_threads": args.torch_threads})
+    progress = progress_for(args, len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES)), "ttft")
+    with Stack(services_dir(args, "ttft"), config, keep_data=args.keep_data) as stack, progress:
+        result["settings"]["stack"] = stack.config
+        with grpc.insecure_channel(stack.agent) as channel:
+            stub = stack.compute_stub(channel)
+            warm_up(stub)
+            result["results"]["sizes"] = {str(n): run_size(stub, n, args.reps, args.max_new_tokens, progress)
+                                          for n in args.sizes}
+        result["results"]["agent_stats"] = {"hits": stack.agent_stats().hits,
+                                            "misses": stack.agent_stats().misses}
+    add_ratios(result)
+    result["plots"] = plots(plot(result, args.out))
+    return result
+
+
+def main(argv: list[str]) -> int:
+    return run_bench(argv, parse_args, run, table)

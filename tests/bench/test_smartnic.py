@@ -1,0 +1,34 @@
+"""The pure parts of `kvtb bench smartnic` (its runs are in test_smoke.py): chunk layout, tables."""
+import pytest
+
+from bench.smartnic import rounds_line, strided_ranges, transfers_table
+
+
+def test_the_chunks_rows_tile_the_area_exactly_once():
+    count, chunk, rows, base = 4, 64, 8, 1000
+    covered = sorted(r for i in range(count) for r in strided_ranges(base, i, count, chunk, rows))
+    assert covered == [(base + j * (chunk // rows), chunk // rows) for j in range(count * rows)]
+    assert strided_ranges(base, 1, count, chunk, rows)[:2] == ((base + 8, 8), (base + 40, 8))
+
+
+def test_a_chunk_must_split_into_whole_rows():
+    with pytest.raises(ValueError, match="equal rows"):
+        strided_ranges(0, 0, 2, 65, 8)
+
+
+TRANSFER = {"chunk_bytes": 1 << 20, "put_bytes_per_s": 600e6, "get_bytes_per_s": 400e6,
+            "storage_node_direct": {"put_bytes_per_s": 900e6, "get_bytes_per_s": 800e6},
+            "put_limit_bytes_per_s": 1000e6, "get_limit_bytes_per_s": 2000e6, "put_vs_limit": 0.6,
+            "get_vs_limit": 0.2, "rounds_bytes_per_s": {"put": [3e9, 1e9, 2e9], "get": [4e9, 5e9, 6e9, 7e9]}}
+
+
+def test_rounds_line_gives_worst_median_and_best_of_each_op():
+    assert rounds_line(TRANSFER) == ("1 MiB rounds, MB/s worst / median / best: PUT 1000 / 2000 / 3000, "
+                                     "GET 4000 / 5500 / 7000")
+
+
+def test_the_transfers_table_puts_path_node_and_limit_side_by_side():
+    head, _, row, spread = transfers_table([TRANSFER]).splitlines()
+    assert head.split()[:4] == ["chunk", "PUT", "MB/s", "node"]
+    assert row.split() == ["1", "MiB", "600", "900", "1000", "0.60", "400", "800", "2000", "0.20"]
+    assert spread == rounds_line(TRANSFER)

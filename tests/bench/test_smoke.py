@@ -1,0 +1,75 @@
+"""A smoke run of every benchmark: real services, tiny sizes; figures are printed, never asserted.
+
+Each runs with its own TMPDIR, which must be empty afterwards: a run leaves nothing behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvtb.launch import kvtb_argv
+
+pytestmark = pytest.mark.slow
+
+
+def run_clean(argv: list[str], tmp_path: Path, timeout: float) -> subprocess.CompletedProcess:
+    """Run argv with TMPDIR in tmp_path; assert it exits 0 and leaves no temporary file of ours."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TMPDIR": str(tmpdir)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    left = [p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_")]  # torch's cache
+    assert left == [], "the run left temporary files behind"
+    return done
+
+
+def bench(tmp_path: Path, *args: str, timeout: float = 300) -> dict:
+    done = run_clean(kvtb_argv("bench", *args, "--smoke", "--json", "--out", str(tmp_path / "out")), tmp_path,
+                     timeout)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == json.loads((tmp_path / "out" / "results.json").read_text())
+    assert result["bench"] == args[0] and result["ratios"] and result["machine"]["cores"]
+    assert all(Path(p).exists() and p.endswith(".png") for p in result.get("plots", []))
+    print(args[0], result["ratios"])
+    return result
+
+
+@pytest.mark.parametrize("name", ["datapath", "smartnic", "concurrency", "eviction", "storage"])
+def test_smoke(name, tmp_path):
+    result = bench(tmp_path, name)
+    if name in ("datapath", "smartnic"):
+        transfers = result["results"]["chunks" if name == "datapath" else "transfers"]
+        assert all(set(t["raw_limits_bytes_per_s"]) == {"zmq_tcp", "pwrite_fsync", "pread_cached"}
+                   for t in transfers)
+
+
+def test_ttft_smoke_restores_from_storage(tmp_path):
+    result = bench(tmp_path, "ttft", "--sizes", "96", "--reps", "1")
+    row = result["results"]["sizes"]["96"]["policies"]
+    assert row["triggered"]["kv_source"] == ["restored"] and row["resident"]["kv_source"] == ["resident"]
+    assert set(result["ratios"]) == {"recompute_vs_restore_96", "restore_vs_resident_96"}
+
+
+def test_offload_smoke(tmp_path):
+    result = bench(tmp_path, "offload", timeout=600)
+    assert "cpu_stall_vs_triggered_8" in result["ratios"]
+    assert result["results"]["chunks"]["8"]["triggered"]["chunks_per_turn"] > 0
+
+
+def test_all_smoke_writes_a_report_and_the_readme_table(tmp_path):
+    out, readme = tmp_path / "out", tmp_path / "README.md"
+    readme.write_text("# x\n<!-- kvtb bench all: summary start -->\nold\n"
+                      "<!-- kvtb bench all: summary end -->\n")
+    run_clean(kvtb_argv("bench", "all", "--smoke", "--only", "datapath", "smartnic", "--out", str(out),
+                        "--readme", str(readme)), tmp_path, timeout=300)
+    text = (out / "README.md").read_text()
+    assert "![datapath](datapath/datapath.png)" in text and "Analytical model" in text
+    assert json.loads((out / "all.json").read_text())["failed"] == []
+    table = readme.read_text()
+    assert "old" not in table
+    assert "| Agent PUT / raw limit" in table and "| Analytical model" in table
