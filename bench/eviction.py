@@ -17,7 +17,6 @@ import random
 import time
 from pathlib import Path
 
-import grpc
 
 from bench.results import (
     add_common_args,
@@ -139,7 +138,7 @@ def visit_all(stub, p: dict, max_new: int, progress) -> dict:
 def make_plan(args) -> dict:
     """Start the services once to learn the model's sizes and the prompt's tokens; plan the run."""
     with Stack(services_dir(args, "eviction-plan"), bench_config(users=1), keep_data=args.keep_data) as stack:
-        with grpc.insecure_channel(stack.agent) as channel:
+        with stack.agent_channel() as channel:
             return plan(stack.compute_stub(channel), args)
 
 
@@ -149,7 +148,7 @@ def run_config(args, policy: str, fraction: float, p: dict, progress) -> dict:
     config = bench_config(num_slots=4, max_context_tokens=1024, users=1, smartnic=settings)
     label = f"eviction-{policy}-{fraction}"
     with Stack(services_dir(args, label), config, keep_data=args.keep_data) as stack:
-        with grpc.insecure_channel(stack.agent) as channel:
+        with stack.agent_channel() as channel:
             generate(stack.compute_stub(channel), "warm-up", "warm-up", p["prompt"][:16], 2, "recompute")
             figures = visit_all(stack.compute_stub(channel), p, args.max_new_tokens, progress)
         figures["evictions_by_reason"] = dict(stack.agent_stats().evictions_by_reason)

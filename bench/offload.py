@@ -33,7 +33,7 @@ from bench.results import (
     run_bench,
     setup_logging,
 )
-from bench.stack import start_storage
+from bench.stack import operator_channel, start_storage
 from bench.stats import mean, ratio
 from bench.turns import encode, generate
 from kvtb.launch import ServiceProcess, kvtb_argv
@@ -84,10 +84,8 @@ def measure_decode(stub, decode_tokens: int, repeats: int) -> dict:
 def measure_one_chunk(args: argparse.Namespace, directory: Path) -> dict:
     """In this process: storage node and agent as processes, the compute node here with chunks of
     args.one_chunk tokens; the decode figures."""
-    import grpc
-
-    from compute_node.main import build_node
     from compute_node.model_loader import load_model
+    from compute_node.node import serve
     from compute_node.settings import ComputeSettings
     from kvtb_proto import compute_pb2_grpc
 
@@ -105,10 +103,10 @@ def measure_one_chunk(args: argparse.Namespace, directory: Path) -> dict:
                                    agent_address=agent.addresses["grpc"], key_salt=SALT,
                                    storage_fabric_addresses=(storage.addresses["fabric"],), node_name="bench")
         model, tokenizer = load_model(settings.model_cache_dir, settings.torch_threads)
-        server, _, _, health, close = build_node(settings, model, tokenizer)
-        server.start()
-        health.set_serving()
-        with grpc.insecure_channel(agent.addresses["grpc"]) as channel:
+        node = serve(settings, model, tokenizer)
+        close = node.stop
+        node.start()
+        with operator_channel(agent.addresses["grpc"], peer="smartnic") as channel:
             stub = compute_pb2_grpc.ComputeNodeStub(channel)
             decode = measure_decode(stub, args.decode_tokens, args.repeats)
         return decode | {"torch_threads": settings.torch_threads}

@@ -114,12 +114,12 @@ def _wait(region: Region, counter: int, total: int, timeout_s: float = 120.0) ->
 def trigger_latency(agent: Agent, samples: int) -> dict:
     """Store-to-fire latency in µs over `samples` counter stores from another process."""
     region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", 1 << 16, 0, 16)
-    reg = agent.regions.register(region.name, region.size, "bench", 0, 16)
+    reg = agent.register(region.name, region.size, "bench", 0, 16)
     fired: dict[int, int] = {}
     agent.engine.on_fire.append(lambda entry, ns: fired.__setitem__(entry.threshold, ns))
     try:
         works = [(TRIGGER, i, CounterWork("add", FIRED, 1), None) for i in range(1, samples + 1)]
-        agent.engine.queue(reg, works)
+        agent.queue_triggered(reg, works)
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
         child = ctx.Process(target=store_at_random_gaps,
@@ -152,12 +152,12 @@ def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
     region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", size, size - 4096, 4)
     region.array[:area] = np.random.default_rng(0).integers(0, 256, area, dtype=np.uint8)
     region.array[area:2 * area] = 0  # touched once, as a KV pool in use is: no first-touch faults timed
-    reg = agent.regions.register(region.name, size, "bench", size - 4096, 4)
+    reg = agent.register(region.name, size, "bench", size - 4096, 4)
     put_s, get_s = [], []
     try:
         with ComputeStandIn(region, size - 4096) as compute:
             def fire(trigger: int, works: list, done: int, round_number: int) -> float:
-                agent.engine.queue(reg, [(trigger, round_number, work, done) for work in works])
+                agent.queue_triggered(reg, [(trigger, round_number, work, done) for work in works])
                 return compute.fire(trigger, round_number, done, round_number * count)
 
             for r in range(1, rounds + 1):

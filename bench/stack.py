@@ -7,6 +7,7 @@ agent, compute node and frontend started with `kvtb up`'s `Deployment` and all s
 from __future__ import annotations
 
 import copy
+import os
 import logging
 import shutil
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any
 import grpc
 import yaml
 
+from kvtb import credentials
 from kvtb.launch import ServiceProcess, kvtb_argv
+from kvtb.rpc import OPERATOR, Security, channel
 from kvtb.up import Deployment
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 
@@ -24,10 +27,24 @@ logger = logging.getLogger(__name__)
 SALT = "kvtb-bench-salt"
 
 
+def use_credentials(data_dir: Path) -> Path:
+    """The run's deployment credentials (made in data_dir the first time, as `kvtb up` makes them),
+    for this process and every service it starts; a directory already chosen is kept."""
+    if not os.environ.get(credentials.ENV_DIR):
+        os.environ[credentials.ENV_DIR] = str(credentials.init(Path(data_dir) / "credentials"))
+    return Path(os.environ[credentials.ENV_DIR])
+
+
+def operator_channel(address: str, peer: str) -> grpc.Channel:
+    """A channel to a service of this run as its operator (mutual TLS)."""
+    return channel(address, Security.of(OPERATOR), peer=peer)
+
+
 def start_storage(data_dir: Path, name: str, **settings: object) -> ServiceProcess:
     """A storage node process on free ports, its data and log under data_dir; settings are
     StorageSettings fields (namespace_size_bytes=...), given as KVTB_STORAGE_* variables."""
     log = data_dir / f"storage-{name}.log"
+    use_credentials(data_dir)
     proc = ServiceProcess(f"storage-{name}", kvtb_argv("serve", "storage"), log, env={
         "KVTB_STORAGE_NODE_NAME": name, "KVTB_STORAGE_DATA_DIR": str(data_dir / f"storage-{name}"),
         "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0", "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0",
@@ -125,16 +142,19 @@ class Stack:
     def token(self, user: str) -> str:
         return self.config["frontend"]["users"][user]
 
+    def agent_channel(self) -> grpc.Channel:
+        """A channel to the agent as this deployment's operator (mutual TLS)."""
+        return channel(self.agent, Security.of(OPERATOR, str(self.deployment.credentials_dir)), peer="smartnic")
+
     def compute_stub(self, channel: grpc.Channel) -> compute_pb2_grpc.ComputeNodeStub:
         """The ComputeNode service as the agent serves it (turns pass its match-action table)."""
         return compute_pb2_grpc.ComputeNodeStub(channel)
 
     def agent_stats(self) -> smartnic_pb2.StatsResponse:
         """The agent's counters (hits, misses, evictions, bytes stored)."""
-        with grpc.insecure_channel(self.agent) as channel:
-            return smartnic_pb2_grpc.SmartNicStub(channel).Stats(smartnic_pb2.StatsRequest(), timeout=10)
+        with self.agent_channel() as ch:
+            return smartnic_pb2_grpc.SmartNicStub(ch).Stats(smartnic_pb2.StatsRequest(), timeout=10)
 
     def compute_stats(self) -> compute_pb2.ComputeStatsResponse:
-        with grpc.insecure_channel(self.agent) as channel:
-            stub = compute_pb2_grpc.ComputeNodeStub(channel)
-            return stub.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)
+        with self.agent_channel() as ch:
+            return compute_pb2_grpc.ComputeNodeStub(ch).Stats(compute_pb2.ComputeStatsRequest(), timeout=10)

@@ -15,7 +15,6 @@ import argparse
 import logging
 from pathlib import Path
 
-import grpc
 
 from bench.results import (
     add_common_args,
@@ -155,7 +154,7 @@ def run(args: argparse.Namespace) -> dict:
     progress = progress_for(args, len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES)), "ttft")
     with Stack(services_dir(args, "ttft"), config, keep_data=args.keep_data) as stack, progress:
         result["settings"]["stack"] = stack.config
-        with grpc.insecure_channel(stack.agent) as channel:
+        with stack.agent_channel() as channel:
             stub = stack.compute_stub(channel)
             warm_up(stub)
             result["results"]["sizes"] = {str(n): run_size(stub, n, args.reps, args.max_new_tokens, progress)
