@@ -53,7 +53,9 @@ compose-test: install image
 deploy/docker-stack.yml: deploy/docker-compose.yml deploy/stack_file.py
 	$(BIN)/python deploy/stack_file.py
 
+# The stack's credentials are made on this host (once) and given to each service as swarm secrets.
 stack-up: image deploy/docker-stack.yml
+	$(BIN)/kvtb credentials init deploy/credentials
 	@[ "$$(docker info --format '{{.Swarm.LocalNodeState}}')" = active ] || docker swarm init --advertise-addr 127.0.0.1
 	docker node update --label-add kvtb.compute=true $$(docker info --format '{{.Swarm.NodeID}}')
 	cd deploy && KVTB_IMAGE=$(IMAGE) docker stack deploy -c docker-stack.yml kvtb

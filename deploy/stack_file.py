@@ -8,6 +8,10 @@ tmpfs volume (KVTB_SHM_DIR=/kvpool), and the compute node and its SmartNIC agent
 the same host (a node labelled `kvtb.compute=true`), as a GPU and its NIC are, and the config
 file travels as a swarm config (so that every host has it) instead of a bind mount, and ports
 are published on the host that runs the frontend (mode host) rather than through the mesh.
+The one-shot `credentials` service goes too: on a swarm each service gets its own credentials
+as swarm secrets (made on the deploying host by `kvtb credentials init deploy/credentials`,
+which `make stack-up` runs), mounted in /run/secrets: its certificate and key, the CA, and the
+fabric and KV keys only where they are used.
 
 usage: python deploy/stack_file.py [--check]
 """
@@ -25,19 +29,49 @@ COLOCATED = ("compute", "smartnic")
 CONFIG_FILE = "kvtb.compose.yaml"
 CONFIG_TARGET = "/etc/kvtb/kvtb.yaml"
 HEADER = "# Generated from docker-compose.yml by deploy/stack_file.py; do not edit by hand.\n"
+CREDENTIALS_SERVICE = "credentials"
+SECRETS_DIR = "/run/secrets"
+# The credentials each service is given (kvtb.credentials names the files).
+SECRETS = {"storage": ("ca.crt", "storage.crt", "storage.key", "fabric.key"),
+           "smartnic": ("ca.crt", "smartnic.crt", "smartnic.key", "fabric.key", "kv-mac.key"),
+           "compute": ("ca.crt", "compute.crt", "compute.key", "fabric.key", "kv-mac.key"),
+           "frontend": ("ca.crt", "frontend.crt", "frontend.key")}
+
+
+def _identity(name: str) -> str | None:
+    """The credentials identity of a compose service ("storage0" -> "storage"; None: none)."""
+    return next((identity for identity in SECRETS if name.startswith(identity)), None)
+
+
+def _secret(file: str) -> str:
+    return "kvtb_" + file.replace(".", "_").replace("-", "_")
 
 
 def stack_config(compose: dict) -> dict:
     """The stack form of a parsed compose file."""
-    out = {"version": compose.get("version", "3.8"), "services": {}, "volumes": compose.get("volumes", {}),
-           "configs": {"kvtb_config": {"file": "./" + CONFIG_FILE}}}
+    volumes = {k: v for k, v in compose.get("volumes", {}).items() if k != CREDENTIALS_SERVICE}
+    files = sorted({f for group in SECRETS.values() for f in group})
+    out = {"version": compose.get("version", "3.8"), "services": {}, "volumes": volumes,
+           "configs": {"kvtb_config": {"file": "./" + CONFIG_FILE}},
+           "secrets": {_secret(f): {"file": f"./{CREDENTIALS_SERVICE}/{f}"} for f in files}}
     for name, service in compose["services"].items():
+        if name == CREDENTIALS_SERVICE:
+            continue
         service = dict(service)
-        volumes = [v for v in service.get("volumes", []) if not str(v).startswith("./" + CONFIG_FILE)]
+        volumes = [v for v in service.get("volumes", []) if not str(v).startswith("./" + CONFIG_FILE)
+                   and not str(v).startswith(CREDENTIALS_SERVICE + ":")]
         service["volumes"] = volumes
         service["configs"] = [{"source": "kvtb_config", "target": CONFIG_TARGET, "mode": 0o444}]
+        identity = _identity(name)
+        if identity is not None:
+            service["secrets"] = [{"source": _secret(f), "target": f, "mode": 0o400} for f in SECRETS[identity]]
+            env = dict(service.get("environment") or {})
+            env["KVTB_CREDENTIALS_DIR"] = SECRETS_DIR
+            service["environment"] = env
         if isinstance(service.get("depends_on"), dict):
-            service["depends_on"] = sorted(service["depends_on"])
+            service["depends_on"] = sorted(set(service["depends_on"]) - {CREDENTIALS_SERVICE})
+        if not service.get("depends_on"):
+            service.pop("depends_on", None)
         for key in ("ipc", "profiles", "shm_size", "init"):
             service.pop(key, None)
         if service.get("ports"):

@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from kvtb.credentials import CredentialsError
+from kvtb.credentials import IDENTITIES, CredentialsError
 from kvtb.rpc import OPERATOR, Security, channel
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -66,14 +66,19 @@ def add_health_and_reflection(server, service_names: Iterable[str], *, aio: bool
 
 
 def securities(security: Security | None = None) -> list[Security]:
-    """How to reach a port whose security is not known: as the operator (internal ports, mutual TLS),
-    then in plain text (the frontend's user port); or just `security` when it is given."""
+    """How to reach a port whose security is not known: over mutual TLS as the operator, or else as
+    whichever identity's certificate the credentials directory holds (a container holds only its
+    own), then in plain text (the frontend's user port); or just `security` when it is given."""
     if security is not None:
         return [security]
-    try:
-        return [Security.of(OPERATOR), Security.off()]
-    except CredentialsError:
-        return [Security.off()]
+    found = []
+    for identity in (OPERATOR, *IDENTITIES):
+        try:
+            found.append(Security.of(identity))
+            break
+        except CredentialsError:
+            continue
+    return [*found, Security.off()]
 
 
 def check(address: str, service: str = "", timeout_s: float = 2.0, security: Security | None = None) -> int | None:

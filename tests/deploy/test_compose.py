@@ -99,3 +99,25 @@ def test_stack_file_is_generated_from_the_compose_file():
     result = subprocess.run([sys.executable, str(ROOT / "deploy" / "stack_file.py"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.compose
+@pytest.mark.slow
+def test_internal_ports_refuse_a_container_without_the_deployments_credentials(deployment):
+    """A container on the deployment's network with the same image but not its credentials volume
+    reaches none of the internal ports; with the volume, as the operator, it does."""
+    import subprocess
+
+    from tests.deploy.conftest import IMAGE
+
+    def health(address: str, *volume: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", "run", "--rm", "--network", f"{deployment.project}_default", *volume,
+                               IMAGE, "health", address, "--timeout", "5"], capture_output=True, text=True,
+                              timeout=120)
+
+    mounted = ("-v", f"{deployment.project}_credentials:/credentials:ro", "-e", "KVTB_CREDENTIALS_DIR=/credentials")
+    for address in ("smartnic:50051", "compute:50071", "storage0:50061"):
+        stranger = health(address)
+        assert stranger.returncode == 1 and "NOT SERVING" in stranger.stdout, (address, stranger.stdout)
+        operator = health(address, *mounted)
+        assert operator.returncode == 0 and "SERVING" in operator.stdout, (address, operator.stdout, operator.stderr)

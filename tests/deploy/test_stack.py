@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from kvtb import credentials
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import free_port
 from tests.deploy.conftest import IMAGE, ROOT, Deployment
@@ -30,6 +31,7 @@ def stack():
     node = _docker("info", "--format", "{{.Swarm.NodeID}}")
     _docker("node", "update", "--label-add", "kvtb.compute=true", node)
     name = f"kvtbstack{os.getpid()}"
+    credentials.init(STACK_FILE.parent / "credentials")  # as `make stack-up` does: the stack's secrets
     port = free_port()
     env = {**os.environ, "KVTB_IMAGE": IMAGE, "KVTB_FRONTEND_PORT": str(port),
            "KVTB_HTTP_PORT": str(free_port())}
