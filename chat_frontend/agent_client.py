@@ -37,7 +37,7 @@ def chat_error(exc: grpc.aio.AioRpcError, address: str) -> ChatError:
 class AgentClient:
     """Async client of the agent's ComputeNode proxy and SmartNic stats. One event loop."""
 
-    def __init__(self, address: str, turn_timeout_s: float = 300.0, security: Security = Security.off()):
+    def __init__(self, address: str, security: Security, turn_timeout_s: float = 300.0):
         self.address = address
         self.security = security
         self.turn_timeout_s = turn_timeout_s

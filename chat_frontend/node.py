@@ -93,7 +93,8 @@ class FrontendNode:
         s = self.settings
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         store = SessionStore(s.db_path)
-        agent = AgentClient(s.agent_address, s.agent_timeout_s, Security.of("frontend", s.credentials_dir, s.insecure))
+        agent = AgentClient(s.agent_address, Security.of("frontend", s.credentials_dir, s.insecure),
+                            s.agent_timeout_s)
         service = ChatService(s, store, agent)
         server = grpc.aio.server()
         servicer = ChatFrontendServicer(service, agent)

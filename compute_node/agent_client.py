@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 class AgentClient:
     """One registered region at one agent. Thread-safe (gRPC stubs are)."""
 
-    def __init__(self, address: str, security: Security = Security.off(), timeout_s: float = 10.0):
+    def __init__(self, address: str, security: Security, timeout_s: float = 10.0):
         self.address = address
         self.timeout_s = timeout_s
         self.channel = channel(address, security, peer="smartnic")

@@ -97,7 +97,8 @@ class Deployment:
 
     @property
     def credentials_dir(self) -> Path:
-        return self.data_dir / "credentials"
+        """$KVTB_CREDENTIALS_DIR when set (a deployment's own), else DATA_DIR/credentials."""
+        return Path(os.environ.get(credentials.ENV_DIR) or self.data_dir / "credentials")
 
     def security(self, name: str) -> Security:
         """How `kvtb up` checks a service's health: the frontend's user port is plain (tokens)."""

@@ -53,8 +53,7 @@ def parse_peer(peer: str) -> tuple[str, int]:
 class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
     """Thread-safe: stubs are cached per compute address under a lock."""
 
-    def __init__(self, agent: Agent, listen_host: str = "127.0.0.1", listen_port: int = 0,
-                 security: Security = Security.off()):
+    def __init__(self, agent: Agent, security: Security, listen_host: str = "127.0.0.1", listen_port: int = 0):
         self.agent = agent
         self.security = security
         self.listen_host, self.listen_port = listen_host, listen_port

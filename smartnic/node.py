@@ -69,7 +69,7 @@ class AgentNode:
         port = add_port(self.server, s.listen_address, security)
         if port == 0:
             raise OSError(f"cannot listen on {s.listen_address}")
-        self.proxy = ComputeProxyServicer(self.agent, host, port, security)
+        self.proxy = ComputeProxyServicer(self.agent, security, host, port)
         smartnic_pb2_grpc.add_SmartNicServicer_to_server(SmartNicServicer(self.agent), self.server)
         smartnic_pb2_grpc.add_MatchActionServicer_to_server(MatchActionServicer(self.agent), self.server)
         compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.proxy, self.server)

@@ -11,6 +11,7 @@ import pytest
 from compute_node.agent_client import AgentClient
 from kvtb.launch import free_port
 from hostmem.region import Region
+from tests.conftest import as_identity
 from tests.smartnic.helpers import LAYOUT, agent_env, storage_env
 
 
@@ -22,7 +23,7 @@ def test_registers_again_after_the_agent_restarts(start_service, tmp_path):
     agent = start_service("agent", "serve", "smartnic", env=env)
     region = Region.create(f"kvtb-test-{uuid.uuid4().hex[:12]}", LAYOUT.region_bytes,
                            LAYOUT.counter_offset, LAYOUT.counter_count)
-    client = AgentClient(address, timeout_s=5.0)
+    client = AgentClient(address, as_identity("compute"), timeout_s=5.0)
     try:
         client.register(types.SimpleNamespace(region=region, layout=LAYOUT), "key", "test", "", 10.0)
         assert client.ensure_registered()  # known: nothing to do
