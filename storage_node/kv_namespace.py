@@ -262,15 +262,17 @@ class KvNamespace(Namespace):
             entry = self._index.get(key)
             if entry is None:
                 raise NvmeError(st.KEY_DOES_NOT_EXIST)
-            self._check_file()  # before touching the mapping: a page past the file's end is SIGBUS
+            mappable = self._map is not None and self._mappable(entry)
+            if mappable:  # a page of the mapping past the file's end is SIGBUS: check first
+                self._check_file()
             if entry.lost:
                 raise NvmeError(st.UNRECOVERED_READ_ERROR, "value lost: the data file was cut short under it")
             entry.pins += 1
-        mapped = self._mapped(entry)
+        mapped = self._mapped(entry) if mappable else None
         try:
             out = mapped if mapped is not None else self._read_copy(entry)
             intact = not check_guard or crc32c(out) == entry.crc32c
-        except EOFError as exc:  # cut short between the check and the read
+        except EOFError as exc:  # a copy read found the file's end: it was cut short
             self._unpin(entry)
             self.check_file()
             raise NvmeError(st.UNRECOVERED_READ_ERROR, f"value lost: {exc}") from exc
