@@ -285,11 +285,13 @@ class Journal:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
-        fsync_dir(os.path.dirname(self.path) or ".")
-        os.close(self._fd)
         damage = self.damage
-        self.open()
-        self.damage = damage  # what replay found stays reported; the new file has none
+        try:
+            fsync_dir(os.path.dirname(self.path) or ".")
+        finally:  # appends go to the new file, never to the replaced one
+            os.close(self._fd)
+            self.open()
+            self.damage = damage  # what replay found stays reported; the new file has none
 
     def close(self) -> None:
         if self._fd >= 0:

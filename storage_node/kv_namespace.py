@@ -124,9 +124,13 @@ class KvNamespace(Namespace):
             self._mark_lost(found_bytes)
         damaged = bool(self.journal.damage or replayed.dropped or self.journal.legacy_records)
         if damaged or len(records) > max(self.compact_min_records, 2 * len(self._index)):
-            self.journal.rewrite(jr.Record(jr.PUT, k, e.length, e.crc32c, e.extents)
-                                 for k, e in self._index.items())
-            logger.info("namespace %d: journal compacted to %d records", self.nsid, len(self._index))
+            try:  # rewritten from the index: damage and old versions gone, set-aside values forgotten
+                self.journal.rewrite(jr.Record(jr.PUT, k, e.length, e.crc32c, e.extents)
+                                     for k, e in self._index.items())
+            except OSError as exc:  # the journal as it is still replays to the same index
+                logger.error("namespace %d: journal not compacted: %s", self.nsid, exc)
+            else:
+                logger.info("namespace %d: journal compacted to %d records", self.nsid, len(self._index))
 
     def check_file(self) -> None:
         """If the data file was cut short (damage), mark the values past its end lost and regrow it."""

@@ -13,7 +13,7 @@ from kvtb_proto import storage_admin_pb2_grpc as apb_grpc
 from storage_node import journal as jr
 from storage_node import status as st
 from storage_node.client import FabricClient, StorageStatusError
-from storage_node.kv_namespace import KvNamespace
+from storage_node.kv_namespace import KvNamespace, PendingDelete
 from storage_node.status import NvmeError
 
 from .conftest import GOOD_HOST, Harness, settings_for
@@ -113,7 +113,6 @@ def store(ns: KvNamespace, key: bytes, data: bytes) -> None:
 
 
 def delete(ns: KvNamespace, key: bytes) -> None:
-    from storage_node.kv_namespace import PendingDelete
     ns.commit([PendingDelete(key)])
 
 
@@ -147,6 +146,38 @@ def test_a_lost_record_that_freed_extents_never_leaves_two_keys_on_them(tmp_path
     assert ns.values_lost == 1 and ns.journal.skipped_records == 1
     store(ns, b"more", b"C" * 5000)  # the allocator holds "new"'s extents as used
     assert read(ns, b"new") == b"B" * 5000
+    ns.close()
+
+
+def test_an_old_journal_is_read_and_rewritten_in_the_new_format(tmp_path):
+    path = tmp_path / "ns1.data"
+    ns = open_namespace(path)
+    for i in range(3):
+        store(ns, b"k%d" % i, bytes([i]) * 7000)
+    delete(ns, b"k1")
+    ns.close()
+    journal = path.parent / "ns1.data.journal"
+    records = jr.scan(journal.read_bytes()).records
+    journal.write_bytes(b"".join(jr.encode_v1(r) for r in records))  # as version 1 wrote it
+    assert jr.scan(journal.read_bytes()).legacy_records == 4
+    ns = open_namespace(path)
+    assert not ns.journal.damage and ns.values_lost == 0
+    assert [read(ns, b"k%d" % i) for i in range(3)] == [b"\0" * 7000, None, b"\2" * 7000]
+    ns.close()
+    assert journal.read_bytes().startswith(jr.MAGIC)  # compacted to version 2 at open
+    assert jr.scan(journal.read_bytes()).legacy_records == 0
+
+
+def test_a_data_file_gone_while_stopped_loses_its_values_and_nothing_else(tmp_path):
+    path = tmp_path / "ns1.data"
+    ns = open_namespace(path)
+    store(ns, b"a", b"a" * 5000)
+    ns.close()
+    os.remove(path)
+    ns = open_namespace(path)
+    assert read(ns, b"a") is None and ns.values_lost == 1 and ns.exist(b"a")
+    store(ns, b"a", b"b" * 5000)
+    assert read(ns, b"a") == b"b" * 5000
     ns.close()
 
 
