@@ -34,6 +34,7 @@ INVALID_FIELD = Status(SCT_GENERIC, 0x02)
 COMMAND_ID_CONFLICT = Status(SCT_GENERIC, 0x03)
 INTERNAL_ERROR = Status(SCT_GENERIC, 0x06)
 INVALID_NAMESPACE = Status(SCT_GENERIC, 0x0B)
+NAMESPACE_NOT_READY = Status(SCT_GENERIC, 0x82)
 LBA_OUT_OF_RANGE = Status(SCT_GENERIC, 0x80)
 CAPACITY_EXCEEDED = Status(SCT_GENERIC, 0x81)
 
@@ -55,6 +56,7 @@ NAMES: dict[Status, str] = {
     COMMAND_ID_CONFLICT: "command id conflict",
     INTERNAL_ERROR: "internal error",
     INVALID_NAMESPACE: "invalid namespace",
+    NAMESPACE_NOT_READY: "namespace not ready",
     LBA_OUT_OF_RANGE: "LBA out of range",
     CAPACITY_EXCEEDED: "capacity exceeded",
     CONNECT_INVALID_PARAMETERS: "connect invalid parameters",

@@ -6,7 +6,7 @@ import grpc
 from kvtb_proto import storage_admin_pb2 as pb
 from kvtb_proto import storage_admin_pb2_grpc as pb_grpc
 from storage_node.commit import GroupCommitter
-from storage_node.kv_namespace import MAX_KEY_BYTES
+from storage_node.kv_namespace import MAX_KEY_BYTES, KvNamespace
 from storage_node.namespace import LBA_BYTES, Namespace
 from storage_node.settings import WILDCARD
 from storage_node.stats import Stats
@@ -18,10 +18,15 @@ FIRMWARE_REVISION = "0.1.0"
 
 
 def namespace_info(ns: Namespace) -> pb.NamespaceInfo:
-    """NamespaceInfo of ns."""
-    return pb.NamespaceInfo(namespace_id=ns.nsid, command_set=ns.command_set, size_bytes=ns.size_bytes,
+    """NamespaceInfo of ns, with the damage found in its files."""
+    info = pb.NamespaceInfo(namespace_id=ns.nsid, command_set=ns.command_set, size_bytes=ns.size_bytes,
                             lba_size_bytes=LBA_BYTES, used_bytes=ns.used_bytes, key_count=ns.key_count,
                             backing_file=ns.path)
+    if isinstance(ns, KvNamespace):
+        info.journal_records_skipped = ns.journal.skipped_records
+        info.journal_bytes_skipped = ns.journal.skipped_bytes
+        info.values_lost = ns.values_lost
+    return info
 
 
 class StorageAdminServicer(pb_grpc.StorageAdminServicer):
@@ -83,5 +88,6 @@ class StorageAdminServicer(pb_grpc.StorageAdminServicer):
             commands=[pb.CommandCount(opcode=op, status=status, count=n)
                       for (op, status), n in sorted(snap["commands"].items())],
             namespaces=self._namespaces(),
-            queue_depth_by_host={c.host_nqn: c.queue.outstanding for c in self.subsystem.controllers()})
+            queue_depth_by_host={c.host_nqn: c.queue.outstanding for c in self.subsystem.controllers()},
+            offline_namespaces={nsid: why for nsid, (_, why) in self.subsystem.offline.items()})
 

@@ -24,6 +24,7 @@ from storage_node.namespace import (
     write_extents,
 )
 from fabric.status import NvmeError, Status
+from storage_node.replay import replay
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +34,17 @@ MAP_MIN_BYTES = 1 << 20  # values from this size are sent straight from the file
 
 @dataclass
 class IndexEntry:
-    """A committed value. pins counts readers; a retired entry's extents are freed at pins == 0."""
+    """A committed value. pins counts readers; a retired entry's extents are freed at pins == 0.
+
+    lost: the data file was cut short under it, so its bytes are gone (Retrieve fails).
+    """
 
     length: int
     crc32c: int
     extents: tuple[Extent, ...]
     pins: int = 0
     retired: bool = False
+    lost: bool = False
 
 
 @dataclass
@@ -76,17 +81,21 @@ class KvNamespace(Namespace):
     Invariants: the index holds only values whose data and journal record are durable; a
     Store writes to fresh extents, so a reader never sees a half-replaced value; extents of a
     replaced or deleted value return to the allocator only when no reader holds them.
+    A data file cut short under the node (damage) loses the values past its new end: they are
+    marked lost and the file is made whole again, so that no read touches a page past its end.
     Thread-safe: _lock guards the index and the allocator; commit() runs on one thread.
     """
 
     command_set = "key_value"
 
     def __init__(self, nsid: int, path: str | os.PathLike, size_bytes: int, fsync: bool = True,
-                 compact_min_records: int = 10_000):
+                 compact_min_records: int = 10_000, mapped_reads: bool = True):
         super().__init__(nsid, path, size_bytes, fsync)
         self.journal = jr.Journal(self.path + ".journal", fsync)
         self.compact_min_records = compact_min_records
+        self.mapped_reads = mapped_reads
         self.integrity_errors = 0
+        self.values_lost = 0  # to a data file cut short, or set aside at replay
         self._lock = threading.Lock()
         self._index: dict[bytes, IndexEntry] = {}
         self._sorted_keys: list[bytes] | None = None
@@ -95,22 +104,56 @@ class KvNamespace(Namespace):
 
     def open(self) -> None:
         """Open the file and replay the journal into the index and the allocator."""
+        found_bytes = os.stat(self.path).st_size if os.path.exists(self.path) else 0
         super().open()
-        self._map = mmap.mmap(self.fd, self.size_bytes, mmap.MAP_SHARED, mmap.PROT_READ)
+        if self.mapped_reads:
+            self._map = mmap.mmap(self.fd, self.size_bytes, mmap.MAP_SHARED, mmap.PROT_READ)
         records = self.journal.open()
-        for record in records:
-            if record.kind == jr.PUT:
-                self._index[record.key] = IndexEntry(record.value_length, record.crc32c, record.extents)
-            else:
-                self._index.pop(record.key, None)
+        replayed = replay(records, self.size_bytes, LBA_BYTES)
+        self._index = {k: IndexEntry(r.value_length, r.crc32c, r.extents) for k, r in replayed.entries.items()}
         used = [e for entry in self._index.values() for e in entry.extents]
         self.allocator = ExtentAllocator.from_used(self.size_bytes, used, LBA_BYTES)
         logger.info("namespace %d: replayed %d journal records, %d keys, %d bytes used",
                     self.nsid, len(records), len(self._index), self.allocator.used_bytes)
-        if len(records) > max(self.compact_min_records, 2 * len(self._index)):
-            self.journal.rewrite(jr.Record(jr.PUT, k, e.length, e.crc32c, e.extents)
-                                 for k, e in self._index.items())
-            logger.info("namespace %d: journal compacted to %d records", self.nsid, len(self._index))
+        if replayed.dropped:
+            self.values_lost += len(replayed.dropped)
+            logger.error("namespace %d: %d values set aside at replay (Retrieve answers \"key does not "
+                         "exist\"), for example %s", self.nsid, len(replayed.dropped),
+                         "; ".join(f"{k.hex()}: {why}" for k, why in list(replayed.dropped.items())[:5]))
+        if found_bytes < self.size_bytes and self._index:
+            self._mark_lost(found_bytes)
+        damaged = bool(self.journal.damage or replayed.dropped or self.journal.legacy_records)
+        if damaged or len(records) > max(self.compact_min_records, 2 * len(self._index)):
+            try:  # rewritten from the index: damage and old versions gone, set-aside values forgotten
+                self.journal.rewrite(jr.Record(jr.PUT, k, e.length, e.crc32c, e.extents)
+                                     for k, e in self._index.items())
+            except OSError as exc:  # the journal as it is still replays to the same index
+                logger.error("namespace %d: journal not compacted: %s", self.nsid, exc)
+            else:
+                logger.info("namespace %d: journal compacted to %d records", self.nsid, len(self._index))
+
+    def check_file(self) -> None:
+        """If the data file was cut short (damage), mark the values past its end lost and regrow it."""
+        with self._lock:
+            self._check_file()
+
+    def _check_file(self) -> None:
+        size = os.fstat(self.fd).st_size
+        if size >= self.size_bytes:
+            return
+        self._mark_lost(size)
+        os.ftruncate(self.fd, self.size_bytes)  # pages past the cut read as zeros, never SIGBUS
+
+    def _mark_lost(self, file_bytes: int) -> None:
+        lost = [e for e in self._index.values()
+                if not e.lost and max((x.end for x in e.extents), default=0) > file_bytes]
+        for entry in lost:
+            entry.lost = True
+        self.values_lost += len(lost)
+        logger.log(logging.ERROR if lost else logging.WARNING,
+                   "namespace %d: data file %s is %d bytes, not %d: %d values past its end are lost "
+                   "(Retrieve answers \"unrecovered read error\"); the file is grown back",
+                   self.nsid, self.path, file_bytes, self.size_bytes, len(lost))
 
     def close(self) -> None:
         self.journal.close()
@@ -144,6 +187,7 @@ class KvNamespace(Namespace):
     def write(self, pending: PendingStore, buffers: Sequence) -> int:
         """Write the value's bytes to its extents (not yet durable, not yet visible); their crc32c,
         computed as they are written, becomes the pending value's."""
+        self.check_file()
         pending.crc32c = write_extents(self.fd, buffers, pending.extents, 0, writeback=self.fsync_enabled)
         return pending.crc32c
 
@@ -222,11 +266,20 @@ class KvNamespace(Namespace):
             entry = self._index.get(key)
             if entry is None:
                 raise NvmeError(st.KEY_DOES_NOT_EXIST)
+            mappable = self._map is not None and self._mappable(entry)
+            if mappable:  # a page of the mapping past the file's end is SIGBUS: check first
+                self._check_file()
+            if entry.lost:
+                raise NvmeError(st.UNRECOVERED_READ_ERROR, "value lost: the data file was cut short under it")
             entry.pins += 1
-        mapped = self._mapped(entry)
+        mapped = self._mapped(entry) if mappable else None
         try:
             out = mapped if mapped is not None else self._read_copy(entry)
             intact = not check_guard or crc32c(out) == entry.crc32c
+        except EOFError as exc:  # a copy read found the file's end: it was cut short
+            self._unpin(entry)
+            self.check_file()
+            raise NvmeError(st.UNRECOVERED_READ_ERROR, f"value lost: {exc}") from exc
         except BaseException:
             self._unpin(entry)
             raise
@@ -261,7 +314,7 @@ class KvNamespace(Namespace):
 
     def _read_copy(self, entry: IndexEntry) -> np.ndarray:
         out = new_buffer(entry.length)  # [value length] uint8; all of it, to verify the crc
-        read_extents(self.fd, entry.extents, memoryview(out))
+        read_extents(self.fd, entry.extents, memoryview(out), past_end="raise")
         return out
 
     def _unpin(self, entry: IndexEntry) -> None:

@@ -109,8 +109,12 @@ def start_writeback(fd: int, extents: Iterable[Extent]) -> None:
             return
 
 
-def read_extents(fd: int, extents: Iterable[Extent], out: memoryview) -> None:
-    """Fill out (a writable byte view) from extents in order; the file reads zeros past its data."""
+def read_extents(fd: int, extents: Iterable[Extent], out: memoryview, past_end: str = "zeros") -> None:
+    """Fill out (a writable byte view) from extents in order.
+
+    Past the file's end it reads zeros (past_end="zeros", a block device's unwritten LBAs) or
+    raises EOFError (past_end="raise", a value whose bytes are gone).
+    """
     pos = 0
     for ext in extents:
         end = min(pos + ext.length, out.nbytes)
@@ -118,6 +122,8 @@ def read_extents(fd: int, extents: Iterable[Extent], out: memoryview) -> None:
         while pos < end:
             n = os.preadv(fd, [out[pos:end]], offset)
             if n == 0:
+                if past_end == "raise":
+                    raise EOFError(f"the file ends before offset {offset}")
                 out[pos:end] = bytes(end - pos)
                 n = end - pos
             pos += n

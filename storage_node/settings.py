@@ -51,6 +51,8 @@ class StorageSettings:
     io_threads: int = 4
     fsync: bool = True                         # off only for benchmarks: acks are then not durable
     compact_min_records: int = 10_000
+    # values of 1 MiB or more are sent from the data file's mapping (no copy); off: read with preadv
+    mapped_reads: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_hosts", _normalise_hosts(self.allowed_hosts))

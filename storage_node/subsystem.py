@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import threading
@@ -10,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabric import status as st
+from storage_node import manifest
 from storage_node.commit import GroupCommitter
-from storage_node.journal import fsync_dir
 from storage_node.kv_namespace import KvNamespace
 from storage_node.namespace import BlockNamespace, Namespace
 from storage_node.queues import QueuePair
@@ -19,8 +18,6 @@ from storage_node.settings import WILDCARD, StorageSettings
 from fabric.status import NvmeError
 
 logger = logging.getLogger(__name__)
-
-MANIFEST = "subsystem.json"
 
 
 @dataclass
@@ -43,8 +40,11 @@ class Controller:
 class Subsystem:
     """Namespaces, committers and controllers of one storage node.
 
-    Thread-safe: _lock guards the namespace and controller maps (the fabric thread and the
-    admin service both use them). A controller's queue pair is used by the fabric thread only.
+    A namespace that fails to open (damaged or unreadable files) is offline: listed in the
+    manifest and in `offline` with the reason, answered "namespace not ready", never in the way
+    of the others. Thread-safe: _lock guards the namespace and controller maps (the fabric
+    thread and the admin service both use them). A controller's queue pair is used by the
+    fabric thread only.
     """
 
     def __init__(self, settings: StorageSettings):
@@ -52,6 +52,7 @@ class Subsystem:
         self.data_dir = os.path.abspath(settings.data_dir)
         self.namespaces: dict[int, Namespace] = {}
         self.committers: dict[int, GroupCommitter] = {}
+        self.offline: dict[int, tuple[dict, str]] = {}  # nsid -> (manifest entry, why)
         self._controllers: dict[str, Controller] = {}
         self._sessions: dict[bytes, Controller] = {}
         self._qids = itertools.count(1)
@@ -62,27 +63,31 @@ class Subsystem:
     def open(self) -> None:
         """Open the namespaces of the manifest (creating the configured ones on first start)."""
         os.makedirs(self.data_dir, exist_ok=True)
-        path = os.path.join(self.data_dir, MANIFEST)
-        if os.path.exists(path):
-            with open(path) as f:
-                entries = json.load(f)["namespaces"]
-        else:
-            entries = [{"nsid": i + 1, "command_set": cs, "size_bytes": self.settings.namespace_size_bytes}
-                       for i, cs in enumerate(self.settings.namespaces)]
-        for entry in entries:
-            self._open_namespace(entry["nsid"], entry["command_set"], entry["size_bytes"])
+        configured = [{"nsid": i + 1, "command_set": cs, "size_bytes": self.settings.namespace_size_bytes}
+                      for i, cs in enumerate(self.settings.namespaces)]
+        for entry in manifest.load(self.data_dir, configured, self.settings.namespace_size_bytes):
+            try:
+                self._open_namespace(entry["nsid"], entry["command_set"], entry["size_bytes"])
+            except Exception as exc:  # one damaged namespace must not stop the node
+                why = f"{type(exc).__name__}: {exc}"
+                logger.exception("namespace %d is offline: it did not open", entry["nsid"])
+                self.offline[entry["nsid"]] = (entry, why)
         self._save_manifest()
 
     def _open_namespace(self, nsid: int, command_set: str, size_bytes: int) -> Namespace:
-        path = os.path.join(self.data_dir, f"ns{nsid}.data")
+        path = manifest.data_path(self.data_dir, nsid)
         if command_set == "key_value":
             ns: Namespace = KvNamespace(nsid, path, size_bytes, self.settings.fsync,
-                                        self.settings.compact_min_records)
+                                        self.settings.compact_min_records, self.settings.mapped_reads)
         elif command_set == "nvm":
             ns = BlockNamespace(nsid, path, size_bytes, self.settings.fsync)
         else:
             raise NvmeError(st.INVALID_FIELD, f"unknown command set {command_set!r}")
-        ns.open()
+        try:
+            ns.open()
+        except BaseException:
+            ns.close()
+            raise
         self.namespaces[nsid] = ns
         if isinstance(ns, KvNamespace):
             self.committers[nsid] = GroupCommitter(ns).start()
@@ -90,21 +95,16 @@ class Subsystem:
 
     def _save_manifest(self) -> None:
         entries = [{"nsid": ns.nsid, "command_set": ns.command_set, "size_bytes": ns.size_bytes}
-                   for ns in sorted(self.namespaces.values(), key=lambda n: n.nsid)]
-        path = os.path.join(self.data_dir, MANIFEST)
-        with open(path + ".tmp", "w") as f:
-            json.dump({"subsystem_nqn": self.settings.subsystem_nqn, "namespaces": entries}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
-        fsync_dir(self.data_dir)
+                   for ns in self.namespaces.values()]
+        entries += [entry for entry, _ in self.offline.values()]  # kept, so their files stay theirs
+        manifest.save(self.data_dir, self.settings.subsystem_nqn, entries)
 
     def create_namespace(self, nsid: int = 0, command_set: str = "key_value",
                          size_bytes: int = 0) -> Namespace:
         """Create and open a namespace (nsid 0: the next free id); persisted in the manifest."""
         with self._lock:
-            nsid = nsid or max(self.namespaces, default=0) + 1
-            if nsid in self.namespaces:
+            nsid = nsid or max([*self.namespaces, *self.offline], default=0) + 1
+            if nsid in self.namespaces or nsid in self.offline:
                 raise NvmeError(st.INVALID_FIELD, f"namespace {nsid} exists")
             ns = self._open_namespace(nsid, command_set or "key_value",
                                       size_bytes or self.settings.namespace_size_bytes)
@@ -182,6 +182,8 @@ class Subsystem:
     def namespace_for(self, controller: Controller, nsid: int) -> Namespace:
         """The namespace nsid if it exists and the controller may reach it, else INVALID_NAMESPACE."""
         ns = self.namespaces.get(nsid)
-        if ns is None or not controller.may_reach(nsid):
+        if not controller.may_reach(nsid) or (ns is None and nsid not in self.offline):
             raise NvmeError(st.INVALID_NAMESPACE, f"namespace {nsid} is not attached to this host")
+        if ns is None:
+            raise NvmeError(st.NAMESPACE_NOT_READY, f"namespace {nsid} is offline: {self.offline[nsid][1]}")
         return ns
