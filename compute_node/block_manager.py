@@ -11,37 +11,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
-import struct
-from collections.abc import Sequence as Seq
 
 from compute_node.sequence import Sequence
+from hostmem.block_hash import hash_chain
 
 logger = logging.getLogger(__name__)
-
-_LENGTHS = struct.Struct("<II")
-
-
-def block_hash(parent_hash: bytes, token_ids: Seq[int], salt: bytes) -> bytes:
-    """blake2b-128 of (len(parent) u32, len(salt) u32, parent, salt, token ids as uint32 LE)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(_LENGTHS.pack(len(parent_hash), len(salt)))
-    h.update(parent_hash)
-    h.update(salt)
-    h.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
-    return h.digest()
-
-
-def hash_chain(token_ids: Seq[int], salt: bytes, block_tokens: int, parent: bytes = b"",
-               start_block: int = 0) -> list[bytes]:
-    """Hashes of the full blocks of token_ids from start_block on (parent: the hash before it)."""
-    hashes = []
-    for i in range(start_block, len(token_ids) // block_tokens):
-        parent = block_hash(parent, token_ids[i * block_tokens:(i + 1) * block_tokens], salt)
-        hashes.append(parent)
-    return hashes
-
 
 @dataclasses.dataclass
 class Block:
@@ -107,6 +82,10 @@ class BlockManager:
         return 1.0 - self.num_allocatable_blocks / self.num_blocks
 
     # -- prefix lookup
+    def hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
+        """The hash chain of seq's first num_full_blocks full blocks (computed once, kept on seq)."""
+        return self._hashes(seq, num_full_blocks)[:num_full_blocks]
+
     def _hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
         """seq.block_hashes extended to num_full_blocks entries."""
         have = len(seq.block_hashes)
@@ -239,6 +218,23 @@ class BlockManager:
         seq.num_computed_tokens = seq.num_cached_tokens = 0
         seq.pinned_blocks.extend(pinned)
         return pinned
+
+    def forget(self, block_ids) -> int:
+        """Drop the cached hashes of these blocks that nobody holds (their KV left compute memory:
+        step 4 under the triggered and cpu policies); return how many were dropped."""
+        dropped = 0
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count or block.hash is None:
+                continue
+            if self.hash_to_block.get(block.hash) == block_id:
+                del self.hash_to_block[block.hash]
+            block.hash = None
+            if block_id in self._cached:
+                del self._cached[block_id]
+                self._plain.append(block_id)
+            dropped += 1
+        return dropped
 
     def _park(self, block: Block) -> None:
         """A block nobody holds goes where it belongs among the free ones."""

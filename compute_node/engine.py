@@ -1,8 +1,10 @@
-"""The engine: one thread that takes turns from a bounded queue, gives each a slot, runs it.
+"""The batching engine: one thread that steps every running sequence at once over the paged pool.
 
-Service threads call submit() and reserve(); everything that touches the model or a
-slot's KV happens on the engine thread. The lock guards the slot manager, the queue and
-the statistics.
+Each loop: take new turns in, see which PUTs and restores have landed (by reading counters in
+the region: no RPC), ask the scheduler for the next step, run one forward over every scheduled
+sequence (decode tokens and prefill chunks together), sample, stream the tokens, and store each
+block that filled as the turn's policy says. A sequence whose KV is being restored waits outside
+the batch while the others decode. Service threads only call submit() and snapshot().
 """
 from __future__ import annotations
 
@@ -11,18 +13,24 @@ import logging
 import threading
 import time
 
-from hostmem.counters import wait_counter
-from compute_node.kv_pool import KvPool
-from compute_node.offload import NoOffload, TriggeredOffload, settle_tail
-from compute_node.runner import TurnRunner
+import numpy as np
+import torch
+
+from compute_node import restore as rs
+from compute_node.block_manager import BlockManager
+from compute_node.model_runner import ModelRunner, SeqRun
+from compute_node.offload import Block, PendingPut
+from compute_node.scheduler import NeverFits, QueueFull, RestoreRequest, Scheduler, SchedulerOutput
+from compute_node.sequence import Sequence
 from compute_node.settings import ComputeSettings
-from compute_node.slots import Acquired, QueueFull, SlotManager, WaitQueue
-from compute_node.turn import RestoreTicket, StepSpan, Turn
-from kvtb.steps import Step
+from compute_node.turn import RestoreBlockEvent, StepSpan, Turn
+from compute_node.turn_state import TurnState
+from hostmem.block_hash import block_hash, salt_for
 
 logger = logging.getLogger(__name__)
 
 MAX_KNOWN_CONTEXTS = 100_000
+LATE_PIN_S = 300.0  # how long a block a timed-out GET may still write stays out of use
 
 
 class Stats:
@@ -44,31 +52,37 @@ class Stats:
 
 
 class Engine:
-    """Owns the model, the pool and the slots. Thread-safe entry points: submit, reserve, stats."""
+    """Owns the model runner, the pool's bookkeeping and every turn's state.
 
-    def __init__(self, settings: ComputeSettings, model, tokenizer, pool: KvPool, *,
-                 agent=None, cpu_store=None, setup_span: StepSpan | None = None):
-        self.settings = settings
-        self.model, self.tokenizer, self.pool = model, tokenizer, pool
-        self.agent, self.cpu_store = agent, cpu_store
+    Thread-safety: submit(), stop() and snapshot() from any thread (they take `lock`); everything
+    else runs on the engine thread.
+    """
+
+    def __init__(self, settings: ComputeSettings, model, tokenizer, pool, offloaders: dict, *,
+                 cpu_store=None, setup_span: StepSpan | None = None):
+        self.settings, self.tokenizer, self.pool = settings, tokenizer, pool
+        self.layout = pool.layout
+        self.offloaders, self.cpu_store = offloaders, cpu_store
         self.stop_token_ids = {tokenizer.eos_token_id} - {None}
         self.vocab_size = model.config.vocab_size
-        self.slots = SlotManager(pool.layout.num_slots)
-        self.queue: WaitQueue[Turn] = WaitQueue(settings.queue_bound)
-        self.stats = Stats()
-        self.lock = threading.Condition()
+        self.bm = BlockManager(self.layout.num_blocks, self.layout.block_tokens)
+        self.scheduler = Scheduler(self.bm, settings.max_num_seqs, settings.max_num_batched_tokens,
+                                   settings.preemption, settings.queue_bound, self.stop_token_ids)
+        self.runner = ModelRunner(model, pool.kv, settings.device)
+        self.states: dict[int, TurnState] = {}
+        self.puts: dict[int, tuple[PendingPut, TurnState | None, Sequence | None]] = {}  # by block id
+        self.restores: dict[int, TurnState] = {}  # restoring sequences by seq id
+        self.late_pins: list[tuple[Sequence, float]] = []  # (seq, give up at) of timed-out GETs
         self.known: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+        self.stats = Stats()
+        self.steps = 0
         self.setup_span = setup_span
-        self._offloaders = {"resident": NoOffload(), "recompute": NoOffload()}
-        if agent is not None:
-            self._offloaders["triggered"] = TriggeredOffload(pool, agent)
-        if cpu_store is not None:
-            from compute_node.cpu_offload import CpuOffload
-            self._offloaders["cpu"] = CpuOffload(pool, cpu_store)
-        self.runner = TurnRunner(self)
+        self.lock = threading.Condition()
+        self._intake: collections.deque[Turn] = collections.deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
+    # -- service threads
     def start(self) -> "Engine":
         self._thread.start()
         return self
@@ -76,160 +90,352 @@ class Engine:
     def stop(self, timeout_s: float = 10.0) -> None:
         with self.lock:
             self._stopping = True
-            for turn in self.queue.items():
-                turn.emit("error", "UNAVAILABLE", "the compute node is shutting down")
             self.lock.notify_all()
         self._thread.join(timeout_s)
 
-    # -- called from service threads
     def policies(self) -> list[str]:
-        return sorted(self._offloaders)
-
-    def offloader(self, policy: str):
-        return self._offloaders[policy]
+        return sorted(self.offloaders)
 
     def submit(self, turn: Turn) -> None:
-        """Queue a turn (raises QueueFull past the bound)."""
+        """Hand a turn to the engine thread (QueueFull when the wait queue is at its bound)."""
         with self.lock:
             if self._stopping:
                 raise QueueFull("the compute node is shutting down")
-            self.queue.push(turn)
+            if len(self._intake) + self.scheduler.num_waiting >= self.settings.queue_bound:
+                raise QueueFull(f"{self.settings.queue_bound} turns are already waiting (queue_bound)")
+            self._intake.append(turn)
             self.lock.notify_all()
 
-    def withdraw(self, turn: Turn) -> None:
-        with self.lock:
-            self.queue.remove(turn)
-
-    def reserve(self, user_id: str, context_id: str, lease_s: float) -> tuple[Acquired | None, bool]:
-        """A slot for the agent's prefetch: (acquired or None, whether the context is resident)."""
-        context = (user_id, context_id)
-        with self.lock:
-            self._poll()
-            if self.slots.resident_slot(context) is not None:
-                return Acquired(self.slots.resident_slot(context), "resident"), True
-            got = self.slots.reserve(context, time.monotonic(), lease_s or self.settings.lease_s)
-            self.lock.notify_all()
-            return got, False
+    def check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
+        """NeverFits when a turn could never have its blocks in this pool."""
+        bt = self.layout.block_tokens
+        need = -(-(num_prompt_tokens + max_new_tokens - 1) // bt)
+        if need > self.layout.num_blocks:
+            raise NeverFits(f"{num_prompt_tokens} prompt tokens + {max_new_tokens} new tokens need {need} "
+                            f"blocks of {bt} tokens; the pool has {self.layout.num_blocks}")
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {"turns": self.stats.turns, "slots_in_use": self.slots.in_use,
-                    "queue_length": len(self.queue), "kv_source": dict(self.stats.kv_source),
-                    "fallbacks": dict(self.stats.fallbacks), **self.stats.totals}
+            sched, bm = self.scheduler, self.bm
+            return {"turns": self.stats.turns, "num_requests_running": sched.num_running,
+                    "num_requests_waiting": sched.num_waiting + len(self._intake),
+                    "num_requests_restoring": len(sched.restoring), "kv_cache_usage_perc": bm.usage(),
+                    "preemptions": dict(sched.stats.preemptions), "preempted_tokens": dict(sched.stats.preempted_tokens),
+                    "prefix_cache_queries": bm.prefix_cache_queries, "prefix_cache_hits": bm.prefix_cache_hits,
+                    "kv_source": dict(self.stats.kv_source), "fallbacks": dict(self.stats.fallbacks),
+                    "steps": self.steps, **self.stats.totals}
 
-    # -- context memory (engine thread)
-    def remember(self, context: tuple[str, str], tokens: int) -> None:
+    # -- the engine thread
+    def _loop(self) -> None:
+        idle_sleep = 50e-6
+        while True:
+            with self.lock:
+                if self._stopping:
+                    break
+                new = list(self._intake)
+                self._intake.clear()
+            try:
+                worked = self._iterate(new)
+            except Exception:  # noqa: BLE001 - a bug must fail the turns it touches, not the node
+                logger.exception("engine step failed")
+                self._fail_all("INTERNAL", "the compute node's engine failed a step; see its log")
+                worked = False
+            if worked:
+                idle_sleep = 50e-6
+                continue
+            with self.lock:
+                if self._intake or self._stopping:
+                    continue
+                busy = self.restores or self.puts or self.late_pins
+                self.lock.wait(idle_sleep if busy else 0.5)
+            idle_sleep = min(idle_sleep * 2, 1e-3)
+        self._fail_all("UNAVAILABLE", "the compute node is shutting down")
+
+    def _iterate(self, new: list[Turn]) -> bool:
+        """One turn of the loop; whether it did anything."""
+        for turn in new:
+            self._admit_turn(turn)
+        self._drop_cancelled()
+        progressed = self._poll_puts() | self._poll_restores() | self._poll_late_pins()
+        out = self.scheduler.schedule()
+        self._swap_out(out)
+        for request in out.restores:
+            self._start_restore(self.states[request.seq.seq_id], request)
+        if out.is_empty:
+            return progressed or bool(new)
+        self._step(out)
+        return True
+
+    # -- turns in and out
+    def _admit_turn(self, turn: Turn) -> None:
+        if turn.cancelled.is_set():
+            return
+        salt = (turn.request_id.encode() if turn.policy == "recompute"  # nothing reused, ever
+                else salt_for(turn.tenant, turn.user_id))
+        offloader = self.offloaders[turn.policy]
+        seq = Sequence(turn.token_ids, turn.max_new_tokens, self.layout.block_tokens, turn.user_id,
+                       turn.context_id, salt, payload=turn, ignore_eos=turn.ignore_eos,
+                       can_swap=offloader.offloads)
+        state = TurnState(turn, seq, self.tokenizer, self.known.get(turn.context, 0) > 0)
+        stored = turn.stored_tokens if turn.policy == "triggered" else 0
+        if turn.policy == "cpu" and self.cpu_store is not None:
+            stored = self.cpu_store.stored_tokens(seq, self.bm)
+        try:
+            if stored and self.bm.can_allocate(seq):
+                request = self.scheduler.start_restore(seq, stored)
+                if request is not None:
+                    self.states[seq.seq_id] = state
+                    self._start_restore(state, request)
+                    return
+            else:
+                seq.num_stored_tokens = stored
+            if seq.status.value == "waiting" and seq not in self.scheduler.ready:
+                self.scheduler.add(seq)
+        except NeverFits as exc:
+            return turn.emit("error", "INVALID_ARGUMENT", str(exc))
+        except QueueFull as exc:
+            return turn.emit("error", "RESOURCE_EXHAUSTED", str(exc))
+        self.states[seq.seq_id] = state
+
+    def _drop_cancelled(self) -> None:
+        for state in [s for s in self.states.values() if s.turn.cancelled.is_set() and not s.finished]:
+            self.scheduler.abort(state.seq)
+            self.restores.pop(state.seq.seq_id, None)
+            if state.seq.pinned_blocks:
+                self.late_pins.append((state.seq, time.monotonic() + LATE_PIN_S))
+            self._forget(state)
+
+    def _forget(self, state: TurnState) -> None:
+        state.finished = True
+        self.states.pop(state.seq.seq_id, None)
+
+    def _fail_all(self, code: str, message: str) -> None:
+        for state in list(self.states.values()):
+            state.turn.emit("error", code, message)
+            self._forget(state)
+        with self.lock:
+            for turn in self._intake:
+                turn.emit("error", code, message)
+            self._intake.clear()
+
+    # -- one forward
+    def _step(self, out: SchedulerOutput) -> None:
+        bt = self.layout.block_tokens
+        runs, tables, sizes = [], [], len(out.scheduled)
+        for s in out.scheduled:
+            seq = s.seq
+            ids = seq.token_ids[s.start:s.start + s.num_tokens]
+            self._write_token_ids(seq, s.start, ids)
+            runs.append(SeqRun(ids, s.start, seq.block_table))
+            tables.append((seq.block_table.copy(), s.start + s.num_tokens))
+            self.states[seq.seq_id].scheduled(sizes)
+        logits = self.runner.step(runs)  # [S, vocab]
+        rows = [i for i, s in enumerate(out.scheduled) if s.samples]
+        sampled = self._sample(logits, rows, [out.scheduled[i].seq for i in rows])
+        finished = self.scheduler.postprocess(out, sampled)
+        self.steps += 1
+        now = time.perf_counter()
+        for s, (table, computed) in zip(out.scheduled, tables):
+            state = self.states.get(s.seq.seq_id)
+            if state is None:
+                continue
+            for index in s.filled_blocks:
+                self._offload(state, index, table[index], bt)
+            if s.samples:
+                state.token(s.seq.token_ids[-1], now)
+        for seq in finished:
+            state = self.states[seq.seq_id]
+            table, computed = tables[[x.seq for x in out.scheduled].index(seq)]
+            self._finish(state, table, computed)
+
+    def _write_token_ids(self, seq: Sequence, start: int, ids: list[int]) -> None:
+        """The token ids of positions [start, start + len(ids)) into their blocks' rows of the pool."""
+        bt, pos, done = self.layout.block_tokens, start, 0
+        while done < len(ids):
+            block, offset = seq.block_table[pos // bt], pos % bt
+            n = min(bt - offset, len(ids) - done)
+            self.pool.write_token_ids(block, offset, ids[done:done + n])
+            pos, done = pos + n, done + n
+
+    def _sample(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int]:
+        if not rows:
+            return []
+        picked = logits[rows]  # [n, vocab]
+        greedy = picked.argmax(dim=-1).tolist()
+        out = []
+        for k, seq in enumerate(seqs):
+            state = self.states[seq.seq_id]
+            out.append(greedy[k] if state.turn.sampling.greedy else state.sampler(picked[k]))
+        return out
+
+    # -- offload
+    def _describe(self, state: TurnState, index: int, block_id: int, tokens: int) -> Block:
+        seq, turn, bt = state.seq, state.turn, self.layout.block_tokens
+        full = self.bm.hashes(seq, (index * bt + tokens) // bt)
+        parent = full[index - 1] if index else b""
+        name = full[index] if tokens == bt else block_hash(parent, seq.token_ids[index * bt:index * bt + tokens], seq.salt)
+        return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id)
+
+    def _offload(self, state: TurnState, index: int, block_id: int, tokens: int, owner: Sequence | None = None) -> None:
+        """Store block `index` of the turn's sequence (in pool block block_id) as its policy says."""
+        offloader = self.offloaders[state.turn.policy]
+        if not offloader.offloads or index in state.stored or index in state.storing:
+            return
+        block = self._describe(state, index, block_id, tokens)
+        put = offloader.store(block, state.offload)
+        if put is None:  # stored already (cpu: synchronously)
+            state.stored.add(index)
+            return
+        self.bm.pin(block_id)
+        state.storing[index] = block_id
+        self.puts[block_id] = (put, state, owner)
+
+    def _poll_puts(self) -> bool:
+        if not self.puts:
+            return False
+        blocks = list(self.puts)
+        rows = self.pool.counters[np.asarray([self.puts[b][0].counter for b in blocks], dtype=np.intp)]
+        now, done = time.monotonic(), False
+        for block_id, (success, error) in zip(blocks, rows.tolist()):
+            put, state, owner = self.puts[block_id]
+            ended = put.ended(success, error)
+            if not ended and now < put.deadline:
+                continue
+            if not ended:
+                logger.warning("block %d: PUT not done after %.0f s; releasing it", block_id,
+                               self.settings.drain_timeout_s)
+            del self.puts[block_id]
+            done = True
+            self.bm.unpin(block_id)
+            if owner is not None:  # a swap-out's block: the scheduler held it too
+                self.scheduler.release_pins(owner, [block_id])
+            if state is not None:
+                index = next(i for i, b in state.storing.items() if b == block_id)
+                del state.storing[index]
+                if put.stored(success, error):
+                    state.stored.add(index)
+                else:
+                    state.offload_failures += 1
+                self._maybe_record(state)
+        return done
+
+    def _swap_out(self, out: SchedulerOutput) -> None:
+        """Store what each swap victim has not stored yet; its pins go once all of it is stored."""
+        bt = self.layout.block_tokens
+        for swap in out.swapped_out:
+            state = self.states[swap.seq.seq_id]
+            for index, block_id in enumerate(swap.block_ids):
+                tokens = min(bt, swap.num_tokens - index * bt)
+                if index in state.stored:
+                    self.scheduler.release_pins(swap.seq, [block_id])
+                elif index in state.storing:
+                    put, st, _ = self.puts[state.storing[index]]
+                    self.puts[state.storing[index]] = (put, st, swap.seq)
+                else:
+                    self._offload(state, index, block_id, tokens, owner=swap.seq)
+                    if index not in state.storing:  # stored synchronously, or not at all
+                        self.scheduler.release_pins(swap.seq, [block_id])
+            state.preemptions += 1
+
+    # -- restores
+    def _start_restore(self, state: TurnState, request: RestoreRequest) -> None:
+        """Ask for the blocks storage must fill (the agent, on the turn's stream; or the cpu store)."""
+        seq, bt, groups = request.seq, self.layout.block_tokens, self.layout.layer_groups
+        blocks = []
+        for index, block_id in zip(request.block_indexes, request.block_ids):
+            tokens = min(bt, request.num_tokens - index * bt)
+            described = self._describe(state, index, block_id, tokens)
+            counters = tuple(self.layout.get_done(block_id, g) for g in range(groups))
+            blocks.append(rs.BlockRestore(index, block_id, described.hash, tokens, counters,
+                                          tuple(self.pool.read_counter(c) for c in counters)))
+        pending = rs.PendingRestore(blocks, request.first_token, request.num_tokens, time.time_ns(),
+                                    time.monotonic() + self.settings.restore_timeout_s)
+        state.restore = pending
+        if state.turn.policy == "cpu" and self.cpu_store is not None:
+            self.cpu_store.restore(self.pool, seq, pending)  # synchronous: the CPU-centric cost
+        else:
+            state.turn.emit("restore", [RestoreBlockEvent(b.block_id, b.hash, b.token_count, b.index)
+                                        for b in blocks], groups)
+        self.restores[seq.seq_id] = state
+
+    def _poll_restores(self) -> bool:
+        done = False
+        now = time.monotonic()
+        for seq_id, state in list(self.restores.items()):
+            pending = state.restore
+            totals = self.pool.totals(pending.counters)
+            if not pending.complete(totals) and now < pending.deadline:
+                continue
+            del self.restores[seq_id]
+            done = True
+            seq = state.seq
+            outcome = rs.decide(pending, self.pool.read_counter,
+                                lambda b: self.pool.read_token_ids(b.block_id, b.token_count), seq.token_ids)
+            state.restored(outcome, self.layout.chunk_payload_bytes)
+            if not pending.complete(totals):  # late GETs may still write: never use those blocks
+                self.scheduler.requeue(seq)
+                self.late_pins.append((seq, now + LATE_PIN_S))
+            else:
+                self.scheduler.restore_done(seq, outcome.covered)
+        return done
+
+    def _poll_late_pins(self) -> bool:
+        if not self.late_pins:
+            return False
+        now, keep, done = time.monotonic(), [], False
+        for seq, give_up in self.late_pins:
+            moving = [b for b in seq.pinned_blocks if now < give_up and not self._gets_ended(b)]
+            ended = [b for b in seq.pinned_blocks if b not in moving]
+            if ended:
+                self.scheduler.release_pins(seq, ended)
+                done = True
+            if seq.pinned_blocks:
+                keep.append((seq, give_up))
+        self.late_pins = keep
+        return done
+
+    def _gets_ended(self, block_id: int) -> bool:
+        """Whether every layer group's GET counter of the block has moved since it was asked for."""
+        state = next((s for s in self.states.values() if s.restore and
+                      any(b.block_id == block_id for b in s.restore.blocks)), None)
+        if state is None:
+            return True
+        block = next(b for b in state.restore.blocks if b.block_id == block_id)
+        return all(sum(self.pool.read_counter(c)) > s + e for c, (s, e) in zip(block.counters, block.bases))
+
+    # -- the end of a turn
+    def _finish(self, state: TurnState, table: list[int], computed: int) -> None:
+        """Store the partial last block, release the KV (step 4), send the record once stored."""
+        bt = self.layout.block_tokens
+        state.finish(time.time_ns())
+        tail = computed % bt
+        if tail and self.offloaders[state.turn.policy].offloads:
+            self._offload(state, computed // bt, table[computed // bt], tail)
+        if self.offloaders[state.turn.policy].offloads:
+            self.bm.forget(table)  # the KV left compute memory: a follow-up restores it (step 4)
+        self._remember(state.turn.context, computed)
+        self._maybe_record(state)
+
+    def _maybe_record(self, state: TurnState) -> None:
+        if not state.finished_ns or state.storing or state.recorded:
+            return
+        rec = state.record(self.policy_name(state), time.time_ns())
+        if self.setup_span is not None:
+            rec.steps.insert(0, self.setup_span)
+            self.setup_span = None
+        with self.lock:
+            self.stats.add(rec)
+        state.recorded = True
+        state.turn.emit("record", rec)
+        self._forget(state)
+
+    @staticmethod
+    def policy_name(state: TurnState) -> str:
+        return state.turn.policy
+
+    def _remember(self, context: tuple[str, str], tokens: int) -> None:
         self.known[context] = tokens
         self.known.move_to_end(context)
         while len(self.known) > MAX_KNOWN_CONTEXTS:
             self.known.popitem(last=False)
 
-    def resident_tokens(self, context: tuple[str, str]) -> int:
-        return self.known.get(context, 0)
-
-    def ask_restore(self, turn: Turn, slot: int) -> RestoreTicket | None:
-        """Ask the agent to restore the context into slot (no prefetch was started)."""
-        try:
-            info = self.agent.restore(turn.user_id, turn.context_id, slot, turn.token_ids.tolist())
-        except Exception as exc:  # noqa: BLE001 - no restore: the turn recomputes
-            logger.info("agent Restore for %s/%s failed: %s", turn.user_id, turn.context_id, exc)
-            return None
-        if not info.chunks:
-            return None
-        return RestoreTicket(info.slot, info.tokens_announced, info.chunks, info.completion_counter,
-                             info.threshold, info.error_base, info.bytes, info.started_unix_s)
-
-    # -- the engine thread
-    def _poll(self) -> None:
-        """Leases of reservations whose turn already waits here do not expire."""
-        claimed = frozenset((t.reserved_slot, t.context) for t in self.queue.items() if t.restore is not None)
-        self.slots.poll(time.monotonic(), self.pool.counter_total, claimed)
-
-    def _next(self) -> tuple[Turn, Acquired] | None:
-        with self.lock:
-            while not self._stopping:
-                self._poll()
-                turn = self.queue.take_first(
-                    lambda t: t.cancelled.is_set() or self.slots.can_acquire(t.context, t.reserved_slot))
-                if turn is not None and turn.cancelled.is_set():
-                    continue
-                if turn is not None:
-                    got = self.slots.acquire(turn.context, time.monotonic(), turn.reserved_slot)
-                    return turn, got
-                waiting = len(self.queue) or self.slots.count("draining") or self.slots.count("reserved")
-                self.lock.wait(0.002 if waiting else 0.5)
-            return None
-
-    def _loop(self) -> None:
-        while (item := self._next()) is not None:
-            turn, got = item
-            try:
-                self._run(turn, got)
-            except Exception as exc:  # noqa: BLE001 - one bad turn never stops the node
-                logger.exception("turn %s failed", turn.request_id)
-                self._disarm(got.slot)
-                with self.lock:
-                    self.slots.release(got.slot, time.monotonic())
-                turn.emit("error", "INTERNAL", f"the turn failed on the compute node: {exc}")
-
-    def _disarm(self, slot: int) -> None:
-        """Drop PUTs a failed turn left queued, so they never fire for the slot's next context."""
-        if self.agent is None:
-            return
-        try:
-            self.agent.cancel(self.pool.layout.token_counter(slot))
-        except Exception as exc:  # noqa: BLE001
-            logger.warning("cancelling slot %d's PUTs failed: %s", slot, exc)
-
-    def _run(self, turn: Turn, got: Acquired) -> None:
-        queue_ms = (time.perf_counter() - turn.arrived_perf) * 1e3
-        follow_up = turn.context in self.known or turn.restore is not None
-        rec, off, reuse = self.runner.run(turn, got.slot, got.how, follow_up, queue_ms)
-        if reuse.quarantine is not None:
-            self._quarantine(turn, got.slot, reuse)
-            return
-        self._finish(turn, got.slot, rec, off)
-
-    def _quarantine(self, turn: Turn, slot: int, reuse) -> None:
-        """A restore that timed out may still write into the slot: drain it, rerun elsewhere."""
-        counter, threshold = reuse.quarantine
-        logger.warning("turn %s: %s; slot %d quarantined", turn.request_id, reuse.reason, slot)
-        with self.lock:
-            self.slots.drain(slot, time.monotonic(), counter, threshold, 300.0, "late restore")
-            turn.fallback = reuse
-            turn.restore = None
-            self.queue.push_front(turn)  # runs again first, in another slot, recomputing
-            self.lock.notify_all()
-
-    def _finish(self, turn: Turn, slot: int, rec, off) -> None:
-        """Step 4: give the slot back (after its offload drained), then send the record."""
-        start_ns = time.time_ns()
-        now = time.monotonic
-        if turn.fallback is not None:
-            rec.steps.insert(0, turn.fallback.step7)
-        drained = True
-        if turn.policy == "triggered" and off is not None and off.drain_counter >= 0:
-            settle_tail(off)
-            rec.chunks_offloaded = off.chunks
-            drained = wait_counter(lambda: self.pool.counter_total(off.drain_counter),
-                                      off.drain_target, self.settings.drain_timeout_s)
-        with self.lock:
-            if turn.policy == "resident":
-                self.slots.finish(slot, now(), keep_resident=True)
-            elif drained:
-                self.slots.release(slot, now())
-            else:
-                logger.warning("slot %d: offload not drained after %.0f s", slot, self.settings.drain_timeout_s)
-                self.slots.drain(slot, now(), off.drain_counter, off.drain_target, 300.0, "offload")
-            if turn.policy != "resident":
-                self.slots.drop_context(turn.context, now())
-            self.lock.notify_all()
-        if turn.policy != "resident":
-            rec.steps.append(StepSpan(Step.RELEASE, start_ns, time.time_ns(), rec.bytes_offloaded))
-        if self.setup_span is not None:
-            rec.steps.insert(0, self.setup_span)
-            self.setup_span = None
-        rec.engine_ms = (time.perf_counter() - turn.arrived_perf) * 1e3
-        with self.lock:
-            self.stats.add(rec)
-        turn.emit("record", rec)

@@ -1,13 +1,13 @@
-"""The KV pool: one registered shared-memory region and the torch/numpy views into it.
+"""The paged KV pool: one registered shared-memory region and the torch/numpy views into it.
 
-    region    = [ kv | token_ids | counters ]                (hostmem.kv_layout.KvLayout)
-    kv        : [slot, layer, K|V, kv_head, token, head_dim]  fp32
-    token_ids : [slot, token]                                 uint32
-    counters  : [counter, success|error]                      uint64; per slot: token count,
-                                                              restore, offload
+    region      = [ kv | token_ids | descriptors | counters ]        (hostmem.kv_layout.KvLayout)
+    kv          : [block, layer, K|V, kv_head, block_tokens, head_dim]  fp32
+    token_ids   : [block, block_tokens]                                 uint32
+    descriptors : [block] x DESCRIPTOR_BYTES                            (hostmem.descriptor)
+    counters    : [counter, success|error]                              uint64
 
-The model's cache for a session is a view into one slot (compute_node.slot_cache): nothing
-is ever copied out of the pool for offload, the agent reads the same memory.
+The model runner attends over blocks of `kv` in place and writes new K/V straight into them:
+nothing is ever copied out of the pool for offload, the agent reads the same memory.
 """
 from __future__ import annotations
 
@@ -16,66 +16,70 @@ import logging
 import numpy as np
 import torch
 
+from hostmem import descriptor
 from hostmem.kv_layout import KvLayout
 from hostmem.region import Region
 
 logger = logging.getLogger(__name__)
 
 
-def layout_for(config, num_slots: int, max_tokens: int, chunk_tokens: int) -> KvLayout:
+def layout_for(config, num_blocks: int, block_tokens: int, layer_groups: int = 1) -> KvLayout:
     """The pool layout for a transformers model config."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return KvLayout(num_slots=num_slots, num_layers=config.num_hidden_layers,
-                    num_kv_heads=config.num_key_value_heads, max_tokens=max_tokens,
-                    head_dim=head_dim, dtype_bytes=4, chunk_tokens=chunk_tokens)
+    return KvLayout(num_blocks=num_blocks, num_layers=config.num_hidden_layers,
+                    num_kv_heads=config.num_key_value_heads, block_tokens=block_tokens, head_dim=head_dim,
+                    dtype_bytes=4, layer_groups=min(layer_groups, config.num_hidden_layers))
 
 
 class KvPool:
     """Views of the region; owns the region when created here.
 
-    Thread-safety: the engine thread writes a slot's KV and token ids; the agent (another
-    process) reads them when a PUT fires and writes them for a GET into a reserved slot.
+    Thread-safety: the engine thread writes blocks' KV, token ids and descriptors and stores the
+    PUT triggers; the agent (another process) reads a block when its PUT fires and writes a block
+    whose GET the engine asked for, bumping the completion counters.
     """
 
     def __init__(self, layout: KvLayout, region: Region):
         self.layout = layout
         self.region = region
         L = layout
-        kv_count = L.num_slots * L.num_layers * 2 * L.num_kv_heads * L.max_tokens * L.head_dim
-        # kv: [slot, layer, K|V, kv_head, token, head_dim] fp32
-        self.kv = torch.frombuffer(region.buffer, dtype=torch.float32, count=kv_count,
-                                   offset=L.kv_offset).view(
-            L.num_slots, L.num_layers, 2, L.num_kv_heads, L.max_tokens, L.head_dim)
-        # token_ids: [slot, token] uint32
-        self.token_ids = np.frombuffer(region.buffer, dtype="<u4", count=L.num_slots * L.max_tokens,
-                                       offset=L.token_ids_offset).reshape(L.num_slots, L.max_tokens)
+        count = L.num_blocks * L.block_bytes // L.dtype_bytes
+        # kv: [block, layer, K|V, kv_head, block_tokens, head_dim] fp32
+        self.kv = torch.frombuffer(region.buffer, dtype=torch.float32, count=count, offset=L.kv_offset).view(
+            L.num_blocks, L.num_layers, 2, L.num_kv_heads, L.block_tokens, L.head_dim)
+        # token_ids: [block, block_tokens] uint32
+        self.token_ids = np.frombuffer(region.buffer, dtype="<u4", count=L.num_blocks * L.block_tokens,
+                                       offset=L.token_ids_offset).reshape(L.num_blocks, L.block_tokens)
+        # counters: [counter, success|error] uint64, the region's own array
+        self.counters = region.counters
 
     @classmethod
     def create(cls, name: str, layout: KvLayout) -> "KvPool":
         """Create the shared-memory region (zero-filled) and map it."""
         region = Region.create(name, layout.region_bytes, layout.counter_offset, layout.counter_count)
-        logger.info("KV pool %s: %d slots x %d tokens, %.1f MiB", name, layout.num_slots,
-                    layout.max_tokens, layout.region_bytes / 2**20)
+        logger.info("KV pool %s: %d blocks x %d tokens (%d tokens), %.1f MiB", name, layout.num_blocks,
+                    layout.block_tokens, layout.pool_tokens, layout.region_bytes / 2**20)
         return cls(layout, region)
 
-    # -- slot data
-    def slot_kv(self, slot: int) -> torch.Tensor:
-        """kv[slot]: [layer, K|V, kv_head, token, head_dim], a view."""
-        return self.kv[slot]
-
-    def write_token_ids(self, slot: int, start: int, ids) -> None:
-        """token_ids[slot, start:start+len(ids)] = ids."""
+    # -- block data
+    def write_token_ids(self, block: int, offset: int, ids) -> None:
+        """token_ids[block, offset:offset+len(ids)] = ids."""
         ids = np.asarray(ids, dtype="<u4")
-        self.token_ids[slot, start:start + len(ids)] = ids
+        self.token_ids[block, offset:offset + len(ids)] = ids
 
-    def read_token_ids(self, slot: int, start: int, end: int) -> np.ndarray:
-        """A copy of token_ids[slot, start:end]."""
-        return self.token_ids[slot, start:end].copy()
+    def read_token_ids(self, block: int, count: int) -> np.ndarray:
+        """A copy of the first `count` token ids of a block."""
+        return self.token_ids[block, :count].copy()
+
+    def write_descriptor(self, block: int, d: descriptor.Descriptor) -> None:
+        """The block's descriptor record, written before its PUT trigger is stored."""
+        offset, _ = self.layout.descriptor_range(block)
+        self.region.write(offset, descriptor.encode(d))
 
     # -- counters
-    def store_tokens(self, slot: int, count: int) -> None:
-        """The GPU thread's flag write: the slot's token count into its trigger counter."""
-        self.region.store_counter(self.layout.token_counter(slot), count)
+    def store_counter(self, counter: int, value: int) -> None:
+        """The GPU thread's flag write: a plain store into the counter's success part."""
+        self.region.store_counter(counter, value)
 
     def counter_total(self, counter: int) -> int:
         return self.region.counter_total(counter)
@@ -83,8 +87,12 @@ class KvPool:
     def read_counter(self, counter: int) -> tuple[int, int]:
         return self.region.read_counter(counter)
 
+    def totals(self, counters) -> np.ndarray:
+        """success + error of many counters at once: [len(counters)] uint64."""
+        rows = self.counters[np.asarray(counters, dtype=np.intp)]
+        return rows[:, 0] + rows[:, 1]
+
     def close(self) -> None:
         """Drop the views and unmap (and unlink, as the owner)."""
-        self.kv = None
-        self.token_ids = None
+        self.kv = self.token_ids = self.counters = None
         self.region.close()

@@ -207,6 +207,17 @@ class Scheduler:
             seq.pinned_blocks.remove(block_id)
             self.bm.unpin(block_id)
 
+    def requeue(self, seq: Sequence) -> None:
+        """A restore that did not land in time: give up its blocks (the pins of GETs still in flight
+        move to seq.pinned_blocks, released by the engine when they end) and prefill it again."""
+        assert self.restoring.pop(seq.seq_id, None) is seq, f"sequence {seq.seq_id} is not restoring"
+        self.bm.deallocate(seq)
+        seq.status, seq.num_stored_tokens = WAITING, 0
+        if seq.num_preempted_tokens:
+            self.stats.tokens_recomputed += seq.num_preempted_tokens
+            seq.num_preempted_tokens = 0
+        self.waiting.appendleft(seq)
+
     def abort(self, seq: Sequence) -> None:
         """Drop a sequence wherever it is (its restore's pins move to seq.pinned_blocks)."""
         if seq.status is FINISHED:
@@ -259,11 +270,12 @@ class Scheduler:
                 seq = self.ready.popleft()
             elif self.waiting:
                 seq = self.waiting[0]
-                if seq.status is SWAPPED:
+                if seq.status is SWAPPED or seq.num_stored_tokens:
                     if seq.pinned_blocks or not self.bm.can_allocate(seq):
                         break  # its swap-out is still being stored, or no blocks yet
                     self.waiting.popleft()
-                    restore = self._restore(seq, seq.num_preempted_tokens)
+                    restore = self._restore(seq, max(seq.num_preempted_tokens, seq.num_stored_tokens))
+                    seq.num_stored_tokens = 0
                     if restore is not None:
                         out.restores.append(restore)
                     continue  # RESTORING, or now in ready
@@ -288,7 +300,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
-        kind = self.preemption
+        kind = self.preemption if seq.can_swap else "recompute"
         tokens = seq.num_computed_tokens
         self.stats.preemptions[kind] += 1
         self.stats.preempted_tokens[kind] += tokens
@@ -321,7 +333,7 @@ class Scheduler:
             if token is None:
                 continue
             seq.append_token(token)
-            if token in self.stop_token_ids:
+            if token in self.stop_token_ids and not seq.ignore_eos:
                 reason = "stop"
             elif seq.num_completion_tokens >= seq.max_new_tokens:
                 reason = "length"

@@ -1,4 +1,4 @@
-"""A turn as the engine sees it: the validated request, its events, and its record (no grpc)."""
+"""A turn as the engine sees it: the validated request, its events, and its record as plain values (no grpc)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,25 +6,9 @@ import queue
 import threading
 import time
 
-import numpy as np
-
 from compute_node.sampling import SamplingParams
 from kvtb import steps
 from kvtb.steps import Step
-
-
-@dataclasses.dataclass(frozen=True)
-class RestoreTicket:
-    """The agent's RestoreInfo, as plain values."""
-
-    slot: int
-    tokens_announced: int
-    chunks: int
-    completion_counter: int
-    threshold: int
-    error_base: int
-    bytes: int
-    started_unix_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -56,34 +40,51 @@ class TurnRecordData:
     queue_ms: float = 0.0
     tokens_prefilled: int = 0
     tokens_reused: int = 0
+    tokens_cached: int = 0
     tokens_out: int = 0
     bytes_restored: int = 0
     bytes_offloaded: int = 0
     offload_stall_ms: float = 0.0
     chunks_offloaded: int = 0
     finish_reason: str = ""
-    slot: int = 0
+    batch_size: float = 0.0
+    blocks_restored: int = 0
+    blocks_failed: int = 0
+    preemptions: int = 0
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     steps: list[StepSpan] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreBlockEvent:
+    """One block of a restore event: what the agent GETs into which pool block."""
+
+    block: int
+    hash: bytes
+    token_count: int
+    chunk_index: int
+    shared: bool = False
 
 
 @dataclasses.dataclass(eq=False)
 class Turn:
     """One Generate call: input for the engine, and a queue of events back to the servicer.
 
-    Events: ("token", id, text), ("record", TurnRecordData) or ("error", code_name, message).
+    Events: ("token", id, text), ("restore", [RestoreBlockEvent], layer_groups),
+    ("record", TurnRecordData) or ("error", code_name, message).
     """
 
     request_id: str
     user_id: str
     context_id: str
-    token_ids: np.ndarray  # [n] uint32
+    tenant: str
+    token_ids: list[int]
     max_new_tokens: int
     sampling: SamplingParams
     policy: str
-    restore: RestoreTicket | None = None
     ignore_eos: bool = False
-    fallback: object = None  # set when a timed-out restore moved the turn to another slot
+    stored_tokens: int = 0
+    shared_prefix_tokens: int = 0
     arrived_ns: int = dataclasses.field(default_factory=time.time_ns)
     arrived_perf: float = dataclasses.field(default_factory=time.perf_counter)
     events: queue.Queue = dataclasses.field(default_factory=queue.Queue)
@@ -92,10 +93,6 @@ class Turn:
     @property
     def context(self) -> tuple[str, str]:
         return (self.user_id, self.context_id)
-
-    @property
-    def reserved_slot(self) -> int | None:
-        return self.restore.slot if self.restore else None
 
     def cancel(self) -> None:
         self.cancelled.set()

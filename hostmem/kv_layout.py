@@ -1,15 +1,21 @@
-"""Where a KV pool keeps what inside its registered region (pure: no torch, zmq or grpc).
+"""Where a paged KV pool keeps what inside its registered region (pure: no torch, zmq or grpc).
 
-The compute node lays its pool out this way and registers the layout with the agent, so
-that both sides find a chunk of a slot from the same arithmetic:
+The compute node lays its pool out this way and registers the layout with the agent, so both
+sides find a block's bytes and counters from the same arithmetic:
 
-    region = [ kv | token_ids | counters ]
-    kv:        [slot, layer, K|V, kv_head, token, head_dim]   dtype_bytes each (fp32: 4)
-    token_ids: [slot, token]                                  uint32 little endian
-    counters:  [counter] x 16 bytes                           (success u64, error u64)
+    region      = [ kv | token_ids | descriptors | counters ]
+    kv:           [block, layer, K|V, kv_head, block_tokens, head_dim]   dtype_bytes each (fp32: 4)
+    token_ids:    [block, block_tokens]                                  uint32 little endian
+    descriptors:  [block] x DESCRIPTOR_BYTES                             (hostmem.descriptor)
+    counters:     [counter] x 16 bytes                                   (success u64, error u64)
 
-Per slot there are three counters: the token count (what triggers PUTs), the restore
-completion counter and the offload completion counter.
+A block is `block_tokens` tokens of every layer: one contiguous extent of the region, the unit
+the SmartNIC stores and restores (one DMA). Inside it the layers follow each other, so a group of
+layers is a contiguous byte range too (a layer-wise restore reads one per group).
+
+Counters per block: the PUT trigger (the compute node stores the block's descriptor generation
+there: the standing triggered PUT fires), the PUT completion (the agent), and one GET completion
+per layer group (the agent, as each group of a restore lands).
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from hostmem import gather
 COUNTER_BYTES = 16
 TOKEN_ID_BYTES = 4
 PAGE_BYTES = 4096
-COUNTERS_PER_SLOT = 3
+DESCRIPTOR_BYTES = 512
 
 
 def _align(n: int, to: int = PAGE_BYTES) -> int:
@@ -29,26 +35,28 @@ def _align(n: int, to: int = PAGE_BYTES) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class KvLayout:
-    """Byte offsets of a KV pool's parts; immutable and cheap to share."""
+    """Byte offsets of a paged KV pool's parts; immutable and cheap to share."""
 
-    num_slots: int
+    num_blocks: int
     num_layers: int
     num_kv_heads: int
-    max_tokens: int
+    block_tokens: int
     head_dim: int
     dtype_bytes: int = 4
-    chunk_tokens: int = 32
+    layer_groups: int = 1    # GET completion counters per block (layer-wise restore)
     extra_counters: int = 8  # for tests, benchmarks and chaining
 
     def __post_init__(self):
-        for name in ("num_slots", "num_layers", "num_kv_heads", "max_tokens", "head_dim",
-                     "dtype_bytes", "chunk_tokens"):
+        for name in ("num_blocks", "num_layers", "num_kv_heads", "block_tokens", "head_dim", "dtype_bytes",
+                     "layer_groups"):
             assert getattr(self, name) > 0, f"{name} must be positive"
+        assert self.layer_groups <= self.num_layers, "layer_groups must not exceed num_layers"
+        assert self.extra_counters >= 0, "extra_counters must not be negative"
 
     # -- sizes
     @property
     def token_bytes(self) -> int:
-        """Bytes of one token's row in one (layer, K|V, head): head_dim values."""
+        """One token's row in one (layer, K|V, head): head_dim values."""
         return self.head_dim * self.dtype_bytes
 
     @property
@@ -57,8 +65,13 @@ class KvLayout:
         return self.num_layers * 2 * self.num_kv_heads * self.token_bytes
 
     @property
-    def slot_bytes(self) -> int:
-        return self.kv_bytes_per_token * self.max_tokens
+    def layer_bytes(self) -> int:
+        """One layer of one block: K and V, all heads, block_tokens rows."""
+        return 2 * self.num_kv_heads * self.block_tokens * self.token_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self.num_layers * self.layer_bytes
 
     @property
     def kv_offset(self) -> int:
@@ -66,90 +79,102 @@ class KvLayout:
 
     @property
     def token_ids_offset(self) -> int:
-        return _align(self.kv_offset + self.num_slots * self.slot_bytes)
+        return _align(self.kv_offset + self.num_blocks * self.block_bytes)
+
+    @property
+    def descriptor_offset(self) -> int:
+        return _align(self.token_ids_offset + self.num_blocks * self.block_tokens * TOKEN_ID_BYTES)
 
     @property
     def counter_offset(self) -> int:
-        return _align(self.token_ids_offset + self.num_slots * self.max_tokens * TOKEN_ID_BYTES)
+        return _align(self.descriptor_offset + self.num_blocks * DESCRIPTOR_BYTES)
+
+    @property
+    def counters_per_block(self) -> int:
+        return 2 + self.layer_groups
 
     @property
     def counter_count(self) -> int:
-        return self.num_slots * COUNTERS_PER_SLOT + self.extra_counters
+        return self.num_blocks * self.counters_per_block + self.extra_counters
 
     @property
     def region_bytes(self) -> int:
         return _align(self.counter_offset + self.counter_count * COUNTER_BYTES)
 
     @property
-    def num_chunks(self) -> int:
-        """Chunks a full slot holds (the last may be partial)."""
-        return -(-self.max_tokens // self.chunk_tokens)
+    def pool_tokens(self) -> int:
+        return self.num_blocks * self.block_tokens
 
     # -- counters
-    def token_counter(self, slot: int) -> int:
-        return self._check_slot(slot) * COUNTERS_PER_SLOT
+    def _check_block(self, block: int) -> int:
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"block {block} out of range [0, {self.num_blocks})")
+        return block
 
-    def restore_counter(self, slot: int) -> int:
-        return self._check_slot(slot) * COUNTERS_PER_SLOT + 1
+    def put_trigger(self, block: int) -> int:
+        """The counter the compute node stores a block's descriptor generation into."""
+        return self._check_block(block) * self.counters_per_block
 
-    def offload_counter(self, slot: int) -> int:
-        return self._check_slot(slot) * COUNTERS_PER_SLOT + 2
+    def put_done(self, block: int) -> int:
+        """The counter the agent bumps when a PUT of the block completed (success or error)."""
+        return self._check_block(block) * self.counters_per_block + 1
+
+    def get_done(self, block: int, group: int = 0) -> int:
+        """The counter the agent bumps when layer group `group` of a GET into the block landed."""
+        if not 0 <= group < self.layer_groups:
+            raise ValueError(f"layer group {group} out of range [0, {self.layer_groups})")
+        return self._check_block(block) * self.counters_per_block + 2 + group
 
     def extra_counter(self, i: int) -> int:
         assert 0 <= i < self.extra_counters, f"extra counter {i} out of range"
-        return self.num_slots * COUNTERS_PER_SLOT + i
-
-    # -- ranges
-    def _check_slot(self, slot: int) -> int:
-        if not 0 <= slot < self.num_slots:
-            raise ValueError(f"slot {slot} out of range [0, {self.num_slots})")
-        return slot
-
-    def _check_tokens(self, start: int, end: int) -> None:
-        if not 0 <= start <= end <= self.max_tokens:
-            raise ValueError(f"token range [{start}, {end}) outside [0, {self.max_tokens}]")
-
-    def row_offset(self, slot: int, layer: int, kv: int, head: int, token: int = 0) -> int:
-        """Byte offset of kv[slot, layer, kv, head, token, :]."""
-        self._check_slot(slot)
-        index = (((slot * self.num_layers + layer) * 2 + kv) * self.num_kv_heads + head)
-        return self.kv_offset + (index * self.max_tokens + token) * self.token_bytes
-
-    def kv_ranges(self, slot: int, token_start: int, token_end: int) -> list[tuple[int, int]]:
-        """(offset, length) of tokens [start, end) in every (layer, K|V, head), in layout order."""
-        run = self.kv_run(slot, token_start, token_end)
-        return [(run.first + i * run.stride, run.length) for i in range(run.count)]
-
-    def kv_run(self, slot: int, token_start: int, token_end: int) -> gather.Run:
-        """kv_ranges() as one run: the rows of consecutive (layer, K|V, head) are max_tokens apart."""
-        self._check_tokens(token_start, token_end)
-        length = (token_end - token_start) * self.token_bytes
-        rows = self.num_layers * 2 * self.num_kv_heads if length else 0
-        return gather.Run(self.row_offset(slot, 0, 0, 0, token_start), length,
-                          self.max_tokens * self.token_bytes, rows)
-
-    def chunk_runs(self, slot: int, token_start: int, token_end: int) -> tuple[gather.Run, ...]:
-        """A chunk's bytes in the slot as copy runs: its token ids, then its KV rows (kv_run)."""
-        offset, length = self.token_ids_range(slot, token_start, token_end)
-        ids = gather.Run(offset, length, length, 1 if length else 0)
-        return tuple(r for r in (ids, self.kv_run(slot, token_start, token_end)) if r.count)
-
-    def token_ids_range(self, slot: int, token_start: int, token_end: int) -> tuple[int, int]:
-        """(offset, length) of token ids [start, end) of a slot."""
-        self._check_slot(slot)
-        self._check_tokens(token_start, token_end)
-        base = self.token_ids_offset + slot * self.max_tokens * TOKEN_ID_BYTES
-        return base + token_start * TOKEN_ID_BYTES, (token_end - token_start) * TOKEN_ID_BYTES
-
-    def chunk_tokens_range(self, chunk_index: int, tokens_in_slot: int) -> tuple[int, int]:
-        """[start, end) of a chunk, cut at tokens_in_slot (the last chunk may be partial)."""
-        start = chunk_index * self.chunk_tokens
-        end = min(start + self.chunk_tokens, tokens_in_slot, self.max_tokens)
-        if start >= end:
-            raise ValueError(f"chunk {chunk_index} is empty with {tokens_in_slot} tokens")
-        return start, end
+        return self.num_blocks * self.counters_per_block + i
 
     def counter_range(self, counter: int) -> tuple[int, int]:
         if not 0 <= counter < self.counter_count:
             raise ValueError(f"counter {counter} out of range [0, {self.counter_count})")
         return self.counter_offset + counter * COUNTER_BYTES, COUNTER_BYTES
+
+    # -- layer groups
+    def group_layers(self, group: int) -> tuple[int, int]:
+        """[first, end) of the layers in a layer group (groups as even as the layers allow)."""
+        if not 0 <= group < self.layer_groups:
+            raise ValueError(f"layer group {group} out of range [0, {self.layer_groups})")
+        return (group * self.num_layers // self.layer_groups, (group + 1) * self.num_layers // self.layer_groups)
+
+    def group_of_layer(self, layer: int) -> int:
+        """The layer group holding a layer."""
+        return next(g for g in range(self.layer_groups) if self.group_layers(g)[1] > layer)
+
+    # -- byte ranges
+    def block_range(self, block: int) -> tuple[int, int]:
+        """(offset, length) of a block's KV: one contiguous extent."""
+        return self.kv_offset + self._check_block(block) * self.block_bytes, self.block_bytes
+
+    def group_range(self, block: int, group: int) -> tuple[int, int]:
+        """(offset, length) of one layer group of a block's KV, contiguous inside the block."""
+        first, end = self.group_layers(group)
+        offset, _ = self.block_range(block)
+        return offset + first * self.layer_bytes, (end - first) * self.layer_bytes
+
+    def token_ids_range(self, block: int, tokens: int | None = None) -> tuple[int, int]:
+        """(offset, length) of the first `tokens` token ids of a block (all of them by default)."""
+        tokens = self.block_tokens if tokens is None else tokens
+        if not 0 <= tokens <= self.block_tokens:
+            raise ValueError(f"{tokens} tokens do not fit a block of {self.block_tokens}")
+        base = self.token_ids_offset + self._check_block(block) * self.block_tokens * TOKEN_ID_BYTES
+        return base, tokens * TOKEN_ID_BYTES
+
+    def descriptor_range(self, block: int) -> tuple[int, int]:
+        return self.descriptor_offset + self._check_block(block) * DESCRIPTOR_BYTES, DESCRIPTOR_BYTES
+
+    def chunk_runs(self, block: int, tokens: int) -> tuple[gather.Run, ...]:
+        """A block as a stored chunk's payload, as copy runs: its `tokens` token ids, then its whole KV
+        extent (rows past `tokens` in a partial block travel too: one DMA, never read by attention)."""
+        ids_offset, ids_length = self.token_ids_range(block, tokens)
+        kv_offset, kv_length = self.block_range(block)
+        ids = gather.Run(ids_offset, ids_length, ids_length, 1 if ids_length else 0)
+        return tuple(r for r in (ids, gather.Run(kv_offset, kv_length, kv_length, 1)) if r.count)
+
+    def chunk_payload_bytes(self, tokens: int) -> int:
+        """Token ids plus KV of a stored block of `tokens` tokens."""
+        return tokens * TOKEN_ID_BYTES + self.block_bytes

@@ -6,7 +6,8 @@ import struct
 
 import pytest
 
-from compute_node.block_manager import BlockManager, NoFreeBlock, block_hash, hash_chain
+from compute_node.block_manager import BlockManager, NoFreeBlock
+from hostmem.block_hash import block_hash, hash_chain
 from compute_node.sequence import Sequence
 
 BT = 4

@@ -1,0 +1,45 @@
+"""The hash chain that names a block's content, shared by the compute node's prefix cache and the
+SmartNIC's stored-block index (pure).
+
+A full block is named by blake2b-128 over its parent's name, a salt and its token ids, so equal
+prefixes under one salt have equal names and different salts never do. The salt is the tenant's
+and, unless the prefix is one the tenant's operator marked shared, the user's too (vLLM's
+`cache_salt`): one user's prefixes never serve another, and never across tenants. A partial
+block (fewer than block_tokens tokens, the end of a turn) is named the same way over the tokens
+it has; its token count is part of what it covers, so it never collides with the full block.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+_LENGTHS = struct.Struct("<II")
+
+
+def salt_for(tenant: str, user: str, shared: bool = False) -> bytes:
+    """The salt of a user's blocks (or, shared, of every user of the tenant)."""
+    return b"tenant\0" + tenant.encode() + (b"" if shared else b"\0user\0" + user.encode())
+
+
+def block_hash(parent_hash: bytes, token_ids: Sequence[int], salt: bytes) -> bytes:
+    """blake2b-128 of (len(parent) u32, len(salt) u32, parent, salt, token ids as uint32 LE)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(_LENGTHS.pack(len(parent_hash), len(salt)))
+    h.update(parent_hash)
+    h.update(salt)
+    if isinstance(token_ids, (bytes, bytearray, memoryview)):
+        h.update(token_ids)
+    else:
+        h.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
+    return h.digest()
+
+
+def hash_chain(token_ids: Sequence[int], salt: bytes, block_tokens: int, parent: bytes = b"",
+               start_block: int = 0) -> list[bytes]:
+    """Hashes of the full blocks of token_ids from start_block on (parent: the hash before it)."""
+    hashes = []
+    for i in range(start_block, len(token_ids) // block_tokens):
+        parent = block_hash(parent, token_ids[i * block_tokens:(i + 1) * block_tokens], salt)
+        hashes.append(parent)
+    return hashes
