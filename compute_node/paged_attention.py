@@ -36,7 +36,7 @@ class Gather:
     def read(self, llama, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v: [seqs, num_kv_heads, length, head_dim], views of the workspace."""
         pool_rows = llama.pool.view(-1, llama.block_tokens * llama.head_dim)
-        two, seqs, heads, blocks = self.rows.shape
+        _, seqs, heads, blocks = self.rows.shape
         out = llama.gather_buffer(self.rows.numel() * pool_rows.shape[1]).view(-1, pool_rows.shape[1])
         torch.index_select(pool_rows, 0, (self.rows + layer * 2 * heads).view(-1), out=out)
         kv = out.view(2, seqs, heads, blocks * llama.block_tokens, llama.head_dim)

@@ -185,9 +185,10 @@ def render(result: dict) -> str:
              round(r["transformers_tokens_per_s_median"], 1), round(r["transformers_vs_first"], 2),
              round(r["paged_vs_transformers"], 2), round(r["identical_to_transformers"], 2)]
             for b, r in result["results"]["batches"].items()]
+    title = (f"greedy decode after {s['context_tokens']}-token contexts, {s['rounds']} rounds of {s['steps']} steps "
+             f"(tokens/s: best round, median), blocks of {s['block_tokens']} tokens, {s['torch_threads']} torch threads:")
     return "\n".join([
-        f"greedy decode after {s['context_tokens']}-token contexts, {s['rounds']} rounds of {s['steps']} steps "
-        f"(tokens/s: best round, median), blocks of {s['block_tokens']} tokens, {s['torch_threads']} torch threads:",
+        title,
         output.format_table(["batch", "paged tok/s", "median", "x first", "transformers tok/s", "median", "x first",
                              "paged/transformers", "identical"], rows)])
 

@@ -17,16 +17,16 @@ VOCAB = 512
 
 CONFIGS = {
     # SmolLM2's shape in small: 3 query heads per KV head, tied embeddings, default rope
-    "tied-gqa3": dict(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=6,
-                      num_key_value_heads=2, head_dim=16, rope_theta=50000.0, rms_norm_eps=1e-5,
-                      tie_word_embeddings=True),
+    "tied-gqa3": {"hidden_size": 96, "intermediate_size": 192, "num_hidden_layers": 3, "num_attention_heads": 6,
+                  "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 50000.0, "rms_norm_eps": 1e-5,
+                  "tie_word_embeddings": True},
     # untied head, biases on the projections, llama3 rope scaling, 4 query heads per KV head
-    "untied-bias-llama3": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                               attention_bias=True, mlp_bias=True,
-                               rope_parameters={"rope_type": "llama3", "rope_theta": 20000.0, "factor": 4.0,
-                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                "original_max_position_embeddings": 16}),
+    "untied-bias-llama3": {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+                           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "rms_norm_eps": 1e-6,
+                           "tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True,
+                           "rope_parameters": {"rope_type": "llama3", "rope_theta": 20000.0, "factor": 4.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 16}},
 }
 
 
