@@ -1,0 +1,197 @@
+"""`kvtb bench decode`: tokens/s of batched greedy decode with the real model, paged runner vs transformers.
+
+For each batch size, B sequences of --context-tokens tokens (different texts) are prefilled
+(untimed) twice: into our paged model runner (KV in a shared-memory pool, block tables of shuffled
+block ids) and into transformers' LlamaForCausalLM with its own DynamicCache (every sequence has
+the same length, so the batch needs no padding). Then --rounds rounds each time --steps decode
+steps of one, then of the other, every step one forward over the whole batch: the two run side by
+side, under the same load. Reports tokens/s (best round, median beside it) per batch size, the
+ratio to the first batch size of each, and the share of sequences whose greedy tokens equal
+transformers' (batched float math may differ in the last bits).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+import uuid
+
+import torch
+
+from kvtb.bench import output, stats
+from kvtb.bench.common import add_common_args, new_result, progress_for
+
+logger = logging.getLogger(__name__)
+
+TEXT = ("The history of bread begins with wild grains ground between stones, mixed with water "
+        "and baked on hot embers; over centuries bakers learned to keep a sourdough starter. ")
+KINDS = ("paged", "transformers")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvtb bench decode", description=__doc__.splitlines()[0])
+    add_common_args(parser, "decode")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 32], help="batch sizes (default 1 8 16 32)")
+    parser.add_argument("--context-tokens", type=int, default=256, help="tokens per sequence before decoding (default 256)")
+    parser.add_argument("--steps", type=int, default=16, help="decode steps per timed round (default 16)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per batch size and runner (default 3)")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="untimed decode steps first (default 2)")
+    parser.add_argument("--block-tokens", type=int, default=32, help="tokens per KV block (default 32)")
+    parser.add_argument("--torch-threads", type=int, default=0, help="torch threads (default 0: all cores)")
+    args = parser.parse_args(argv)
+    if min(args.batches) < 1 or min(args.context_tokens, args.steps, args.rounds, args.block_tokens) < 1:
+        parser.error("batch sizes, --context-tokens, --steps, --rounds and --block-tokens must be positive")
+    return args
+
+
+def prompts(tokenizer, batch: int, tokens: int) -> list[list[int]]:
+    """`batch` different token sequences of exactly `tokens` tokens."""
+    return [tokenizer.encode(f"Story {i}, part {i * 7 % 13}: " + TEXT * (tokens // 20 + 1))[:tokens]
+            for i in range(batch)]
+
+
+class PagedDecode:
+    """Greedy decode of a batch with our paged model runner."""
+
+    def __init__(self, runner, ids: list[list[int]], blocks_per_seq: int):
+        from compute_node.model_runner import SeqRun
+        self.SeqRun, self.runner = SeqRun, runner
+        order = torch.randperm(runner.pool.shape[0], generator=torch.Generator().manual_seed(len(ids))).tolist()
+        self.tables = [order[s * blocks_per_seq:(s + 1) * blocks_per_seq] for s in range(len(ids))]
+        self.last = [runner.greedy(runner.step([SeqRun(seq, 0, t)]))[0] for seq, t in zip(ids, self.tables)]
+        self.length = len(ids[0])
+        self.out = [[t] for t in self.last]
+
+    def steps(self, n: int) -> float:
+        """Seconds for n decode steps."""
+        start = time.perf_counter()
+        for _ in range(n):
+            runs = [self.SeqRun([t], self.length, table) for t, table in zip(self.last, self.tables)]
+            self.last = self.runner.greedy(self.runner.step(runs))
+            self.length += 1
+            for seq, t in zip(self.out, self.last):
+                seq.append(t)
+        return time.perf_counter() - start
+
+
+class TransformersDecode:
+    """Greedy decode of a batch with transformers and its DynamicCache."""
+
+    @torch.inference_mode()
+    def __init__(self, model, ids: list[list[int]]):
+        from transformers import DynamicCache
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        x = torch.tensor(ids)  # [B, context]
+        logits = model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        self.last = logits.argmax(-1)  # [B]
+        self.out = [[t] for t in self.last.tolist()]
+
+    @torch.inference_mode()
+    def steps(self, n: int) -> float:
+        """Seconds for n decode steps."""
+        start = time.perf_counter()
+        for _ in range(n):
+            logits = self.model(input_ids=self.last[:, None], cache=self.cache, use_cache=True).logits[:, -1]
+            self.last = logits.argmax(-1)
+            for seq, t in zip(self.out, self.last.tolist()):
+                seq.append(t)
+        return time.perf_counter() - start
+
+
+def measure(runner, model, ids: list[list[int]], args, blocks_per_seq: int, progress) -> dict:
+    """Both decoders over one batch, their timed rounds interleaved."""
+    decoders = {"paged": PagedDecode(runner, ids, blocks_per_seq), "transformers": TransformersDecode(model, ids)}
+    for d in decoders.values():
+        d.steps(args.warmup_steps)
+    rates = {k: [] for k in KINDS}
+    for _ in range(args.rounds):
+        for kind, d in decoders.items():
+            rates[kind].append(len(ids) * args.steps / d.steps(args.steps))
+            progress.update(1)
+    same = sum(a == b for a, b in zip(decoders["paged"].out, decoders["transformers"].out)) / len(ids)
+    row = {"identical_to_transformers": same}
+    for kind in KINDS:
+        row |= {f"{kind}_tokens_per_s": max(rates[kind]), f"{kind}_tokens_per_s_median": stats.median(rates[kind]),
+                f"{kind}_rounds_tokens_per_s": rates[kind]}
+    return row
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from compute_node.llama import pool_shape
+    from compute_node.model_loader import load_model
+    from compute_node.model_runner import ModelRunner
+    from compute_node.settings import ComputeSettings
+    from smartnic.region import Region
+
+    threads = args.torch_threads or os.cpu_count()
+    torch.set_num_threads(threads)
+    model, tokenizer = load_model(ComputeSettings().model_cache_dir, threads)
+    per_seq = -(-(args.context_tokens + args.warmup_steps + args.rounds * args.steps) // args.block_tokens)
+    shape = pool_shape(model.config, max(args.batches) * per_seq, args.block_tokens)
+    kv_bytes = 4 * torch.Size(shape).numel()
+    region = Region.create(f"kvtb-bench-decode-{os.getpid()}-{uuid.uuid4().hex[:6]}", kv_bytes + 16, kv_bytes, 1)
+    progress = progress_for(args, 2 * args.rounds * len(args.batches), "decode")
+    started = time.monotonic()
+    rows = {}
+    try:
+        # pool: [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32, in the region
+        pool = torch.frombuffer(region.buffer, dtype=torch.float32, count=kv_bytes // 4).view(shape)
+        runner = ModelRunner(model, pool)
+        for batch in args.batches:
+            rows[batch] = measure(runner, model, prompts(tokenizer, batch, args.context_tokens), args, per_seq,
+                                  progress)
+        del pool, runner
+    finally:
+        progress.close()
+        region.close()
+    result = new_result("decode", {"batches": args.batches, "context_tokens": args.context_tokens,
+                                   "steps": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup_steps,
+                                   "block_tokens": args.block_tokens, "torch_threads": threads})
+    result["results"] = {"batches": {str(b): r for b, r in rows.items()}, "seconds": time.monotonic() - started}
+    result["ratios"] = ratios(rows)
+    output.write_json(args.out, "decode.json", result)
+    if args.json:
+        output.emit_json(result)
+    else:
+        print(render(result))
+    return 0
+
+
+def ratios(rows: dict[int, dict]) -> dict[str, float]:
+    """Each runner's tokens/s at each batch size over its own at the first; paged over transformers."""
+    first = min(rows)
+    out = {}
+    for b, r in rows.items():
+        for kind in KINDS:
+            r[f"{kind}_vs_first"] = stats.ratio(r[f"{kind}_tokens_per_s"], rows[first][f"{kind}_tokens_per_s"])
+            if b != first:
+                out[f"{kind}_tokens_per_s_{b}_vs_{first}"] = r[f"{kind}_vs_first"]
+        r["paged_vs_transformers"] = stats.ratio(r["paged_tokens_per_s"], r["transformers_tokens_per_s"])
+        out[f"paged_vs_transformers_{b}"] = r["paged_vs_transformers"]
+    return out
+
+
+def render(result: dict) -> str:
+    """The readable table."""
+    s = result["settings"]
+    rows = [[b, round(r["paged_tokens_per_s"], 1), round(r["paged_tokens_per_s_median"], 1),
+             round(r["paged_vs_first"], 2), round(r["transformers_tokens_per_s"], 1),
+             round(r["transformers_tokens_per_s_median"], 1), round(r["transformers_vs_first"], 2),
+             round(r["paged_vs_transformers"], 2), round(r["identical_to_transformers"], 2)]
+            for b, r in result["results"]["batches"].items()]
+    title = (f"greedy decode after {s['context_tokens']}-token contexts, {s['rounds']} rounds of {s['steps']} steps "
+             f"(tokens/s: best round, median), blocks of {s['block_tokens']} tokens, {s['torch_threads']} torch threads:")
+    return "\n".join([
+        title,
+        output.format_table(["batch", "paged tok/s", "median", "x first", "transformers tok/s", "median", "x first",
+                             "paged/transformers", "identical"], rows)])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(__import__("sys").argv[1:]))

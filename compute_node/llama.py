@@ -1,0 +1,149 @@
+"""Our own Llama forward over the paged KV pool: one call per engine step, decodes and prefill chunks mixed.
+
+    pool: [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32
+
+One block is one contiguous extent holding every layer of `block_tokens` tokens (the unit the
+SmartNIC stores and restores). The weights are the loaded transformers model's own tensors,
+shared, never copied; projections and the MLP run over all new tokens of the step at once,
+attention reads each sequence's KV through its block table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from compute_node.paged_attention import plan_attention
+
+logger = logging.getLogger(__name__)
+
+# Rope types whose frequencies depend on the sequence length: transformers recomputes them per call.
+DYNAMIC_ROPE = ("dynamic", "longrope")
+# Vocabulary rows per matmul of the LM head for several sequences: one GEMM over the whole head
+# (113 MiB for SmolLM2) ran ~10% slower at batch 32 here than slices that stay in cache longer.
+LM_HEAD_ROWS = 4096
+
+
+@dataclasses.dataclass
+class StepInput:
+    """What one engine step runs: S sequences, T new tokens in all."""
+
+    input_ids: torch.Tensor     # [T] int64: the new tokens of all sequences, concatenated in sequence order
+    positions: torch.Tensor     # [T] int64: each token's position in its sequence
+    query_lens: torch.Tensor    # [S] int64: new tokens per sequence
+    context_lens: torch.Tensor  # [S] int64: tokens in the sequence's KV after this step (cached + new)
+    block_tables: torch.Tensor  # [S, max_blocks] int32: block ids, padded with -1
+
+
+@dataclasses.dataclass
+class LayerWeights:
+    """One decoder layer's tensors (the transformers model's own)."""
+
+    ln1: torch.Tensor
+    q: torch.nn.Linear
+    k: torch.nn.Linear
+    v: torch.nn.Linear
+    o: torch.nn.Linear
+    ln2: torch.Tensor
+    gate: torch.nn.Linear
+    up: torch.nn.Linear
+    down: torch.nn.Linear
+
+
+def pool_shape(config, num_blocks: int, block_tokens: int) -> tuple[int, ...]:
+    """[num_blocks, num_layers, 2, num_kv_heads, block_tokens, head_dim] for a transformers config."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return (num_blocks, config.num_hidden_layers, 2, config.num_key_value_heads, block_tokens, head_dim)
+
+
+def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    return F.linear(x, layer.weight, layer.bias)
+
+
+class Llama:
+    """The forward of a loaded transformers LlamaForCausalLM, reading and writing KV in `pool`.
+
+    Not thread-safe: one step at a time (it keeps a gather workspace between steps).
+    """
+
+    def __init__(self, model, pool: torch.Tensor):
+        config = model.config
+        assert config.hidden_act == "silu", f"hidden_act {config.hidden_act!r} is not SwiGLU"
+        rope = model.model.rotary_emb
+        assert rope.rope_type not in DYNAMIC_ROPE, f"rope type {rope.rope_type!r} is not supported"
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.eps = config.rms_norm_eps
+        assert tuple(pool.shape[1:4]) == (self.num_layers, 2, self.num_kv_heads) and pool.shape[5] == self.head_dim, \
+            f"pool shape {tuple(pool.shape)} does not fit the model"
+        assert pool.is_contiguous() and pool.dtype == torch.float32, "the pool must be contiguous fp32"
+        self.pool = pool
+        self.block_tokens = pool.shape[4]
+        self.device = pool.device
+        # inv_freq and attention_scaling as transformers derived them from the config's rope parameters
+        # (rope_theta and any static scaling), so positions rotate exactly as in the reference.
+        self.inv_freq = rope.inv_freq                   # [head_dim / 2] fp32
+        self.rope_scale = float(rope.attention_scaling)
+        m = model.model
+        self.embed = m.embed_tokens.weight              # [vocab, hidden]
+        self.norm = m.norm.weight                       # [hidden]
+        self.lm_head = self.embed if config.tie_word_embeddings else model.lm_head.weight  # [vocab, hidden]
+        self.layers = [LayerWeights(d.input_layernorm.weight, d.self_attn.q_proj, d.self_attn.k_proj,
+                                    d.self_attn.v_proj, d.self_attn.o_proj, d.post_attention_layernorm.weight,
+                                    d.mlp.gate_proj, d.mlp.up_proj, d.mlp.down_proj) for d in m.layers]
+        self.workspace = torch.empty(0, device=self.device)  # grows to the largest gather seen
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x * rsqrt(mean(x^2) + eps) * weight, as transformers computes it."""
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [T, 1, head_dim] for the given positions."""
+        freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, head_dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.rope_scale)[:, None], (emb.sin() * self.rope_scale)[:, None]
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding of x: [T, heads, head_dim]."""
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def gather_buffer(self, numel: int) -> torch.Tensor:
+        """A flat fp32 buffer of numel elements, reused from step to step (no fresh pages per layer)."""
+        if self.workspace.numel() < numel:
+            self.workspace = torch.empty(numel, device=self.device)
+        return self.workspace[:numel]
+
+    @torch.inference_mode()
+    def forward(self, batch: StepInput) -> torch.Tensor:
+        """Write the new tokens' KV into the pool; return the logits of each sequence's last new token: [S, vocab]."""
+        plan = plan_attention(batch, self.pool.shape, self.device)
+        T = batch.input_ids.shape[0]
+        cos, sin = self.rotary(batch.positions)
+        h = F.embedding(batch.input_ids, self.embed)    # [T, hidden]
+        for layer, w in enumerate(self.layers):
+            x = self.rms_norm(h, w.ln1)
+            q = self.rotate(linear(x, w.q).view(T, self.num_heads, self.head_dim), cos, sin)   # [T, Hq, D]
+            k = self.rotate(linear(x, w.k).view(T, self.num_kv_heads, self.head_dim), cos, sin)  # [T, Hkv, D]
+            v = linear(x, w.v).view(T, self.num_kv_heads, self.head_dim)                      # [T, Hkv, D]
+            plan.write(self.pool, layer, k, v)
+            h = h + linear(plan.attend(self, layer, q, k, v).view(T, -1), w.o)
+            x = self.rms_norm(h, w.ln2)
+            h = h + linear(F.silu(linear(x, w.gate)) * linear(x, w.up), w.down)
+        last = self.rms_norm(h.index_select(0, plan.last_tokens), self.norm)  # [S, hidden]
+        return self.logits(last)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [S, hidden] -> [S, vocab]."""
+        if x.shape[0] == 1:
+            return F.linear(x, self.lm_head)
+        out = torch.empty(self.lm_head.shape[0], x.shape[0], device=self.device)  # [vocab, S]
+        for first in range(0, out.shape[0], LM_HEAD_ROWS):
+            torch.mm(self.lm_head[first:first + LM_HEAD_ROWS], x.t(), out=out[first:first + LM_HEAD_ROWS])
+        return out.t().contiguous()
+

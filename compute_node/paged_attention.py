@@ -1,0 +1,177 @@
+"""Attention through block tables: where each new token's K/V goes in the pool, and what each query sees.
+
+    pool            : [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32
+    pool as rows    : [num_blocks * num_layers * 2 * num_kv_heads, block_tokens * head_dim]
+                      (one row: one block's tokens of one layer, K or V, one KV head)
+    gathered KV     : [2 (K|V), seqs, num_kv_heads, blocks * block_tokens, head_dim]
+
+Decode tokens (one new token per sequence) are attended in batches of sequences whose gathered
+KV fits in about GATHER_BYTES (it is then read from cache, not memory, by the attention): per
+layer, one index_select of their blocks' rows into a reused buffer and one
+scaled_dot_product_attention over them, a length mask hiding each sequence's keys past its length
+(no mask when all lengths match: the keys are sliced). A prefill chunk attends alone: causally over its own new K/V when nothing precedes it,
+else over its gathered blocks with a mask that is causal inside the chunk. Padding entries (-1)
+of a block table read block 0 behind the mask; pool memory only ever holds finite KV values.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+GATHER_BYTES = 4 << 20  # gathered K and V per attention call of the decode batch
+
+
+@dataclasses.dataclass
+class Gather:
+    """Which pool rows one attention call reads, for layer 0 (a layer adds layer * 2 * num_kv_heads)."""
+
+    rows: torch.Tensor  # [2, seqs, num_kv_heads, blocks] int64: row ids in the pool as rows
+    length: int         # keys per sequence after slicing (the longest context)
+
+    def read(self, llama, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v: [seqs, num_kv_heads, length, head_dim], views of the workspace."""
+        pool_rows = llama.pool.view(-1, llama.block_tokens * llama.head_dim)
+        _, seqs, heads, blocks = self.rows.shape
+        out = llama.gather_buffer(self.rows.numel() * pool_rows.shape[1]).view(-1, pool_rows.shape[1])
+        torch.index_select(pool_rows, 0, (self.rows + layer * 2 * heads).view(-1), out=out)
+        kv = out.view(2, seqs, heads, blocks * llama.block_tokens, llama.head_dim)
+        return kv[0, :, :, :self.length], kv[1, :, :, :self.length]
+
+
+@dataclasses.dataclass
+class Decode:
+    """A run of decode sequences attended together (one new token each)."""
+
+    first: int                  # their first and past-the-last index among the step's decode tokens
+    end: int
+    gather: Gather
+    mask: torch.Tensor | None   # [seqs, 1, 1, length] bool, True where a key is visible; None: all lengths match
+
+
+@dataclasses.dataclass
+class Prefill:
+    """One sequence's chunk of more than one new token."""
+
+    start: int                  # its first token in the step
+    end: int
+    gather: Gather | None       # None: nothing cached before the chunk, attend over its own K/V
+    mask: torch.Tensor | None   # [new, context] bool, True where a query sees a key
+
+
+@dataclasses.dataclass
+class AttentionPlan:
+    """Everything a step's layers share: write rows, decode batches, prefill chunks, last tokens."""
+
+    write_rows: torch.Tensor        # [2 (K|V), T * num_kv_heads] int64: rows of the pool as [-1, head_dim], layer 0
+    layer_stride: int               # rows of that view per layer
+    decode_tokens: torch.Tensor | None  # [Sd] token indices of the decode sequences (None: every token, in order)
+    decodes: list[Decode]
+    prefills: list[Prefill]
+    last_tokens: torch.Tensor       # [S] index of each sequence's last new token
+
+    def write(self, pool: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [T, num_kv_heads, head_dim] into their blocks' rows of this layer."""
+        rows = pool.view(-1, pool.shape[-1])
+        offset = layer * self.layer_stride
+        rows.index_copy_(0, self.write_rows[0] + offset, k.reshape(-1, pool.shape[-1]))
+        rows.index_copy_(0, self.write_rows[1] + offset, v.reshape(-1, pool.shape[-1]))
+
+    def attend(self, llama, layer: int, q, k, v) -> torch.Tensor:
+        """Attention output [T, Hq, D] for q [T, Hq, D] (k, v: this step's [T, Hkv, D], already in the pool)."""
+        if self.decode_tokens is None and not self.prefills:
+            return self._decode(llama, layer, q)
+        out = torch.empty_like(q)
+        if self.decodes:
+            out.index_copy_(0, self.decode_tokens, self._decode(llama, layer, q.index_select(0, self.decode_tokens)))
+        for p in self.prefills:
+            out[p.start:p.end] = self._prefill(llama, layer, p, q[p.start:p.end], k[p.start:p.end], v[p.start:p.end])
+        return out
+
+    def _decode(self, llama, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q: [Sd, Hq, D] -> [Sd, Hq, D]."""
+        out = torch.empty_like(q)
+        for d in self.decodes:
+            keys, values = d.gather.read(llama, layer)  # [seqs, Hkv, L, D]
+            o = F.scaled_dot_product_attention(q[d.first:d.end].unsqueeze(2), keys, values, attn_mask=d.mask,
+                                               enable_gqa=True)  # [seqs, Hq, 1, D]
+            out[d.first:d.end] = o.squeeze(2)
+        return out
+
+    @staticmethod
+    def _prefill(llama, layer: int, p: Prefill, q, k, v) -> torch.Tensor:
+        q = q.transpose(0, 1).unsqueeze(0)              # [1, Hq, n, D]
+        if p.gather is None:
+            o = F.scaled_dot_product_attention(q, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+                                               is_causal=True, enable_gqa=True)
+        else:
+            keys, values = p.gather.read(llama, layer)  # [1, Hkv, context, D]
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=p.mask, enable_gqa=True)
+        return o[0].transpose(0, 1)                     # [n, Hq, D]
+
+
+def block_rows(block_ids: torch.Tensor, num_layers: int, num_kv_heads: int) -> torch.Tensor:
+    """Rows of layer 0 in the pool as rows: [2, seqs, num_kv_heads, blocks] for block_ids [seqs, blocks]."""
+    base = block_ids.clamp(min=0).long() * (num_layers * 2 * num_kv_heads)
+    kind = torch.arange(2, device=block_ids.device).view(2, 1, 1, 1) * num_kv_heads
+    head = torch.arange(num_kv_heads, device=block_ids.device).view(1, 1, -1, 1)
+    return base[None, :, None, :] + kind + head
+
+
+def plan_attention(batch, pool_shape, device) -> AttentionPlan:
+    """The plan of one step (StepInput `batch`) over a pool of `pool_shape`."""
+    _, num_layers, _, num_kv_heads, block_tokens, _ = pool_shape
+    qlens, ctxs = batch.query_lens.tolist(), batch.context_lens.tolist()
+    ends = torch.cumsum(batch.query_lens, 0)
+    # where each new token's K/V goes: block table entry p // block_tokens, offset p % block_tokens
+    seq_of_token = torch.repeat_interleave(torch.arange(len(qlens), device=device), batch.query_lens)
+    pos = batch.positions
+    blocks = batch.block_tables[seq_of_token, pos // block_tokens].long()  # [T]
+    row0 = blocks * (num_layers * 2 * num_kv_heads * block_tokens) + pos % block_tokens
+    head = torch.arange(num_kv_heads, device=device) * block_tokens
+    kind = torch.arange(2, device=device).view(2, 1, 1) * (num_kv_heads * block_tokens)
+    write_rows = (row0[None, :, None] + head[None, None, :] + kind).view(2, -1)
+    decode_seqs = [s for s, n in enumerate(qlens) if n == 1]
+    decode_tokens = None
+    if decode_seqs and len(decode_seqs) < len(qlens):
+        decode_tokens = (ends[decode_seqs] - 1).to(device)
+    decodes = plan_decodes(batch, decode_seqs, ctxs, pool_shape, device)
+    prefills = []
+    start = 0
+    for s, (n, ctx) in enumerate(zip(qlens, ctxs)):
+        if n > 1:
+            cached = ctx - n
+            gather = mask = None
+            if cached > 0:
+                ids = batch.block_tables[s:s + 1, :-(-ctx // block_tokens)]
+                gather = Gather(block_rows(ids, num_layers, num_kv_heads), ctx)
+                queries = torch.arange(cached, ctx, device=device)
+                mask = torch.arange(ctx, device=device)[None, :] <= queries[:, None]
+            prefills.append(Prefill(start, start + n, gather, mask))
+        start += n
+    return AttentionPlan(write_rows, num_kv_heads * 2 * block_tokens, decode_tokens, decodes, prefills, ends - 1)
+
+
+def plan_decodes(batch, seqs: list[int], ctxs: list[int], pool_shape, device) -> list[Decode]:
+    """The decode sequences `seqs` in runs whose gathered KV fits in about GATHER_BYTES."""
+    _, num_layers, _, num_kv_heads, block_tokens, head_dim = pool_shape
+    if not seqs:
+        return []
+    longest = -(-max(ctxs[s] for s in seqs) // block_tokens) * block_tokens
+    per_run = max(1, GATHER_BYTES // (2 * num_kv_heads * longest * head_dim * 4))
+    out = []
+    for first in range(0, len(seqs), per_run):
+        run = seqs[first:first + per_run]
+        lens = [ctxs[s] for s in run]
+        length = max(lens)
+        ids = batch.block_tables[run, :-(-length // block_tokens)]
+        mask = None
+        if min(lens) != length:
+            keys = torch.arange(length, device=device)
+            mask = (keys[None, :] < torch.tensor(lens, device=device)[:, None]).view(len(run), 1, 1, length)
+        out.append(Decode(first, first + len(run), Gather(block_rows(ids, num_layers, num_kv_heads), length), mask))
+    return out
