@@ -1,4 +1,8 @@
-"""The compute node's calls to its SmartNIC agent (smartnic.proto): registration, arming, restore."""
+"""The compute node's one call to its SmartNIC agent (smartnic.proto): registration (step 1), kept up.
+
+Everything after it goes through the registered region: descriptors and counter stores for the
+standing PUTs, completion counters for the GETs. No RPC per block or per turn.
+"""
 from __future__ import annotations
 
 import logging
@@ -103,36 +107,6 @@ class AgentClient:
     def counter_ref(self, counter: int) -> smartnic_pb2.CounterRef:
         return smartnic_pb2.CounterRef(region_id=self.region_id, access_key=self.access_key,
                                        counter=counter)
-
-    def queue(self, ops: list[smartnic_pb2.TriggeredOp]) -> list[int]:
-        """QueueTriggered: all ops or none."""
-        response = self.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=ops),
-                                            timeout=self.timeout_s)
-        return list(response.op_ids)
-
-    def queue_async(self, ops: list[smartnic_pb2.TriggeredOp]):
-        """QueueTriggered without waiting: a future (like a doorbell the NIC picks up)."""
-        return self.stub.QueueTriggered.future(smartnic_pb2.QueueTriggeredRequest(ops=ops),
-                                               timeout=self.timeout_s)
-
-    def cancel(self, counter: int) -> int:
-        """Cancel every queued entry triggered by counter; return how many."""
-        response = self.stub.CancelCounter(smartnic_pb2.CancelRequest(counter=self.counter_ref(counter)),
-                                           timeout=self.timeout_s)
-        return response.cancelled
-
-    def restore(self, user_id: str, context_id: str, slot: int, token_ids) -> smartnic_pb2.RestoreInfo:
-        """Ask the agent to GET the chunks covering a prefix of token_ids into slot."""
-        return self.stub.Restore(smartnic_pb2.RestoreRequest(
-            region_id=self.region_id, access_key=self.access_key,
-            context=smartnic_pb2.ContextRef(user_id=user_id, context_id=context_id),
-            slot=slot, token_ids=token_ids), timeout=self.timeout_s)
-
-    def read_errors(self, max_errors: int = 16) -> list[smartnic_pb2.OpError]:
-        response = self.stub.ReadErrors(smartnic_pb2.ReadErrorsRequest(
-            region_id=self.region_id, access_key=self.access_key, max_errors=max_errors),
-            timeout=self.timeout_s)
-        return list(response.errors)
 
     def close(self) -> None:
         self.channel.close()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import queue
 
 import grpc
@@ -13,8 +12,8 @@ from kvtb_proto import compute_pb2, compute_pb2_grpc
 from compute_node.chat_template import ChatEncoder, ChatError
 from compute_node.model_loader import MODEL_NAME
 from compute_node.sampling import SamplingParams, check_sampling
-from compute_node.slots import QueueFull
-from compute_node.turn import RestoreTicket, Turn, TurnRecordData
+from compute_node.scheduler import NeverFits, QueueFull
+from compute_node.turn import Turn, TurnRecordData
 
 logger = logging.getLogger(__name__)
 
@@ -25,17 +24,6 @@ class BadRequest(Exception):
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
         self.code = code
-
-
-MAX_LEASE_S = 3600.0
-
-
-def check_lease(lease_s: float) -> None:
-    """A ReserveSlot lease must be finite and at most an hour (NaN or inf would never expire)."""
-    if not (math.isfinite(lease_s) and 0.0 <= lease_s <= MAX_LEASE_S):
-        raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"lease_s must be in [0, {MAX_LEASE_S:g}] seconds (0: the node's default), "
-                         f"got {lease_s}")
 
 
 def check_token_ids(ids: np.ndarray, vocab_size: int, what: str = "token_ids") -> None:
@@ -49,16 +37,15 @@ def make_turn(request: compute_pb2.TurnRequest, engine) -> Turn:
     """Validate a TurnRequest into a Turn (raises BadRequest).
 
     Every number is checked before it reaches torch: token ids against the vocabulary, the
-    length against the context, temperature and top_p against their ranges (NaN and infinities
-    refused; a temperature too small to divide by samples as sampling.MIN_TEMPERATURE).
-    max_new_tokens needs no check: the runner stops at the context's end.
+    length against the context and the pool, temperature and top_p against their ranges (NaN and
+    infinities refused; a temperature too small to divide by samples as sampling.MIN_TEMPERATURE).
     """
     s, invalid = engine.settings, grpc.StatusCode.INVALID_ARGUMENT
     ids = np.asarray(request.token_ids, dtype=np.uint32)
     if ids.size == 0:
         raise BadRequest(invalid, "token_ids is empty: send the conversation's token ids")
     check_token_ids(ids, engine.vocab_size)
-    limit = engine.pool.layout.max_tokens
+    limit = s.max_context_tokens
     if ids.size > limit:
         raise BadRequest(invalid, f"the conversation has {ids.size} tokens, more than max_context_tokens "
                                   f"({limit}) by {ids.size - limit}")
@@ -74,21 +61,18 @@ def make_turn(request: compute_pb2.TurnRequest, engine) -> Turn:
     sampling = request.sampling
     if (why := check_sampling(sampling.temperature, sampling.top_p)) is not None:
         raise BadRequest(invalid, why)
-    restore = None
-    if request.has_restore:
-        r = request.restore
-        if r.slot >= engine.pool.layout.num_slots:
-            raise BadRequest(invalid, f"restore.slot {r.slot} does not exist (the node has "
-                                      f"{engine.pool.layout.num_slots} slots)")
-        if r.completion_counter != engine.pool.layout.restore_counter(r.slot):
-            raise BadRequest(invalid, f"restore.completion_counter {r.completion_counter} is not "
-                                      f"slot {r.slot}'s restore counter")
-        restore = RestoreTicket(r.slot, r.tokens_announced, r.chunks, r.completion_counter,
-                                r.threshold, r.error_base, r.bytes, r.started_unix_s)
-    max_new = request.max_new_tokens or s.default_max_new_tokens
-    return Turn(request.request_id, request.user_id, request.context_id, ids, max_new,
-                SamplingParams(sampling.temperature, sampling.top_p, sampling.seed), policy, restore,
-                ignore_eos=request.ignore_eos)
+    if request.stored_tokens > ids.size or request.shared_prefix_tokens > ids.size:
+        raise BadRequest(invalid, f"stored_tokens ({request.stored_tokens}) and shared_prefix_tokens "
+                                  f"({request.shared_prefix_tokens}) cannot exceed the {ids.size} token ids")
+    max_new = min(request.max_new_tokens or s.default_max_new_tokens, limit - ids.size + 1)
+    try:
+        engine.check_fits(int(ids.size), max_new)
+    except NeverFits as exc:
+        raise BadRequest(invalid, str(exc)) from exc
+    return Turn(request.request_id, request.user_id, request.context_id, request.tenant or "default",
+                ids.tolist(), max_new, SamplingParams(sampling.temperature, sampling.top_p, sampling.seed), policy,
+                ignore_eos=request.ignore_eos, stored_tokens=request.stored_tokens,
+                shared_prefix_tokens=request.shared_prefix_tokens)
 
 
 def record_to_proto(rec: TurnRecordData) -> compute_pb2.TurnRecord:
@@ -99,9 +83,17 @@ def record_to_proto(rec: TurnRecordData) -> compute_pb2.TurnRecord:
         fallback_reason=rec.fallback_reason, ttft_ms=rec.ttft_ms, tbt_ms=rec.tbt_ms,
         engine_ms=rec.engine_ms, tokens_prefilled=rec.tokens_prefilled, tokens_reused=rec.tokens_reused,
         tokens_out=rec.tokens_out, bytes_restored=rec.bytes_restored, bytes_offloaded=rec.bytes_offloaded,
-        steps=steps, output_token_ids=rec.output_token_ids, slot=rec.slot,
+        steps=steps, output_token_ids=rec.output_token_ids, batch_size=round(rec.batch_size),
         offload_stall_ms=rec.offload_stall_ms, chunks_offloaded=rec.chunks_offloaded,
-        finish_reason=rec.finish_reason, queue_ms=rec.queue_ms, policy=rec.policy)
+        finish_reason=rec.finish_reason, queue_ms=rec.queue_ms, policy=rec.policy,
+        blocks_restored=rec.blocks_restored, blocks_failed=rec.blocks_failed, preemptions=rec.preemptions,
+        tokens_cached=rec.tokens_cached)
+
+
+def restore_to_proto(blocks, layer_groups: int) -> compute_pb2.RestoreRequest:
+    return compute_pb2.RestoreRequest(layer_groups=layer_groups, blocks=[
+        compute_pb2.RestoreBlock(block=b.block, hash=b.hash, token_count=b.token_count, chunk_index=b.chunk_index,
+                                 shared=b.shared) for b in blocks])
 
 
 class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
@@ -118,7 +110,7 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
         except BadRequest as exc:
             context.abort(exc.code, str(exc))
         except QueueFull as exc:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"no free slot and the wait queue is full: {exc}")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the wait queue is full: {exc}")
         context.add_callback(turn.cancel)
         while True:
             try:
@@ -126,38 +118,24 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
             except queue.Empty:
                 if not context.is_active():
                     turn.cancel()
-                    self.engine.withdraw(turn)
                     return
                 continue
-            if event[0] == "token":
+            kind = event[0]
+            if kind == "token":
                 yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=event[1], text=event[2]))
-            elif event[0] == "record":
+            elif kind == "restore":
+                yield compute_pb2.TurnEvent(restore=restore_to_proto(event[1], event[2]))
+            elif kind == "record":
                 rec = event[1]
-                logger.info("turn done: kv_source %s, %d prefilled, %d reused, %d out", rec.kv_source,
-                            rec.tokens_prefilled, rec.tokens_reused, rec.tokens_out,
+                logger.info("turn done: kv_source %s, %d prefilled, %d reused, %d out, batch %.1f", rec.kv_source,
+                            rec.tokens_prefilled, rec.tokens_reused, rec.tokens_out, rec.batch_size,
                             extra={"request_id": request.request_id, "event": "turn",
                                    "kv_source": rec.kv_source, "user_id": request.user_id,
                                    "context_id": request.context_id})
-                yield compute_pb2.TurnEvent(record=record_to_proto(event[1]))
+                yield compute_pb2.TurnEvent(record=record_to_proto(rec))
                 return
             else:
                 context.abort(getattr(grpc.StatusCode, event[1]), event[2])
-
-    def ReserveSlot(self, request, context):
-        if not request.user_id or not request.context_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "user_id and context_id must be set")
-        try:
-            check_lease(request.lease_s)
-        except BadRequest as exc:
-            context.abort(exc.code, str(exc))
-        got, resident = self.engine.reserve(request.user_id, request.context_id, request.lease_s)
-        if got is None:
-            return compute_pb2.ReserveSlotResponse(reserved=False)
-        counter = self.engine.pool.layout.restore_counter(got.slot)
-        region_id = self.engine.agent.region_id if self.engine.agent else 0
-        return compute_pb2.ReserveSlotResponse(
-            reserved=not resident, resident=resident, slot=got.slot, restore_counter=counter,
-            restore_counter_value=self.engine.pool.counter_total(counter), region_id=region_id or 0)
 
     def EncodeChat(self, request, context):
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
@@ -177,20 +155,22 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
         return compute_pb2.DecodeResponse(text=self.encoder.tokenizer.decode(ids.tolist(), skip_special_tokens=True))
 
     def Info(self, request, context):
-        L, s = self.engine.pool.layout, self.engine.settings
+        L, s = self.engine.layout, self.engine.settings
         return compute_pb2.InfoResponse(
-            model=MODEL_NAME, max_context_tokens=L.max_tokens, vocab_size=self.engine.vocab_size,
-            num_slots=L.num_slots, chunk_tokens=L.chunk_tokens, policy=s.policy, num_layers=L.num_layers,
+            model=MODEL_NAME, max_context_tokens=s.max_context_tokens, vocab_size=self.engine.vocab_size,
+            num_blocks=L.num_blocks, block_tokens=L.block_tokens, policy=s.policy, num_layers=L.num_layers,
             num_kv_heads=L.num_kv_heads, head_dim=L.head_dim, kv_bytes_per_token=L.kv_bytes_per_token,
             stop_token_ids=sorted(self.engine.stop_token_ids), policies=self.engine.policies(),
-            region_id=(self.engine.agent.region_id or 0) if self.engine.agent else 0)
+            region_id=self.engine.region_id())
 
     def Stats(self, request, context):
         snap = self.engine.snapshot()
         return compute_pb2.ComputeStatsResponse(
-            turns=snap["turns"], slots_in_use=snap["slots_in_use"], queue_length=snap["queue_length"],
-            kv_source_counts=snap["kv_source"], fallbacks_by_reason=snap["fallbacks"],
-            bytes_restored=snap.get("bytes_restored", 0), bytes_offloaded=snap.get("bytes_offloaded", 0),
-            tokens_prefilled=snap.get("tokens_prefilled", 0), tokens_reused=snap.get("tokens_reused", 0),
-            tokens_out=snap.get("tokens_out", 0))
-
+            turns=snap["turns"], num_requests_running=snap["num_requests_running"],
+            num_requests_waiting=snap["num_requests_waiting"], kv_source_counts=snap["kv_source"],
+            fallbacks_by_reason=snap["fallbacks"], bytes_restored=snap.get("bytes_restored", 0),
+            bytes_offloaded=snap.get("bytes_offloaded", 0), tokens_prefilled=snap.get("tokens_prefilled", 0),
+            tokens_reused=snap.get("tokens_reused", 0), tokens_out=snap.get("tokens_out", 0),
+            kv_cache_usage_perc=snap["kv_cache_usage_perc"], preemptions=snap["preemptions"],
+            preempted_tokens=snap["preempted_tokens"], prefix_cache_queries=snap["prefix_cache_queries"],
+            prefix_cache_hits=snap["prefix_cache_hits"], num_requests_restoring=snap["num_requests_restoring"])

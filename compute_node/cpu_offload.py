@@ -1,9 +1,11 @@
 """The CPU-centric baseline (policy `cpu`): the compute process moves the KV itself.
 
-At each chunk boundary it copies the chunk out of the slot (the cudaMemcpy of the paper),
-sends it to a storage node through the fabric and waits for the acknowledgement before the
-next token. On a follow-up it retrieves its own chunks and copies them back into the slot.
-Chunks use the agent's format and keys (fabric.chunk_format) and placement.
+When a block fills, the engine thread copies it out of the pool (the paper's cudaMemcpy), stores
+it on a storage node through the fabric and waits for the acknowledgement before it goes on. A
+follow-up's stored prefix is found in this process's own index (by the blocks' hash chain, as the
+agent finds it), retrieved, checked and copied back into the blocks the engine allocated; then
+the blocks' GET completion counters are bumped as the agent would, so the engine waits the same
+way. Chunks use the agent's format, keys and placement (fabric.chunk_format, fabric.placement).
 """
 from __future__ import annotations
 
@@ -12,28 +14,27 @@ import logging
 import threading
 import time
 
-import numpy as np
-
+from compute_node.kv_pool import KvPool
+from compute_node.offload import Block, OffloadStats
+from compute_node.restore import PendingRestore
+from compute_node.sequence import Sequence
 from fabric import chunk_format as cf
 from fabric.placement import place
-from compute_node.kv_pool import KvPool
-from compute_node.offload import OffloadTurn, chunk_bytes
-from compute_node.restore import RestoreOutcome
+from hostmem.block_hash import stored_prefix
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class StoredChunk:
-    index: int
-    start: int
-    end: int
+class StoredBlock:
     node: str
     key: bytes
+    token_count: int
+    length: int
 
 
 class CpuStore:
-    """Fabric clients to the storage nodes and the index of this process's own chunks.
+    """Fabric clients to the storage nodes and the index of this process's own blocks, by hash.
 
     Used by the engine thread only (the lock guards lazy connection).
     """
@@ -42,7 +43,7 @@ class CpuStore:
                  timeout_s: float = 5.0):
         self.nodes = list(addresses)
         self.host_nqn, self.nsid, self.salt, self.timeout_s = host_nqn, nsid, salt, timeout_s
-        self.index: dict[tuple[str, str], dict[int, StoredChunk]] = {}
+        self.index: dict[bytes, StoredBlock] = {}
         self._clients: dict[str, object] = {}
         self._lock = threading.Lock()
 
@@ -56,114 +57,85 @@ class CpuStore:
                 self._clients[node] = client
             return client
 
-    def drop_client(self, node: str) -> None:
-        with self._lock:
-            client = self._clients.pop(node, None)
-        if client is not None:
-            client.close()
-
-    def put(self, pool: KvPool, slot: int, user: str, context: str, index: int, start: int,
-            end: int) -> int:
-        """Copy tokens [start, end) of the slot out, store them and wait for the ack; return bytes."""
+    def put(self, pool: KvPool, block: Block) -> int:
+        """Copy the block out of the pool, store it and wait for the ack; the bytes stored."""
         L = pool.layout
-        ids = pool.read_token_ids(slot, start, end).astype("<u4").tobytes()
-        kv = bytearray((end - start) * L.kv_bytes_per_token)  # the copy out of "GPU memory"
-        pos = 0
-        for offset, length in L.kv_ranges(slot, start, end):
-            kv[pos:pos + length] = pool.region.view(offset, length)
-            pos += length
-        header = cf.encode_header(cf.ChunkHeader(user, context, index, start, end, len(kv),
-                                                 cf.token_ids_hash(ids)))
+        ids = pool.read_token_ids(block.block_id, block.token_count).astype("<u4").tobytes()
+        offset, length = L.block_range(block.block_id)
+        kv = bytes(pool.region.view(offset, length))  # the copy out of "GPU memory"
+        start = block.index * L.block_tokens
+        header = cf.encode_header(cf.ChunkHeader(block.user, block.context, block.index, start,
+                                                 start + block.token_count, len(kv), block.hash))
         frames = [header, ids, kv]
-        key = cf.chunk_key(self.salt, user, context, index)
+        key = cf.block_key(self.salt, block.hash)
         node = place(key, self.nodes)
         self.client(node).store(self.nsid, key, frames, cf.crc32c_of(frames))
-        self.index.setdefault((user, context), {})[index] = StoredChunk(index, start, end, node, key)
-        return len(header) + len(ids) + len(kv)
+        nbytes = len(header) + len(ids) + len(kv)
+        self.index[block.hash] = StoredBlock(node, key, block.token_count, nbytes)
+        return nbytes
 
-    def restore(self, pool: KvPool, slot: int, user: str, context: str,
-                request_ids: np.ndarray) -> RestoreOutcome | None:
-        """Retrieve this context's chunks that match a prefix of request_ids into slot; None if none."""
-        chunks = self.index.get((user, context))
-        if not chunks:
-            return None
-        usable = []
-        for i in range(len(chunks)):
-            chunk = chunks.get(i)
-            if chunk is None or chunk.start != (usable[-1].end if usable else 0) or chunk.end > len(request_ids):
-                break
-            usable.append(chunk)
-        announced = usable[-1].end if usable else 0
-        covered, nbytes = 0, 0
-        for chunk in usable:
-            try:
-                nbytes += self._get(pool, slot, chunk, user, context, request_ids)
-            except Exception as exc:  # noqa: BLE001 - any failure means: recompute from here
-                reason = f"restore failed: chunk {chunk.index}: {exc}"
-                logger.warning("cpu restore of %s/%s: %s", user, context, reason)
-                return RestoreOutcome(0, announced, reason)
-            covered = chunk.end
-        covered = min(covered, len(request_ids) - 1)
-        return RestoreOutcome(covered, announced, "", nbytes if covered else 0)
+    def stored_tokens(self, seq: Sequence, bm) -> int:
+        """Tokens of seq's prefix whose blocks this process stored (one left to compute)."""
+        tokens, _ = stored_prefix(seq.token_ids, seq.salt, seq.block_tokens, self.index.__contains__,
+                                  len(seq.token_ids) - 1)
+        return tokens
 
-    def _get(self, pool: KvPool, slot: int, chunk: StoredChunk, user: str, context: str,
-             request_ids: np.ndarray) -> int:
-        completion = self.client(chunk.node).retrieve(self.nsid, chunk.key)
-        frames = [f.buffer for f in completion.frames]
-        if cf.crc32c_of(frames) != completion.response.crc32c:
-            raise ValueError("crc32c mismatch")
-        header, hlen = cf.decode_header(cf.leading_bytes(frames, cf.MAX_HEADER_BYTES))
-        expected = request_ids[chunk.start:chunk.end].astype("<u4").tobytes()
-        if (header.user_id, header.context_id, header.token_start, header.token_end) != \
-                (user, context, chunk.start, chunk.end) or header.token_ids_hash != cf.token_ids_hash(expected):
-            raise ValueError("chunk does not cover the request's token ids")
-        L = pool.layout
-        offset, length = L.token_ids_range(slot, chunk.start, chunk.end)
-        targets = [pool.region.view(offset, length)]
-        targets += [pool.region.view(o, n) for o, n in L.kv_ranges(slot, chunk.start, chunk.end)]
-        return cf.scatter(cf.skip(frames, hlen), targets)
+    def restore(self, pool: KvPool, seq: Sequence, pending: PendingRestore) -> None:
+        """Retrieve each block into its pool block and bump its GET counters (error part on failure)."""
+        failed = False
+        for block in pending.blocks:
+            ok = not failed and self._get(pool, block)
+            failed = failed or not ok
+            for counter in block.counters:
+                pool.region.add_counter(counter, success=1 if ok else 0, error=0 if ok else 1)
+
+    def _get(self, pool: KvPool, block) -> bool:
+        stored = self.index.get(block.hash)
+        if stored is None or stored.token_count != block.token_count:
+            return False
+        try:
+            completion = self.client(stored.node).retrieve(self.nsid, stored.key)
+            frames = [f.buffer for f in completion.frames]
+            if cf.crc32c_of(frames) != completion.response.crc32c:
+                raise ValueError("crc32c mismatch")
+            header, hlen = cf.decode_header(cf.leading_bytes(frames, cf.MAX_HEADER_BYTES))
+            if header.token_ids_hash != block.hash or header.num_tokens != block.token_count:
+                raise ValueError("the stored block is not the one asked for")
+            L = pool.layout
+            ids_offset, ids_length = L.token_ids_range(block.block_id, block.token_count)
+            kv_offset, kv_length = L.block_range(block.block_id)
+            cf.scatter(cf.skip(frames, hlen), [pool.region.view(ids_offset, ids_length),
+                                               pool.region.view(kv_offset, kv_length)])
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure: this block and the rest are recomputed
+            logger.warning("cpu restore of block %d failed: %s", block.index, exc)
+            return False
 
     def close(self) -> None:
-        for node in list(self._clients):
-            self.drop_client(node)
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
 
 
 class CpuOffload:
-    """Offload driven by the compute process: store each chunk as it completes, and wait."""
+    """Offload driven by the compute process: store each block as it fills, and wait."""
+
+    offloads = True
 
     def __init__(self, pool: KvPool, store: CpuStore):
         self.pool = pool
-        self.store = store
+        self.store_ = store
         self.errors = 0
 
-    def begin(self, turn: OffloadTurn, count: int) -> None:
-        turn.last_stored = count
-
-    def arm(self, turn: OffloadTurn) -> None:
-        pass
-
-    def _store(self, turn: OffloadTurn, start: int, end: int) -> None:
+    def store(self, block: Block, stats: OffloadStats) -> None:
         t0 = time.perf_counter()
         try:
-            self.store.put(self.pool, turn.slot, turn.user_id, turn.context_id,
-                           start // self.pool.layout.chunk_tokens, start, end)
-            turn.chunks += 1
-            turn.bytes += chunk_bytes(self.pool, start, end)
+            stats.bytes += self.store_.put(self.pool, block)
+            stats.chunks += 1
         except Exception as exc:  # noqa: BLE001 - offload failures never fail the turn
             self.errors += 1
-            logger.warning("cpu offload of tokens [%d, %d) failed: %s", start, end, exc)
-        turn.stall_s += time.perf_counter() - t0
+            logger.warning("cpu offload of block %d failed: %s", block.index, exc)
+        stats.stall_s += time.perf_counter() - t0
+        return None
 
-    def on_tokens(self, turn: OffloadTurn, count: int) -> None:
-        """Store every chunk completed since the last call, before the next token."""
-        c = self.pool.layout.chunk_tokens
-        first = max(turn.first_chunk, turn.last_stored // c)
-        for i in range(first, count // c):
-            self._store(turn, i * c, (i + 1) * c)
-        if count // c > turn.last_stored // c:
-            turn.last_stored = count
-
-    def end(self, turn: OffloadTurn, count: int) -> None:
-        c = self.pool.layout.chunk_tokens
-        if count % c and count // c >= turn.first_chunk:
-            self._store(turn, count // c * c, count)

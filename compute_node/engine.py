@@ -77,6 +77,7 @@ class Engine:
         self.stats = Stats()
         self.steps = 0
         self.setup_span = setup_span
+        self.region_id = lambda: 0  # the pool's region at the agent (the node sets it once registered)
         self.lock = threading.Condition()
         self._intake: collections.deque[Turn] = collections.deque()
         self._stopping = False
@@ -119,7 +120,7 @@ class Engine:
             sched, bm = self.scheduler, self.bm
             return {"turns": self.stats.turns, "num_requests_running": sched.num_running,
                     "num_requests_waiting": sched.num_waiting + len(self._intake),
-                    "num_requests_restoring": len(sched.restoring), "kv_cache_usage_perc": bm.usage(),
+                    "num_requests_restoring": len(sched.restoring), "kv_cache_usage_perc": bm.usage,
                     "preemptions": dict(sched.stats.preemptions), "preempted_tokens": dict(sched.stats.preempted_tokens),
                     "prefix_cache_queries": bm.prefix_cache_queries, "prefix_cache_hits": bm.prefix_cache_hits,
                     "kv_source": dict(self.stats.kv_source), "fallbacks": dict(self.stats.fallbacks),

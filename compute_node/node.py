@@ -54,15 +54,16 @@ class ComputeNode:
         from compute_node.agent_client import AgentClient
         from compute_node.chat_template import ChatEncoder
         from compute_node.compute_servicer import ComputeNodeServicer
-        from compute_node.cpu_offload import CpuStore
+        from compute_node.cpu_offload import CpuOffload, CpuStore
         from compute_node.engine import Engine
         from compute_node.kv_pool import KvPool, layout_for
+        from compute_node.offload import NoOffload, TriggeredOffload
 
         s = self.settings
         if self.model is None:
             from compute_node.model_loader import load_model
             self.model, self.tokenizer = load_model(s.model_cache_dir, s.torch_threads)
-        layout = layout_for(self.model.config, s.num_slots, s.max_context_tokens, s.chunk_tokens)
+        layout = layout_for(self.model.config, s.num_blocks, s.block_tokens, s.layer_groups)
         self.pool = KvPool.create(s.shm_name, layout)
         self.security = Security.of("compute", s.credentials_dir, s.insecure)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="compute-grpc"),
@@ -72,10 +73,16 @@ class ComputeNode:
             raise OSError(f"cannot listen on {s.listen_address}")
         address = f"{s.listen_address.rsplit(':', 1)[0]}:{port}"
         setup = self._register(AgentClient, address) if s.agent_address else None
+        offloaders = {"resident": NoOffload(), "recompute": NoOffload()}
+        if self.agent is not None:
+            offloaders["triggered"] = TriggeredOffload(self.pool, s.drain_timeout_s)
         if s.storage_fabric_addresses:
             self.cpu_store = CpuStore(s.storage_fabric_addresses, s.storage_host_nqn, s.storage_nsid, s.key_salt)
-        self.engine = Engine(s, self.model, self.tokenizer, self.pool, agent=self.agent,
-                             cpu_store=self.cpu_store, setup_span=setup).start()
+            offloaders["cpu"] = CpuOffload(self.pool, self.cpu_store)
+        self.engine = Engine(s, self.model, self.tokenizer, self.pool, offloaders, cpu_store=self.cpu_store,
+                             setup_span=setup)
+        self.engine.region_id = lambda: (self.agent.region_id or 0) if self.agent is not None else 0
+        self.engine.start()
         if self.agent is not None:
             self.agent.keep_registered(self._keeper_stop)
         compute_pb2_grpc.add_ComputeNodeServicer_to_server(

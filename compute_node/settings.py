@@ -16,9 +16,18 @@ class ComputeSettings:
     """Validated in __post_init__; read with kvtb.settings.load_settings(ComputeSettings, "compute")."""
 
     policy: str = "triggered"
-    num_slots: int = 8
-    max_context_tokens: int = 4096
-    chunk_tokens: int = 32
+    # The paged KV pool: "KV memory available" (the recompute-vs-swap poster sweeps it), in
+    # tokens; the pool holds pool_tokens // block_tokens blocks. A block is the NIC's unit.
+    pool_tokens: int = 32768
+    block_tokens: int = 32
+    layer_groups: int = 4             # GET completion counters per block: a restore lands layer group by group
+    max_context_tokens: int = 8192    # one sequence's prompt + reply at most
+    # Continuous batching (vLLM's names): sequences in one step, tokens in one step (decodes and
+    # chunked prefills together), and how a sequence is preempted when blocks run out.
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    preemption: str = "swap"          # swap (store its KV, restore it later) or recompute
+    device: str = "cpu"
     listen_address: str = "127.0.0.1:50071"
     metrics_address: str = "127.0.0.1:9102"  # Prometheus /metrics
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
@@ -31,11 +40,10 @@ class ComputeSettings:
     storage_host_nqn: str = "nqn.2026-11.org.kvtestbed:compute-0"
     storage_nsid: int = 1
     key_salt: str = "kvtestbed-default-salt"  # the agent's `salt`: both write the same keys
-    restore_timeout_s: float = 10.0
-    drain_timeout_s: float = 10.0
+    restore_timeout_s: float = 10.0   # longer than the agent's GET deadline: by then every GET ended
+    drain_timeout_s: float = 10.0     # a PUT not done by then releases its block anyway
     register_timeout_s: float = 60.0
-    queue_bound: int = 64
-    lease_s: float = 30.0
+    queue_bound: int = 256            # turns waiting for the batch; past it RESOURCE_EXHAUSTED
     default_max_new_tokens: int = 256
     model_cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
     model_dtype: str = "float32"
@@ -46,9 +54,13 @@ class ComputeSettings:
 
     def __post_init__(self):
         assert self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}"
-        assert self.num_slots > 0, "num_slots must be positive"
+        assert self.block_tokens > 0, "block_tokens must be positive"
+        assert self.pool_tokens >= self.block_tokens, "pool_tokens must hold at least one block"
         assert self.max_context_tokens > 0, "max_context_tokens must be positive"
-        assert 0 < self.chunk_tokens <= self.max_context_tokens, "chunk_tokens must be in (0, max]"
+        assert self.layer_groups > 0, "layer_groups must be positive"
+        assert 0 < self.max_num_seqs <= self.max_num_batched_tokens, \
+            "need 0 < max_num_seqs <= max_num_batched_tokens (a decode per sequence fits a step)"
+        assert self.preemption in ("swap", "recompute"), "preemption must be swap or recompute"
         assert self.restore_timeout_s > 0, "restore_timeout_s must be positive"
         assert self.queue_bound > 0, "queue_bound must be positive"
         assert self.model_dtype == "float32", "only float32 KV is supported (the pool is fp32)"
@@ -60,5 +72,5 @@ class ComputeSettings:
         return f"kvtb-{self.node_name}-{os.getpid()}"
 
     @property
-    def offloads(self) -> bool:
-        return self.policy in ("triggered", "cpu")
+    def num_blocks(self) -> int:
+        return self.pool_tokens // self.block_tokens

@@ -65,6 +65,13 @@ def chunk_key(salt: bytes | str, user_id: str, context_id: str, chunk_index: int
     return h.digest()
 
 
+def block_key(salt: bytes | str, block_hash: bytes) -> bytes:
+    """16-byte storage key of a block named by its hash chain (hostmem.block_hash): equal content
+    under one salt is stored once; without the deployment's salt nobody can compute a key."""
+    salt = salt.encode() if isinstance(salt, str) else salt
+    return hashlib.blake2b(b"kvtb block\0" + block_hash, digest_size=16, key=salt[:64]).digest()
+
+
 def token_ids_hash(token_ids) -> bytes:
     """blake2b-128 of token ids given as a buffer of uint32 LE or a sequence of ints."""
     if not isinstance(token_ids, (bytes, bytearray, memoryview)):

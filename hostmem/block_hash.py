@@ -43,3 +43,24 @@ def hash_chain(token_ids: Sequence[int], salt: bytes, block_tokens: int, parent:
         parent = block_hash(parent, token_ids[i * block_tokens:(i + 1) * block_tokens], salt)
         hashes.append(parent)
     return hashes
+
+
+def stored_prefix(token_ids: Sequence[int], salt: bytes, block_tokens: int, has, limit: int | None = None
+                  ) -> tuple[int, list[bytes]]:
+    """The longest prefix of token_ids (at most `limit` tokens) whose blocks `has(hash)` says are
+    stored: its length in tokens, and the names of its blocks (the last may be a partial block)."""
+    limit = len(token_ids) if limit is None else min(limit, len(token_ids))
+    names: list[bytes] = []
+    parent = b""
+    for i in range(limit // block_tokens):
+        name = block_hash(parent, token_ids[i * block_tokens:(i + 1) * block_tokens], salt)
+        if not has(name):
+            break
+        names.append(name)
+        parent = name
+    start = len(names) * block_tokens
+    for m in range(min(block_tokens - 1, limit - start), 0, -1):  # a turn's partial last block
+        name = block_hash(parent, token_ids[start:start + m], salt)
+        if has(name):
+            return start + m, [*names, name]
+    return start, names

@@ -31,7 +31,8 @@ def tiny_model():
 
 
 def tiny_settings(**overrides) -> ComputeSettings:
-    base = dict(num_slots=4, max_context_tokens=256, chunk_tokens=8, listen_address="127.0.0.1:0",
+    base = dict(pool_tokens=512, block_tokens=8, max_context_tokens=256, layer_groups=2, max_num_seqs=8,
+                max_num_batched_tokens=64, listen_address="127.0.0.1:0",
                 agent_address="", storage_fabric_addresses=(), policy="resident",
                 node_name=f"test{os.getpid()}", metrics_address="127.0.0.1:0")
     base.update(overrides)
