@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import secrets
 import threading
 import time
 
@@ -171,7 +172,7 @@ class Engine:
     def _admit_turn(self, turn: Turn) -> None:
         if turn.cancelled.is_set():
             return
-        salt = (turn.request_id.encode() if turn.policy == "recompute"  # nothing reused, ever
+        salt = (secrets.token_bytes(16) if turn.policy == "recompute"  # nothing reused, ever
                 else salt_for(turn.tenant, turn.user_id))
         offloader = self.offloaders[turn.policy]
         seq = Sequence(turn.token_ids, turn.max_new_tokens, self.layout.block_tokens, turn.user_id,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from compute_node.settings import ComputeSettings
+from kvtb_proto import compute_pb2, compute_pb2_grpc
 from tests.conftest import secure_channel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,66 +40,52 @@ def tiny_settings(**overrides) -> ComputeSettings:
     return ComputeSettings(**base)
 
 
-class FakeAgent:
-    """Stands in for the agent's triggered-op engine: fires PUTs when the token counter allows."""
-
-    region_id = 7
-    access_key = "k"
-
-    def __init__(self):
-        self.pool = None
-        self.queued: list = []   # every op queued, in order
-        self.pending: list = []
-        self.cancels = 0
-
-    def queue(self, ops):
-        self.queued.extend(ops)
-        self.pending.extend(ops)
-        self._fire()
-        return list(range(len(ops)))
-
-    def _fire(self):
-        for op in list(self.pending):
-            if self.pool.counter_total(op.trigger_counter) >= op.threshold:
-                self.pending.remove(op)
-                self.pool.region.add_counter(op.completion_counter, success=1)
-
-    def queue_async(self, ops):
-        import concurrent.futures
-        future = concurrent.futures.Future()
-        future.set_result(self.queue(ops))
-        return future
-
-    def cancel(self, counter):
-        self._fire()
-        mine = [op for op in self.pending if op.trigger_counter == counter]
-        for op in mine:
-            self.pending.remove(op)
-        self.cancels += 1
-        return len(mine)
-
-
 @pytest.fixture
 def make_node(tiny_model, tokenizer):
-    """Start an in-process node (tiny model) on port 0; stopped after the test."""
+    """Start an in-process node (tiny model) on port 0, with a FakeNic standing in for the agent's
+    data plane when nic=True (the `triggered` policy then works); stopped after the test."""
     from compute_node.node import serve
-    nodes = []
+    from compute_node.offload import TriggeredOffload
+    from tests.compute_node.fake_nic import FakeNic
+    made = []
 
-    def make(agent=None, **overrides):
-        node = serve(tiny_settings(**overrides), tiny_model, tokenizer)
+    def make(nic: bool = False, model=None, **overrides):
+        overrides.setdefault("node_name", f"test{os.getpid()}-{len(made)}")  # one region each
+        node = serve(tiny_settings(**overrides), model or tiny_model, tokenizer)
         node.start()
-        nodes.append(node)
-        if agent is not None:  # a stand-in agent in this process, wired in before any turn
-            from compute_node.offload import TriggeredOffload
-            agent.pool = node.engine.pool
-            node.engine.agent = agent
-            node.engine._offloaders["triggered"] = TriggeredOffload(node.engine.pool, agent)
+        node.nic = None
+        if nic:  # wired in before any turn
+            node.nic = FakeNic(node.pool)
+            node.engine.offloaders["triggered"] = TriggeredOffload(node.pool, node.settings.drain_timeout_s)
+        made.append(node)
         node.address = node.addresses["grpc"]
+        node.stub = compute_pb2_grpc.ComputeNodeStub(secure_channel(node.address, peer="compute"))
         return node
 
     yield make
-    for node in nodes:
+    for node in made:
+        if node.nic is not None:
+            node.nic.close()
         node.stop()
+
+
+def run_turn(node, ids, context="c", policy="resident", n=16, user="u", tenant="default", **kw):
+    """One turn through the node's gRPC service, as the agent sends it (step 5's lookup in the
+    FakeNic, its restore events answered); (tokens, record, restore events)."""
+    stored = node.nic.lookup(ids, tenant, user) if node.nic is not None and policy == "triggered" else 0
+    request = compute_pb2.TurnRequest(request_id=f"r-{context}", user_id=user, context_id=context,
+                                      token_ids=ids, max_new_tokens=n, policy=policy, tenant=tenant,
+                                      stored_tokens=stored, **{"ignore_eos": True, **kw})
+    tokens, record, restores = [], None, []
+    for event in node.stub.Generate(request, timeout=120):
+        if event.HasField("restore"):
+            restores.append(event.restore)
+            node.nic.restore(event.restore)
+        elif event.HasField("token"):
+            tokens.append(event.token.id)
+        else:
+            record = event.record
+    return tokens, record, restores
 
 
 # -- real processes: a storage node, the agent and a compute node with the real model

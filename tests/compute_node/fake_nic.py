@@ -1,0 +1,96 @@
+"""An in-process stand-in for the agent's data plane over a node's pool, for the engine's tests.
+
+It plays the NIC's part of the contract exactly as the region defines it (hostmem.kv_layout,
+hostmem.descriptor): it watches every block's PUT trigger counter, reads the block's descriptor,
+keeps the block's token ids and KV bytes under the descriptor's hash and bumps the PUT-done
+counter; it answers a restore event by copying stored blocks back and bumping their GET-done
+counters (the error part for what it does not have, or was told to fail). The real agent is
+tested against the same contract with real processes (tests/smartnic, tests/e2e).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from hostmem import descriptor
+from hostmem.block_hash import salt_for, stored_prefix
+
+
+class FakeNic:
+    """Thread-safe: a watcher thread stores blocks; restores run on the caller's thread."""
+
+    def __init__(self, pool, put_delay_s: float = 0.0):
+        self.pool, self.layout = pool, pool.layout
+        self.put_delay_s = put_delay_s
+        self.stored: dict[bytes, tuple[bytes, bytes, int]] = {}  # hash -> (token ids, kv, token count)
+        self.descriptors: list[descriptor.Descriptor] = []
+        self.fail: set[bytes] = set()       # hashes whose GET ends with an error
+        self.silent: set[bytes] = set()     # hashes whose GET never completes
+        self.refused = 0
+        self._lock = threading.Lock()
+        L = self.layout
+        self._triggers = np.asarray([L.put_trigger(b) for b in range(L.num_blocks)], dtype=np.intp)
+        self._fired = pool.counters[self._triggers, 0].copy()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    # -- PUTs
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            now = self.pool.counters[self._triggers, 0]
+            for block in np.flatnonzero(now != self._fired).tolist():
+                self._fired[block] = now[block]
+                self._put(block, int(now[block]))
+            time.sleep(0.0002)
+
+    def _put(self, block: int, generation: int) -> None:
+        if self.put_delay_s:
+            time.sleep(self.put_delay_s)
+        L = self.layout
+        offset, _ = L.descriptor_range(block)
+        try:
+            d = descriptor.decode(self.pool.region.view(offset, descriptor.DESCRIPTOR_BYTES), L.block_tokens)
+            if d.generation != generation:
+                raise descriptor.DescriptorError("stale descriptor")
+        except descriptor.DescriptorError:
+            self.refused += 1
+            self.pool.region.add_counter(L.put_done(block), error=1)
+            return
+        ids_offset, ids_length = L.token_ids_range(block, d.token_count)
+        kv_offset, kv_length = L.block_range(block)
+        with self._lock:
+            self.stored[d.hash] = (bytes(self.pool.region.view(ids_offset, ids_length)),
+                                   bytes(self.pool.region.view(kv_offset, kv_length)), d.token_count)
+            self.descriptors.append(d)
+        self.pool.region.add_counter(L.put_done(block), success=1)
+
+    # -- step 5 and GETs
+    def lookup(self, token_ids, tenant: str = "default", user: str = "u") -> int:
+        """The agent's step-5 answer: tokens of the prefix it has stored (one left to compute)."""
+        with self._lock:
+            tokens, _ = stored_prefix(token_ids, salt_for(tenant, user), self.layout.block_tokens,
+                                      self.stored.__contains__, len(token_ids) - 1)
+        return tokens
+
+    def restore(self, event) -> None:
+        """Serve a restore event: copy each stored block into its pool block, bump its counters."""
+        L = self.layout
+        for b in event.blocks:
+            if b.hash in self.silent:
+                continue
+            with self._lock:
+                found = self.stored.get(b.hash)
+            ok = found is not None and b.hash not in self.fail and found[2] == b.token_count
+            if ok:
+                ids, kv, count = found
+                self.pool.region.write(L.token_ids_range(b.block, count)[0], ids)
+                self.pool.region.write(L.block_range(b.block)[0], kv)
+            for g in range(event.layer_groups):
+                self.pool.region.add_counter(L.get_done(b.block, g), success=int(ok), error=int(not ok))

@@ -1,0 +1,138 @@
+"""The batching engine in-process with a tiny model: batches, prefix reuse, offload and restore
+through the region (a FakeNic plays the agent's data plane), preemption, failures."""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from hostmem.block_hash import hash_chain, salt_for
+from tests.compute_node.conftest import run_turn
+
+PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + 20 + 9 * i)) for i in range(6)]
+
+
+def alone(make_node, prompts, **kw):
+    """Each prompt's reply on a fresh node, one at a time."""
+    node = make_node(**kw)
+    return [run_turn(node, ids, f"solo-{i}", n=12)[0] for i, ids in enumerate(prompts)]
+
+
+def together(node, prompts, policy="resident", n=12):
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        futures = [pool.submit(run_turn, node, ids, f"c{i}", policy, n) for i, ids in enumerate(prompts)]
+        return [f.result() for f in futures]
+
+
+def test_sequences_in_one_batch_get_the_replies_they_get_alone(make_node):
+    solo = alone(make_node, PROMPTS)
+    node = make_node()
+    results = together(node, PROMPTS)
+    assert [tokens for tokens, _, _ in results] == solo
+    assert max(record.batch_size for _, record, _ in results) > 1  # they did share steps
+    assert node.engine.snapshot()["num_requests_running"] == 0
+
+
+def test_a_resident_follow_up_reuses_its_full_blocks_from_the_pool(make_node):
+    node = make_node()
+    ids = PROMPTS[5]
+    first, rec1, _ = run_turn(node, ids, "ctx")
+    follow = ids + first + [7, 8, 9]
+    _, rec2, _ = run_turn(node, follow, "ctx")
+    bt = node.settings.block_tokens
+    assert rec1.kv_source == "none" and rec2.kv_source == "resident"
+    assert rec2.tokens_cached == rec2.tokens_reused == (len(ids) + len(first) - 1) // bt * bt
+    assert rec2.tokens_prefilled == len(follow) - rec2.tokens_reused
+
+
+def test_recompute_reuses_nothing(make_node):
+    node = make_node()
+    ids = PROMPTS[4]
+    first, _, _ = run_turn(node, ids, "ctx", "recompute")
+    _, rec, _ = run_turn(node, ids + first + [7], "ctx", "recompute")
+    assert rec.kv_source == "recomputed" and rec.tokens_reused == 0 and not rec.fallback_reason
+
+
+def test_triggered_blocks_leave_by_descriptor_and_come_back_bit_identical(make_node):
+    node = make_node(nic=True)
+    ids = PROMPTS[5]
+    first, rec1, _ = run_turn(node, ids, "ctx", "triggered")
+    bt, computed = node.settings.block_tokens, len(ids) + len(first) - 1
+    time.sleep(0.05)
+    described = list(node.nic.descriptors)
+    assert [d.chunk_index for d in described] == list(range(-(-computed // bt)))
+    assert [d.token_count for d in described] == [bt] * (computed // bt) + ([computed % bt] if computed % bt else [])
+    assert [d.hash for d in described[:computed // bt]] == hash_chain(ids + first, salt_for("default", "u"), bt)[:computed // bt]
+    assert rec1.chunks_offloaded == len(described) and rec1.offload_stall_ms > 0
+    assert {s.step for s in rec1.steps} == {2, 4}
+    stored = dict(node.nic.stored)
+    follow = ids + first + [7, 8, 9]
+    _, rec2, restores = run_turn(node, follow, "ctx", "triggered")
+    assert rec2.kv_source == "restored", rec2.fallback_reason
+    assert rec2.tokens_reused == computed and rec2.blocks_restored == len(described) and not rec2.blocks_failed
+    assert {s.step for s in rec2.steps} >= {7, 8}
+    [event] = restores
+    for block in event.blocks:  # the bytes that landed are the bytes that left
+        ids_bytes, kv, count = stored[block.hash]
+        L = node.pool.layout
+        assert bytes(node.pool.region.view(*L.token_ids_range(block.block, count))) == ids_bytes
+        assert bytes(node.pool.region.view(*L.block_range(block.block))) == kv
+
+
+def test_a_restore_with_a_failed_block_keeps_the_blocks_before_it(make_node):
+    node = make_node(nic=True)
+    ids = PROMPTS[5]
+    first, _, _ = run_turn(node, ids, "ctx", "triggered")
+    time.sleep(0.05)
+    bt = node.settings.block_tokens
+    node.nic.fail.add(hash_chain(ids + first, salt_for("default", "u"), bt)[2])
+    _, rec, _ = run_turn(node, ids + first + [7], "ctx", "triggered")
+    assert rec.kv_source == "partial" and rec.blocks_restored == 2 and rec.blocks_failed >= 1
+    assert rec.tokens_reused == 2 * bt and "block 2" in rec.fallback_reason
+
+
+def test_a_restore_that_never_lands_is_recomputed_after_the_deadline(make_node):
+    node = make_node(nic=True, restore_timeout_s=0.5)
+    ids = PROMPTS[3]
+    first, _, _ = run_turn(node, ids, "ctx", "triggered")
+    time.sleep(0.05)
+    node.nic.silent.update(node.nic.stored)
+    start = time.monotonic()
+    tokens, rec, _ = run_turn(node, ids + first + [7], "ctx", "triggered")
+    assert rec.kv_source == "recomputed" and "timed out" in rec.fallback_reason
+    assert len(tokens) == 16 and time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_a_pool_smaller_than_the_batch_preempts_and_every_reply_is_right(make_node, preemption):
+    prompts = [list(range(300 + 11 * i, 300 + 11 * i + 40)) for i in range(6)]
+    solo = alone(make_node, prompts, pool_tokens=512)
+    node = make_node(nic=True, pool_tokens=16 * 8, preemption=preemption)  # 16 blocks; each needs 7
+    results = together(node, prompts, policy="triggered", n=12)
+    assert [tokens for tokens, _, _ in results] == solo
+    snap = node.engine.snapshot()
+    assert snap["preemptions"].get(preemption, 0) > 0, snap
+    assert sum(record.preemptions for _, record, _ in results) == sum(snap["preemptions"].values())
+
+
+def test_never_fits_and_a_full_queue_get_their_status(make_node):
+    node = make_node(pool_tokens=64, queue_bound=2)  # 8 blocks of 8 tokens
+    with pytest.raises(grpc.RpcError) as err:
+        run_turn(node, list(range(100, 160)), "big", n=16)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "need 10 blocks" in err.value.details() and "the pool has 8" in err.value.details()
+    assert run_turn(node, list(range(100, 110)), "ok", n=4)[1].tokens_out == 4  # still serving
+
+
+def test_the_pool_is_the_region_and_its_blocks_are_contiguous(make_node):
+    node = make_node()
+    pool, L = node.pool, node.pool.layout
+    assert pool.kv.shape == (L.num_blocks, L.num_layers, 2, L.num_kv_heads, L.block_tokens, L.head_dim)
+    block = 3
+    pool.kv[block].fill_(1.5)
+    offset, length = L.block_range(block)
+    assert length == L.block_bytes and np.all(np.frombuffer(pool.region.view(offset, length), np.float32) == 1.5)
+    assert pool.kv[block].data_ptr() == pool.kv.data_ptr() + offset
