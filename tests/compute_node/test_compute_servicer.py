@@ -4,7 +4,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2
+from kvtb_proto import compute_pb2, compute_pb2_grpc
 from tests.conftest import secure_channel
 
 
@@ -39,8 +39,8 @@ def test_a_resident_follow_up_prefills_only_its_new_tokens(make_node):
     assert list(rec.output_token_ids) == tokens and rec.ttft_ms > 0
     follow = ids + tokens + list(range(600, 605))
     tokens2, rec2 = _turn(stub, follow, n=10)
-    assert rec2.kv_source == "resident" and rec2.tokens_reused == 30 + len(tokens) - 1
-    assert rec2.tokens_prefilled == 6
+    assert rec2.kv_source == "resident" and rec2.tokens_reused == (30 + len(tokens) - 1) // 8 * 8  # full blocks
+    assert rec2.tokens_prefilled == len(follow) - rec2.tokens_reused
     _, again = _turn(stub, follow, n=10, policy="recompute")
     assert again.kv_source == "recomputed" and list(again.output_token_ids) == tokens2
     stats = stub.Stats(compute_pb2.ComputeStatsRequest())
@@ -60,9 +60,8 @@ def test_bad_input_gets_a_clear_status_and_the_node_goes_on(make_node):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown policy" in msg
     code, msg = _code(lambda: _turn(stub, [1, 2], policy="triggered"))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "agent" in msg
-    bad = smartnic_pb2.RestoreInfo(slot=9, completion_counter=1)
-    code, msg = _code(lambda: _turn(stub, [1, 2], restore=bad, has_restore=True))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "restore.slot 9" in msg
+    code, msg = _code(lambda: _turn(stub, [1, 2], stored_tokens=3))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "stored_tokens (3)" in msg
     code, msg = _code(lambda: stub.Decode(compute_pb2.DecodeRequest(token_ids=[49152])))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     code, msg = _code(lambda: stub.EncodeChat(compute_pb2.EncodeChatRequest(
@@ -71,11 +70,11 @@ def test_bad_input_gets_a_clear_status_and_the_node_goes_on(make_node):
     tokens, rec = _turn(stub, [1, 2, 3])
     assert rec.tokens_out == len(tokens) > 0
     info = stub.Info(compute_pb2.InfoRequest())
-    assert info.num_slots == 4 and info.chunk_tokens == 8 and info.vocab_size == 49152
+    assert info.num_blocks == 64 and info.block_tokens == 8 and info.vocab_size == 49152
     assert info.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4 and "resident" in info.policies
 
 
-def test_sampling_and_lease_values_are_checked_before_torch(make_node):
+def test_sampling_values_are_checked_before_torch(make_node):
     stub = _stub(make_node())
     nan, inf = float("nan"), float("inf")
     for sampling in (compute_pb2.Sampling(temperature=nan), compute_pb2.Sampling(temperature=inf),
@@ -86,41 +85,24 @@ def test_sampling_and_lease_values_are_checked_before_torch(make_node):
     # overflowing logits / temperature: sampled at the smallest safe temperature, not NaN
     tokens, rec = _turn(stub, [1, 2, 3], sampling=compute_pb2.Sampling(temperature=1e-300, seed=2**64 - 1))
     assert rec.tokens_out == len(tokens) > 0
-    for lease_s in (nan, inf, -1.0, 1e9):
-        code, msg = _code(lambda lease_s=lease_s: stub.ReserveSlot(compute_pb2.ReserveSlotRequest(
-            user_id="u", context_id="c-lease", lease_s=lease_s)))
-        assert code == grpc.StatusCode.INVALID_ARGUMENT and "lease_s" in msg
-    assert stub.ReserveSlot(compute_pb2.ReserveSlotRequest(user_id="u", context_id="c-lease",
-                                                           lease_s=1.0)).reserved
 
 
 def test_past_the_queue_bound_a_turn_gets_resource_exhausted(make_node):
-    node = make_node(num_slots=1, queue_bound=1)
+    node = make_node(max_num_seqs=1, max_num_batched_tokens=8, queue_bound=1)
     stub = _stub(node)
-    held = stub.ReserveSlot(compute_pb2.ReserveSlotRequest(user_id="u", context_id="x", lease_s=60))
-    assert held.reserved and held.slot == 0
+    running = stub.Generate(compute_pb2.TurnRequest(user_id="u", context_id="x", token_ids=[1, 2],
+                                                    max_new_tokens=200, ignore_eos=True))
+    next(running)  # it runs: the batch of one is full
     waiting = stub.Generate(compute_pb2.TurnRequest(user_id="u", context_id="y", token_ids=[1, 2]))
     import time
     deadline = time.monotonic() + 5
-    while stub.Stats(compute_pb2.ComputeStatsRequest()).queue_length < 1:
+    while stub.Stats(compute_pb2.ComputeStatsRequest()).num_requests_waiting < 1:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     code, msg = _code(lambda: _turn(stub, [1, 2], ctx="z"))
-    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue_bound 1" in msg
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue_bound" in msg
     waiting.cancel()
-
-
-def test_a_restore_that_never_completes_falls_back_to_recompute_in_another_slot(make_node):
-    node = make_node(num_slots=2, restore_timeout_s=0.2)
-    stub = _stub(node)
-    got = stub.ReserveSlot(compute_pb2.ReserveSlotRequest(user_id="u", context_id="late", lease_s=60))
-    restore = smartnic_pb2.RestoreInfo(slot=got.slot, tokens_announced=16, chunks=2,
-                                       completion_counter=got.restore_counter,
-                                       threshold=got.restore_counter_value + 2)
-    tokens, rec = _turn(stub, list(range(700, 720)), ctx="late", restore=restore, has_restore=True)
-    assert rec.kv_source == "recomputed" and "not complete after 0.2 s" in rec.fallback_reason
-    assert rec.slot != got.slot and rec.tokens_prefilled == 20 and tokens
-    assert 7 in [s.step for s in rec.steps]
+    running.cancel()
 
 
 def test_only_the_agent_may_send_turns_to_the_node(make_node):

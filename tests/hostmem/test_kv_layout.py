@@ -1,71 +1,41 @@
-from __future__ import annotations
-
-import numpy as np
+"""The paged pool's layout: a block is one extent, a layer group one range inside it, counters per block."""
 import pytest
 
-from hostmem.kv_layout import KvLayout
-from hostmem.region import Region, RegionError
+from hostmem.kv_layout import COUNTER_BYTES, DESCRIPTOR_BYTES, PAGE_BYTES, KvLayout
 
-LAYOUT = KvLayout(num_slots=3, num_layers=2, num_kv_heads=3, max_tokens=16, head_dim=4, chunk_tokens=4)
-
-
-def test_ranges_match_the_shape_comment():
-    # kv: [slot, layer, K|V, kv_head, token, head_dim] as one numpy array over the same bytes
-    kv = np.arange(3 * 2 * 2 * 3 * 16 * 4, dtype=np.float32).reshape(3, 2, 2, 3, 16, 4)
-    raw = kv.tobytes()
-    ranges = LAYOUT.kv_ranges(slot=1, token_start=4, token_end=8)
-    assert len(ranges) == 2 * 2 * 3
-    gathered = b"".join(raw[o:o + n] for o, n in ranges)
-    assert gathered == np.ascontiguousarray(kv[1, :, :, :, 4:8, :]).tobytes()
+L = KvLayout(num_blocks=6, num_layers=5, num_kv_heads=3, block_tokens=4, head_dim=8, layer_groups=2)
 
 
-def test_parts_do_not_overlap_and_fit():
-    assert LAYOUT.token_ids_offset >= LAYOUT.num_slots * LAYOUT.slot_bytes
-    assert LAYOUT.counter_offset >= LAYOUT.token_ids_offset + 3 * 16 * 4
-    assert LAYOUT.region_bytes >= LAYOUT.counter_offset + LAYOUT.counter_count * 16
-    counters = {LAYOUT.token_counter(s) for s in range(3)} | {LAYOUT.restore_counter(s) for s in range(3)} \
-        | {LAYOUT.offload_counter(s) for s in range(3)}
-    assert len(counters) == 9
+def test_parts_follow_each_other_page_aligned_and_fit_the_region():
+    assert L.block_bytes == 5 * 2 * 3 * 4 * 8 * 4 == L.num_layers * L.layer_bytes
+    assert L.kv_bytes_per_token * L.block_tokens == L.block_bytes
+    assert L.token_ids_offset >= L.num_blocks * L.block_bytes and L.token_ids_offset % PAGE_BYTES == 0
+    assert L.descriptor_offset >= L.token_ids_offset + 6 * 4 * 4
+    assert L.counter_offset >= L.descriptor_offset + 6 * DESCRIPTOR_BYTES
+    assert L.region_bytes >= L.counter_offset + L.counter_count * COUNTER_BYTES
 
 
-def test_chunk_token_ranges_cut_the_last_chunk():
-    assert LAYOUT.chunk_tokens_range(0, 16) == (0, 4)
-    assert LAYOUT.chunk_tokens_range(2, 10) == (8, 10)
+def test_blocks_are_contiguous_and_layer_groups_split_them_in_order():
+    offset, length = L.block_range(2)
+    assert (offset, length) == (2 * L.block_bytes, L.block_bytes)
+    groups = [L.group_range(2, g) for g in range(2)]
+    assert groups[0][0] == offset and groups[0][0] + groups[0][1] == groups[1][0]
+    assert groups[1][0] + groups[1][1] == offset + length
+    assert [L.group_layers(g) for g in range(2)] == [(0, 2), (2, 5)] and L.group_of_layer(3) == 1
+
+
+def test_each_block_has_its_own_counters():
+    counters = {L.put_trigger(b) for b in range(6)} | {L.put_done(b) for b in range(6)}
+    counters |= {L.get_done(b, g) for b in range(6) for g in range(2)}
+    assert len(counters) == 6 * L.counters_per_block and max(counters) < L.extra_counter(0)
     with pytest.raises(ValueError):
-        LAYOUT.chunk_tokens_range(3, 10)
-
-
-@pytest.mark.parametrize("call", [
-    lambda: LAYOUT.kv_ranges(3, 0, 1), lambda: LAYOUT.kv_ranges(0, 5, 17), lambda: LAYOUT.token_counter(-1),
-])
-def test_out_of_range_is_an_error(call):
+        L.get_done(0, 2)
     with pytest.raises(ValueError):
-        call()
+        L.block_range(6)
 
 
-def test_region_shared_between_owner_and_attacher(tmp_path):
-    name = f"kvtb-test-{id(tmp_path)}"
-    owner = Region.create(name, LAYOUT.region_bytes, LAYOUT.counter_offset, LAYOUT.counter_count)
-    try:
-        peer = Region.attach(name, LAYOUT.region_bytes, LAYOUT.counter_offset, LAYOUT.counter_count)
-        owner.write(100, b"hello")
-        assert bytes(peer.view(100, 5)) == b"hello"
-        owner.store_counter(2, 64)
-        peer.add_counter(2, error=1)
-        assert owner.read_counter(2) == (64, 1) and owner.counter_total(2) == 65
-        with pytest.raises(RegionError):
-            peer.view(LAYOUT.region_bytes - 2, 5)
-        with pytest.raises(RegionError):
-            peer.read_counter(LAYOUT.counter_count)
-        peer.close()
-    finally:
-        owner.close()
-    with pytest.raises(RegionError, match="does not exist"):
-        Region.attach(name, LAYOUT.region_bytes, LAYOUT.counter_offset, LAYOUT.counter_count)
-
-
-def test_kv_run_is_kv_ranges_as_one_run():
-    for start, end in ((0, 5), (3, 16), (16, 16)):
-        run = LAYOUT.kv_run(1, start, end)
-        assert [(run.first + i * run.stride, run.length) for i in range(run.count)] == \
-            LAYOUT.kv_ranges(1, start, end)
+def test_a_chunk_is_its_token_ids_then_its_whole_block():
+    runs = L.chunk_runs(1, 3)
+    assert [(r.first, r.length, r.count) for r in runs] == [(L.token_ids_range(1)[0], 12, 1),
+                                                           (L.block_range(1)[0], L.block_bytes, 1)]
+    assert L.chunk_payload_bytes(3) == 12 + L.block_bytes
