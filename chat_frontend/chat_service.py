@@ -121,7 +121,7 @@ class ChatService:
         log_request_id.set(request_id)  # this task serves this turn only
         timer = TurnTimer(self.settings.tenant_of(user), clock.start_ns)
         turn_request = compute_pb2.TurnRequest(
-            request_id=request_id, user_id=user, context_id=context_id,
+            request_id=request_id, user_id=user, context_id=context_id, tenant=self.settings.tenant_of(user),
             token_ids=[*history, *prompt_ids], max_new_tokens=max_new, sampling=request.sampling)
         logger.info("turn %s: user %s context %s turn %d, %d tokens", request_id, user, context_id,
                     (ctx.turns if ctx else 0) + 1, len(turn_request.token_ids))

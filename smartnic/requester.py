@@ -1,162 +1,156 @@
-"""The KV-cache requester's hashmap: (user, context) -> ordered chunk descriptors (pure).
+"""The KV-cache requester: stored blocks by content, and each context's blocks in order (pure).
 
-A chunk is published only once its PUT is durable, so whatever the map holds can be fetched.
-Each context has one owner: another user's lookup or publish is refused. A context being
-restored is leased and must not be evicted while its GETs are in flight.
+A block is named by its hash chain (hostmem.block_hash): its token ids, everything before it and
+the salt of its owner (tenant and user, or the tenant alone for a prefix marked shared), so equal
+prefixes of one owner are stored once and found whichever context stored them, and no owner can
+name another's blocks. A block is published only once its PUT is durable, so whatever the index
+holds can be fetched. A context (per user: the same context id of two users is two contexts)
+lists its blocks in order, for the match-action path (step 5) and the operator's views. A block
+being restored is leased and not evicted while its GET is in flight.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-from fabric.chunk_format import token_ids_hash
-
-
-class NotOwner(PermissionError):
-    """The context belongs to another user."""
+ContextKey = tuple[str, str]  # (user id, context id)
 
 
 @dataclasses.dataclass
-class Chunk:
-    """Where one chunk of a context lives and what it covers."""
+class StoredBlock:
+    """Where one stored block lives and what it holds."""
 
+    hash: bytes
+    parent: bytes
+    tenant: str
+    user_id: str            # whose context stored it
+    shared: bool            # named under the tenant's salt alone (a prefix the operator marked shared)
     chunk_index: int
-    token_start: int
-    token_end: int
+    token_count: int
     storage_node: str
     key: bytes
     length: int
     crc32c: int
-    token_ids_hash: bytes
+    generation: int = 0     # the version the PUT wrote; a GET refuses another one
     last_use: float = 0.0
+    leases: int = 0
+    contexts: int = 0       # contexts that list it
 
 
 @dataclasses.dataclass
 class Context:
-    """A context's chunks by index, its owner, its last use and its leases.
-
-    Invariant: bytes == the sum of its chunks' lengths; change chunks only through put() and
-    pop(), which keep it (a PUT completion reads it: summing the chunks there made a context
-    of n chunks cost O(n^2) to store)."""
+    """A context's blocks in chunk order (hashes; a missing one ends what can be restored)."""
 
     user_id: str
     context_id: str
-    chunks: dict[int, Chunk] = dataclasses.field(default_factory=dict)
+    tenant: str
+    hashes: list[bytes] = dataclasses.field(default_factory=list)
     last_use: float = 0.0
-    leases: int = 0
-    bytes: int = 0
-
-    def put(self, chunk: Chunk) -> Chunk | None:
-        """Add or replace the chunk at its index; the chunk it replaced."""
-        old = self.chunks.get(chunk.chunk_index)
-        self.chunks[chunk.chunk_index] = chunk
-        self.bytes += chunk.length - (old.length if old is not None else 0)
-        return old
-
-    def pop(self, chunk_index: int) -> Chunk:
-        """Remove and return the chunk at chunk_index (KeyError when absent)."""
-        chunk = self.chunks.pop(chunk_index)
-        self.bytes -= chunk.length
-        return chunk
-
-    def ordered(self) -> list[Chunk]:
-        return [self.chunks[i] for i in sorted(self.chunks)]
 
 
 class Requester:
-    """The hashmap. Not thread-safe: the agent serialises calls with its lock."""
+    """The index. Not thread-safe: the agent serialises calls with its lock."""
 
     def __init__(self):
-        self._contexts: dict[str, Context] = {}  # by context id: one owner per context id
+        self.blocks: dict[bytes, StoredBlock] = {}
+        self._contexts: dict[ContextKey, Context] = {}
 
     def __len__(self) -> int:
-        return len(self._contexts)
+        return len(self.blocks)
 
-    def owner(self, context_id: str) -> str | None:
-        ctx = self._contexts.get(context_id)
-        return ctx.user_id if ctx else None
+    def has(self, block_hash: bytes) -> bool:
+        return block_hash in self.blocks
 
-    def check_owner(self, user_id: str, context_id: str) -> None:
-        """Raise NotOwner when the context exists and belongs to someone else."""
-        owner = self.owner(context_id)
-        if owner is not None and owner != user_id:
-            raise NotOwner(f"context {context_id!r} belongs to another user")
+    def get(self, block_hash: bytes) -> StoredBlock | None:
+        return self.blocks.get(block_hash)
 
-    def get(self, user_id: str, context_id: str) -> Context | None:
-        self.check_owner(user_id, context_id)
-        return self._contexts.get(context_id)
+    def context(self, user_id: str, context_id: str) -> Context | None:
+        return self._contexts.get((user_id, context_id))
 
     def contexts(self, user_id: str = "") -> list[Context]:
         return [c for c in self._contexts.values() if not user_id or c.user_id == user_id]
 
-    def publish(self, user_id: str, context_id: str, chunk: Chunk, now: float) -> Chunk | None:
-        """Add or replace a chunk after its durable PUT; return the chunk it replaced."""
-        self.check_owner(user_id, context_id)
-        ctx = self._contexts.setdefault(context_id, Context(user_id, context_id))
-        chunk.last_use = now
+    def total_bytes(self) -> int:
+        return sum(b.length for b in self.blocks.values())
+
+    # -- publishing
+    def publish(self, block: StoredBlock, context_id: str, user_id: str, now: float) -> StoredBlock | None:
+        """Add (or replace) a block after its durable PUT and list it in the context; the block it replaced."""
+        block.last_use = now
+        old = self.blocks.get(block.hash)
+        if old is not None:
+            block.contexts, block.leases = old.contexts, old.leases
+        self.blocks[block.hash] = block
+        self._list(block, (user_id, context_id), now)
+        return old if old is not None and old.key != block.key else None
+
+    def _list(self, block: StoredBlock, key: ContextKey, now: float) -> None:
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            ctx = self._contexts[key] = Context(key[0], key[1], block.tenant)
         ctx.last_use = max(ctx.last_use, now)
-        return ctx.put(chunk)
+        hashes, i = ctx.hashes, block.chunk_index
+        if i < len(hashes) and hashes[i] == block.hash:
+            return
+        while len(hashes) < i:
+            hashes.append(b"")  # a gap until the missing block is published
+        if i < len(hashes):
+            self._unlist(hashes[i:])
+            del hashes[i:]
+        hashes.append(block.hash)
+        block.contexts += 1
 
-    def drop_chunk(self, user_id: str, context_id: str, chunk_index: int) -> Chunk | None:
-        """Forget one chunk (a corrupt or lost one); a prefix match stops at the gap."""
-        ctx = self._contexts.get(context_id)
-        if ctx is None or ctx.user_id != user_id or chunk_index not in ctx.chunks:
-            return None
-        dropped = ctx.pop(chunk_index)
-        if not ctx.chunks:
-            del self._contexts[context_id]
-        return dropped
+    def _unlist(self, hashes: Iterable[bytes]) -> None:
+        for h in hashes:
+            b = self.blocks.get(h)
+            if b is not None:
+                b.contexts = max(0, b.contexts - 1)
 
-    def remove(self, context_id: str) -> Context | None:
-        return self._contexts.pop(context_id, None)
+    # -- finding
+    def touch(self, hashes: Iterable[bytes], now: float) -> None:
+        for h in hashes:
+            b = self.blocks.get(h)
+            if b is not None:
+                b.last_use = now
 
-    def match_prefix(self, user_id: str, context_id: str, token_ids: Sequence[int],
-                     now: float) -> list[Chunk]:
-        """The leading chunks (0, 1, ...) whose token ids equal a prefix of token_ids."""
-        ctx = self.get(user_id, context_id)
+    def lease(self, hashes: Iterable[bytes]) -> None:
+        for h in hashes:
+            if h in self.blocks:
+                self.blocks[h].leases += 1
+
+    def release(self, hashes: Iterable[bytes]) -> None:
+        for h in hashes:
+            b = self.blocks.get(h)
+            if b is not None:
+                b.leases = max(0, b.leases - 1)
+
+    def leased(self, block_hash: bytes) -> bool:
+        b = self.blocks.get(block_hash)
+        return bool(b and b.leases)
+
+    # -- forgetting
+    def remove(self, block_hash: bytes) -> StoredBlock | None:
+        """Forget a block (evicted, lost or corrupt); contexts that list it end before it."""
+        return self.blocks.pop(block_hash, None)
+
+    def drop_context(self, user_id: str, context_id: str) -> list[StoredBlock]:
+        """Forget a context; return its blocks that no other context lists (to delete)."""
+        ctx = self._contexts.pop((user_id, context_id), None)
         if ctx is None:
             return []
-        matched, expected_start = [], 0
-        for chunk in ctx.ordered():
-            if chunk.token_start != expected_start or chunk.token_end > len(token_ids):
-                break
-            if token_ids_hash(list(token_ids[chunk.token_start:chunk.token_end])) != chunk.token_ids_hash:
-                break
-            matched.append(chunk)
-            expected_start = chunk.token_end
-        if matched:
-            ctx.last_use = now
-            for chunk in matched:
-                chunk.last_use = now
-        return matched
+        self._unlist(ctx.hashes)
+        orphans = [self.blocks.pop(h) for h in ctx.hashes if h in self.blocks and not self.blocks[h].contexts]
+        return orphans
 
-    def lease(self, context_id: str, count: int = 1) -> None:
-        ctx = self._contexts.get(context_id)
-        if ctx is not None:
-            ctx.leases += count
-
-    def release(self, context_id: str, count: int = 1) -> None:
-        ctx = self._contexts.get(context_id)
-        if ctx is not None:
-            ctx.leases = max(0, ctx.leases - count)
-
-    def leased(self, context_id: str) -> bool:
-        ctx = self._contexts.get(context_id)
-        return bool(ctx and ctx.leases)
-
-    def total_bytes(self) -> int:
-        return sum(c.bytes for c in self._contexts.values())
-
-    def rebuild(self, found: Iterable[tuple[str, str, Chunk]], now: float) -> int:
-        """Load (user, context, chunk) found on the storage nodes; the longer chunk wins a tie."""
+    # -- after a restart
+    def rebuild(self, found: Iterable[tuple[str, StoredBlock]], now: float) -> int:
+        """Load (context id, block) found on the storage nodes; a newer generation wins."""
         loaded = 0
-        for user_id, context_id, chunk in found:
-            ctx = self._contexts.setdefault(context_id, Context(user_id, context_id, last_use=now))
-            if ctx.user_id != user_id:
-                continue  # a key collision across users cannot happen with a keyed hash
-            old = ctx.chunks.get(chunk.chunk_index)
-            if old is None or chunk.token_end > old.token_end:
-                chunk.last_use = now
-                ctx.put(chunk)
-                loaded += old is None
+        for context_id, block in found:
+            old = self.blocks.get(block.hash)
+            if old is not None and old.generation >= block.generation:
+                self._list(old, (block.user_id, context_id), now)
+                continue
+            self.publish(block, context_id, block.user_id, now)
+            loaded += old is None
         return loaded

@@ -1,83 +1,49 @@
-from __future__ import annotations
-
-import pytest
-
-from fabric.chunk_format import token_ids_hash
-from smartnic.requester import Chunk, NotOwner, Requester
-
-IDS = list(range(100, 200))
+"""The requester's index: blocks by content, contexts by (user, context id), leases, rebuild (pure)."""
+from smartnic.requester import Requester, StoredBlock
 
 
-def chunk(index, start, end, ids=IDS, node="s0"):
-    return Chunk(index, start, end, node, bytes([index]) * 16, 1000, 7, token_ids_hash(ids[start:end]))
+def block(h: bytes, index: int, parent: bytes = b"", user: str = "alice", generation: int = 1, key: bytes = b"") -> StoredBlock:
+    return StoredBlock(h, parent, "acme", user, False, index, 32, "s0", key or h, 1000, 0, generation)
 
 
-def test_prefix_match_in_chunk_order():
+def test_a_block_is_found_by_content_and_listed_in_its_context():
     r = Requester()
-    for i, (s, e) in enumerate([(0, 32), (32, 64), (64, 80)]):
-        r.publish("alice", "c1", chunk(i, s, e), now=1.0)
-    assert [c.chunk_index for c in r.match_prefix("alice", "c1", IDS, now=2.0)] == [0, 1, 2]
-    assert [c.chunk_index for c in r.match_prefix("alice", "c1", IDS[:70], now=2.0)] == [0, 1]
-    diverged = IDS[:40] + [0] * 60
-    assert [c.chunk_index for c in r.match_prefix("alice", "c1", diverged, now=2.0)] == [0]
-    assert r.get("alice", "c1").last_use == 2.0
+    r.publish(block(b"a", 0), "c1", "alice", now=1.0)
+    r.publish(block(b"b", 1, b"a"), "c1", "alice", now=2.0)
+    assert r.has(b"a") and r.get(b"b").parent == b"a"
+    assert r.context("alice", "c1").hashes == [b"a", b"b"]
+    assert r.context("bob", "c1") is None  # contexts are per user
 
 
-def test_gap_stops_the_prefix_and_partial_chunk_is_replaced():
+def test_two_contexts_with_one_prefix_share_its_block():
     r = Requester()
-    r.publish("alice", "c1", chunk(0, 0, 32), 1.0)
-    r.publish("alice", "c1", chunk(1, 32, 40), 1.0)
-    old = r.publish("alice", "c1", chunk(1, 32, 64), 2.0)
-    assert old.token_end == 40 and r.get("alice", "c1").chunks[1].token_end == 64
-    r.publish("alice", "c1", chunk(3, 96, 100), 2.0)
-    assert len(r.match_prefix("alice", "c1", IDS, 3.0)) == 2
-    r.drop_chunk("alice", "c1", 0)
-    assert r.match_prefix("alice", "c1", IDS, 3.0) == []
+    r.publish(block(b"a", 0), "c1", "alice", now=1.0)
+    r.publish(block(b"a", 0), "c2", "alice", now=2.0)
+    assert len(r) == 1 and r.get(b"a").contexts == 2
+    assert r.drop_context("alice", "c1") == []  # c2 still lists it
+    assert [b.hash for b in r.drop_context("alice", "c2")] == [b"a"] and not r.has(b"a")
 
 
-def test_another_users_context_is_refused():
+def test_a_diverging_turn_replaces_the_rest_of_the_chain():
     r = Requester()
-    r.publish("alice", "c1", chunk(0, 0, 32), 1.0)
-    with pytest.raises(NotOwner):
-        r.match_prefix("mallory", "c1", IDS, 2.0)
-    with pytest.raises(NotOwner):
-        r.publish("mallory", "c1", chunk(1, 32, 64), 2.0)
-    assert r.match_prefix("bob", "c2", IDS, 2.0) == []
+    for i, h in enumerate((b"a", b"b", b"c")):
+        r.publish(block(h, i, b"" if not i else b"abc"[i - 1:i]), "c1", "alice", now=1.0)
+    r.publish(block(b"x", 1, b"a"), "c1", "alice", now=2.0)
+    assert r.context("alice", "c1").hashes == [b"a", b"x"]
+    assert r.get(b"b").contexts == 0 and r.get(b"c").contexts == 0
 
 
-def test_leases_and_bytes_and_rebuild():
+def test_leases_and_removal():
     r = Requester()
-    r.publish("alice", "c1", chunk(0, 0, 32), 1.0)
-    r.lease("c1")
-    assert r.leased("c1")
-    r.release("c1")
-    assert not r.leased("c1") and r.total_bytes() == 1000
-    fresh = Requester()
-    loaded = fresh.rebuild([("alice", "c1", chunk(0, 0, 32)), ("alice", "c1", chunk(1, 32, 40)),
-                            ("alice", "c1", chunk(1, 32, 64)), ("bob", "c2", chunk(0, 0, 5))], now=5.0)
-    assert loaded == 3 and fresh.get("alice", "c1").chunks[1].token_end == 64
-    assert {c.context_id for c in fresh.contexts()} == {"c1", "c2"}
-    assert [c.context_id for c in fresh.contexts("bob")] == ["c2"]
+    r.publish(block(b"a", 0), "c1", "alice", now=1.0)
+    r.lease([b"a"])
+    assert r.leased(b"a")
+    r.release([b"a"])
+    assert not r.leased(b"a") and r.remove(b"a").hash == b"a" and not r.has(b"a")
 
 
-def test_a_contexts_bytes_follow_every_change_of_its_chunks():
-    def sized(index, length, tokens=32):
-        return Chunk(index, index * 32, index * 32 + tokens, "s0", bytes([index]) * 16, length, 7, b"")
-
-    def summed(ctx):
-        return sum(c.length for c in ctx.chunks.values())
-
+def test_rebuild_keeps_the_newest_generation():
     r = Requester()
-    for i, length in enumerate([100, 200, 300]):
-        r.publish("alice", "c1", sized(i, length), 1.0)
-    ctx = r.get("alice", "c1")
-    assert ctx.bytes == summed(ctx) == 600
-    r.publish("alice", "c1", sized(1, 250), 2.0)   # replaced by a longer one
-    assert ctx.bytes == summed(ctx) == 650
-    r.drop_chunk("alice", "c1", 0)
-    assert ctx.bytes == summed(ctx) == 550 and r.total_bytes() == 550
-    fresh = Requester()
-    found = [sized(0, 10, tokens=20), sized(0, 40), sized(1, 5)]  # chunk 0's longer copy wins
-    fresh.rebuild([("alice", "c1", c) for c in found], 5.0)
-    rebuilt = fresh.get("alice", "c1")
-    assert rebuilt.bytes == summed(rebuilt) == 45
+    loaded = r.rebuild([("c1", block(b"a", 0, generation=2, key=b"k2")), ("c1", block(b"a", 0, generation=1, key=b"k1"))],
+                       now=5.0)
+    assert loaded == 1 and r.get(b"a").generation == 2 and r.context("alice", "c1").hashes == [b"a"]
