@@ -97,22 +97,24 @@ class Datapath:
                                                  ref.token_start, ref.token_end, kv_bytes, ids_hash, generation,
                                                  cf.MAC_BYTES if self.mac_key else 0))
         mac = cf.chunk_mac(self.mac_key, key, generation) if self.mac_key else None
-        if mac is not None:
+        if mac is not None:  # the MAC guards the bytes end to end: the node's crc32c serves its media alone
             mac.update(header)
-        payload, crc = dma.frames(mem, runs, _crc.crc32c(header), self.view_min_bytes, mac=mac)
-        trailer = mac.digest(cf.MAC_BYTES) if mac is not None else b""
-        frames = [header, *payload, trailer] if trailer else [header, *payload]
-        crc = _crc.extend(crc, trailer)
+            payload, crc = dma.frames(mem, runs, None, self.view_min_bytes, mac=mac)
+            trailer = mac.digest(cf.MAC_BYTES)
+            frames = [header, *payload, trailer]
+        else:
+            payload, crc = dma.frames(mem, runs, _crc.crc32c(header), self.view_min_bytes)
+            frames = [header, *payload]
         node = place(key, self.nodes.names, self.nodes.up())
         client = self.nodes.client(node) if node else None
         if client is None:
             return done(None, DataError("storage_unavailable", "no storage node is up"))
-        length = len(header) + ids_view.nbytes + kv_bytes + len(trailer)
-        chunk = Chunk(ref.chunk_index, ref.token_start, ref.token_end, node, key, length, crc, ids_hash,
+        length = len(header) + ids_view.nbytes + kv_bytes + (cf.MAC_BYTES if mac is not None else 0)
+        chunk = Chunk(ref.chunk_index, ref.token_start, ref.token_end, node, key, length, crc or 0, ids_hash,
                       generation)
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_STORE,
                                             namespace_id=self.nsid, key=key, value_length=length,
-                                            crc32c=crc, has_crc32c=True)
+                                            crc32c=crc or 0, has_crc32c=crc is not None)
         try:
             future = client.submit(capsule, frames)
         except Exception as exc:  # noqa: BLE001 - a closed client: report, never raise into the engine
@@ -126,7 +128,7 @@ class Datapath:
 
     def _put_done(self, future, node: str, chunk: Chunk, done) -> None:
         try:
-            future.result().raise_for_status()
+            chunk.crc32c = future.result().raise_for_status().response.crc32c  # as the node stored it
         except Exception as exc:  # noqa: BLE001 - every failure ends on the completion counter
             self.nodes.report_failure(node, exc)
             kind = "timeout" if isinstance(exc, TimeoutError) else "storage_status"

@@ -88,6 +88,8 @@ def test_a_mac_is_fed_every_byte_in_order_and_the_crc_may_be_left_out(engine, mo
         bufs, crc = dma.frames(MEM, todo, 0, view_min_bytes=1 << 20, engine=engine, mac=mac)
         assert b"".join(bytes(memoryview(b)) for b in bufs) == data and crc == crc32c(data)
         assert mac.digest() == hashlib.blake2b(data).digest()
+        bufs, crc = dma.frames(MEM, todo, None, view_min_bytes=1 << 20, engine=engine, mac=hashlib.blake2b())
+        assert crc is None and b"".join(bytes(memoryview(b)) for b in bufs) == data
         source = RNG.integers(0, 256, len(data), dtype=np.uint8).tobytes()
         mem, mac = MEM.copy(), hashlib.blake2b()
         assert dma.scatter(source, mem, todo, None, engine=engine, mac=mac) == (len(source), None)
