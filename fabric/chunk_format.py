@@ -1,17 +1,22 @@
 """The stored chunk: header + token ids + KV bytes + MAC (pure: no zmq, grpc or torch).
 
     value  = header | token_ids | kv | mac
-    header = fixed (little endian, see _FIXED) | user id utf-8 | context id utf-8 | crc32c u32
-      fixed: magic "KVTC", version u16 (2), header_len u16, chunk_index u32, token_start u32,
-             token_end u32, user_len u16, context_len u16, kv_bytes u64,
-             token_ids_hash [16]  (blake2b-128 of the token ids as uint32 LE),
-             generation u64 (the writer's version of this chunk), mac_bytes u8 (32, or 0 when
-             written with the KV MAC off), reserved u8
+    header = fixed (little endian, see _FIXED) | tenant | user id | context id (utf-8) | crc32c u32
+      fixed: magic "KVTC", version u16 (3), header_len u16, chunk_index u32, token_start u32,
+             token_end u32, tenant_len u16, user_len u16, context_len u16, kv_bytes u64,
+             name [16], parent [16], generation u64 (the writer's version of this chunk),
+             flags u8 (1: SHARED), mac_bytes u8 (32, or 0 when written with the KV MAC off)
     token_ids: [token_end - token_start] uint32 LE
-    kv:        the chunk's KvLayout.kv_ranges in order: [layer, K|V, kv_head, token, head_dim]
+    kv:        a block of the pool: [layer, K|V, kv_head, block_tokens, head_dim] (the whole extent,
+               one DMA; rows past token_end in a turn's partial last block are never read)
     mac:       [mac_bytes] keyed BLAKE3 (the deployment's kv-mac.key) over
                MAC_CONTEXT | storage key [16] | generation u64 | header | token_ids | kv
-    key = blake2b-128 keyed by the deployment's salt over (user, context, chunk index)
+
+A block (the agent's standing PUTs and GETs, the compute node's `cpu` policy) is named by its hash
+chain (hostmem.block_hash): `name` is that hash, `parent` the previous block's, and its owner is
+(tenant, user), or the tenant alone when SHARED; key = block_key(salt, name). A plain chunk (a
+one-off PUT of ranges of a region without a layout: tests, benchmarks) has the blake2b-128 of its
+token ids as its name and key = chunk_key(salt, user, context, chunk index).
 
 The header alone (at most MAX_HEADER_BYTES) says whose chunk it is and which tokens it
 covers, so the agent rebuilds its hashmap from partial Retrieves. The MAC is made where the
@@ -34,8 +39,9 @@ import blake3
 from kvtb import crc32c as _crc
 
 MAGIC = b"KVTC"
-VERSION = 2
-_FIXED = struct.Struct("<4sHHIIIHHQ16sQBB")
+VERSION = 3
+SHARED = 1
+_FIXED = struct.Struct("<4sHHIIIHHHQ16s16sQBB")
 MAC_BYTES = 32
 MAC_CONTEXT = b"kvtb chunk mac v2\0"
 # Threads one MAC update may use (BLAKE3 is a tree and can split a large update). One: measured side by
@@ -44,7 +50,7 @@ MAC_CONTEXT = b"kvtb chunk mac v2\0"
 MAC_THREADS = 1
 _CRC = struct.Struct("<I")
 MAX_ID_BYTES = 1024
-MAX_HEADER_BYTES = _FIXED.size + 2 * MAX_ID_BYTES + _CRC.size
+MAX_HEADER_BYTES = _FIXED.size + 3 * MAX_ID_BYTES + _CRC.size
 TOKEN_ID_BYTES = 4
 
 
@@ -62,9 +68,16 @@ class ChunkHeader:
     token_start: int
     token_end: int
     kv_bytes: int
-    token_ids_hash: bytes
+    token_ids_hash: bytes       # the chunk's name: a block's hash chain, a plain chunk's token ids hash
     generation: int = 0
     mac_bytes: int = MAC_BYTES  # the trailer's length: 0 for a chunk written with the KV MAC off
+    tenant: str = ""
+    parent: bytes = b""         # the previous block's name (b"" for block 0 and plain chunks)
+    shared: bool = False        # named under the tenant's salt alone
+
+    @property
+    def name(self) -> bytes:
+        return self.token_ids_hash
 
     @property
     def num_tokens(self) -> int:
@@ -101,43 +114,52 @@ def token_ids_hash(token_ids) -> bytes:
 
 def encode_header(header: ChunkHeader) -> bytes:
     """The header bytes, with their own crc32c at the end."""
-    user, context = header.user_id.encode(), header.context_id.encode()
-    if len(user) > MAX_ID_BYTES or len(context) > MAX_ID_BYTES:
-        raise ChunkFormatError(f"user or context id longer than {MAX_ID_BYTES} bytes")
+    tenant, user, context = header.tenant.encode(), header.user_id.encode(), header.context_id.encode()
+    if max(len(tenant), len(user), len(context)) > MAX_ID_BYTES:
+        raise ChunkFormatError(f"tenant, user or context id longer than {MAX_ID_BYTES} bytes")
+    if len(header.parent) not in (0, 16) or len(header.token_ids_hash) != 16:
+        raise ChunkFormatError("a chunk's name is 16 bytes and its parent 0 or 16")
     if not 0 <= header.token_start <= header.token_end:
         raise ChunkFormatError(f"bad token range [{header.token_start}, {header.token_end})")
     if header.mac_bytes not in (0, MAC_BYTES):
         raise ChunkFormatError(f"a MAC of {header.mac_bytes} bytes (0 or {MAC_BYTES})")
-    length = _FIXED.size + len(user) + len(context) + _CRC.size
-    body = _FIXED.pack(MAGIC, VERSION, length, header.chunk_index, header.token_start,
-                       header.token_end, len(user), len(context), header.kv_bytes,
-                       header.token_ids_hash, header.generation, header.mac_bytes, 0) + user + context
+    length = _FIXED.size + len(tenant) + len(user) + len(context) + _CRC.size
+    body = _FIXED.pack(MAGIC, VERSION, length, header.chunk_index, header.token_start, header.token_end,
+                       len(tenant), len(user), len(context), header.kv_bytes, header.token_ids_hash,
+                       header.parent.ljust(16, b"\0"), header.generation, SHARED if header.shared else 0,
+                       header.mac_bytes) + tenant + user + context
     return body + _CRC.pack(_crc.crc32c(body))
 
 
 def decode_header(data) -> tuple[ChunkHeader, int]:
     """(header, its length in bytes) from the leading bytes of a value."""
     data = memoryview(data).cast("B")
-    if data.nbytes >= 6 and bytes(data[:4]) == MAGIC and data[4] | data[5] << 8 == 1:
-        raise ChunkFormatError("a chunk of format version 1 carries no MAC: unauthenticated, not trusted")
+    if data.nbytes >= 6 and bytes(data[:4]) == MAGIC and data[4] | data[5] << 8 in (1, 2):
+        raise ChunkFormatError("a chunk of an older format version (no MAC, or no block name): not trusted")
     if data.nbytes < _FIXED.size:
         raise ChunkFormatError(f"value of {data.nbytes} bytes is shorter than a chunk header")
-    (magic, version, length, index, start, end, user_len, ctx_len, kv_bytes,
-     ids_hash, generation, mac_bytes, _) = _FIXED.unpack_from(data)
+    (magic, version, length, index, start, end, tenant_len, user_len, ctx_len, kv_bytes,
+     name, parent, generation, flags, mac_bytes) = _FIXED.unpack_from(data)
     if magic != MAGIC or version != VERSION:
         raise ChunkFormatError(f"not a chunk (magic {bytes(magic)!r}, version {version})")
-    if length != _FIXED.size + user_len + ctx_len + _CRC.size or data.nbytes < length:
+    if length != _FIXED.size + tenant_len + user_len + ctx_len + _CRC.size or data.nbytes < length:
         raise ChunkFormatError(f"header length {length} inconsistent or truncated")
     body = data[:length - _CRC.size]
     (crc,) = _CRC.unpack_from(data, length - _CRC.size)
     if _crc.crc32c(body) != crc:
         raise ChunkFormatError("header crc32c mismatch")
-    user = bytes(data[_FIXED.size:_FIXED.size + user_len]).decode()
-    context = bytes(data[_FIXED.size + user_len:_FIXED.size + user_len + ctx_len]).decode()
+    pos = _FIXED.size
+    try:
+        tenant, user, context = (bytes(data[a:b]).decode() for a, b in (
+            (pos, pos + tenant_len), (pos + tenant_len, pos + tenant_len + user_len),
+            (pos + tenant_len + user_len, pos + tenant_len + user_len + ctx_len)))
+    except UnicodeDecodeError as exc:
+        raise ChunkFormatError("chunk header ids are not utf-8") from exc
     if end < start or mac_bytes not in (0, MAC_BYTES):
         raise ChunkFormatError(f"bad token range [{start}, {end}) or MAC length {mac_bytes}")
-    return ChunkHeader(user, context, index, start, end, kv_bytes, bytes(ids_hash), generation,
-                       mac_bytes), length
+    parent = bytes(parent) if index and any(parent) else b""
+    return ChunkHeader(user, context, index, start, end, kv_bytes, bytes(name), generation, mac_bytes, tenant,
+                       parent, bool(flags & SHARED)), length
 
 
 def value_length(header: ChunkHeader, header_bytes: int) -> int:

@@ -1,9 +1,13 @@
-"""The SmartNIC agent: regions, triggered engine, requester, eviction and data path together.
+"""The SmartNIC agent: regions, triggered operations, requester, eviction and data path together.
 
-Invariants: a chunk is in the requester only after its Store was acknowledged (durable); a
-context with GETs in flight is leased and not evicted; a GET that fails drops its chunk
-from the requester and bumps its completion counter's error part.
-Thread-safety: `lock` guards the requester and the eviction policy; the engine, regions,
+Invariants: a block is in the requester only after its Store was acknowledged (durable); a block
+with a GET in flight is leased and not evicted; a GET that fails on a damaged, forged or stale
+block drops it from the requester (and deletes it); every GET into a pool block bumps that block's
+completion counters, the error part when it failed, so the compute node never waits past the
+GET's deadline. A block's standing PUT stores it only under the key its descriptor's owner and
+token ids name (a descriptor that is malformed, stale or names what the block does not hold is
+refused and counted).
+Thread-safety: `lock` guards the requester and the eviction policy; the watcher, registrations,
 statistics and data path have their own locks.
 """
 from __future__ import annotations
@@ -14,38 +18,46 @@ import threading
 import time
 from collections.abc import Sequence
 
+from fabric import chunk_format as cf
 from fabric.auth import FabricSecurity
-from kvtb.credentials import Credentials, resolve_dir
-from smartnic.datapath import ChunkRef, Datapath, read_headers
-from smartnic.watcher import DataWork, TriggerEngine
-from smartnic.eviction import make_policy
 from fabric.nodes import StorageNodes
-from smartnic import match_action as ma
+from hostmem import descriptor
+from hostmem.block_hash import block_hash, salt_for, stored_prefix
 from hostmem.region import RegionError
-from smartnic.registrations import Registrations, Registered
-from smartnic.requester import Chunk, Requester
+from kvtb.credentials import Credentials, resolve_dir
+from smartnic import match_action as ma
+from smartnic.datapath import ChunkRef, Datapath, DataError, read_headers
+from smartnic.eviction import make_policy
+from smartnic.registrations import Registered, Registrations
+from smartnic.requester import Requester, StoredBlock
 from smartnic.settings import SmartNicSettings
 from smartnic.stats import Stats
 from smartnic.triggered import Entry
+from smartnic.watcher import DataWork, TriggerEngine
 
 logger = logging.getLogger(__name__)
 
-# GET errors after which a chunk is deleted: damaged, forged, moved, or an older copy
+# GET errors after which a block is deleted: damaged, forged, moved, or an older copy
 CORRUPT = ("crc_mismatch", "bad_header", "length_mismatch", "mac_mismatch", "stale_generation")
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreBlock:
+    """One block of a restore the compute node asked for (on its Generate stream)."""
+
+    block: int          # the pool block it lands in
+    hash: bytes
+    token_count: int
+    chunk_index: int
+    shared: bool = False
 
 
 @dataclasses.dataclass
 class Restore:
-    """GETs of a context's leading chunks into a slot (steps 6 and 7)."""
+    """GETs of stored blocks into pool blocks (steps 6 and 7), as one restore event asked."""
 
     region_id: int
-    slot: int
-    context_id: str
-    chunks: int
-    tokens_announced: int
-    completion_counter: int
-    threshold: int
-    error_base: int
+    blocks: int
     bytes: int
     started_ns: int
     done_ns: int = 0
@@ -75,7 +87,8 @@ class Agent:
                                  settings.datapath_workers, settings.view_min_bytes,
                                  settings.get_pdu_bytes, mac_key)
         self.engine = TriggerEngine(self.regions, self.stats, self._handle_data, settings.queue_bound,
-                                    settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6)
+                                    settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6,
+                                    fire_block=self.block_put)
         self._stop = threading.Event()
         self._evictor = threading.Thread(target=self._eviction_loop, name="eviction", daemon=True)
 
@@ -98,16 +111,19 @@ class Agent:
         now = time.time()
         with self.lock:
             loaded = self.requester.rebuild(found, now)
-            for ctx in self.requester.contexts():
-                self.policy.touch(ctx.context_id, ctx.bytes, ctx.last_use)
-        logger.info("rebuilt %d chunks of %d found on %s", loaded, len(found), node)
+            for _, block in found:
+                if self.requester.has(block.hash):
+                    self.policy.touch(block.hash, self.requester.get(block.hash).length, now)
+        logger.info("rebuilt %d blocks of %d found on %s", loaded, len(found), node)
 
     # -- registration (step 1) and the registered regions
     def register(self, shm_name: str, size: int, access_key: str, counter_offset: int, counter_count: int,
                  layout_msg=None, owner: str = "", compute_address: str = "") -> Registered:
         """Map a compute node's region (fi_mr_reg); RegionError when it cannot be mapped."""
-        return self.regions.register(shm_name, size, access_key, counter_offset, counter_count, layout_msg,
-                                     owner, compute_address)
+        reg = self.regions.register(shm_name, size, access_key, counter_offset, counter_count, layout_msg,
+                                    owner, compute_address)
+        self.engine.wake()  # its standing PUTs are armed: the watcher polls them from now on
+        return reg
 
     def deregister(self, region_id: int, access_key: str) -> None:
         self.regions.get(region_id, access_key)
@@ -129,9 +145,6 @@ class Agent:
     # -- triggered operations (the deferred work queue)
     def queue_triggered(self, reg: Registered, works) -> list[int]:
         """Queue (trigger, threshold, work, completion) entries of one region, all or none."""
-        for _, _, work, _ in works:
-            if isinstance(work, DataWork):
-                self.check_owner(work.ref.user_id, work.ref.context_id)
         return self.engine.queue(reg, works)
 
     def cancel(self, reg: Registered, counter: int) -> int:
@@ -148,63 +161,160 @@ class Agent:
             errors.append(reg.errors.popleft())
         return errors
 
-    # -- data operations fired by the engine
+    # -- step 1's standing PUTs: a block that filled (fired by its trigger counter)
+    def block_put(self, reg: Registered, block: int, generation: int) -> None:
+        """Store a pool block as its descriptor says; PUT-done counter bumped either way."""
+        L = reg.layout
+        done = L.put_done(block)
+        try:
+            d = descriptor.decode(reg.region.view(*L.descriptor_range(block)), L.block_tokens)
+            if d.generation != generation:
+                raise descriptor.DescriptorError(f"descriptor generation {d.generation}, trigger {generation}")
+            ids = reg.region.view(*L.token_ids_range(block, d.token_count))
+            salt = salt_for(d.tenant, d.user, d.shared)
+            if block_hash(d.parent, ids, salt) != d.hash:
+                raise descriptor.DescriptorError("the descriptor's name is not the block's tokens under its owner")
+        except (descriptor.DescriptorError, RegionError, ValueError) as exc:
+            self.stats.inc_kind("errors", "descriptor_refused")
+            logger.warning("block %d of region %d: descriptor refused: %s", block, reg.region_id, exc)
+            return reg.add(done, error=1)
+        start = d.chunk_index * L.block_tokens
+        header = cf.ChunkHeader(d.user, d.context, d.chunk_index, start, start + d.token_count, 0, d.hash,
+                                tenant=d.tenant, parent=d.parent, shared=d.shared)
+        self.datapath.put(reg.region, header, cf.block_key(self.settings.salt, d.hash),
+                          L.chunk_runs(block, d.token_count),
+                          lambda stored, err: self._block_stored(reg, done, d.context, stored, err))
+
+    def _block_stored(self, reg: Registered, done: int, context_id: str, stored: StoredBlock | None,
+                      err: DataError | None) -> None:
+        if err is None:
+            self._publish(stored, context_id)
+            return reg.add(done, success=1)
+        self.stats.inc_kind("errors", err.kind)
+        reg.add(done, error=1)
+
+    def _publish(self, stored: StoredBlock, context_id: str) -> None:
+        now = time.time()
+        with self.lock:  # never submit to the fabric while holding it: submit may block
+            old = self.requester.publish(stored, context_id, stored.user_id, now)
+            self.policy.touch(stored.hash, stored.length, now)
+        if old is not None and old.storage_node != stored.storage_node:
+            self.datapath.delete(old)
+        self.stats.inc("bytes_put", stored.length)
+        self.stats.inc("chunks_put")
+
+    # -- one-off data operations of plain regions (QueueTriggered; tests and benchmarks)
     def _handle_data(self, reg: Registered, entry: Entry, done) -> None:
         work: DataWork = entry.op
+        ref = work.ref
         if work.kind == "put":
-            self.datapath.put(reg.region, work.ref, work.ranges, work.token_ids,
-                              lambda chunk, err: self._put_done(work, chunk, err, done), work.runs)
-            return
-        chunk = work.chunk
-        if chunk is None:
-            with self.lock:
-                ctx = self.requester.get(work.ref.user_id, work.ref.context_id)
-                chunk = ctx.chunks.get(work.ref.chunk_index) if ctx else None
-            if chunk is None:
-                return self._get_done(work, None, 0, "not_found", "no such chunk in the requester", done)
-        self.datapath.get(reg.region, work.ref, chunk, work.ranges, work.token_ids,
-                          lambda nbytes, err: self._get_done(work, chunk, nbytes, err and err.kind,
-                                                             str(err or ""), done), work.runs)
+            try:
+                ids = reg.region.view(*work.token_ids)
+            except (RegionError, ValueError) as exc:
+                return done("bounds", str(exc))
+            header = cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index, ref.token_start, ref.token_end,
+                                    0, cf.token_ids_hash(ids))
+            key = cf.chunk_key(self.settings.salt, ref.user_id, ref.context_id, ref.chunk_index)
+            return self.datapath.put(reg.region, header, key, work.runs,
+                                     lambda stored, err: self._plain_stored(ref, stored, err, done))
+        with self.lock:
+            ctx = self.requester.context(ref.user_id, ref.context_id)
+            name = ctx.hashes[ref.chunk_index] if ctx and ref.chunk_index < len(ctx.hashes) else None
+            stored = self.requester.get(name) if name else None
+        if stored is None:
+            return done("not_found", "no such chunk in the requester")
+        self.datapath.get(reg.region, stored, work.runs,
+                          lambda nbytes, err: self._got(stored, err, lambda kind, msg: done(kind, msg)))
 
-    def _put_done(self, work: DataWork, chunk: Chunk | None, err, done) -> None:
+    def _plain_stored(self, ref: ChunkRef, stored: StoredBlock | None, err: DataError | None, done) -> None:
         if err is not None:
             return done(err.kind, str(err))
-        now = time.time()
-        try:
-            with self.lock:  # never submit to the fabric while holding it: submit may block
-                old = self.requester.publish(work.ref.user_id, work.ref.context_id, chunk, now)
-                ctx = self.requester.get(work.ref.user_id, work.ref.context_id)
-                self.policy.touch(work.ref.context_id, ctx.bytes, now)
-        except PermissionError as exc:
-            self.datapath.delete(chunk)
-            return done("not_owner", str(exc))
-        if old is not None and old.storage_node != chunk.storage_node:
-            self.datapath.delete(old)
-        self.stats.inc("bytes_put", chunk.length)
-        self.stats.inc("chunks_put")
+        self._publish(stored, ref.context_id)
         done(None, "")
 
-    def _get_done(self, work: DataWork, chunk: Chunk | None, nbytes: int, kind, message: str, done) -> None:
-        restore: Restore | None = work.tag if isinstance(work.tag, Restore) else None
-        if kind is not None and chunk is not None:
+    def _got(self, stored: StoredBlock, err: DataError | None, then) -> None:
+        """After a GET: count it, drop a block that proved damaged, forged or stale, then `then`."""
+        if err is not None:
             with self.lock:
-                dropped = self.requester.drop_chunk(work.ref.user_id, work.ref.context_id, chunk.chunk_index)
-                if self.requester.owner(work.ref.context_id) is None:
-                    self.policy.remove(work.ref.context_id)
-            if dropped:
-                self.stats.inc_kind("dropped_chunks", kind)
-                if kind in CORRUPT:  # garbage on the node; a timed-out chunk may come back on reconnect
+                dropped = self.requester.remove(stored.hash) if err.kind in CORRUPT or err.kind == "timeout" else None
+                self.policy.remove(stored.hash) if dropped is not None else None
+            if dropped is not None:
+                self.stats.inc_kind("dropped_chunks", err.kind)
+                if err.kind in CORRUPT:  # garbage on the node; a timed-out block may come back on reconnect
                     self.datapath.delete(dropped)
-        if kind is None and chunk is not None:
-            self.stats.inc("bytes_got", chunk.length)  # the value moved, as bytes_put counts it
-        if restore is not None:
+            return then(err.kind, str(err))
+        self.stats.inc("bytes_got", stored.length)  # the value moved, as bytes_put counts it
+        then(None, "")
+
+    # -- steps 5 to 7: lookups and restores
+    def stored_tokens(self, user_id: str, tenant: str, token_ids: Sequence[int]) -> int:
+        """Tokens of the prefix of token_ids whose blocks are stored under the user's salt (step 5)."""
+        now = time.time()
+        with self.lock:
+            tokens, names = stored_prefix(token_ids, salt_for(tenant, user_id), self._block_tokens(),
+                                          self.requester.has, len(token_ids) - 1)
+            self.requester.touch(names, now)
+            for name in names:
+                self.policy.touch(name, self.requester.get(name).length, now)
+        self.stats.inc("hits" if tokens else "misses")
+        self.stats.inc("lookup_requested_tokens", len(token_ids))
+        self.stats.inc("lookup_hit_tokens", tokens)
+        return tokens
+
+    def _block_tokens(self) -> int:
+        reg = self.regions.for_compute()
+        return reg.layout.block_tokens if reg is not None and reg.layout is not None else 32
+
+    def restore_blocks(self, reg: Registered, user_id: str, tenant: str, blocks: Sequence[RestoreBlock],
+                       layer_groups: int) -> Restore:
+        """GET each stored block into its pool block; each block's GET-done counters bumped once,
+        the error part for a block not stored under this user's (or, shared, tenant's) name."""
+        L = reg.layout
+        if L is None:
+            raise RegionError(f"region {reg.region_id} was registered without a kv_layout")
+        if layer_groups != L.layer_groups:
+            raise ValueError(f"the restore names {layer_groups} layer groups, the layout has {L.layer_groups}")
+        found: list[tuple[RestoreBlock, StoredBlock | None]] = []
+        with self.lock:
+            for b in blocks:
+                stored = self.requester.get(b.hash)
+                if stored is not None and (stored.tenant != tenant or stored.token_count != b.token_count
+                                           or stored.shared != b.shared
+                                           or (not stored.shared and stored.user_id != user_id)):
+                    stored = None  # not this user's block: as good as missing
+                found.append((b, stored))
+            self.requester.lease(s.hash for _, s in found if s is not None)
+        restore = Restore(reg.region_id, len(blocks), sum(s.length for _, s in found if s), time.time_ns(),
+                          _left=len(blocks))
+        for b, stored in found:
+            L._check_block(b.block)
+            counters = [L.get_done(b.block, g) for g in range(L.layer_groups)]
+            if stored is None:
+                self._restored(reg, restore, counters, None, DataError("not_found", "no such block stored"))
+                continue
+            self.datapath.get(reg.region, stored, L.chunk_runs(b.block, b.token_count),
+                              lambda nbytes, err, s=stored, c=counters: self._restored(reg, restore, c, s, err))
+        return restore
+
+    def _restored(self, reg: Registered, restore: Restore, counters: list[int], stored: StoredBlock | None,
+                  err: DataError | None) -> None:
+        def bump(kind, message) -> None:
+            for counter in counters:
+                reg.add(counter, success=int(kind is None), error=int(kind is not None))
             with self.lock:
-                self.requester.release(restore.context_id)
                 restore._left -= 1
                 restore.failed += kind is not None
                 if restore._left == 0:
                     restore.done_ns = time.time_ns()
-        done(kind, message)
+
+        if stored is None:
+            self.stats.inc_kind("errors", err.kind)
+            return bump(err.kind, str(err))
+        with self.lock:
+            self.requester.release([stored.hash])
+        if err is not None:
+            self.stats.inc_kind("errors", err.kind)
+        self._got(stored, err, bump)
 
     # -- match-action
     def table(self, name: str = "") -> ma.Table:
@@ -239,86 +349,51 @@ class Agent:
         with self.lock:
             self.table(name).default = action
 
-    # -- requester
-    def lookup(self, user_id: str, context_id: str) -> list[Chunk]:
+    # -- the operator's views of the requester
+    def lookup(self, user_id: str, context_id: str) -> list[StoredBlock]:
+        """A context's stored blocks in order (up to the first missing one)."""
         with self.lock:
-            ctx = self.requester.get(user_id, context_id)
-            return ctx.ordered() if ctx else []
-
-    def check_owner(self, user_id: str, context_id: str) -> None:
-        with self.lock:
-            self.requester.check_owner(user_id, context_id)
-
-    def matching_chunks(self, user_id: str, context_id: str, token_ids: Sequence[int]) -> list[Chunk]:
-        with self.lock:
-            return self.requester.match_prefix(user_id, context_id, token_ids, time.time())
-
-    def restore(self, reg: Registered, user_id: str, context_id: str, slot: int,
-                token_ids: Sequence[int]) -> Restore:
-        """Queue GETs (due at once) of the chunks covering a prefix of token_ids into `slot`."""
-        if reg.layout is None:
-            raise RegionError(f"region {reg.region_id} was registered without a kv_layout")
-        layout = reg.layout
-        counter = layout.restore_counter(slot)
-        now = time.time()
-        with self.lock:
-            chunks = self.requester.match_prefix(user_id, context_id, token_ids, now)
-            if chunks and chunks[-1].token_end > layout.max_tokens:
-                chunks = [c for c in chunks if c.token_end <= layout.max_tokens]
-            success, error = reg.region.read_counter(counter)
-            restore = Restore(reg.region_id, slot, context_id, len(chunks),
-                              chunks[-1].token_end if chunks else 0, counter, success + error + len(chunks),
-                              error, sum(c.length for c in chunks), time.time_ns(), _left=len(chunks))
-            if chunks:
-                self.requester.lease(context_id, len(chunks))
-                ctx = self.requester.get(user_id, context_id)
-                self.policy.touch(context_id, ctx.bytes, now)
-        self.stats.inc("hits" if chunks else "misses")
-        self.stats.inc("lookup_requested_tokens", len(token_ids))
-        self.stats.inc("lookup_hit_tokens", restore.tokens_announced)
-        if not chunks:
-            restore.done_ns = restore.started_ns
-            return restore
-        works = [(counter, 0, _restore_get(layout, slot, ChunkRef(user_id, context_id, c.chunk_index,
-                                                                    c.token_start, c.token_end), c, restore),
-                  counter) for c in chunks]
-        try:
-            self.engine.queue(reg, works)
-        except Exception:
-            with self.lock:
-                self.requester.release(context_id, len(chunks))
-            raise
-        return restore
+            ctx = self.requester.context(user_id, context_id)
+            out = []
+            for name in ctx.hashes if ctx else []:
+                block = self.requester.get(name)
+                if block is None:
+                    break
+                out.append(block)
+            return out
 
     def list_contexts(self, user_id: str = "") -> list[tuple[str, str]]:
-        """(user, context) of the contexts with stored chunks ("" user: all)."""
+        """(user, context) of the contexts with stored blocks ("" user: all)."""
         with self.lock:
             return [(c.user_id, c.context_id) for c in self.requester.contexts(user_id)]
 
     def drop_context(self, user_id: str, context_id: str, reason: str = "dropped") -> int:
+        """Forget a context and delete its blocks that no other context lists; how many."""
         with self.lock:
-            self.requester.check_owner(user_id, context_id)
-            ctx = self.requester.remove(context_id)
-            self.policy.remove(context_id)
-        return self._delete(ctx, reason)
+            orphans = self.requester.drop_context(user_id, context_id)
+            for block in orphans:
+                self.policy.remove(block.hash)
+        return self._delete(orphans, reason)
 
-    def _delete(self, ctx, reason: str) -> int:
-        if ctx is None:
-            return 0
-        for chunk in ctx.chunks.values():
-            self.datapath.delete(chunk)
-        self.stats.inc_kind("evictions", reason)
-        logger.info("evicted context %s of %s (%s): %d chunks", ctx.context_id, ctx.user_id, reason,
-                    len(ctx.chunks))
-        return len(ctx.chunks)
+    def _delete(self, blocks: Sequence[StoredBlock], reason: str) -> int:
+        for block in blocks:
+            self.datapath.delete(block)
+        if blocks:
+            self.stats.inc_kind("evictions", reason, len(blocks))
+            logger.info("deleted %d blocks (%s)", len(blocks), reason)
+        return len(blocks)
 
     # -- eviction
     def evict(self, now: float) -> int:
-        """Run the policy once; delete the victims' chunks and hashmap entries."""
+        """Run the policy once over the stored blocks; delete the victims."""
         with self.lock:
             victims = self.policy.victims(now, self.requester.leased)
-            removed = [(self.requester.remove(key), reason) for key, reason in victims]
-        return sum(self._delete(ctx, reason) for ctx, reason in removed)
+            removed = [(self.requester.remove(name), reason) for name, reason in victims]
+        by_reason: dict[str, list[StoredBlock]] = {}
+        for block, reason in removed:
+            if block is not None:
+                by_reason.setdefault(reason, []).append(block)
+        return sum(self._delete(blocks, reason) for reason, blocks in by_reason.items())
 
     def _eviction_loop(self) -> None:
         while not self._stop.wait(self.settings.eviction_interval_s):
@@ -332,19 +407,12 @@ class Agent:
         counts, by_kind = self.stats.snapshot()
         p50, p99 = self.stats.percentiles()
         with self.lock:
-            contexts = self.requester.contexts()
-            by_node: dict[str, int] = {}
-            for ctx in contexts:
-                for c in ctx.chunks.values():
-                    by_node[c.storage_node] = by_node.get(c.storage_node, 0) + c.length
+            blocks = list(self.requester.blocks.values())
+            contexts = len(self.requester.contexts())
+        by_node: dict[str, int] = {}
+        for b in blocks:
+            by_node[b.storage_node] = by_node.get(b.storage_node, 0) + b.length
         return {**counts, "evictions_by_reason": by_kind.get("evictions", {}),
                 "errors_by_kind": by_kind.get("errors", {}), "p50": p50, "p99": p99,
-                "queue_depth": self.engine.depth, "contexts": len(contexts),
-                "chunks": sum(len(c.chunks) for c in contexts), "bytes_by_storage_node": by_node,
-                "bytes_stored": sum(by_node.values())}
-
-
-def _restore_get(layout, slot: int, ref: ChunkRef, chunk: Chunk, restore: Restore) -> DataWork:
-    """The GET of one chunk into a slot, its targets the runs the layout makes of it."""
-    ids = layout.token_ids_range(slot, ref.token_start, ref.token_end)
-    return DataWork("get", ref, (), ids, chunk, restore, layout.chunk_runs(slot, ref.token_start, ref.token_end))
+                "queue_depth": self.engine.depth, "contexts": contexts, "chunks": len(blocks),
+                "bytes_by_storage_node": by_node, "bytes_stored": sum(by_node.values())}

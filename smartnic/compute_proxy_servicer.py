@@ -24,8 +24,7 @@ from kvtb.rpc import channel as channel_to
 from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc
 from smartnic import ingress
-from smartnic.agent import Agent, Restore
-from smartnic.smartnic_servicer import restore_info
+from smartnic.agent import Agent, Restore, RestoreBlock
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +84,8 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
     def _generate(self, request, context):
         arrival_ns = time.time_ns()
         try:
-            plan = ingress.plan(self.agent, self._packet(request, context), request.token_ids,
-                                lambda address: self._reserve(address, request),
-                                may_prefetch=not request.has_restore)
+            plan = ingress.plan(self.agent, self._packet(request, context), request.tenant or "default",
+                                request.token_ids)
         except ingress.Refused as exc:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.kind == "rate_limited" else grpc.StatusCode.PERMISSION_DENIED
             context.abort(code, str(exc))
@@ -96,43 +94,37 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         forwarded = compute_pb2.TurnRequest()
         forwarded.CopyFrom(request)
-        restore = plan.restore
-        if restore is not None:
-            forwarded.restore.CopyFrom(restore_info(restore))
-            forwarded.has_restore = True
-        chunks, nbytes = (restore.chunks, restore.bytes) if restore else (0, 0)
-        logger.info("turn of %s/%s to %s: %s, %d chunks prefetched (%d bytes)", request.user_id,
-                    request.context_id, plan.compute_address, plan.action.type, chunks, nbytes,
-                    extra={"event": "turn", "user_id": request.user_id, "context_id": request.context_id,
-                           "bytes": nbytes})
+        forwarded.stored_tokens = plan.stored_tokens
+        logger.info("turn of %s/%s to %s: %s, %d tokens of its prefix stored", request.user_id,
+                    request.context_id, plan.compute_address, plan.action.type, plan.stored_tokens,
+                    extra={"event": "turn", "user_id": request.user_id, "context_id": request.context_id})
         call = self._stub(plan.compute_address).Generate(forwarded)
         context.add_callback(call.cancel)
+        restores: list[Restore] = []
         try:
             for event in call:
+                if event.HasField("restore"):  # step 6: the compute node allocated the blocks
+                    restores.append(self._restore(plan, request, event.restore))
+                    continue
                 if event.HasField("record"):
-                    self._add_steps(event.record, arrival_ns, plan.decided_ns, restore)
+                    self._add_steps(event.record, arrival_ns, plan.decided_ns, restores)
                 yield event
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED or context.is_active():
                 relay(context, exc, plan.compute_address)
 
-    def _reserve(self, address: str, request) -> ingress.Reservation | None:
-        """The compute node's ReserveSlot for the prefetch; None when it has no slot for it now."""
-        try:
-            slot = self._stub(address).ReserveSlot(compute_pb2.ReserveSlotRequest(
-                request_id=request.request_id, user_id=request.user_id, context_id=request.context_id,
-                lease_s=self.agent.settings.prefetch_lease_s), timeout=5.0)
-        except grpc.RpcError as exc:
-            logger.warning("ReserveSlot failed (%s): forwarding without prefetch", exc.code())
-            return None
-        return ingress.Reservation(slot.slot, slot.region_id) if slot.reserved else None
+    def _restore(self, plan: ingress.Plan, request, event) -> Restore:
+        """GET the stored blocks the compute node asked for into the blocks it named."""
+        blocks = [RestoreBlock(b.block, b.hash, b.token_count, b.chunk_index, b.shared) for b in event.blocks]
+        return self.agent.restore_blocks(plan.registration, request.user_id, request.tenant or "default", blocks,
+                                         event.layer_groups)
 
     @staticmethod
-    def _add_steps(record, arrival_ns: int, matched_ns: int, restore: Restore | None) -> None:
+    def _add_steps(record, arrival_ns: int, matched_ns: int, restores: list[Restore]) -> None:
         record.steps.append(compute_pb2.Step(step=Step.LOOKUP, name=steps.name(Step.LOOKUP),
                                              start_unix_ns=arrival_ns, end_unix_ns=matched_ns,
                                              service="smartnic"))
-        if restore is not None and restore.chunks:
+        for restore in restores:
             record.steps.append(compute_pb2.Step(step=Step.GET, name=steps.name(Step.GET),
                                                  start_unix_ns=restore.started_ns,
                                                  end_unix_ns=restore.done_ns or time.time_ns(),
@@ -151,9 +143,6 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
             return getattr(self._stub(address), name)(request, timeout=timeout)
         except grpc.RpcError as exc:
             relay(context, exc, address)
-
-    def ReserveSlot(self, request, context):
-        return self._forward("ReserveSlot", request, context)
 
     def EncodeChat(self, request, context):
         return self._forward("EncodeChat", request, context)

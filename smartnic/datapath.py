@@ -19,6 +19,7 @@ goes to a small worker pool.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -32,7 +33,7 @@ from hostmem import dma, gather
 from fabric.nodes import StorageNodes
 from fabric.placement import place
 from hostmem.region import Region, RegionError
-from smartnic.requester import Chunk
+from smartnic.requester import StoredBlock
 from fabric.client import StorageStatusError
 
 logger = logging.getLogger(__name__)
@@ -72,46 +73,37 @@ class Datapath:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- PUT
-    def put(self, region: Region, ref: ChunkRef, ranges: Sequence[tuple[int, int]],
-            token_ids: tuple[int, int], done: Callable[[Chunk | None, DataError | None], None],
-            runs: Sequence[gather.Run] | None = None) -> None:
-        """Gather the chunk from the region now and Store it; done(chunk, None) once durable.
-
-        runs: gather.runs_of((token_ids, *ranges)), when the caller has it already.
-        """
+    def put(self, region: Region, header: cf.ChunkHeader, key: bytes, runs: Sequence[gather.Run],
+            done: Callable[[StoredBlock | None, DataError | None], None]) -> None:
+        """Gather the chunk (token ids, then KV: `runs` of the region) now and Store it under `key`
+        with `header` (its generation and MAC added here); done(block, None) once durable."""
         try:
             mem = _memory(region)
-            runs = runs if runs is not None else gather.runs_of((token_ids, *ranges))
             _check_span(region, runs)
-            ids_view = region.view(*token_ids)
         except (RegionError, ValueError, TypeError) as exc:  # out of bounds, or the region is closed
             return done(None, DataError("bounds", str(exc)))
-        if ids_view.nbytes != (ref.token_end - ref.token_start) * cf.TOKEN_ID_BYTES:
-            return done(None, DataError("bounds", f"token id range of {ids_view.nbytes} bytes does not "
-                                                  f"cover tokens [{ref.token_start}, {ref.token_end})"))
-        kv_bytes = sum(r.nbytes for r in runs) - ids_view.nbytes
-        ids_hash = cf.token_ids_hash(ids_view)
-        key = cf.chunk_key(self.salt, ref.user_id, ref.context_id, ref.chunk_index)
+        total = sum(r.nbytes for r in runs)
+        if total < header.token_ids_bytes:
+            return done(None, DataError("bounds", f"runs of {total} bytes cannot hold tokens "
+                                                  f"[{header.token_start}, {header.token_end})"))
         generation = self._next_generation()
-        header = cf.encode_header(cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index,
-                                                 ref.token_start, ref.token_end, kv_bytes, ids_hash, generation,
-                                                 cf.MAC_BYTES if self.mac_key else 0))
+        header = dataclasses.replace(header, kv_bytes=total - header.token_ids_bytes, generation=generation,
+                                     mac_bytes=cf.MAC_BYTES if self.mac_key else 0)
+        encoded = cf.encode_header(header)
         mac = cf.chunk_mac(self.mac_key, key, generation) if self.mac_key else None
         if mac is not None:  # the MAC guards the bytes end to end: the node's crc32c serves its media alone
-            mac.update(header)
+            mac.update(encoded)
             payload, crc = dma.frames(mem, runs, None, self.view_min_bytes, mac=mac)
-            trailer = mac.digest(cf.MAC_BYTES)
-            frames = [header, *payload, trailer]
+            frames = [encoded, *payload, mac.digest(cf.MAC_BYTES)]
         else:
-            payload, crc = dma.frames(mem, runs, _crc.crc32c(header), self.view_min_bytes)
-            frames = [header, *payload]
+            payload, crc = dma.frames(mem, runs, _crc.crc32c(encoded), self.view_min_bytes)
+            frames = [encoded, *payload]
         node = place(key, self.nodes.names, self.nodes.up())
         client = self.nodes.client(node) if node else None
         if client is None:
             return done(None, DataError("storage_unavailable", "no storage node is up"))
-        length = len(header) + ids_view.nbytes + kv_bytes + (cf.MAC_BYTES if mac is not None else 0)
-        chunk = Chunk(ref.chunk_index, ref.token_start, ref.token_end, node, key, length, crc or 0, ids_hash,
-                      generation)
+        length = cf.value_length(header, len(encoded))
+        block = stored_block(header, node, key, length, crc or 0)
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_STORE,
                                             namespace_id=self.nsid, key=key, value_length=length,
                                             crc32c=crc or 0, has_crc32c=crc is not None)
@@ -119,14 +111,14 @@ class Datapath:
             future = client.submit(capsule, frames)
         except Exception as exc:  # noqa: BLE001 - a closed client: report, never raise into the engine
             return done(None, DataError("storage_unavailable", str(exc)))
-        future.add_done_callback(lambda f: self._put_done(f, node, chunk, done))
+        future.add_done_callback(lambda f: self._put_done(f, node, block, done))
 
     def _next_generation(self) -> int:
         with self._generation_lock:
             self._generation = cf.next_generation(self._generation, time.time_ns())
             return self._generation
 
-    def _put_done(self, future, node: str, chunk: Chunk, done) -> None:
+    def _put_done(self, future, node: str, chunk: StoredBlock, done) -> None:
         try:
             chunk.crc32c = future.result().raise_for_status().response.crc32c  # as the node stored it
         except Exception as exc:  # noqa: BLE001 - every failure ends on the completion counter
@@ -136,14 +128,11 @@ class Datapath:
         done(chunk, None)
 
     # -- GET
-    def get(self, region: Region, ref: ChunkRef, chunk: Chunk, ranges: Sequence[tuple[int, int]],
-            token_ids: tuple[int, int], done: Callable[[int, DataError | None], None],
-            runs: Sequence[gather.Run] | None = None) -> None:
-        """Retrieve `chunk` and scatter it into the region; done(bytes, None) or done(0, error).
-
-        runs: gather.runs_of((token_ids, *ranges)), when the caller has it already. A GET not
-        answered within get_timeout_s ends with "timeout"; its answer, if it comes later, is dropped.
-        """
+    def get(self, region: Region, chunk: StoredBlock, runs: Sequence[gather.Run],
+            done: Callable[[int, DataError | None], None]) -> None:
+        """Retrieve `chunk` and scatter its token ids and KV into `runs` of the region; done(bytes,
+        None) or done(0, error). A GET not answered within get_timeout_s ends with "timeout"; its
+        answer, if it comes later, is dropped (nothing is written after the deadline)."""
         def finish(nbytes: int, error: DataError | None) -> None:
             try:
                 done(nbytes, error)
@@ -152,25 +141,24 @@ class Datapath:
 
         try:
             mem = _memory(region)  # held until the GET ends, as a DMA target stays pinned
-            targets = runs if runs is not None else gather.runs_of((token_ids, *ranges))
-            _check_span(region, targets)
+            _check_span(region, runs)
         except (RegionError, ValueError, TypeError) as exc:
             return finish(0, DataError("bounds", str(exc)))
         client = self.nodes.client(chunk.storage_node)
         if client is None:
             return finish(0, DataError("storage_unavailable", f"storage node {chunk.storage_node} is down"))
-        # The crc32c is checked here on arrival, end to end, so the node need not check it too.
+        # The MAC (or crc32c) is checked here on arrival, end to end, so the node need not check it too.
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE,
                                             namespace_id=self.nsid, key=chunk.key, skip_guard_check=True,
                                             data_pdu_bytes=self.get_pdu_bytes)
-        arrival = Arrival(ref, chunk, mem, targets, self.mac_key)
+        arrival = Arrival(chunk, mem, runs, self.mac_key)
         try:
             future = client.submit(capsule, timeout_s=self.get_timeout_s, on_data=arrival.take)
         except Exception as exc:  # noqa: BLE001
             return finish(0, DataError("storage_unavailable", str(exc)))
         future.add_done_callback(lambda f: self._get_done(f, chunk, arrival, finish))
 
-    def _get_done(self, future, chunk: Chunk, arrival: Arrival, finish) -> None:
+    def _get_done(self, future, chunk: StoredBlock, arrival: Arrival, finish) -> None:
         try:
             completion = future.result().raise_for_status()
         except Exception as exc:  # noqa: BLE001
@@ -186,11 +174,11 @@ class Datapath:
             finish(0, exc)
 
     # -- housekeeping
-    def delete(self, chunk: Chunk) -> None:
+    def delete(self, chunk: StoredBlock) -> None:
         """Delete a chunk on its node (best effort, asynchronous; never blocks the caller)."""
         self._pool.submit(self._delete, chunk)
 
-    def _delete(self, chunk: Chunk) -> None:
+    def _delete(self, chunk: StoredBlock) -> None:
         client = self.nodes.client(chunk.storage_node)
         if client is None:
             return
@@ -213,9 +201,8 @@ class Arrival:
     written. Pieces come on the fabric client's I/O thread, one at a time.
     """
 
-    def __init__(self, ref: ChunkRef, chunk: Chunk, mem, targets: Sequence[gather.Run],
-                 mac_key: bytes | None = None):
-        self.ref, self.chunk, self.mem, self.targets = ref, chunk, mem, targets
+    def __init__(self, chunk: StoredBlock, mem, targets: Sequence[gather.Run], mac_key: bytes | None = None):
+        self.chunk, self.mem, self.targets = chunk, mem, targets
         self.mac_key = mac_key
         self.received = 0          # bytes of the value taken so far
         self.header_bytes = -1     # known once the first piece came
@@ -245,7 +232,7 @@ class Arrival:
                                                f"after {self.received} of {self.chunk.length}")
         pos = offset
         if self.header_bytes < 0:  # offset 0: the piece starts with the header
-            header, head = _check_header(frames, self.ref, self.chunk, self.targets, self.mac_key is not None)
+            header, head = _check_header(frames, self.chunk, self.targets, self.mac_key is not None)
             self.header_bytes, self.crc, pos = len(head), _crc.crc32c(head), len(head)
             self.body_end = self.chunk.length - header.mac_bytes
             if self.mac_key is not None:
@@ -276,18 +263,20 @@ class Arrival:
         return self.body_end - self.header_bytes
 
 
-def _check_header(frames, ref: ChunkRef, chunk: Chunk, targets: Sequence[gather.Run],
+def _check_header(frames, chunk: StoredBlock, targets: Sequence[gather.Run],
                   mac: bool) -> tuple[cf.ChunkHeader, bytes]:
-    """(header, its bytes), once the header matches what was asked for, in the generation the
-    requester knows, carries a MAC when one is checked, and fits the ranges."""
+    """(header, its bytes), once the header names the block asked for (its name, owner and place
+    in the chain), in the generation the requester knows, carries a MAC when one is checked, and
+    fits the ranges."""
     try:
         leading = cf.leading_bytes(frames, cf.MAX_HEADER_BYTES)
         header, header_len = cf.decode_header(leading)
     except cf.ChunkFormatError as exc:
         raise DataError("bad_header", str(exc)) from exc
-    got = (header.user_id, header.context_id, header.chunk_index, header.token_start, header.token_end)
-    if got != tuple(ref):
-        raise DataError("bad_header", f"chunk header says {got}, expected {tuple(ref)}")
+    got = (header.name, header.chunk_index, header.num_tokens, header.tenant, header.user_id, header.shared)
+    want = (chunk.hash, chunk.chunk_index, chunk.token_count, chunk.tenant, chunk.user_id, chunk.shared)
+    if got != want:
+        raise DataError("bad_header", f"chunk header names {got[1:]}, expected {want[1:]} (another block)")
     if mac and header.mac_bytes != cf.MAC_BYTES:
         raise DataError("mac_mismatch", f"chunk {chunk.chunk_index} carries no MAC: unauthenticated")
     if header.generation != chunk.generation:
@@ -316,8 +305,15 @@ def _total(runs: Sequence[gather.Run]) -> int:
     return sum(r.nbytes for r in runs)
 
 
-def read_headers(client, nsid: int, node: str) -> list[tuple[str, str, Chunk]]:
-    """Every chunk on a node, from List and a partial Retrieve of each header (for rebuild)."""
+def stored_block(header: cf.ChunkHeader, node: str, key: bytes, length: int, crc32c: int) -> StoredBlock:
+    """The requester's record of a chunk with this header at (node, key)."""
+    return StoredBlock(header.name, header.parent, header.tenant, header.user_id, header.shared, header.chunk_index,
+                       header.num_tokens, node, key, length, crc32c, header.generation)
+
+
+def read_headers(client, nsid: int, node: str) -> list[tuple[str, StoredBlock]]:
+    """(context id, block) of every chunk on a node, from List and a partial Retrieve of each header
+    (for rebuild)."""
     found, start = [], b""
     while True:
         keys = client.list_keys(nsid, start_key=start, max_keys=1000)
@@ -328,10 +324,8 @@ def read_headers(client, nsid: int, node: str) -> list[tuple[str, str, Chunk]]:
             except (StorageStatusError, cf.ChunkFormatError) as exc:
                 logger.warning("skipping key %s on %s: %s", key.hex(), node, exc)
                 continue
-            found.append((header.user_id, header.context_id,
-                          Chunk(header.chunk_index, header.token_start, header.token_end, node, key,
-                                done.response.value_length, done.response.crc32c, header.token_ids_hash,
-                                header.generation)))
+            found.append((header.context_id, stored_block(header, node, key, done.response.value_length,
+                                                          done.response.crc32c)))
         if len(keys) < 1000:
             return found
         start = keys[-1]

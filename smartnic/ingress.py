@@ -1,22 +1,21 @@
 """Step 5: what the agent decides about a turn before it forwards it (no grpc here).
 
-A turn is matched in the "ingress" table on (user id, context id, the sender's 5-tuple); DENY and a
-rate limit past its budget refuse it; a context that belongs to another user is refused; the
-table's compute node (or the one that registered a region) is the target; unless the action is
-FORWARD, the context's stored chunks that cover a prefix of the turn's token ids are prefetched
-into a slot that the compute node reserves (the `reserve` callback is the transport's business:
-the servicer calls the compute node's ReserveSlot).
+A turn is matched in the "ingress" table on (user id, context id, the sender's 5-tuple); DENY and
+a rate limit past its budget refuse it; the table's compute node (or the one that registered a
+region) is the target; unless the action is FORWARD, the requester finds how much of the turn's
+prefix is stored under the user's salt, by content, whatever context stored it (the compute node
+then asks for those blocks on its stream, and the agent GETs them: step 6). Contexts are per user,
+so one user never reaches another's context or blocks.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from smartnic import match_action as ma
 from smartnic.registrations import Registered
-from smartnic.requester import NotOwner
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +23,7 @@ TCP = 6
 
 
 class Refused(Exception):
-    """The turn may not go on: kind is "denied" (table or owner check) or "rate_limited"."""
+    """The turn may not go on: kind is "denied" (the table) or "rate_limited"."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -51,41 +50,26 @@ class Packet:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass(frozen=True)
-class Reservation:
-    """A slot the compute node reserved for the prefetch, in the region it registered."""
-
-    slot: int
-    region_id: int
-
-
 @dataclasses.dataclass
 class Plan:
-    """Where the turn goes and what was started for it."""
+    """Where the turn goes and how much of its prefix is stored."""
 
     compute_address: str
+    registration: Registered | None
     action: ma.Action
     entry_id: int | None
-    restore: object = None   # agent.Restore when a prefetch was started
+    stored_tokens: int = 0
     decided_ns: int = 0
 
 
-Reserve = Callable[[str], "Reservation | None"]  # (compute address) -> a reserved slot
-
-
 def decide(agent, packet: Packet, now: float) -> tuple[ma.Decision, str, Registered | None]:
-    """Match the packet and check its owner: (decision, compute address, its region); raises Refused."""
+    """Match the packet: (decision, compute address, its region); raises Refused or NoComputeNode."""
     decision = agent.match(packet.fields(), now)
     if decision.action.type == ma.DENY:
         agent.stats.inc("denied")
         raise Refused("denied", f"denied by match-action entry {decision.entry_id}")
     if decision.over_limit:
         raise Refused("rate_limited", f"rate limit of match-action entry {decision.entry_id} exceeded")
-    try:
-        agent.check_owner(packet.user_id, packet.context_id)
-    except NotOwner as exc:
-        agent.stats.inc("denied")
-        raise Refused("denied", str(exc)) from exc
     address, reg = agent.compute_target(decision.action.compute_node)
     if not address:
         raise NoComputeNode("no compute node known: none registered a region with compute_address "
@@ -93,30 +77,12 @@ def decide(agent, packet: Packet, now: float) -> tuple[ma.Decision, str, Registe
     return decision, address, reg
 
 
-def plan(agent, packet: Packet, token_ids: Sequence[int], reserve: Reserve, may_prefetch: bool = True) -> Plan:
-    """Step 5 for one turn: decide, then start the prefetch when the action and the requester allow."""
+def plan(agent, packet: Packet, tenant: str, token_ids: Sequence[int]) -> Plan:
+    """Step 5 for one turn: decide, then look up the stored prefix when the action allows."""
     decision, address, reg = decide(agent, packet, time.monotonic())
-    restore = None
-    if decision.action.type != ma.FORWARD and may_prefetch and reg is not None:
-        restore = prefetch(agent, reg, address, packet, token_ids, reserve)
-    return Plan(address, decision.action, decision.entry_id, restore, time.time_ns())
-
-
-def prefetch(agent, reg: Registered, address: str, packet: Packet, token_ids: Sequence[int], reserve: Reserve):
-    """Reserve a slot and queue the GETs when the requester has a matching prefix; the Restore or None."""
-    if reg.layout is None:
-        return None
-    if not agent.matching_chunks(packet.user_id, packet.context_id, token_ids):
-        return None  # not a miss yet: the compute node may still ask for a Restore
-    reservation = reserve(address)
-    if reservation is None:
-        return None
-    try:
-        target = agent.registration(reservation.region_id) if reservation.region_id else reg
-        restore = agent.restore(target, packet.user_id, packet.context_id, reservation.slot, list(token_ids))
-    except Exception as exc:  # noqa: BLE001 - a full queue or a bad slot: the turn goes on without it
-        logger.warning("prefetch into slot %d failed (%s): forwarding without it", reservation.slot, exc)
-        return None
-    if restore.chunks:
-        agent.stats.inc("prefetches")
-    return restore
+    stored = 0
+    if decision.action.type != ma.FORWARD and reg is not None and reg.layout is not None:
+        stored = agent.stored_tokens(packet.user_id, tenant, token_ids)
+        if stored:
+            agent.stats.inc("prefetches")
+    return Plan(address, reg, decision.action, decision.entry_id, stored, time.time_ns())

@@ -14,6 +14,7 @@ import threading
 
 from hostmem.kv_layout import KvLayout
 from hostmem.layout_proto import layout_from_proto
+from smartnic.standing import StandingPuts
 from hostmem.region import Region, RegionError
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class Registered:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     errors: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=1024))
     closed: bool = False
+    standing: StandingPuts | None = None  # step 1: one standing PUT per block of a pool with a layout
 
     def add(self, counter: int, success: int = 0, error: int = 0) -> tuple[int, int]:
         with self.lock:
@@ -65,16 +67,19 @@ class Registrations:
         """Map the region; raise RegionError when it cannot be mapped or its layout is wrong."""
         if not access_key:
             raise RegionError("an access key is required")
-        layout = layout_from_proto(layout_msg, counter_count) if layout_msg is not None else None
-        if layout is not None and (layout.region_bytes > size or layout.counter_offset != counter_offset):
+        layout = layout_from_proto(layout_msg) if layout_msg is not None else None
+        if layout is not None and (layout.region_bytes > size or layout.counter_offset != counter_offset
+                                   or layout.counter_count != counter_count):
             raise RegionError(f"kv_layout needs {layout.region_bytes} bytes with counters at "
                               f"{layout.counter_offset}; got {size} bytes, counters at {counter_offset}")
         region = Region.attach(shm_name, size, counter_offset, counter_count)
+        standing = StandingPuts(layout, region.counters) if layout is not None else None  # armed: step 1
         with self._lock:
-            reg = Registered(next(self._ids), region, access_key, layout, owner, compute_address)
+            reg = Registered(next(self._ids), region, access_key, layout, owner, compute_address, standing=standing)
             self._regions[reg.region_id] = reg
-        logger.info("registered region %d: %s (%d bytes, %d counters) of %r", reg.region_id, shm_name,
-                    size, counter_count, owner)
+        logger.info("registered region %d: %s (%d bytes, %d counters) of %r%s", reg.region_id, shm_name,
+                    size, counter_count, owner,
+                    f"; armed {len(standing)} standing triggered PUTs, one per block" if standing else "")
         return reg
 
     def get(self, region_id: int, access_key: str | None = None) -> Registered:

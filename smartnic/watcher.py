@@ -71,8 +71,11 @@ class TriggerEngine:
     """Thread-safe: queue/cancel/flush from any thread; one watcher thread fires."""
 
     def __init__(self, regions: Registrations, stats: Stats, handle_data: Callable[[Registered, Entry, Done], None],
-                 bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 1e-3):
+                 bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 1e-3,
+                 fire_block: Callable[[Registered, int, int], None] | None = None):
         self.regions, self.stats, self.handle_data = regions, stats, handle_data
+        self.fire_block = fire_block  # a standing PUT fired: (registration, block, generation)
+        self.on_block_fire: list[Callable[[Registered, int, int, int], None]] = []  # (reg, block, gen, ns)
         self.spin_s, self.max_sleep_s = spin_s, max_sleep_s
         self._dwq = DeferredWorkQueue(bound)
         self._lock = threading.Lock()
@@ -84,6 +87,9 @@ class TriggerEngine:
 
     def start(self) -> None:
         self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -151,8 +157,8 @@ class TriggerEngine:
             if self._poll():
                 sleep, idle_since = 10e-6, None
                 continue
-            if self.depth == 0:
-                self._wake.wait()
+            if self.depth == 0 and not self._standing():
+                self._wake.wait(0.5)  # nothing armed; registration wakes it
                 self._wake.clear()
                 continue
             now = time.perf_counter()
@@ -165,8 +171,34 @@ class TriggerEngine:
             else:
                 sleep = min(sleep * 2, self.max_sleep_s)
 
+    def _standing(self) -> list[Registered]:
+        return [reg for reg in self.regions.all() if reg.standing is not None and not reg.closed]
+
+    def _poll_standing(self) -> int:
+        """Fire every standing PUT whose block's trigger moved (one vectorised read per pool)."""
+        fired = 0
+        for reg in self._standing():
+            try:
+                due = reg.standing.due()
+            except (TypeError, ValueError, IndexError):  # the region went away under us
+                continue
+            for block, generation in due:
+                seen_ns = time.monotonic_ns()
+                self.stats.inc("triggered_fired")
+                for hook in self.on_block_fire:
+                    hook(reg, block, generation, seen_ns)
+                try:
+                    self.fire_block(reg, block, generation)
+                except Exception:  # a bug must end on the counter, not kill the watcher
+                    logger.exception("firing the standing PUT of block %d failed", block)
+                    reg.add(reg.layout.put_done(block), error=1)
+                self.stats.latency((time.monotonic_ns() - seen_ns) / 1000)
+            fired += len(due)
+        return fired
+
     def _poll(self) -> int:
         due: list[tuple[Registered, Entry, int]] = []
+        fired = self._poll_standing() if self.fire_block is not None else 0
         with self._lock:
             now = time.monotonic_ns()
             for trigger in self._dwq.triggers():
@@ -184,7 +216,7 @@ class TriggerEngine:
                     self._seen.pop(trigger, None)
         for reg, entry, observed_ns in due:
             self._fire(reg, entry, observed_ns)
-        return len(due)
+        return len(due) + fired
 
     def _fire(self, reg: Registered, entry: Entry, observed_ns: int) -> None:
         fire_ns = time.monotonic_ns()

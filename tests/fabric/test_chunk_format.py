@@ -23,11 +23,20 @@ def test_header_round_trip_and_partial_read():
         cf.encode_header(header(mac_bytes=16))
 
 
-def test_a_version_1_chunk_is_refused_as_unauthenticated():
-    v1 = bytearray(cf.encode_header(header()))
-    v1[4:6] = (1).to_bytes(2, "little")
-    with pytest.raises(cf.ChunkFormatError, match="version 1 carries no MAC"):
-        cf.decode_header(v1)
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_chunk_is_refused_as_untrusted(version):
+    old = bytearray(cf.encode_header(header()))
+    old[4:6] = version.to_bytes(2, "little")
+    with pytest.raises(cf.ChunkFormatError, match="older format version"):
+        cf.decode_header(old)
+
+
+def test_a_block_header_names_its_owner_and_its_place_in_the_chain():
+    h = cf.ChunkHeader("alice", "ctx-1", 3, 96, 110, 4096, b"n" * 16, 9, cf.MAC_BYTES, "acme", b"p" * 16, True)
+    got, length = cf.decode_header(cf.encode_header(h))
+    assert got == h and got.name == b"n" * 16 and length == len(cf.encode_header(h))
+    first = cf.ChunkHeader("alice", "ctx-1", 0, 0, 32, 4096, b"n" * 16, 1, 0, "acme")
+    assert cf.decode_header(cf.encode_header(first))[0].parent == b""
 
 
 def test_the_mac_covers_key_generation_and_every_byte():
