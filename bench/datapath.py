@@ -7,7 +7,10 @@ for byte. It reuses `kvtb bench smartnic`'s transfer functions with chunk sizes 
 64 MiB; the raw limits (ZeroMQ tcp, pwrite+fsync, page-cache pread) are measured in the same
 run on the same disk, each moving as many distinct bytes as a transfer (`--total-mib`), taking
 turns with the transfer's rounds (see `bench.smartnic`). PUT limit = min(zmq, pwrite+fsync);
-GET limit = min(zmq, pread).
+GET limit = min(zmq, pread). Every size runs in each security mode side by side, in turns
+(`bench.smartnic.SECURITY`): the default (fabric authentication and the KV MAC), none, and CURVE
+encryption on top; `put_secure_vs_open` and `get_secure_vs_open` at 16 MiB say what the default
+costs (floor 0.75, goal 0.9).
 """
 from __future__ import annotations
 
@@ -59,9 +62,9 @@ def measure(args: argparse.Namespace, directory: Path, progress) -> list[dict]:
     """Per chunk size: the whole path beside the storage node alone and the raw limits."""
     most_chunks = max(max(2, (args.total_mib << 20) // size) for size in args.sizes)
     rows = []
-    with smartnic.agent_beside_storage(directory, max(512, most_chunks)) as (agent, fabric):
+    with smartnic.agents_beside_storage(directory, max(512, most_chunks)) as agents:
         for size in args.sizes:
-            rows.append(smartnic.transfer_beside_limits(agent, fabric, size, args.total_mib << 20,
+            rows.append(smartnic.transfer_beside_limits(agents, size, args.total_mib << 20,
                                                         args.rounds, args.budget_s, directory))
             progress.update(note=format_bytes(size))
     return rows
@@ -111,7 +114,9 @@ def run(args: argparse.Namespace) -> dict:
             result["ratios"][f"{op}_vs_limit_{size}"] = t[f"{op}_vs_limit"]
         if t["chunk_bytes"] == FLOOR_BYTES:
             result["ratios"] |= {f"{op}_vs_limit": t[f"{op}_vs_limit"] for op in ("put", "get")}
-    result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "get_vs_limit": FLOOR})
+    result["ratios"] |= smartnic.security_ratios(rows)
+    result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "get_vs_limit": FLOOR,
+                                                 **smartnic.SECURITY_FLOORS})
     result["plots"] = plots(plot(result, Path(args.out)))
     return result
 

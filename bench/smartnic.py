@@ -11,6 +11,12 @@ a round moves) measures one window; a transfer keeps its best round and a limit 
 and every round's rate is kept too. PUT limit = min(zmq, pwrite+fsync); GET limit = min(zmq,
 pread). Beside them, the storage node alone: the same values stored and retrieved by a bare
 fabric client (the `cpu` mode of `kvtb simulate --calibrate`).
+
+Security, side by side in the same run (`SECURITY`): each mode has its own storage node process
+and agent, and the modes' rounds take turns. "secure" is the default (fabric authentication and
+sealed capsules, and the KV MAC): the whole path's figures are its. "open" has both off;
+"curve" adds ZeroMQ CURVE encryption to "secure". Ratios `put_secure_vs_open` and
+`get_secure_vs_open` (at 16 MiB, floor SECURITY_FLOOR) say what the default security costs.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -38,10 +45,9 @@ from bench.results import (
     ratios_text,
     run_bench,
 )
-from bench.stack import start_storage
+from bench.stack import bench_client, start_storage
 from bench.stats import percentile
 from fabric import chunk_format as cf
-from fabric.client import FabricClient
 from hostmem.region import Region
 from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb_proto import nvmeof_pb2 as pb
@@ -56,6 +62,12 @@ RANGES_PER_CHUNK = 128  # one [layer, K|V, kv_head] row of the chunk's tokens ea
 TRIGGER, FIRED = 0, 1   # counters of the trigger-to-fire region
 PUT_TRIGGER, PUT_DONE, GET_DONE, GET_TRIGGER = 0, 1, 2, 3  # counters of a transfer's region
 FLOOR = 0.5
+# Each mode of the data path: the default security, none, and the encrypted option.
+SECURITY = {"secure": {"fabric_security": "auth", "kv_mac": True},
+            "open": {"fabric_security": "off", "kv_mac": False},
+            "curve": {"fabric_security": "curve", "kv_mac": True}}
+SECURITY_FLOOR = 0.75   # put/get_secure_vs_open at 16 MiB chunks (goal 0.9)
+SECURITY_BYTES = 16 << 20
 
 
 def strided_ranges(base: int, index: int, count: int, chunk_bytes: int,
@@ -86,13 +98,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def agent_beside_storage(directory: Path, queue_bound: int) -> Iterator[tuple[Agent, str]]:
-    """An agent in this process with one storage node process; yields (agent, the node's fabric address)."""
-    storage = start_storage(directory, "bench")
+def agent_beside_storage(directory: Path, queue_bound: int, security: str = "secure") -> Iterator[tuple[Agent, str]]:
+    """An agent in this process with one storage node process, both in one of the SECURITY modes;
+    yields (agent, the node's fabric address)."""
+    mode = SECURITY[security]
+    storage = start_storage(directory, f"bench-{security}", fabric_security=mode["fabric_security"])
     try:
         node = StorageNodeRef("bench", storage.addresses["admin"], storage.addresses["fabric"])
         agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,),
-                                       queue_bound=queue_bound, eviction_policy="timer"))
+                                       queue_bound=queue_bound, eviction_policy="timer", **mode))
         try:
             agent.start()
             yield agent, node.fabric_address
@@ -100,6 +114,14 @@ def agent_beside_storage(directory: Path, queue_bound: int) -> Iterator[tuple[Ag
             agent.close()
     finally:
         storage.stop()
+
+
+@contextlib.contextmanager
+def agents_beside_storage(directory: Path, queue_bound: int,
+                          modes=tuple(SECURITY)) -> Iterator[dict[str, tuple[Agent, str]]]:
+    """agent_beside_storage() for each security mode at once: {mode: (agent, fabric address)}."""
+    with contextlib.ExitStack() as stack:
+        yield {m: stack.enter_context(agent_beside_storage(directory, queue_bound, m)) for m in modes}
 
 
 def _wait(region: Region, counter: int, total: int, timeout_s: float = 120.0) -> None:
@@ -138,58 +160,101 @@ def trigger_latency(agent: Agent, samples: int) -> dict:
             "mean_us": float(np.mean(latencies)), "agent_observe_to_fire": {"p50_us": p50, "p99_us": p99}}
 
 
-def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
-             before_round: Callable[[], None] = lambda: None) -> dict:
-    """PUT then GET `total_bytes` in chunks of `chunk_bytes` through the engine, `rounds` times.
+class Transfer:
+    """One agent's rounds: PUT then GET `total_bytes` in chunks of `chunk_bytes` through its engine.
 
     As the compute node does, each round's operations are queued as triggered operations first
     (the setup the CPU does once), and one counter store then fires them all: the clock runs from
-    that store until the last completion is counted. before_round() runs before each round.
+    that store until the last completion is counted. The region and its compute stand-in are set
+    up once; close() (or the `with` block) removes them.
     """
-    count = max(2, total_bytes // chunk_bytes)
-    area = count * chunk_bytes
-    size = 2 * area + 4096
-    region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", size, size - 4096, 4)
-    region.array[:area] = np.random.default_rng(0).integers(0, 256, area, dtype=np.uint8)
-    region.array[area:2 * area] = 0  # touched once, as a KV pool in use is: no first-touch faults timed
-    reg = agent.register(region.name, size, "bench", size - 4096, 4)
-    put_s, get_s = [], []
-    try:
-        with ComputeStandIn(region, size - 4096) as compute:
-            def fire(trigger: int, works: list, done: int, round_number: int) -> float:
-                agent.queue_triggered(reg, [(trigger, round_number, work, done) for work in works])
-                return compute.fire(trigger, round_number, done, round_number * count)
 
-            for r in range(1, rounds + 1):
-                before_round()
-                refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
-                puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0))
-                        for i, ref in enumerate(refs)]
-                put_s.append(fire(PUT_TRIGGER, puts, PUT_DONE, r))
-                gets = [DataWork("get", refs[c.chunk_index],
-                                 strided_ranges(area, c.chunk_index, count, chunk_bytes), (0, 0), c)
-                        for c in agent.lookup("bench", refs[0].context_id)]
-                get_s.append(fire(GET_TRIGGER, gets, GET_DONE, r))
-                failed = region.read_counter(PUT_DONE)[1] + region.read_counter(GET_DONE)[1]
-                assert failed == 0, f"{failed} transfers failed"
-                assert bytes(region.view(area, area)) == bytes(region.view(0, area)), "GET gave other bytes"
-                agent.drop_context("bench", refs[0].context_id)
-    finally:
-        agent.deregister(reg.region_id, "bench")
-        region.close()
-    return {"chunk_bytes": chunk_bytes, "chunks": count, "ranges_per_chunk": RANGES_PER_CHUNK,
-            "rounds": rounds,
-            "put_bytes_per_s": area / min(put_s), "get_bytes_per_s": area / min(get_s),
-            "rounds_bytes_per_s": {"put": [area / s for s in put_s], "get": [area / s for s in get_s]}}
+    def __init__(self, agent: Agent, chunk_bytes: int, total_bytes: int):
+        self.agent, self.chunk_bytes = agent, chunk_bytes
+        self.count = count = max(2, total_bytes // chunk_bytes)
+        self.area = area = count * chunk_bytes
+        size = 2 * area + 4096
+        self.region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", size, size - 4096, 4)
+        self.region.array[:area] = np.random.default_rng(0).integers(0, 256, area, dtype=np.uint8)
+        self.region.array[area:2 * area] = 0  # touched once, as a KV pool in use is: no first-touch faults timed
+        self.reg = agent.register(self.region.name, size, "bench", size - 4096, 4)
+        self.put_s: list[float] = []
+        self.get_s: list[float] = []
+        try:
+            self.compute = ComputeStandIn(self.region, size - 4096)
+        except BaseException:
+            self._release()
+            raise
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fire(self, trigger: int, works: list, done: int, round_number: int) -> float:
+        self.agent.queue_triggered(self.reg, [(trigger, round_number, work, done) for work in works])
+        return self.compute.fire(trigger, round_number, done, round_number * self.count)
+
+    def round(self, r: int) -> None:
+        """Round r (1, 2, ...): PUT every chunk, GET them back into the region's other half, check them."""
+        agent, count, area, chunk_bytes = self.agent, self.count, self.area, self.chunk_bytes
+        refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
+        puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0)) for i, ref in enumerate(refs)]
+        self.put_s.append(self._fire(PUT_TRIGGER, puts, PUT_DONE, r))
+        gets = [DataWork("get", refs[c.chunk_index], strided_ranges(area, c.chunk_index, count, chunk_bytes),
+                         (0, 0), c) for c in agent.lookup("bench", refs[0].context_id)]
+        self.get_s.append(self._fire(GET_TRIGGER, gets, GET_DONE, r))
+        failed = self.region.read_counter(PUT_DONE)[1] + self.region.read_counter(GET_DONE)[1]
+        assert failed == 0, f"{failed} transfers failed"
+        assert bytes(self.region.view(area, area)) == bytes(self.region.view(0, area)), "GET gave other bytes"
+        agent.drop_context("bench", refs[0].context_id)
+
+    def result(self) -> dict:
+        area = self.area
+        return {"chunk_bytes": self.chunk_bytes, "chunks": self.count, "ranges_per_chunk": RANGES_PER_CHUNK,
+                "rounds": len(self.put_s),
+                "put_bytes_per_s": area / min(self.put_s), "get_bytes_per_s": area / min(self.get_s),
+                "rounds_bytes_per_s": {"put": [area / s for s in self.put_s], "get": [area / s for s in self.get_s]}}
+
+    def close(self) -> None:
+        self.compute.close()
+        self._release()
+
+    def _release(self) -> None:
+        self.agent.deregister(self.reg.region_id, "bench")
+        self.region.close()
+
+
+def transfer(agent: Agent, chunk_bytes: int, total_bytes: int, rounds: int,
+             before_round: Callable[[], None] = lambda: None) -> dict:
+    """`rounds` rounds of one agent's Transfer; before_round() runs before each. The best round counts."""
+    return transfers({"": agent}, chunk_bytes, total_bytes, rounds, before_round)[""]
+
+
+def transfers(agents: dict[str, Agent], chunk_bytes: int, total_bytes: int, rounds: int,
+              before_round: Callable[[], None] = lambda: None) -> dict[str, dict]:
+    """transfer() for several agents, their rounds taking turns (round r of each, in an order that
+    rotates, then r + 1), so that each sees the same moments of a shared machine."""
+    with contextlib.ExitStack() as stack:
+        runs = {name: stack.enter_context(Transfer(agent, chunk_bytes, total_bytes))
+                for name, agent in agents.items()}
+        names = list(runs)
+        for r in range(1, rounds + 1):
+            before_round()
+            turn = (r - 1) % len(names)
+            for name in names[turn:] + names[:turn]:
+                runs[name].round(r)
+        return {name: run.result() for name, run in runs.items()}
 
 
 def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int) -> dict:
     """The storage node alone: values of the agent's size, one frame each, stored and retrieved by a
-    bare FabricClient that copies and checks nothing itself (its Retrieves skip the node's guard
-    check, as the agent's do); the best of `rounds`."""
+    bare FabricClient (authenticated, its capsules sealed, as the agent's are) that copies and checks
+    nothing itself (its Retrieves skip the node's guard check, as the agent's do); the best of `rounds`."""
     count = max(2, total_bytes // chunk_bytes)
     view = memoryview(np.random.default_rng(1).integers(0, 256, count * chunk_bytes, dtype=np.uint8))
-    client = FabricClient(fabric_address, "nqn.2026-11.org.kvtestbed:bench-direct")
+    client = bench_client(fabric_address)
     client.connect()
     put_s, get_s = [], []
 
@@ -217,20 +282,44 @@ def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int)
     return {"put_bytes_per_s": moved / min(put_s), "get_bytes_per_s": moved / min(get_s)}
 
 
-def transfer_beside_limits(agent: Agent, fabric_address: str, chunk_bytes: int, total_bytes: int,
+def transfer_beside_limits(agents: dict[str, tuple[Agent, str]], chunk_bytes: int, total_bytes: int,
                            rounds: int, budget_s: float, directory: Path) -> dict:
-    """transfer() with a window of every raw limit before each round (on directory's disk, budget_s per
-    limit in all), then the storage node alone (`direct`), and the ratios."""
+    """transfers() of every security mode's agent with a window of every raw limit before each round
+    (on directory's disk, budget_s per limit in all), then the storage node alone (`direct`, the
+    secure one), and the ratios. The figures at the top are the default ("secure") path's; the other
+    modes' are under "security"; `{op}_{mode}_vs_open` compares each mode with no security."""
     with path_meters(chunk_bytes, directory, total_bytes) as meters:
         sampler = Sampler(meters, budget_s / rounds)
-        t = transfer(agent, chunk_bytes, total_bytes, rounds, before_round=sampler)
+        by_mode = transfers({m: agent for m, (agent, _) in agents.items()}, chunk_bytes, total_bytes,
+                            rounds, before_round=sampler)
+    t = by_mode.pop("secure")
+    t["security"] = by_mode
+    open_ = by_mode.get("open")
+    for mode, figures in ((m, f) for m, f in [("secure", t), *by_mode.items()] if open_ and m != "open"):
+        for op in ("put", "get"):
+            t[f"{op}_{mode}_vs_open"] = figures[f"{op}_bytes_per_s"] / open_[f"{op}_bytes_per_s"]
     t["raw_limits_bytes_per_s"] = sampler.best()
-    t["storage_node_direct"] = alone = direct(fabric_address, chunk_bytes, total_bytes, rounds)
+    t["storage_node_direct"] = alone = direct(agents["secure"][1], chunk_bytes, total_bytes, rounds)
     for op, limit in put_get_limits(t["raw_limits_bytes_per_s"]).items():
         t[f"{op}_limit_bytes_per_s"] = limit
         t[f"{op}_vs_limit"] = t[f"{op}_bytes_per_s"] / limit
         t[f"{op}_vs_direct"] = t[f"{op}_bytes_per_s"] / alone[f"{op}_bytes_per_s"]
     return t
+
+
+def security_ratios(rows: list[dict]) -> dict[str, float]:
+    """Per chunk size `{op}_{mode}_vs_open_{size}`, and at SECURITY_BYTES also without the size."""
+    ratios = {}
+    for t in rows:
+        size = format_bytes(t["chunk_bytes"]).replace(" ", "").replace("i", "").lower()
+        for key in (k for k in t if k.endswith("_vs_open")):
+            ratios[f"{key}_{size}"] = t[key]
+            if t["chunk_bytes"] == SECURITY_BYTES:
+                ratios[key] = t[key]
+    return ratios
+
+
+SECURITY_FLOORS = {"put_secure_vs_open": SECURITY_FLOOR, "get_secure_vs_open": SECURITY_FLOOR}
 
 
 def transfers_table(transfers: list[dict]) -> str:
@@ -244,9 +333,21 @@ def transfers_table(transfers: list[dict]) -> str:
                 *(f"{v / 1e6:.0f}" for v in (t[f"{op}_bytes_per_s"], alone[f"{op}_bytes_per_s"],
                                              t[f"{op}_limit_bytes_per_s"])), f"{t[f'{op}_vs_limit']:.2f}"))])
         spreads.append(rounds_line(t))
+        if "security" in t:
+            spreads.append(security_line(t))
     head = ["chunk", "PUT MB/s", "node alone", "raw limit", "PUT/limit",
             "GET MB/s", "node alone", "raw limit", "GET/limit"]
     return "\n".join([format_table(head, rows), *spreads])
+
+
+def security_line(t: dict) -> str:
+    """One size's path in every security mode, MB/s (best round), with mode / open in brackets."""
+    def op(name: str) -> str:
+        modes = [("secure", t), *t["security"].items()]
+        return ", ".join(f"{mode} {f[f'{name}_bytes_per_s'] / 1e6:.0f}" + (
+            f" ({t[f'{name}_{mode}_vs_open']:.2f})" if f"{name}_{mode}_vs_open" in t else "") for mode, f in modes)
+
+    return f"{format_bytes(t['chunk_bytes'])} by security, MB/s (vs open): PUT {op('put')}; GET {op('get')}"
 
 
 def rounds_line(t: dict) -> str:
@@ -274,19 +375,21 @@ def run(args: argparse.Namespace) -> dict:
                                      "fsync": True, "smoke": args.smoke})
     with progress_for(args, 1 + len(args.sizes_mib), "smartnic") as progress, \
             data_dir(args, "smartnic") as path, \
-            agent_beside_storage(path, max(512, args.trigger_samples)) as (agent, fabric):
-        trigger = trigger_latency(agent, args.trigger_samples)
+            agents_beside_storage(path, max(512, args.trigger_samples)) as agents:
+        trigger = trigger_latency(agents["secure"][0], args.trigger_samples)
         progress.update(note="trigger-to-fire")
-        transfers = []
+        rows = []
         for mib in args.sizes_mib:
-            transfers.append(transfer_beside_limits(agent, fabric, mib << 20, args.total_mib << 20,
-                                                    args.rounds, args.budget_s, path))
+            rows.append(transfer_beside_limits(agents, mib << 20, args.total_mib << 20,
+                                               args.rounds, args.budget_s, path))
             progress.update(note=f"{mib} MiB")
-    result["results"] = {"trigger_to_fire": trigger, "transfers": transfers}
+    result["results"] = {"trigger_to_fire": trigger, "transfers": rows}
     for op in ("put", "get"):  # the worst over sizes
-        result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in transfers)
-        result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in transfers)
-    result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "get_vs_limit": FLOOR})
+        result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in rows)
+        result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in rows)
+    result["ratios"] |= security_ratios(rows)
+    result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "get_vs_limit": FLOOR,
+                                                 **SECURITY_FLOORS})
     return result
 
 

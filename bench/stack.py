@@ -7,6 +7,7 @@ agent, compute node and frontend started with `kvtb up`'s `Deployment` and all s
 from __future__ import annotations
 
 import copy
+import json
 import os
 import logging
 import shutil
@@ -16,6 +17,8 @@ from typing import Any
 import grpc
 import yaml
 
+from fabric.auth import AGENT_NQN, COMPUTE_NQN, FabricSecurity
+from fabric.client import FabricClient
 from kvtb import credentials
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb.rpc import OPERATOR, Security, channel
@@ -25,6 +28,7 @@ from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2
 logger = logging.getLogger(__name__)
 
 SALT = "kvtb-bench-salt"
+BENCH_NQN = "nqn.2026-11.org.kvtestbed:bench"  # the benchmarks' own fabric host (start_storage allows it)
 
 
 def use_credentials(data_dir: Path) -> Path:
@@ -42,9 +46,11 @@ def operator_channel(address: str, peer: str) -> grpc.Channel:
 
 def start_storage(data_dir: Path, name: str, **settings: object) -> ServiceProcess:
     """A storage node process on free ports, its data and log under data_dir; settings are
-    StorageSettings fields (namespace_size_bytes=...), given as KVTB_STORAGE_* variables."""
+    StorageSettings fields (namespace_size_bytes=...), given as KVTB_STORAGE_* variables. Its allow
+    list, unless given: the deployment's agent and compute node, and the benchmarks' own host."""
     log = data_dir / f"storage-{name}.log"
     use_credentials(data_dir)
+    settings.setdefault("allowed_hosts", json.dumps({AGENT_NQN: "*", COMPUTE_NQN: "*", BENCH_NQN: "*"}))
     proc = ServiceProcess(f"storage-{name}", kvtb_argv("serve", "storage"), log, env={
         "KVTB_STORAGE_NODE_NAME": name, "KVTB_STORAGE_DATA_DIR": str(data_dir / f"storage-{name}"),
         "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0", "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0",
@@ -52,6 +58,11 @@ def start_storage(data_dir: Path, name: str, **settings: object) -> ServiceProce
         **{f"KVTB_STORAGE_{key.upper()}": str(value) for key, value in settings.items()}})
     proc.start(timeout_s=60)
     return proc
+
+
+def bench_client(address: str, mode: str = "auth", **kwargs) -> FabricClient:
+    """A fabric client of the benchmarks' own host, authenticating as `mode` says (not connected yet)."""
+    return FabricClient(address, BENCH_NQN, security=FabricSecurity.for_host(mode, "", BENCH_NQN), **kwargs)
 
 
 def bench_users(count: int) -> dict[str, str]:

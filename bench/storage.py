@@ -29,7 +29,7 @@ from bench.results import (
     ratios_text,
     run_bench,
 )
-from bench.stack import start_storage
+from bench.stack import bench_client, start_storage
 from fabric.client import FabricClient
 from kvtb.crc32c import crc32c
 from kvtb_proto import nvmeof_pb2
@@ -144,8 +144,8 @@ def run(args: argparse.Namespace) -> dict:
         node = start_storage(path, "bench", namespaces="key_value", io_threads=max(4, args.concurrency),
                              namespace_size_bytes=max(8 * total, 1 << 30))
         try:
-            with FabricClient(node.addresses["fabric"], "nqn.2026-11.org.kvtestbed:bench",
-                              queue_depth=max(args.concurrency, 1), timeout_s=120) as client:
+            with bench_client(node.addresses["fabric"], queue_depth=max(args.concurrency, 1),
+                              timeout_s=120) as client:
                 node_throughput(client, np.zeros(max(args.sizes), np.uint8), 4, args.concurrency, b"warm")
                 for i in range(4):  # the warm-up: sockets, files, page cache
                     client.delete(1, b"warm" + i.to_bytes(4, "big"))

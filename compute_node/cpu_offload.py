@@ -3,7 +3,9 @@
 At each chunk boundary it copies the chunk out of the slot (the cudaMemcpy of the paper),
 sends it to a storage node through the fabric and waits for the acknowledgement before the
 next token. On a follow-up it retrieves its own chunks and copies them back into the slot.
-Chunks use the agent's format and keys (fabric.chunk_format) and placement.
+Chunks use the agent's format, MAC and keys (fabric.chunk_format) and placement; a restore
+checks each chunk's generation and MAC (or, with the KV MAC off, its crc32c) before its bytes
+are used, and falls back to recompute otherwise.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import time
 import numpy as np
 
 from fabric import chunk_format as cf
+from fabric.auth import FabricSecurity
 from fabric.placement import place
 from compute_node.kv_pool import KvPool
 from compute_node.offload import OffloadTurn, chunk_bytes
@@ -30,6 +33,7 @@ class StoredChunk:
     end: int
     node: str
     key: bytes
+    generation: int = 0
 
 
 class CpuStore:
@@ -39,9 +43,11 @@ class CpuStore:
     """
 
     def __init__(self, addresses: tuple[str, ...], host_nqn: str, nsid: int, salt: str,
-                 timeout_s: float = 5.0):
+                 timeout_s: float = 5.0, security: FabricSecurity | None = None, mac_key: bytes | None = None):
         self.nodes = list(addresses)
         self.host_nqn, self.nsid, self.salt, self.timeout_s = host_nqn, nsid, salt, timeout_s
+        self.security, self.mac_key = security or FabricSecurity.off(), mac_key
+        self.generation = 0
         self.index: dict[tuple[str, str], dict[int, StoredChunk]] = {}
         self._clients: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -51,7 +57,7 @@ class CpuStore:
         with self._lock:
             client = self._clients.get(node)
             if client is None:
-                client = FabricClient(node, self.host_nqn, timeout_s=self.timeout_s)
+                client = FabricClient(node, self.host_nqn, timeout_s=self.timeout_s, security=self.security)
                 client.connect()
                 self._clients[node] = client
             return client
@@ -72,14 +78,18 @@ class CpuStore:
         for offset, length in L.kv_ranges(slot, start, end):
             kv[pos:pos + length] = pool.region.view(offset, length)
             pos += length
-        header = cf.encode_header(cf.ChunkHeader(user, context, index, start, end, len(kv),
-                                                 cf.token_ids_hash(ids)))
-        frames = [header, ids, kv]
         key = cf.chunk_key(self.salt, user, context, index)
+        self.generation = cf.next_generation(self.generation, time.time_ns())
+        header = cf.encode_header(cf.ChunkHeader(user, context, index, start, end, len(kv), cf.token_ids_hash(ids),
+                                                 self.generation, cf.MAC_BYTES if self.mac_key else 0))
+        frames = [header, ids, kv]
+        if self.mac_key:
+            frames.append(cf.mac_of(self.mac_key, key, self.generation, frames))
         node = place(key, self.nodes)
         self.client(node).store(self.nsid, key, frames, cf.crc32c_of(frames))
-        self.index.setdefault((user, context), {})[index] = StoredChunk(index, start, end, node, key)
-        return len(header) + len(ids) + len(kv)
+        self.index.setdefault((user, context), {})[index] = StoredChunk(index, start, end, node, key,
+                                                                        self.generation)
+        return sum(len(f) for f in frames)
 
     def restore(self, pool: KvPool, slot: int, user: str, context: str,
                 request_ids: np.ndarray) -> RestoreOutcome | None:
@@ -109,14 +119,24 @@ class CpuStore:
     def _get(self, pool: KvPool, slot: int, chunk: StoredChunk, user: str, context: str,
              request_ids: np.ndarray) -> int:
         completion = self.client(chunk.node).retrieve(self.nsid, chunk.key)
-        frames = [f.buffer for f in completion.frames]
-        if cf.crc32c_of(frames) != completion.response.crc32c:
+        value = completion.payload()  # one frame: no copy
+        header, hlen = cf.decode_header(cf.leading_bytes([value], cf.MAX_HEADER_BYTES))
+        if header.generation != chunk.generation:
+            raise ValueError(f"generation {header.generation}, expected {chunk.generation} (an older copy)")
+        if cf.value_length(header, hlen) != value.nbytes:
+            raise ValueError(f"a value of {value.nbytes} bytes, its header says {cf.value_length(header, hlen)}")
+        body = value[:value.nbytes - header.mac_bytes]
+        if self.mac_key:
+            if header.mac_bytes != cf.MAC_BYTES or not cf.same_mac(
+                    cf.mac_of(self.mac_key, chunk.key, chunk.generation, [body]), value[body.nbytes:]):
+                raise ValueError("MAC mismatch (forged, moved or damaged)")
+        elif cf.crc32c_of([value]) != completion.response.crc32c:
             raise ValueError("crc32c mismatch")
-        header, hlen = cf.decode_header(cf.leading_bytes(frames, cf.MAX_HEADER_BYTES))
         expected = request_ids[chunk.start:chunk.end].astype("<u4").tobytes()
         if (header.user_id, header.context_id, header.token_start, header.token_end) != \
                 (user, context, chunk.start, chunk.end) or header.token_ids_hash != cf.token_ids_hash(expected):
             raise ValueError("chunk does not cover the request's token ids")
+        frames = [body]
         L = pool.layout
         offset, length = L.token_ids_range(slot, chunk.start, chunk.end)
         targets = [pool.region.view(offset, length)]

@@ -29,6 +29,15 @@ SERVICE_NAME = compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name
 ACCESS = {f"/{SERVICE_NAME}/*": {"smartnic"}}
 
 
+def cpu_store_security(s: ComputeSettings) -> dict:
+    """The `cpu` policy's fabric security and chunk MAC key, from the deployment's credentials."""
+    from fabric.auth import FabricSecurity
+    from kvtb.credentials import Credentials, resolve_dir
+    mac_key = Credentials(resolve_dir(s.credentials_dir), "compute").kv_mac_key() if s.kv_mac else None
+    return {"security": FabricSecurity.for_host(s.fabric_security, s.credentials_dir, s.storage_host_nqn),
+            "mac_key": mac_key}
+
+
 def serve(settings: ComputeSettings, model=None, tokenizer=None) -> "ComputeNode":
     """The compute node of these settings, not started; without a model, start() loads SmolLM2."""
     return ComputeNode(settings, model, tokenizer)
@@ -73,7 +82,8 @@ class ComputeNode:
         address = f"{s.listen_address.rsplit(':', 1)[0]}:{port}"
         setup = self._register(AgentClient, address) if s.agent_address else None
         if s.storage_fabric_addresses:
-            self.cpu_store = CpuStore(s.storage_fabric_addresses, s.storage_host_nqn, s.storage_nsid, s.key_salt)
+            self.cpu_store = CpuStore(s.storage_fabric_addresses, s.storage_host_nqn, s.storage_nsid, s.key_salt,
+                                      **cpu_store_security(s))
         self.engine = Engine(s, self.model, self.tokenizer, self.pool, agent=self.agent,
                              cpu_store=self.cpu_store, setup_span=setup).start()
         if self.agent is not None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from fabric.auth import COMPUTE_NQN
+from fabric.auth import MODES as FABRIC_SECURITY_MODES
+
 POLICIES = ("triggered", "cpu", "resident", "recompute")
 
 
@@ -28,7 +31,9 @@ class ComputeSettings:
     # Under `cpu`: the storage nodes' fabric addresses (tcp://host:port) the compute process
     # writes its own chunks to, and the NVMe-oF names it connects with.
     storage_fabric_addresses: tuple[str, ...] = ("tcp://127.0.0.1:55061",)
-    storage_host_nqn: str = "nqn.2026-11.org.kvtestbed:compute-0"
+    storage_host_nqn: str = COMPUTE_NQN  # on the storage nodes' default allow list
+    fabric_security: str = "auth"   # as the agent's: auth (DH-HMAC-CHAP + MACed capsules), curve, or off
+    kv_mac: bool = True             # the chunk MAC, as the agent's (both read kv-mac.key)
     storage_nsid: int = 1
     key_salt: str = "kvtestbed-default-salt"  # the agent's `salt`: both write the same keys
     restore_timeout_s: float = 10.0
@@ -53,6 +58,7 @@ class ComputeSettings:
         assert self.queue_bound > 0, "queue_bound must be positive"
         assert self.model_dtype == "float32", "only float32 KV is supported (the pool is fp32)"
         assert self.node_name and "/" not in self.node_name, "node_name must be a plain name"
+        assert self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}"
 
     @property
     def shm_name(self) -> str:

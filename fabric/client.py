@@ -9,6 +9,13 @@
 Wire (one ZeroMQ multipart message each way):
     host -> target: [CommandCapsule, payload frame 0, payload frame 1, ...]
     target -> host: [ResponseCapsule, payload frame 0, ...]
+
+With `security` (fabric.auth.FabricSecurity, mode auth or curve) connect() also authenticates
+both ends (DH-HMAC-CHAP over AUTH_SEND / AUTH_RECV) and every capsule after it, either way, is
+sealed with the session's MAC and sequence number; a response that fails its MAC is dropped
+(its command then times out), except a plain "invalid host" (a target that forgot this
+connection, e.g. after a restart), which can only fail its command. `curve` also encrypts the
+connection (ZeroMQ CURVE, the storage nodes' public key from the credentials).
 """
 from __future__ import annotations
 
@@ -27,7 +34,9 @@ import zmq
 from kvtb.crc32c import crc32c as compute_crc32c
 from kvtb.doorbell import Doorbell
 from kvtb_proto import nvmeof_pb2
+from fabric import auth
 from fabric import status as st
+from fabric.auth import AuthError, FabricSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +114,8 @@ class FabricClient:
     """
 
     def __init__(self, fabric_address: str, host_nqn: str, subsystem_nqn: str | None = None,
-                 queue_depth: int = 128, timeout_s: float = 5.0, context: zmq.Context | None = None):
+                 queue_depth: int = 128, timeout_s: float = 5.0, context: zmq.Context | None = None,
+                 security: FabricSecurity | None = None):
         assert queue_depth > 0 and timeout_s > 0
         self.fabric_address = fabric_address
         self.host_nqn = host_nqn
@@ -114,6 +124,8 @@ class FabricClient:
         self.timeout_s = timeout_s
         self.queue_id: int | None = None
         self.sq_head = 0
+        self.security = security or FabricSecurity.off()
+        self._channel: auth.Channel | None = None  # set once authenticated: capsules are sealed
         self._ctx = context or zmq.Context.instance()
         self._slots = threading.BoundedSemaphore(queue_depth)
         self._lock = threading.Lock()
@@ -130,6 +142,10 @@ class FabricClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)  # outstanding work is bounded by queue_depth instead
         self._sock.setsockopt(zmq.RCVHWM, 0)
+        if self.security.mode == "curve":
+            public, secret = zmq.curve_keypair()  # this connection's own; who the host is, the handshake says
+            self._sock.curve_serverkey = self.security.curve_public
+            self._sock.curve_publickey, self._sock.curve_secretkey = public, secret
         self._sock.connect(fabric_address)
         self._thread = threading.Thread(target=self._run, name=f"fabric-client-{host_nqn}", daemon=True)
         self._thread.start()
@@ -137,16 +153,45 @@ class FabricClient:
     # -- connection ---------------------------------------------------------------------------
 
     def connect(self) -> Completion:
-        """Send the Fabrics Connect capsule; raise FabricError with the status when refused."""
-        capsule = nvmeof_pb2.CommandCapsule(
-            command_set=nvmeof_pb2.FABRICS, opcode=nvmeof_pb2.FABRICS_CONNECT,
-            host_nqn=self.host_nqn, subsystem_nqn=self.subsystem_nqn)
+        """Send the Fabrics Connect capsule, and authenticate when the security asks for it; raise
+        FabricError with the status when refused, or when the target does not authenticate itself."""
+        done = self._fabrics(nvmeof_pb2.FABRICS_CONNECT, "connect", host_nqn=self.host_nqn,
+                             subsystem_nqn=self.subsystem_nqn)
+        required = done.response.authentication_required
+        if self.security.authenticates and not required:
+            raise FabricError(f"the storage node at {self.fabric_address} does not authenticate itself "
+                              f"(its fabric_security is off): refused")
+        if required and not self.security.authenticates:
+            raise FabricError("connect refused: the storage node requires authentication (fabric_security)",
+                              *st.CONNECT_INVALID_HOST)
+        if required:
+            done = self._authenticate()
+        self.queue_id = done.response.sq_id
+        return done
+
+    def _authenticate(self) -> Completion:
+        """DH-HMAC-CHAP: NEGOTIATE, CHALLENGE, REPLY, SUCCESS1, SUCCESS2; then capsules are sealed."""
+        handshake = auth.HostHandshake(self.security.key, self.host_nqn, self.subsystem_nqn)
+        send, recv = nvmeof_pb2.FABRICS_AUTH_SEND, nvmeof_pb2.FABRICS_AUTH_RECV
+        try:
+            self._fabrics(send, "authentication", auth_message=handshake.negotiate())
+            challenge = self._fabrics(recv, "authentication").response.auth_message
+            self._fabrics(send, "authentication", auth_message=handshake.reply(challenge))
+            success1 = self._fabrics(recv, "authentication").response.auth_message
+            done = self._fabrics(send, "authentication", auth_message=handshake.success2(success1))
+        except AuthError as exc:
+            raise FabricError(f"authentication with {self.fabric_address} failed: {exc}",
+                              *st.CONNECT_INVALID_HOST) from exc
+        self._channel = handshake.channel()  # nothing is outstanding: the next capsule is the first sealed
+        return done
+
+    def _fabrics(self, opcode: int, what: str, **fields) -> Completion:
+        capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.FABRICS, opcode=opcode, **fields)
         done = self._wait(self.submit(capsule))
         if not done.ok:
             r = done.response
-            raise FabricError(f"connect refused: {st.status_name(r.status_code_type, r.status_code)}"
+            raise FabricError(f"{what} refused: {st.status_name(r.status_code_type, r.status_code)}"
                               f" {r.message}", r.status_code_type, r.status_code)
-        self.queue_id = done.response.sq_id
         return done
 
     def close(self) -> None:
@@ -205,7 +250,10 @@ class FabricClient:
             self._pending[cid] = _Pending(seq, future, on_data)
             timeout_s = self.timeout_s if timeout_s is None else timeout_s
             heapq.heappush(self._deadlines, (time.monotonic() + timeout_s, seq, cid, timeout_s))
-            self._outbox.append([capsule.SerializeToString(), *frames])
+            header = capsule.SerializeToString()
+            if self._channel is not None:  # sealed in submission order, which is sending order
+                header = self._channel.seal(header)
+            self._outbox.append([header, *frames])
         self._wake.ring()
         return future
 
@@ -283,14 +331,17 @@ class FabricClient:
 
     def _poll_timeout_ms(self) -> int:
         with self._lock:
-            if not self._deadlines:
-                return 1000
-            return max(0, int((self._deadlines[0][0] - time.monotonic()) * 1000) + 1)
+            wait = 1000 if not self._deadlines else \
+                max(0, int((self._deadlines[0][0] - time.monotonic()) * 1000) + 1)
+            return min(wait, 10) if self._outbox else wait  # a message no peer took yet: try again soon
 
     def _send_outbox(self) -> None:
         while self._outbox:
-            message = self._outbox.popleft()
-            self._sock.send_multipart(message, copy=False)
+            try:  # never block the I/O thread: with no peer (refused by CURVE, or not up yet) a send would
+                self._sock.send_multipart(self._outbox[0], copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return  # kept, in order (sealed capsules must go out in sequence); deadlines still expire
+            self._outbox.popleft()
 
     def _receive_all(self) -> None:
         while True:
@@ -298,11 +349,8 @@ class FabricClient:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            response = nvmeof_pb2.ResponseCapsule()
-            try:
-                response.ParseFromString(frames[0].bytes)
-            except Exception:  # noqa: BLE001 - protobuf raises DecodeError; log and drop
-                logger.warning("unparsable response from %s dropped", self.fabric_address)
+            response = self._open(frames[0].bytes)
+            if response is None:
                 continue
             if response.data_pdu:
                 self._data_pdu(response, frames[1:])
@@ -315,6 +363,22 @@ class FabricClient:
             self.sq_head = response.sq_head
             self._slots.release()
             entry.future.set_result(Completion(response, entry.early + frames[1:]))
+
+    def _open(self, header: bytes) -> nvmeof_pb2.ResponseCapsule | None:
+        """The response capsule of a message (its MAC checked once authenticated); None to drop it."""
+        response = nvmeof_pb2.ResponseCapsule()
+        channel = self._channel
+        try:
+            response.ParseFromString(channel.open(header) if channel is not None else header)
+            return response
+        except AuthError as exc:
+            refused = _plain_invalid_host(header)
+            if refused is not None:  # the target forgot us: it can only fail the command
+                return refused
+            logger.warning("response from %s dropped: %s", self.fabric_address, exc)
+        except Exception:  # noqa: BLE001 - protobuf raises DecodeError; log and drop
+            logger.warning("unparsable response from %s dropped", self.fabric_address)
+        return None
 
     def _data_pdu(self, response: nvmeof_pb2.ResponseCapsule, frames: list) -> None:
         with self._lock:
@@ -341,3 +405,17 @@ class FabricClient:
         for cid, future, timeout_s in expired:
             self._slots.release()
             future.set_exception(FabricTimeout(f"command id {cid} timed out after {timeout_s:g} s"))
+
+
+def _plain_invalid_host(header: bytes) -> nvmeof_pb2.ResponseCapsule | None:
+    """An unsealed response that only says "invalid host" (no data, no value), or None."""
+    response = nvmeof_pb2.ResponseCapsule()
+    try:
+        response.ParseFromString(header)
+    except Exception:  # noqa: BLE001
+        return None
+    if (response.status_code_type, response.status_code) != tuple(st.CONNECT_INVALID_HOST) or \
+            response.data_pdu or response.value_length or response.keys or response.exists:
+        return None
+    return nvmeof_pb2.ResponseCapsule(command_id=response.command_id, status_code_type=response.status_code_type,
+                                      status_code=response.status_code, message=response.message)

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from fabric import status as st
+from fabric.auth import FabricSecurity
 from fabric.client import FabricClient, FabricError
 
 logger = logging.getLogger(__name__)
@@ -20,8 +21,10 @@ class StorageNodes:
 
     def __init__(self, nodes: Sequence[tuple[str, str]], host_nqn: str, queue_depth: int = 128,
                  timeout_s: float = 5.0, retry_s: float = 1.0,
-                 on_up: Callable[[str, FabricClient], None] | None = None):
+                 on_up: Callable[[str, FabricClient], None] | None = None,
+                 security: FabricSecurity | None = None):
         self.names = [name for name, _ in nodes]
+        self.security = security or FabricSecurity.off()
         self._addresses = dict(nodes)
         self.host_nqn, self.queue_depth = host_nqn, queue_depth
         self.timeout_s, self.retry_s = timeout_s, retry_s
@@ -46,7 +49,7 @@ class StorageNodes:
 
     def _try(self, name: str, timeout_s: float) -> bool:
         client = FabricClient(self._addresses[name], self.host_nqn, queue_depth=self.queue_depth,
-                              timeout_s=min(timeout_s, self.timeout_s))
+                              timeout_s=min(timeout_s, self.timeout_s), security=self.security)
         try:
             client.connect()
         except (FabricError, TimeoutError) as exc:

@@ -12,6 +12,7 @@
  *   scatter(source, mem, runs, crc) -> crc   copy the contiguous source into the runs of mem
  *   gather(mem, runs, out, crc) -> crc       copy the runs of mem into the contiguous out
  *
+ * crc None: copy only, and return None (for a reader that checks a MAC instead).
  * runs: a sequence of (first, length, stride, count) (hostmem.gather.Run): `count` rows of
  * `length` bytes, the i-th at first + i * stride. crc: the crc32c of the bytes before; the
  * result is extended over the contiguous side. Every row must lie inside mem and the runs
@@ -40,6 +41,7 @@
 
 static uint32_t lane_shift[4][256];  /* appends LANE zero bytes to a crc register */
 static int hardware_crc;
+static PyObject *zero;               /* the default crc */
 
 /* -- crc32c: the operator for LANE zero bytes, built once over GF(2) ----------------------- */
 
@@ -183,9 +185,9 @@ static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n)
     memcpy(dst, src, n);
 }
 
-/* Copy between the runs of mem and the contiguous flat buffer, checksumming flat's bytes. */
+/* Copy between the runs of mem and the contiguous flat buffer, checksumming flat's bytes (if checksum). */
 static uint32_t copy_runs(uint8_t *mem, uint8_t *flat, const run_t *runs, Py_ssize_t n, int into_mem,
-                          uint32_t crc)
+                          uint32_t crc, int checksum)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
         const run_t *r = &runs[i];
@@ -197,7 +199,8 @@ static uint32_t copy_runs(uint8_t *mem, uint8_t *flat, const run_t *runs, Py_ssi
                     copy_streaming(row + done, flat, piece);
                 else
                     memcpy(flat, row + done, piece);
-                crc = crc32c_extend(crc, flat, piece);
+                if (checksum)
+                    crc = crc32c_extend(crc, flat, piece);
                 flat += piece;
                 done += (Py_ssize_t)piece;
             }
@@ -208,9 +211,16 @@ static uint32_t copy_runs(uint8_t *mem, uint8_t *flat, const run_t *runs, Py_ssi
     return crc;
 }
 
-static PyObject *transfer(PyObject *mem_obj, PyObject *runs_obj, PyObject *flat_obj, unsigned long crc_in,
+static PyObject *transfer(PyObject *mem_obj, PyObject *runs_obj, PyObject *flat_obj, PyObject *crc_obj,
                           int into_mem)
 {
+    int checksum = crc_obj != Py_None;
+    unsigned long crc_in = 0;
+    if (checksum) {
+        crc_in = PyLong_AsUnsignedLong(crc_obj);
+        if (crc_in == (unsigned long)-1 && PyErr_Occurred())
+            return NULL;
+    }
     if (!hardware_crc) {
         PyErr_SetString(PyExc_RuntimeError, "this CPU has no SSE4.2 crc32: use the numpy path");
         return NULL;
@@ -236,12 +246,17 @@ static PyObject *transfer(PyObject *mem_obj, PyObject *runs_obj, PyObject *flat_
     uint32_t crc = (uint32_t)crc_in;
     if (total >= RELEASE_GIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        crc = copy_runs(mem.buf, flat.buf, runs, n, into_mem, crc);
+        crc = copy_runs(mem.buf, flat.buf, runs, n, into_mem, crc, checksum);
         Py_END_ALLOW_THREADS
     } else {
-        crc = copy_runs(mem.buf, flat.buf, runs, n, into_mem, crc);
+        crc = copy_runs(mem.buf, flat.buf, runs, n, into_mem, crc, checksum);
     }
-    result = PyLong_FromUnsignedLong(crc);
+    if (checksum) {
+        result = PyLong_FromUnsignedLong(crc);
+    } else {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
 done:
     PyMem_Free(runs);
     PyBuffer_Release(&flat);
@@ -251,27 +266,29 @@ done:
 
 static PyObject *dma_scatter(PyObject *self, PyObject *args)
 {
-    PyObject *source, *mem, *runs;
-    unsigned long crc = 0;
-    if (!PyArg_ParseTuple(args, "OOO|k:scatter", &source, &mem, &runs, &crc))
+    PyObject *source, *mem, *runs, *crc = NULL;
+    if (!PyArg_ParseTuple(args, "OOO|O:scatter", &source, &mem, &runs, &crc))
         return NULL;
+    if (crc == NULL)
+        crc = zero;
     return transfer(mem, runs, source, crc, 1);
 }
 
 static PyObject *dma_gather(PyObject *self, PyObject *args)
 {
-    PyObject *mem, *runs, *out;
-    unsigned long crc = 0;
-    if (!PyArg_ParseTuple(args, "OOO|k:gather", &mem, &runs, &out, &crc))
+    PyObject *mem, *runs, *out, *crc = NULL;
+    if (!PyArg_ParseTuple(args, "OOO|O:gather", &mem, &runs, &out, &crc))
         return NULL;
+    if (crc == NULL)
+        crc = zero;
     return transfer(mem, runs, out, crc, 0);
 }
 
 static PyMethodDef methods[] = {
     {"scatter", dma_scatter, METH_VARARGS,
-     "scatter(source, mem, runs, crc=0) -> crc32c: copy the contiguous source into mem's runs."},
+     "scatter(source, mem, runs, crc=0) -> crc32c: copy the contiguous source into mem's runs (crc None: no checksum)."},
     {"gather", dma_gather, METH_VARARGS,
-     "gather(mem, runs, out, crc=0) -> crc32c: copy mem's runs into the contiguous out."},
+     "gather(mem, runs, out, crc=0) -> crc32c: copy mem's runs into the contiguous out (crc None: no checksum)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -285,6 +302,9 @@ PyMODINIT_FUNC PyInit__dma(void)
     __builtin_cpu_init();
     hardware_crc = __builtin_cpu_supports("sse4.2");
     build_lane_shift();
+    zero = PyLong_FromLong(0);
+    if (zero == NULL)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddObject(m, "HARDWARE_CRC", PyBool_FromLong(hardware_crc)) < 0) {
         Py_DECREF(m);

@@ -152,11 +152,17 @@ def gather(mem: np.ndarray, piece: Piece, crc: int = 0,
            extend: Extend | None = None) -> tuple[np.ndarray, int]:
     """(one new buffer with the piece's ranges back to back: [piece.nbytes] uint8, crc extended by it)."""
     out = np.empty(piece.nbytes, dtype=np.uint8)
+    return out, gather_into(mem, piece.runs, out, crc, extend)
+
+
+def gather_into(mem: np.ndarray, todo: Sequence[Run], out: np.ndarray, crc: int = 0,
+                extend: Extend | None = None) -> int:
+    """Copy the runs of mem back to back into out ([their bytes] uint8); crc extended by them."""
     pos = 0
-    for run in piece.runs:
+    for run in todo:
         crc = _copy_rows(_rows(mem, run), out[pos:pos + run.nbytes], run, False, crc, extend)
         pos += run.nbytes
-    return out, crc
+    return crc
 
 
 def frames(mem: np.ndarray, todo: Sequence[Run], crc: int = 0, extend: Extend | None = None,

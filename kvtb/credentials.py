@@ -10,6 +10,8 @@
                               per-host secret, NVMe-oF's model)
     DIR/kv-mac.key            the key of every stored chunk's MAC (agents and compute nodes hold it;
                               storage nodes never do, so they cannot forge or move KV)
+    DIR/fabric-curve.key      the storage nodes' CURVE key pair (z85 public, newline, z85 secret),
+    DIR/fabric-curve.pub      and its public half, which hosts need (`fabric_security: curve`)
 
 Identities: frontend, smartnic, compute, storage (every storage node), operator (the `kvtb`
 commands an operator runs: tables, admin, benchmarks, health). Files are written atomically with
@@ -74,6 +76,12 @@ def init(directory: str | os.PathLike, identities=IDENTITIES) -> Path:
     for name in ("fabric.key", "kv-mac.key"):
         if not (d / name).exists():
             _write_new(d / name, secrets.token_bytes(32))
+    if not (d / "fabric-curve.key").exists():
+        import zmq
+        public, secret = zmq.curve_keypair()
+        _write_new(d / "fabric-curve.key", public + b"\n" + secret + b"\n")
+    if not (d / "fabric-curve.pub").exists():  # from the pair that won a race, so the two match
+        _write_new(d / "fabric-curve.pub", (d / "fabric-curve.key").read_bytes().split(b"\n")[0] + b"\n")
     if not (d / "ca.crt").exists() or not (d / "ca.key").exists():
         key = ec.generate_private_key(ec.SECP256R1())
         _write_new(d / "ca.key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -157,6 +165,15 @@ class Credentials:
         if own.exists():
             return own.read_bytes()
         return host_key(self.fabric_master(), host_nqn)
+
+    def fabric_curve_public(self) -> bytes:
+        """The storage nodes' CURVE public key (z85, 40 bytes)."""
+        return self._read("fabric-curve.pub").strip()
+
+    def fabric_curve_pair(self) -> tuple[bytes, bytes]:
+        """The storage nodes' CURVE (public, secret) keys, z85 (storage nodes only)."""
+        public, secret = self._read("fabric-curve.key").split()[:2]
+        return public, secret
 
     def kv_mac_key(self) -> bytes:
         """The key of every stored chunk's MAC."""

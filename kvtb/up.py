@@ -9,6 +9,7 @@ Stops them all, last started first, on Ctrl-C, SIGTERM, or when one of them dies
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fabric.auth import AGENT_NQN, COMPUTE_NQN
 from kvtb import credentials
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import ServiceProcess, announce_ready, kvtb_argv
@@ -41,11 +43,25 @@ def shift_port(address: str, by: int) -> str:
     return f"{head}:{int(port) + by if int(port) else 0}"
 
 
-def storage_env(index: int, section: dict[str, Any], data_dir: Path) -> dict[str, str]:
-    """Environment overrides that make storage node `index` its own node (addresses, data, names)."""
+def deployment_hosts(config: dict[str, Any], environ=os.environ) -> dict[str, str]:
+    """The storage fabric's hosts as this deployment's settings name them (the agent's `host_nqn`, the
+    compute node's `storage_host_nqn`; environment over file over default): every storage node's
+    allow list unless its section gives one."""
+    agent = environ.get("KVTB_SMARTNIC_HOST_NQN") or (config.get("smartnic") or {}).get("host_nqn") or AGENT_NQN
+    compute = (environ.get("KVTB_COMPUTE_STORAGE_HOST_NQN") or (config.get("compute") or {}).get("storage_host_nqn")
+               or COMPUTE_NQN)
+    return {agent: "*", compute: "*"}
+
+
+def storage_env(index: int, section: dict[str, Any], data_dir: Path,
+                hosts: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment overrides that make storage node `index` its own node (addresses, data, names), and
+    its allow list `hosts` when the section gives none."""
     name = f"storage-{index}"
     env = {"KVTB_STORAGE_NODE_NAME": name, "KVTB_STORAGE_DATA_DIR": str(data_dir / name),
            "KVTB_STORAGE_SUBSYSTEM_NQN": f"nqn.2026-11.org.kvtestbed:{name}"}
+    if hosts and "allowed_hosts" not in section:
+        env["KVTB_STORAGE_ALLOWED_HOSTS"] = json.dumps(hosts)
     for field in ("admin_address", "fabric_address", "metrics_address"):
         base = section.get(field) or DEFAULT_STORAGE[field]
         env[f"KVTB_STORAGE_{field.upper()}"] = shift_port(base, index)
@@ -107,7 +123,8 @@ class Deployment:
     def start(self, section: dict[str, Any]) -> None:
         """Make the deployment's credentials (the first time), then start every service in order."""
         credentials.init(self.credentials_dir)
-        storage = [self._start(f"storage-{i}", ["storage"], storage_env(i, section, self.data_dir), 60)
+        hosts = deployment_hosts(read_config_file(self.config) if self.config else {})
+        storage = [self._start(f"storage-{i}", ["storage"], storage_env(i, section, self.data_dir, hosts), 60)
                    for i in range(self.storage_nodes)]
         agent = self._start("smartnic", ["smartnic"], agent_env(storage), 60)
         policy = ["--policy", self.policy] if self.policy else []

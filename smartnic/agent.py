@@ -14,6 +14,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from fabric.auth import FabricSecurity
+from kvtb.credentials import Credentials, resolve_dir
 from smartnic.datapath import ChunkRef, Datapath, read_headers
 from smartnic.watcher import DataWork, TriggerEngine
 from smartnic.eviction import make_policy
@@ -28,7 +30,8 @@ from smartnic.triggered import Entry
 
 logger = logging.getLogger(__name__)
 
-CORRUPT = ("crc_mismatch", "bad_header", "length_mismatch")  # GET errors after which a chunk is deleted
+# GET errors after which a chunk is deleted: damaged, forged, moved, or an older copy
+CORRUPT = ("crc_mismatch", "bad_header", "length_mismatch", "mac_mismatch", "stale_generation")
 
 
 @dataclasses.dataclass
@@ -62,12 +65,15 @@ class Agent:
         self.tables = {"ingress": ma.Table("ingress")}  # the pipeline matches every turn in "ingress"
         self.stats = Stats()
         self.regions = Registrations()
+        fabric = FabricSecurity.for_host(settings.fabric_security, settings.credentials_dir, settings.host_nqn)
+        mac_key = Credentials(resolve_dir(settings.credentials_dir), "smartnic").kv_mac_key() \
+            if settings.kv_mac else None
         self.nodes = StorageNodes([(n.name, n.fabric_address) for n in settings.storage_nodes],
                                   settings.host_nqn, settings.queue_depth, settings.fabric_timeout_s,
-                                  settings.reconnect_interval_s, on_up=self._rebuild_from)
+                                  settings.reconnect_interval_s, on_up=self._rebuild_from, security=fabric)
         self.datapath = Datapath(self.nodes, settings.namespace_id, settings.salt, settings.get_timeout_s,
                                  settings.datapath_workers, settings.view_min_bytes,
-                                 settings.get_pdu_bytes)
+                                 settings.get_pdu_bytes, mac_key)
         self.engine = TriggerEngine(self.regions, self.stats, self._handle_data, settings.queue_bound,
                                     settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6)
         self._stop = threading.Event()

@@ -6,9 +6,10 @@ runs of smaller ones joined by one copy (`hostmem.gather` says why). GET asks fo
 value in data PDUs of `get_pdu_bytes` (NVMe/TCP's C2HData within a command) and places each
 one as it arrives, so copying one part into the region overlaps receiving the next; it checks
 the value's header on the first, copies the received bytes into the region once and checks
-their crc32c as it copies (`hostmem.dma`); a mismatch ends the GET with an error, so the
-bytes are never used. A GET that has not completed by its deadline fails with "timeout" and
-never writes afterwards.
+them as it copies (`hostmem.dma`): their MAC (keyed BLAKE3, `fabric.chunk_format`), made by
+the PUT over the chunk's bytes, key and generation, or, with the KV MAC off, their crc32c; a
+mismatch ends the GET with an error, so the bytes are never used. A GET that has not completed
+by its deadline fails with "timeout" and never writes afterwards.
 
 Completions run on the fabric client's I/O thread, where the reply arrived: a hand-off to
 another thread per chunk would cost more than the completion (the crc and the copy release
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -58,9 +61,11 @@ class Datapath:
 
     def __init__(self, nodes: StorageNodes, nsid: int, salt: str, get_timeout_s: float = 3.0,
                  workers: int = 1, view_min_bytes: int = gather.VIEW_MIN_BYTES,
-                 get_pdu_bytes: int = GET_PDU_BYTES):
+                 get_pdu_bytes: int = GET_PDU_BYTES, mac_key: bytes | None = None):
         self.nodes, self.nsid, self.salt, self.get_timeout_s = nodes, nsid, salt, get_timeout_s
         self.view_min_bytes, self.get_pdu_bytes = view_min_bytes, get_pdu_bytes
+        self.mac_key = mac_key  # None: chunks are written without a MAC and checked by crc32c alone
+        self._generation, self._generation_lock = 0, threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="datapath")
 
     def close(self) -> None:
@@ -86,29 +91,44 @@ class Datapath:
                                                   f"cover tokens [{ref.token_start}, {ref.token_end})"))
         kv_bytes = sum(r.nbytes for r in runs) - ids_view.nbytes
         ids_hash = cf.token_ids_hash(ids_view)
-        header = cf.encode_header(cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index,
-                                                 ref.token_start, ref.token_end, kv_bytes, ids_hash))
-        payload, crc = dma.frames(mem, runs, _crc.crc32c(header), self.view_min_bytes)
-        frames = [header, *payload]
         key = cf.chunk_key(self.salt, ref.user_id, ref.context_id, ref.chunk_index)
+        generation = self._next_generation()
+        header = cf.encode_header(cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index,
+                                                 ref.token_start, ref.token_end, kv_bytes, ids_hash, generation,
+                                                 cf.MAC_BYTES if self.mac_key else 0))
+        mac = cf.chunk_mac(self.mac_key, key, generation) if self.mac_key else None
+        if mac is not None:  # the MAC guards the bytes end to end: the node's crc32c serves its media alone
+            mac.update(header)
+            payload, crc = dma.frames(mem, runs, None, self.view_min_bytes, mac=mac)
+            trailer = mac.digest(cf.MAC_BYTES)
+            frames = [header, *payload, trailer]
+        else:
+            payload, crc = dma.frames(mem, runs, _crc.crc32c(header), self.view_min_bytes)
+            frames = [header, *payload]
         node = place(key, self.nodes.names, self.nodes.up())
         client = self.nodes.client(node) if node else None
         if client is None:
             return done(None, DataError("storage_unavailable", "no storage node is up"))
-        length = len(header) + ids_view.nbytes + kv_bytes
-        chunk = Chunk(ref.chunk_index, ref.token_start, ref.token_end, node, key, length, crc, ids_hash)
+        length = len(header) + ids_view.nbytes + kv_bytes + (cf.MAC_BYTES if mac is not None else 0)
+        chunk = Chunk(ref.chunk_index, ref.token_start, ref.token_end, node, key, length, crc or 0, ids_hash,
+                      generation)
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_STORE,
                                             namespace_id=self.nsid, key=key, value_length=length,
-                                            crc32c=crc, has_crc32c=True)
+                                            crc32c=crc or 0, has_crc32c=crc is not None)
         try:
             future = client.submit(capsule, frames)
         except Exception as exc:  # noqa: BLE001 - a closed client: report, never raise into the engine
             return done(None, DataError("storage_unavailable", str(exc)))
         future.add_done_callback(lambda f: self._put_done(f, node, chunk, done))
 
+    def _next_generation(self) -> int:
+        with self._generation_lock:
+            self._generation = cf.next_generation(self._generation, time.time_ns())
+            return self._generation
+
     def _put_done(self, future, node: str, chunk: Chunk, done) -> None:
         try:
-            future.result().raise_for_status()
+            chunk.crc32c = future.result().raise_for_status().response.crc32c  # as the node stored it
         except Exception as exc:  # noqa: BLE001 - every failure ends on the completion counter
             self.nodes.report_failure(node, exc)
             kind = "timeout" if isinstance(exc, TimeoutError) else "storage_status"
@@ -143,7 +163,7 @@ class Datapath:
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE,
                                             namespace_id=self.nsid, key=chunk.key, skip_guard_check=True,
                                             data_pdu_bytes=self.get_pdu_bytes)
-        arrival = Arrival(ref, chunk, mem, targets)
+        arrival = Arrival(ref, chunk, mem, targets, self.mac_key)
         try:
             future = client.submit(capsule, timeout_s=self.get_timeout_s, on_data=arrival.take)
         except Exception as exc:  # noqa: BLE001
@@ -185,18 +205,24 @@ class Datapath:
 class Arrival:
     """A GET's value as it arrives, whole or in data PDUs, placed into the region piece by piece.
 
-    The first piece must hold the header, which must name the chunk asked for and fit its
-    ranges; each piece must start where the last ended. The bytes land as they come and are
-    checksummed as they are copied (still in cache); end() says whether all of them came and
-    match the chunk's crc32c. After the first failure nothing more is written. Pieces come on
-    the fabric client's I/O thread, one at a time.
+    The first piece must hold the header, which must name the chunk asked for, in the generation
+    the requester knows, and fit its ranges; each piece must start where the last ended. The
+    bytes land as they come and are hashed (with mac_key: the chunk's MAC) or checksummed as they
+    are copied (still in cache); the MAC trailer is kept aside. end() says whether all of them
+    came and match the MAC (or the chunk's crc32c). After the first failure nothing more is
+    written. Pieces come on the fabric client's I/O thread, one at a time.
     """
 
-    def __init__(self, ref: ChunkRef, chunk: Chunk, mem, targets: Sequence[gather.Run]):
+    def __init__(self, ref: ChunkRef, chunk: Chunk, mem, targets: Sequence[gather.Run],
+                 mac_key: bytes | None = None):
         self.ref, self.chunk, self.mem, self.targets = ref, chunk, mem, targets
+        self.mac_key = mac_key
         self.received = 0          # bytes of the value taken so far
         self.header_bytes = -1     # known once the first piece came
-        self.crc = 0
+        self.body_end = 0          # where the MAC trailer starts
+        self.crc: int | None = 0   # None while a MAC is checked instead
+        self.mac = None
+        self.trailer = bytearray()
         self.error: DataError | None = None
 
     def take(self, offset: int, frames: Sequence) -> None:
@@ -219,11 +245,18 @@ class Arrival:
                                                f"after {self.received} of {self.chunk.length}")
         pos = offset
         if self.header_bytes < 0:  # offset 0: the piece starts with the header
-            head = _check_header(frames, self.ref, self.chunk, self.targets)
+            header, head = _check_header(frames, self.ref, self.chunk, self.targets, self.mac_key is not None)
             self.header_bytes, self.crc, pos = len(head), _crc.crc32c(head), len(head)
+            self.body_end = self.chunk.length - header.mac_bytes
+            if self.mac_key is not None:
+                self.mac, self.crc = cf.chunk_mac(self.mac_key, self.chunk.key, header.generation), None
+                self.mac.update(head)
         for view in cf.skip(frames, pos - offset):
-            runs = gather.cut(self.targets, pos - self.header_bytes, view.nbytes)
-            _, self.crc = dma.scatter(view, self.mem, runs, self.crc)
+            body = view[:max(0, self.body_end - pos)]
+            if body.nbytes:
+                runs = gather.cut(self.targets, pos - self.header_bytes, body.nbytes)
+                _, self.crc = dma.scatter(body, self.mem, runs, self.crc, mac=self.mac)
+            self.trailer += view[body.nbytes:]
             pos += view.nbytes
         self.received = pos
 
@@ -234,13 +267,19 @@ class Arrival:
         if self.received != self.chunk.length:
             raise DataError("length_mismatch", f"chunk {self.chunk.chunk_index}: got {self.received} "
                                                f"bytes, expected {self.chunk.length}")
-        if self.crc != self.chunk.crc32c:
+        if self.mac is not None:
+            if not cf.same_mac(self.mac.digest(cf.MAC_BYTES), self.trailer):
+                raise DataError("mac_mismatch", f"chunk {self.chunk.chunk_index}: MAC mismatch (forged, "
+                                                f"moved or damaged)")
+        elif self.crc != self.chunk.crc32c:
             raise DataError("crc_mismatch", f"chunk {self.chunk.chunk_index}: crc32c mismatch on arrival")
-        return self.received - self.header_bytes
+        return self.body_end - self.header_bytes
 
 
-def _check_header(frames, ref: ChunkRef, chunk: Chunk, targets: Sequence[gather.Run]) -> bytes:
-    """The header's bytes, once the header matches what was asked for and fits the ranges."""
+def _check_header(frames, ref: ChunkRef, chunk: Chunk, targets: Sequence[gather.Run],
+                  mac: bool) -> tuple[cf.ChunkHeader, bytes]:
+    """(header, its bytes), once the header matches what was asked for, in the generation the
+    requester knows, carries a MAC when one is checked, and fits the ranges."""
     try:
         leading = cf.leading_bytes(frames, cf.MAX_HEADER_BYTES)
         header, header_len = cf.decode_header(leading)
@@ -249,10 +288,15 @@ def _check_header(frames, ref: ChunkRef, chunk: Chunk, targets: Sequence[gather.
     got = (header.user_id, header.context_id, header.chunk_index, header.token_start, header.token_end)
     if got != tuple(ref):
         raise DataError("bad_header", f"chunk header says {got}, expected {tuple(ref)}")
-    if header_len + header.token_ids_bytes + header.kv_bytes != chunk.length or \
+    if mac and header.mac_bytes != cf.MAC_BYTES:
+        raise DataError("mac_mismatch", f"chunk {chunk.chunk_index} carries no MAC: unauthenticated")
+    if header.generation != chunk.generation:
+        raise DataError("stale_generation", f"chunk {chunk.chunk_index} is generation {header.generation}, "
+                                            f"expected {chunk.generation} (an older copy)")
+    if cf.value_length(header, header_len) != chunk.length or \
             header.token_ids_bytes + header.kv_bytes != _total(targets):
         raise DataError("length_mismatch", f"chunk {chunk.chunk_index} does not fit its ranges")
-    return leading[:header_len]
+    return header, leading[:header_len]
 
 
 def _memory(region: Region):
@@ -286,7 +330,8 @@ def read_headers(client, nsid: int, node: str) -> list[tuple[str, str, Chunk]]:
                 continue
             found.append((header.user_id, header.context_id,
                           Chunk(header.chunk_index, header.token_start, header.token_end, node, key,
-                                done.response.value_length, done.response.crc32c, header.token_ids_hash)))
+                                done.response.value_length, done.response.crc32c, header.token_ids_hash,
+                                header.generation)))
         if len(keys) < 1000:
             return found
         start = keys[-1]

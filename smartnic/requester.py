@@ -28,6 +28,7 @@ class Chunk:
     length: int
     crc32c: int
     token_ids_hash: bytes
+    generation: int = 0  # the version the PUT wrote; a GET refuses a chunk of another one
     last_use: float = 0.0
 
 

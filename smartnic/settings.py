@@ -4,6 +4,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from fabric.auth import AGENT_NQN
+from fabric.auth import MODES as FABRIC_SECURITY_MODES
+
 EVICTION_POLICIES = ("lru", "timer", "both")
 
 
@@ -44,7 +47,11 @@ class SmartNicSettings:
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
     insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
     storage_nodes: tuple = DEFAULT_STORAGE_NODES
-    host_nqn: str = "nqn.2026-11.org.kvtestbed:smartnic-0"
+    host_nqn: str = AGENT_NQN   # on the storage nodes' default allow list
+    # the storage fabric: "auth" authenticates each connection (DH-HMAC-CHAP with this host's key)
+    # and MACs every capsule; "curve" also encrypts it (ZeroMQ CURVE); "off" is neither (benchmarks)
+    fabric_security: str = "auth"
+    kv_mac: bool = True         # a keyed MAC on every stored chunk, checked before restored KV is used
     namespace_id: int = 1
     salt: str = "kvtestbed-default-salt"   # per deployment; the compute node's `cpu` policy must use the same
     queue_bound: int = 512                 # deferred work queue entries (a Cassini service's limit)
@@ -83,3 +90,4 @@ class SmartNicSettings:
         assert 0 <= self.capacity_low_bytes <= self.capacity_high_bytes, "need low <= high watermark"
         assert self.ttl_s > 0 and self.get_timeout_s > 0 and self.fabric_timeout_s > 0
         assert self.eviction_policy in EVICTION_POLICIES, f"eviction_policy: one of {EVICTION_POLICIES}"
+        assert self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}"

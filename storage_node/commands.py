@@ -1,4 +1,4 @@
-"""Capsules in, responses out: parsing, access control, queue admission and dispatch of commands."""
+"""Capsules in, responses out: authentication, parsing, access control, queue admission and dispatch."""
 from __future__ import annotations
 
 import logging
@@ -11,10 +11,12 @@ from google.protobuf.message import DecodeError
 from kvtb_proto import nvmeof_pb2 as pb
 from storage_node import handlers
 from fabric import status as st
+from fabric.auth import TRAILER_BYTES, AuthError, FabricSecurity
 from storage_node.handlers import OPS, Command, Result
 from storage_node.namespace import byte_view
 from storage_node.stats import Stats
 from fabric.status import NvmeError, Status
+from storage_node.sessions import Sessions
 from storage_node.subsystem import Controller, Subsystem
 
 logger = logging.getLogger(__name__)
@@ -22,11 +24,17 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Reply:
-    """A response to send: the session (routing id) it goes to, its capsule and payload buffers."""
+    """A response to send: the session (routing id) it goes to, its capsule and payload buffers.
+
+    plain: sent unsealed even to an authenticated session (the handshake's last reply);
+    close: the session's channel ends once this reply is sealed (Disconnect).
+    """
 
     session: bytes
     capsule: pb.ResponseCapsule
     frames: list
+    plain: bool = False
+    close: bool = False
 
 
 Post = Callable[[Command, Result], None]
@@ -56,16 +64,20 @@ def data_pdus(session: bytes, response: pb.ResponseCapsule, value: memoryview, p
 class CommandProcessor:
     """Turns received capsules into executions and finished executions into replies.
 
-    Invariants: a capsule from a session without a controller is never executed; each
-    received capsule gets exactly one reply. Thread-safety: receive() and complete() run on
-    the fabric thread only; executions post their Result back through `post` (thread-safe).
+    Invariants: a capsule from a session without a controller is never executed; with
+    `security` auth or curve a session gets its controller only once it authenticated, and a
+    capsule of an authenticated session is executed only when its seal checks out; each
+    received capsule gets exactly one reply. Thread-safety: receive(), complete() and header()
+    run on the fabric thread only; executions post their Result back through `post` (thread-safe).
     """
 
-    def __init__(self, subsystem: Subsystem, executor: Executor, post: Post, stats: Stats):
+    def __init__(self, subsystem: Subsystem, executor: Executor, post: Post, stats: Stats,
+                 security: FabricSecurity | None = None):
         self.subsystem = subsystem
         self.executor = executor
         self.post = post
         self.stats = stats
+        self.sessions = Sessions(security or FabricSecurity.off())
         self.max_value_bytes = subsystem.settings.max_value_bytes
         self.env = {"committers": subsystem.committers}
 
@@ -73,9 +85,15 @@ class CommandProcessor:
         """Handle one received message: [header, payload buffers...] (buffers, not copied)."""
         capsule = pb.CommandCapsule()
         try:
-            if not frames or not len(frames[0]):
+            header = self.sessions.open(session, frames[0] if frames else b"")
+        except AuthError as exc:
+            logger.warning("capsule refused: %s", exc)
+            return [self._error(session, _command_id(frames[0] if frames else b""), None,
+                                st.CONNECT_INVALID_HOST, f"capsule refused: {exc}")]
+        try:
+            if not header:
                 raise DecodeError("no header frame, or an empty one")
-            capsule.ParseFromString(bytes(frames[0]))
+            capsule.ParseFromString(header)
         except (DecodeError, ValueError, TypeError) as exc:
             return [self._error(session, 0, None, st.INVALID_FIELD, f"unparsable command capsule: {exc}")]
         payload = frames[1:]
@@ -84,6 +102,8 @@ class CommandProcessor:
         controller = self.subsystem.controller_for(session)
         if controller is None:
             return [self._error(session, capsule.command_id, None, st.CONNECT_INVALID_HOST,
+                                "host is not connected and authenticated (send a Fabrics Connect, then "
+                                "authenticate)" if self.sessions.required else
                                 "host is not connected (send a Fabrics Connect first)")]
         try:
             cmd = self._validate(session, capsule, payload, controller)
@@ -144,26 +164,77 @@ class CommandProcessor:
         else:
             self.executor.submit(handlers.run, cmd, finish, self.env)
 
+    def header(self, reply: Reply) -> bytes:
+        """A reply's first frame: its capsule, sealed for an authenticated session unless plain."""
+        data = reply.capsule.SerializeToString()
+        if not reply.plain:
+            data = self.sessions.seal(reply.session, data)
+        if reply.close:
+            self.sessions.drop(reply.session)
+        return data
+
     def _fabrics(self, session: bytes, capsule: pb.CommandCapsule, payload: list) -> Reply:
-        """Connect binds the session to a controller (or refuses it); Disconnect unbinds it."""
+        """Connect binds the session to a controller, or starts its authentication (or refuses it);
+        AUTH_SEND / AUTH_RECV carry the handshake; Disconnect unbinds the session."""
         try:
             if payload:
                 raise NvmeError(st.INVALID_FIELD, "fabrics commands carry no payload")
             if capsule.opcode == pb.FABRICS_CONNECT:
-                controller = self.subsystem.connect(session, capsule.host_nqn, capsule.subsystem_nqn)
-                self.stats.record("connect", "success")
-                return self._reply(session, capsule.command_id, controller, st.SUCCESS, "")
+                return self._connect(session, capsule)
+            if capsule.opcode in (pb.FABRICS_AUTH_SEND, pb.FABRICS_AUTH_RECV):
+                return self._authenticate(session, capsule)
             if capsule.opcode == pb.FABRICS_DISCONNECT:
                 controller = self.subsystem.controller_for(session)
                 if controller is None:
                     raise NvmeError(st.CONNECT_INVALID_HOST, "not connected")
                 self.subsystem.disconnect_session(session)
                 self.stats.record("disconnect", "success")
-                return self._reply(session, capsule.command_id, controller, st.SUCCESS, "")
+                reply = self._reply(session, capsule.command_id, controller, st.SUCCESS, "")
+                reply.close = True
+                return reply
             raise NvmeError(st.INVALID_OPCODE, f"fabrics opcode {capsule.opcode:#04x} is not supported")
         except NvmeError as exc:
             logger.info("fabrics command refused: %s", exc.message)
             return self._error(session, capsule.command_id, None, exc.status, exc.message)
+
+    def _connect(self, session: bytes, capsule: pb.CommandCapsule) -> Reply:
+        if self.sessions.sealed(session):
+            raise NvmeError(st.INVALID_FIELD, "already connected and authenticated (Disconnect first)")
+        if not self.sessions.required:
+            controller = self.subsystem.connect(session, capsule.host_nqn, capsule.subsystem_nqn)
+            self.stats.record("connect", "success")
+            return self._reply(session, capsule.command_id, controller, st.SUCCESS, "")
+        self.subsystem.check_allowed(capsule.host_nqn, capsule.subsystem_nqn)
+        self.subsystem.disconnect_session(session)  # a session that connects again starts over
+        self.sessions.begin(session, capsule.host_nqn, self.subsystem.settings.subsystem_nqn)
+        reply = self._reply(session, capsule.command_id, None, st.SUCCESS, "")
+        reply.capsule.authentication_required = True
+        return reply
+
+    def _authenticate(self, session: bytes, capsule: pb.CommandCapsule) -> Reply:
+        """One step of the handshake; the last binds the session to its host's controller."""
+        try:
+            handshake = self.sessions.handshake(session)
+            reply = self._reply(session, capsule.command_id, None, st.SUCCESS, "")
+            if capsule.opcode == pb.FABRICS_AUTH_RECV:
+                reply.capsule.auth_message = handshake.send()
+                return reply
+            handshake.receive(capsule.auth_message)
+        except AuthError as exc:
+            if not self.sessions.sealed(session):
+                self.sessions.drop(session)
+            self.stats.record("authentication", "failed")
+            logger.warning("authentication refused: %s", exc)
+            raise NvmeError(st.CONNECT_INVALID_HOST, f"authentication failed: {exc}") from exc
+        if not handshake.done:
+            return reply
+        controller = self.subsystem.connect(session, handshake.host_nqn, handshake.subsystem_nqn)
+        self.sessions.establish(session)
+        self.stats.record("authentication", "success")
+        self.stats.record("connect", "success")
+        reply = self._reply(session, capsule.command_id, controller, st.SUCCESS, "")
+        reply.plain = True  # the host seals from its next capsule on, and expects sealed replies after this
+        return reply
 
     def _error(self, session: bytes, cid: int, controller: Controller | None, status: Status,
                message: str) -> Reply:
@@ -180,3 +251,13 @@ class CommandProcessor:
             response.sq_head = controller.queue.sq_head
             response.sq_id = controller.qid
         return Reply(session, response, [])
+
+
+def _command_id(header) -> int:
+    """The command id of a capsule that failed its seal, best effort (0 when unparsable)."""
+    capsule = pb.CommandCapsule()
+    try:
+        capsule.ParseFromString(bytes(header)[:-TRAILER_BYTES] if len(header) > TRAILER_BYTES else b"")
+    except (DecodeError, ValueError, TypeError):
+        return 0
+    return capsule.command_id

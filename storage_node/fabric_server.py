@@ -1,7 +1,9 @@
 """The fabric front end: a ZeroMQ ROUTER that carries capsules between hosts and the processor.
 
 Wire (per message): host -> node [routing id, CommandCapsule, payload...]; node -> host
-[routing id, ResponseCapsule, payload...]. Frames are received with copy=False and handed on
+[routing id, ResponseCapsule, payload...]; the capsules sealed once the host authenticated
+(`CommandProcessor.header`). With `fabric_security: curve` the socket is a CURVE server: every
+byte is encrypted (ZeroMQ's CurveZMQ), with the same authentication on top. Frames are received with copy=False and handed on
 as memoryviews; replies go out with copy=False from buffers made for that reply alone, or from
 views of a namespace's mapping that keep their extents pinned until ZeroMQ lets go of them.
 """
@@ -13,6 +15,7 @@ import threading
 
 import zmq
 
+from fabric.auth import FabricSecurity
 from kvtb.doorbell import Doorbell
 from storage_node.commands import CommandProcessor, Reply
 from storage_node.handlers import Command, Result
@@ -34,9 +37,13 @@ class FabricServer:
     so ZeroMQ's and TCP's buffers fill and the hosts' sends block; nothing is dropped.
     """
 
-    def __init__(self, address: str, context: zmq.Context | None = None):
+    def __init__(self, address: str, context: zmq.Context | None = None, security: FabricSecurity | None = None):
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
+        if security is not None and security.mode == "curve":  # encryption; who the host is, the handshake says
+            self._sock.curve_server = True
+            self._sock.curve_secretkey = security.curve_secret
+            self._sock.curve_publickey = security.curve_public
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)
         self._sock.setsockopt(zmq.RCVHWM, 0)
@@ -117,7 +124,7 @@ class FabricServer:
 
     def _send(self, replies: list[Reply]) -> None:
         for reply in replies:
-            message = [reply.session, reply.capsule.SerializeToString(), *reply.frames]
+            message = [reply.session, self.processor.header(reply), *reply.frames]
             try:
                 self._sock.send_multipart(message, copy=False)
             except zmq.ZMQError as exc:

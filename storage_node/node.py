@@ -6,6 +6,7 @@ from concurrent import futures
 
 import grpc
 
+from fabric.auth import FabricSecurity
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
 from kvtb.rpc import Authorizer, Security, add_port
@@ -52,10 +53,11 @@ class StorageNode:
 
     def start(self) -> dict[str, str]:
         """Open the namespaces, bind both endpoints and metrics, and serve; return the bound addresses."""
+        fabric_security = FabricSecurity.for_target(self.settings.fabric_security, self.settings.credentials_dir)
         self.subsystem.open()
         self.executor = futures.ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="io")
-        self.fabric = FabricServer(self.settings.fabric_address)
-        processor = CommandProcessor(self.subsystem, self.executor, self.fabric.post, self.stats)
+        self.fabric = FabricServer(self.settings.fabric_address, security=fabric_security)
+        processor = CommandProcessor(self.subsystem, self.executor, self.fabric.post, self.stats, fabric_security)
         security = Security.of("storage", self.settings.credentials_dir, self.settings.insecure)
         self.grpc_server = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="admin"),
                                        interceptors=[Authorizer(ADMIN_ACCESS, security)])
@@ -77,7 +79,8 @@ class StorageNode:
         return self.addresses
 
     def ready_extra(self) -> dict:
-        return {"node": self.settings.node_name, "subsystem_nqn": self.settings.subsystem_nqn}
+        return {"node": self.settings.node_name, "subsystem_nqn": self.settings.subsystem_nqn,
+                "fabric_security": self.settings.fabric_security}
 
     def namespace_usage(self) -> list[tuple[int, int, int]]:
         """(nsid, used bytes, keys) of each namespace."""

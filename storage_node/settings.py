@@ -7,6 +7,9 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+from fabric.auth import AGENT_NQN, COMPUTE_NQN
+from fabric.auth import MODES as FABRIC_SECURITY_MODES
+
 WILDCARD = "*"
 COMMAND_SETS = ("key_value", "nvm")
 
@@ -46,8 +49,15 @@ class StorageSettings:
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
     insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
     fabric_address: str = "tcp://127.0.0.1:55061"
-    # host NQN (or "*") -> namespace ids it may reach (or "*"): the NIC-2 access list
-    allowed_hosts: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {WILDCARD: WILDCARD})
+    # "auth": a host authenticates at Connect (DH-HMAC-CHAP with its key, derived from the fabric's
+    # master) and every capsule is MACed; "curve": the same over an encrypted ZeroMQ CURVE socket;
+    # "off": neither (benchmarks of what security costs only)
+    fabric_security: str = "auth"
+    # host NQN (or "*") -> namespace ids it may reach (or "*"): the NIC-2 access list. By default this
+    # deployment's hosts as their settings name them (the agent, the compute node's `cpu` policy);
+    # "*" admits any host NQN, only when an operator writes it.
+    allowed_hosts: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: {AGENT_NQN: WILDCARD, COMPUTE_NQN: WILDCARD})
     io_threads: int = 4
     fsync: bool = True                         # off only for benchmarks: acks are then not durable
     compact_min_records: int = 10_000
@@ -64,6 +74,7 @@ class StorageSettings:
         assert all(cs in COMMAND_SETS for cs in self.namespaces), f"namespaces: one of {COMMAND_SETS}"
         assert self.fabric_address.startswith(("tcp://", "ipc://", "inproc://")), \
             "fabric_address: a ZeroMQ endpoint"
+        assert self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}"
 
     def allowed_namespaces(self, host_nqn: str) -> Any:
         """The namespace ids host_nqn may reach ("*" for all), or None when it is refused."""

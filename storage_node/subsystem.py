@@ -121,13 +121,18 @@ class Subsystem:
 
     # -- hosts --------------------------------------------------------------------------------
 
-    def admit(self, host_nqn: str, subsystem_nqn: str = "") -> Controller:
-        """The controller of host_nqn (created on first use); CONNECT_INVALID_HOST when not allowed."""
+    def check_allowed(self, host_nqn: str, subsystem_nqn: str = "") -> Any:
+        """The namespaces host_nqn may reach; CONNECT_INVALID_HOST when it is not on the allow list."""
         if subsystem_nqn and subsystem_nqn != self.settings.subsystem_nqn:
             raise NvmeError(st.CONNECT_INVALID_PARAMETERS, f"unknown subsystem {subsystem_nqn!r}")
         allowed = self.settings.allowed_namespaces(host_nqn) if host_nqn else None
         if allowed is None:
             raise NvmeError(st.CONNECT_INVALID_HOST, f"host {host_nqn!r} is not allowed")
+        return allowed
+
+    def admit(self, host_nqn: str, subsystem_nqn: str = "") -> Controller:
+        """The controller of host_nqn (created on first use); CONNECT_INVALID_HOST when not allowed."""
+        allowed = self.check_allowed(host_nqn, subsystem_nqn)
         with self._lock:
             controller = self._controllers.get(host_nqn)
             if controller is None:

@@ -6,6 +6,8 @@ import tempfile
 
 import pytest
 
+from fabric.auth import FabricSecurity
+from fabric.client import FabricClient
 from kvtb import credentials
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb.rpc import Security, channel
@@ -27,6 +29,19 @@ def as_identity(identity: str = "operator") -> Security:
 def secure_channel(address: str, peer: str = "", identity: str = "operator"):
     """A mutual-TLS channel to a service of this run (as the operator, unless told otherwise)."""
     return channel(address, as_identity(identity), peer=peer)
+
+TEST_HOST = "nqn.2026-11.org.kvtestbed:test"  # the tests' own fabric host (storage_env allows it)
+
+
+def fabric_security(host_nqn: str, mode: str = "auth") -> FabricSecurity:
+    """A fabric host's security in this run's deployment: its own key, derived from the master."""
+    return FabricSecurity.for_host(mode, str(CREDENTIALS), host_nqn)
+
+
+def fabric_client(address: str, host_nqn: str = TEST_HOST, mode: str = "auth", **kwargs) -> FabricClient:
+    """A FabricClient (not connected yet) that authenticates as host_nqn."""
+    return FabricClient(address, host_nqn, security=fabric_security(host_nqn, mode), **kwargs)
+
 
 # Tests leave the fixed HTTP and metrics ports to a `kvtb up` on this machine.
 FREE_SIDE_PORTS = {f"KVTB_{s}_METRICS_ADDRESS": "127.0.0.1:0"

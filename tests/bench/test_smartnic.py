@@ -1,7 +1,14 @@
 """The pure parts of `kvtb bench smartnic` (its runs are in test_smoke.py): chunk layout, tables."""
 import pytest
 
-from bench.smartnic import rounds_line, strided_ranges, transfers_table
+from bench.smartnic import (
+    SECURITY_FLOORS,
+    rounds_line,
+    security_line,
+    security_ratios,
+    strided_ranges,
+    transfers_table,
+)
 
 
 def test_the_chunks_rows_tile_the_area_exactly_once():
@@ -32,3 +39,29 @@ def test_the_transfers_table_puts_path_node_and_limit_side_by_side():
     assert head.split()[:4] == ["chunk", "PUT", "MB/s", "node"]
     assert row.split() == ["1", "MiB", "600", "900", "1000", "0.60", "400", "800", "2000", "0.20"]
     assert spread == rounds_line(TRANSFER)
+
+
+def with_security(t: dict, open_put: float, open_get: float, curve_put: float, curve_get: float) -> dict:
+    out = {**t, "security": {"open": {"put_bytes_per_s": open_put, "get_bytes_per_s": open_get},
+                             "curve": {"put_bytes_per_s": curve_put, "get_bytes_per_s": curve_get}}}
+    for mode, f in (("secure", t), ("curve", out["security"]["curve"])):
+        for op, base in (("put", open_put), ("get", open_get)):
+            out[f"{op}_{mode}_vs_open"] = f[f"{op}_bytes_per_s"] / base
+    return out
+
+
+def test_security_ratios_compare_each_mode_with_open_and_name_16_mib_plainly():
+    small = with_security(TRANSFER, 800e6, 500e6, 300e6, 100e6)
+    large = with_security({**TRANSFER, "chunk_bytes": 16 << 20}, 600e6, 800e6, 150e6, 200e6)
+    ratios = security_ratios([small, large])
+    assert ratios["put_secure_vs_open_1mb"] == 0.75 and ratios["get_secure_vs_open_1mb"] == 0.8
+    assert ratios["put_secure_vs_open"] == 1.0 and ratios["get_secure_vs_open"] == 0.5
+    assert ratios["get_curve_vs_open"] == 0.25 and "put_curve_vs_open_16mb" in ratios
+    assert set(SECURITY_FLOORS) == {"put_secure_vs_open", "get_secure_vs_open"}
+
+
+def test_the_security_line_gives_every_mode_beside_open():
+    line = security_line(with_security(TRANSFER, 800e6, 500e6, 300e6, 100e6))
+    assert line == ("1 MiB by security, MB/s (vs open): PUT secure 600 (0.75), open 800, curve 300 (0.38); "
+                    "GET secure 400 (0.80), open 500, curve 100 (0.20)")
+    assert transfers_table([with_security(TRANSFER, 800e6, 500e6, 300e6, 100e6)]).splitlines()[-1] == line

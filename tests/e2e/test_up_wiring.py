@@ -1,4 +1,5 @@
 """`kvtb up`'s wiring of one service's announced addresses into the next (no processes)."""
+import json
 from pathlib import Path
 
 from kvtb import up
@@ -23,6 +24,17 @@ def test_second_storage_node_gets_its_own_addresses_and_data():
                    "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:50062",
                    "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:55062",
                    "KVTB_STORAGE_METRICS_ADDRESS": "127.0.0.1:9104"}
+
+
+def test_storage_nodes_allow_the_deployments_hosts_as_its_settings_name_them():
+    assert up.deployment_hosts({}, environ={}) == {"nqn.2026-11.org.kvtestbed:smartnic-0": "*",
+                                                   "nqn.2026-11.org.kvtestbed:compute-0": "*"}
+    config = {"smartnic": {"host_nqn": "nqn.x:agent"}, "compute": {"storage_host_nqn": "nqn.x:compute"}}
+    hosts = up.deployment_hosts(config, environ={"KVTB_SMARTNIC_HOST_NQN": "nqn.y:agent"})
+    assert hosts == {"nqn.y:agent": "*", "nqn.x:compute": "*"}
+    env = up.storage_env(0, {}, Path("/d"), hosts)
+    assert json.loads(env["KVTB_STORAGE_ALLOWED_HOSTS"]) == hosts
+    assert "KVTB_STORAGE_ALLOWED_HOSTS" not in up.storage_env(0, {"allowed_hosts": {"*": "*"}}, Path("/d"), hosts)
 
 
 def test_announced_addresses_flow_to_the_next_services():

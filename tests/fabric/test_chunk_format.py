@@ -14,9 +14,43 @@ def header(**kw):
 
 
 def test_header_round_trip_and_partial_read():
-    raw = cf.encode_header(header())
-    decoded, length = cf.decode_header(raw + b"token ids and kv follow")
-    assert decoded == header() and length == len(raw) <= cf.MAX_HEADER_BYTES
+    for h in (header(), header(generation=2**63 + 5, mac_bytes=0)):
+        raw = cf.encode_header(h)
+        decoded, length = cf.decode_header(raw + b"token ids and kv follow")
+        assert decoded == h and length == len(raw) <= cf.MAX_HEADER_BYTES
+        assert cf.value_length(decoded, length) == length + 32 * 4 + 1234 + h.mac_bytes
+    with pytest.raises(cf.ChunkFormatError):
+        cf.encode_header(header(mac_bytes=16))
+
+
+def test_a_version_1_chunk_is_refused_as_unauthenticated():
+    v1 = bytearray(cf.encode_header(header()))
+    v1[4:6] = (1).to_bytes(2, "little")
+    with pytest.raises(cf.ChunkFormatError, match="version 1 carries no MAC"):
+        cf.decode_header(v1)
+
+
+def test_the_mac_covers_key_generation_and_every_byte():
+    key, storage_key = bytes(range(32)), cf.chunk_key("salt", "alice", "ctx-1", 0)
+    parts = [cf.encode_header(header(generation=7)), b"ids" * 10, bytes(range(256)) * 40]
+    mac = cf.mac_of(key, storage_key, 7, parts)
+    incremental = cf.chunk_mac(key, storage_key, 7)
+    for part in parts:
+        incremental.update(part)
+    assert len(mac) == cf.MAC_BYTES and cf.same_mac(mac, incremental.digest(cf.MAC_BYTES))
+    flipped = bytearray(parts[2])
+    flipped[5000] ^= 1
+    others = {cf.mac_of(bytes(32), storage_key, 7, parts),                        # another key
+              cf.mac_of(key, cf.chunk_key("salt", "alice", "ctx-2", 0), 7, parts),  # another place
+              cf.mac_of(key, storage_key, 6, parts),                               # another generation
+              cf.mac_of(key, storage_key, 7, [*parts[:2], bytes(flipped)])}         # another byte
+    assert mac not in others and len(others) == 4
+
+
+def test_generations_follow_the_clock_and_never_repeat():
+    assert cf.next_generation(0, 1000) == 1000
+    assert cf.next_generation(1000, 1000) == 1001
+    assert cf.next_generation(5000, 1000) == 5001  # a clock that stepped back
 
 
 def test_corrupt_header_is_refused():

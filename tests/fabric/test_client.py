@@ -6,7 +6,10 @@ import pytest
 import zmq
 
 from kvtb_proto import nvmeof_pb2 as pb
-from fabric.client import FabricClient, FabricTimeout
+from fabric import auth
+from fabric import status as st
+from fabric.auth import FabricSecurity
+from fabric.client import FabricClient, FabricError, FabricTimeout, StorageStatusError
 
 
 class FakeTarget:
@@ -92,6 +95,82 @@ def test_a_command_can_have_its_own_timeout():
         with pytest.raises(FabricTimeout, match="0.2 s"):
             client.submit(capsule(), timeout_s=0.2).result(5)
         assert time.monotonic() - start < 5
+    finally:
+        client.close()
+        target.close()
+
+
+class AuthTarget:
+    """A ROUTER that runs the target's handshake, then answers each capsule as `answer` says:
+    "sealed" (a real completion), "plain" (an unsealed success: forged) or "invalid host" (unsealed)."""
+
+    def __init__(self, key: bytes, answers: list[str]):
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.address = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.key, self.answers = key, list(answers)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        handshake, channel = None, None
+        while not self._stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            ident, header, *_ = self.sock.recv_multipart()
+            if channel is not None:
+                header = channel.open(header)
+            capsule = pb.CommandCapsule.FromString(header)
+            rsp = pb.ResponseCapsule(command_id=capsule.command_id)
+            answer = "sealed"
+            if capsule.opcode == pb.FABRICS_CONNECT and capsule.command_set == pb.FABRICS:
+                handshake = auth.TargetHandshake(self.key, capsule.host_nqn, "nqn.fake")
+                rsp.authentication_required = True
+            elif capsule.opcode == pb.FABRICS_AUTH_SEND and capsule.command_set == pb.FABRICS:
+                handshake.receive(capsule.auth_message)
+            elif capsule.opcode == pb.FABRICS_AUTH_RECV and capsule.command_set == pb.FABRICS:
+                rsp.auth_message = handshake.send()
+            elif self.answers:
+                answer = self.answers.pop(0)
+            if answer == "invalid host":
+                rsp.status_code_type, rsp.status_code = st.CONNECT_INVALID_HOST
+            data = rsp.SerializeToString()
+            if channel is not None and answer == "sealed":
+                data = channel.seal(data)
+            self.sock.send_multipart([ident, data])
+            if handshake is not None and handshake.done and channel is None:
+                channel = handshake.channel()
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def test_an_authenticated_client_takes_only_sealed_completions():
+    key = bytes(range(32))
+    target = AuthTarget(key, ["plain", "invalid host", "sealed"])
+    client = FabricClient(target.address, "nqn:h", timeout_s=0.5, security=FabricSecurity("auth", key))
+    try:
+        client.connect()
+        with pytest.raises(FabricTimeout):  # a forged (unsealed) success is dropped: the command times out
+            client.submit(capsule()).result(5)
+        with pytest.raises(StorageStatusError) as err:  # an unsealed "invalid host" can only fail it
+            client.submit(capsule()).result(5).raise_for_status()
+        assert err.value.status == st.CONNECT_INVALID_HOST
+        assert client.submit(capsule()).result(5).ok
+    finally:
+        client.close()
+        target.close()
+
+
+def test_a_client_refuses_a_target_that_does_not_authenticate_itself():
+    target = FakeTarget(hold=1)  # answers Connect with success, no authentication asked
+    client = FabricClient(target.address, "nqn:h", timeout_s=1, security=FabricSecurity("auth", bytes(32)))
+    try:
+        with pytest.raises(FabricError, match="does not authenticate itself"):
+            client.connect()
     finally:
         client.close()
         target.close()

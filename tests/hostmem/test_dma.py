@@ -1,6 +1,8 @@
 """The copy engine: both engines copy the same bytes and give the same crc32c; bad runs are refused."""
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -75,6 +77,24 @@ def test_frames_match_the_numpy_plan(engine):
     assert b"".join(bytes(memoryview(b)) for b in bufs) == concat(MEM, todo)
     assert crc == crc32c(concat(MEM, todo))
     assert np.shares_memory(bufs[-1], MEM) and not np.shares_memory(bufs[0], MEM)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_mac_is_fed_every_byte_in_order_and_the_crc_may_be_left_out(engine, monkeypatch):
+    monkeypatch.setattr(dma, "MAC_BLOCK_BYTES", 4096 + 7)  # blocks that cut rows anywhere
+    for todo in layouts():
+        data = concat(MEM, todo)
+        mac = hashlib.blake2b()  # any hasher with update(); the data path passes keyed BLAKE3
+        bufs, crc = dma.frames(MEM, todo, 0, view_min_bytes=1 << 20, engine=engine, mac=mac)
+        assert b"".join(bytes(memoryview(b)) for b in bufs) == data and crc == crc32c(data)
+        assert mac.digest() == hashlib.blake2b(data).digest()
+        bufs, crc = dma.frames(MEM, todo, None, view_min_bytes=1 << 20, engine=engine, mac=hashlib.blake2b())
+        assert crc is None and b"".join(bytes(memoryview(b)) for b in bufs) == data
+        source = RNG.integers(0, 256, len(data), dtype=np.uint8).tobytes()
+        mem, mac = MEM.copy(), hashlib.blake2b()
+        assert dma.scatter(source, mem, todo, None, engine=engine, mac=mac) == (len(source), None)
+        assert concat(mem, todo) == source and mac.digest() == hashlib.blake2b(source).digest()
+        assert dma.scatter(source, mem, todo, 5, engine=engine, mac=hashlib.blake2b())[1] == extend(5, source)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -1,13 +1,16 @@
 """Helpers for the agent's process tests: a region standing in for the compute node's pool."""
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
 import grpc
 import numpy as np
 
+from fabric.auth import AGENT_NQN
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
+from tests.conftest import TEST_HOST
 from hostmem.kv_layout import KvLayout
 from hostmem.region import Region
 
@@ -16,10 +19,12 @@ KEY = "secret"
 
 
 def storage_env(tmp_path, name: str) -> dict[str, str]:
+    """A storage node's environment: its allow list is the agent's NQN and the tests' own host."""
     return {"KVTB_STORAGE_NODE_NAME": name, "KVTB_STORAGE_DATA_DIR": str(tmp_path / name),
             "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0", "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0",
             "KVTB_STORAGE_SUBSYSTEM_NQN": f"nqn.2026-11.org.kvtestbed:{name}",
-            "KVTB_STORAGE_NAMESPACE_SIZE_BYTES": str(1 << 30)}
+            "KVTB_STORAGE_NAMESPACE_SIZE_BYTES": str(1 << 30),
+            "KVTB_STORAGE_ALLOWED_HOSTS": json.dumps({AGENT_NQN: "*", TEST_HOST: "*"})}
 
 
 def agent_env(storage_procs, **extra) -> dict[str, str]:

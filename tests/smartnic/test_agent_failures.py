@@ -8,10 +8,11 @@ import pytest
 
 from kvtb.launch import free_port
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
+from fabric import chunk_format as cf
 from fabric.client import FabricClient
 from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
 from tests.smartnic.test_agent_service import CTX, IDS, USER, offload, restore
-from tests.conftest import secure_channel
+from tests.conftest import TEST_HOST, fabric_client, secure_channel
 
 
 def start(start_service, tmp_path, nodes=("s0",), **agent_settings):
@@ -23,8 +24,9 @@ def start(start_service, tmp_path, nodes=("s0",), **agent_settings):
     return storage, agent, Pool(smartnic_pb2_grpc.SmartNicStub(channel))
 
 
-def fabric(proc) -> FabricClient:
-    client = FabricClient(proc.addresses["fabric"], "nqn.2026-11.org.kvtestbed:test")
+def fabric(proc, host_nqn: str = TEST_HOST) -> FabricClient:
+    """A connected, authenticated client of the node (as the tests' own host, unless told)."""
+    client = fabric_client(proc.addresses["fabric"], host_nqn)
     client.connect()
     return client
 
@@ -36,7 +38,7 @@ def test_corrupt_chunk_is_an_error_and_is_dropped(start_service, tmp_path):
         chunks = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX)).chunks
         client = fabric(storage[0][1])
         value = bytearray(client.retrieve(1, chunks[1].key).payload())
-        value[-1] ^= 0xFF  # one bit-flipped byte of KV, stored with a matching crc: only the agent can tell
+        value[-1 - cf.MAC_BYTES] ^= 0xFF  # one flipped byte of KV, stored with a matching crc: only the agent can tell
         client.store(1, chunks[1].key, [bytes(value)])
         info = restore(pool, 1, IDS)
         success, error = pool.wait_counter(info.completion_counter, info.threshold)
@@ -44,12 +46,12 @@ def test_corrupt_chunk_is_an_error_and_is_dropped(start_service, tmp_path):
         errors = pool.stub.ReadErrors(
             smartnic_pb2.ReadErrorsRequest(region_id=pool.region_id, access_key=KEY)
         )
-        assert [(e.kind, e.chunk.chunk_index) for e in errors.errors] == [("crc_mismatch", 1)]
+        assert [(e.kind, e.chunk.chunk_index) for e in errors.errors] == [("mac_mismatch", 1)]
         left = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX)).chunks
         assert [c.chunk_index for c in left] == [0, 2, 3]
         assert restore(pool, 1, IDS).tokens_announced == 16  # the prefix stops at the gap
         stats = pool.stub.Stats(smartnic_pb2.StatsRequest())
-        assert stats.errors_by_kind["crc_mismatch"] == 1
+        assert stats.errors_by_kind["mac_mismatch"] == 1
         deadline = time.monotonic() + 5
         while chunks[1].key in client.list_keys(1) and time.monotonic() < deadline:
             time.sleep(0.05)

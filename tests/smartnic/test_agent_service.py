@@ -9,9 +9,8 @@ import pytest
 
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
 from fabric import chunk_format as cf
-from fabric.client import FabricClient
 from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
-from tests.conftest import secure_channel
+from tests.conftest import CREDENTIALS, fabric_client, secure_channel
 
 USER, CTX = "alice", "ctx-1"
 IDS = np.arange(1000, 1064, dtype=np.uint32)
@@ -67,14 +66,17 @@ def test_put_stores_the_bytes_and_get_restores_them(pool, storage):
     found = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX))
     assert [c.chunk_index for c in found.chunks] == [0, 1, 2, 3]
     # the stored value is header + token ids + KV in layout order
-    client = FabricClient(storage[0][1].addresses["fabric"], "nqn.2026-11.org.kvtestbed:test")
-    client.connect()
-    value = bytes(client.retrieve(1, found.chunks[1].key).payload())
-    client.close()
+    with fabric_client(storage[0][1].addresses["fabric"]) as client:
+        value = bytes(client.retrieve(1, found.chunks[1].key).payload())
     header, n = cf.decode_header(value)
     assert (header.user_id, header.chunk_index, header.token_start, header.token_end) == (USER, 1, 16, 32)
     assert value[n : n + 64] == IDS[16:32].tobytes()
-    assert value[n + 64 :] == np.ascontiguousarray(pool.kv(0)[:, :, :, 16:32, :]).tobytes()
+    assert value[n + 64 : -cf.MAC_BYTES] == np.ascontiguousarray(pool.kv(0)[:, :, :, 16:32, :]).tobytes()
+    # ... and the MAC under the deployment's kv-mac.key, over the key, the generation and those bytes
+    mac_key = (CREDENTIALS / "kv-mac.key").read_bytes()
+    assert header.generation > 0 and header.mac_bytes == cf.MAC_BYTES
+    assert value[-cf.MAC_BYTES:] == cf.mac_of(mac_key, found.chunks[1].key, header.generation,
+                                              [value[:-cf.MAC_BYTES]])
     # GET into the other slot of another region: exactly those bytes, and the restore counter
     other = Pool(pool.stub)
     try:

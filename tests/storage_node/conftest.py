@@ -17,9 +17,10 @@ GOOD_HOST = "nqn.2026-11.org.kvtestbed:test-host"
 
 
 def settings_for(tmp_path, **overrides) -> StorageSettings:
-    """Small namespaces in tmp_path, port 0 everywhere."""
+    """Small namespaces in tmp_path, port 0 everywhere, GOOD_HOST allowed."""
     values = {"data_dir": str(tmp_path / "data"), "namespace_size_bytes": 256 << 20,
-              "admin_address": "127.0.0.1:0", "fabric_address": "tcp://127.0.0.1:0", **overrides}
+              "admin_address": "127.0.0.1:0", "fabric_address": "tcp://127.0.0.1:0",
+              "allowed_hosts": {GOOD_HOST: "*"}, **overrides}
     return StorageSettings(**values)
 
 
@@ -74,10 +75,13 @@ def harness(tmp_path):
 
 @pytest.fixture
 def node_config(tmp_path):
-    """Write a YAML config for a real node; returns a function(**overrides) -> path."""
+    """Write a YAML config for a real node (GOOD_HOST allowed); returns a function(**overrides) -> path
+    (an override of None leaves the setting at the node's default)."""
     def write(**overrides) -> str:
         section = {"data_dir": str(tmp_path / "data"), "namespace_size_bytes": 4 << 30,
-                   "admin_address": "127.0.0.1:0", "fabric_address": "tcp://127.0.0.1:0", **overrides}
+                   "admin_address": "127.0.0.1:0", "fabric_address": "tcp://127.0.0.1:0",
+                   "allowed_hosts": {GOOD_HOST: "*"}, **overrides}
+        section = {k: v for k, v in section.items() if v is not None}  # None: the node's default
         path = tmp_path / "storage.yaml"
         path.write_text(yaml.safe_dump({"storage": section}))
         return str(path)

@@ -5,7 +5,6 @@ import signal
 import grpc
 import numpy as np
 import pytest
-import zmq
 
 from kvtb.crc32c import crc32c
 from kvtb.grpc_health import SERVING, check
@@ -13,10 +12,11 @@ from kvtb_proto import nvmeof_pb2 as pb
 from kvtb_proto import storage_admin_pb2 as apb
 from kvtb_proto import storage_admin_pb2_grpc as apb_grpc
 from fabric import status as st
-from fabric.client import FabricClient, FabricError, StorageStatusError
+from fabric.client import FabricError, StorageStatusError
 
 from .conftest import GOOD_HOST
-from tests.conftest import secure_channel
+from tests.conftest import fabric_client, fabric_security, secure_channel
+from tests.fabric.raw_host import RawHost
 
 
 def start_node(start_service, config: str):
@@ -36,7 +36,7 @@ def test_serves_health_identify_and_exits_cleanly_on_sigterm(start_service, node
     assert ident.max_value_length >= 64 << 20
     created = admin(node).CreateNamespace(apb.CreateNamespaceRequest(size_bytes=1 << 30)).namespace
     assert created.namespace_id == 3 and created.command_set == "key_value"
-    with FabricClient(node.addresses["fabric"], GOOD_HOST) as client:
+    with fabric_client(node.addresses["fabric"], GOOD_HOST) as client:
         client.store(3, b"k", [b"hello"])
         assert bytes(client.retrieve(3, b"k").payload()) == b"hello"
     stats = admin(node).Stats(apb.StatsRequest())
@@ -47,7 +47,7 @@ def test_serves_health_identify_and_exits_cleanly_on_sigterm(start_service, node
 
 def test_unknown_host_is_refused_and_never_executed(start_service, node_config):
     node = start_node(start_service, node_config(allowed_hosts={GOOD_HOST: [1]}))
-    evil = FabricClient(node.addresses["fabric"], "nqn.2026-11.org.evil:host")
+    evil = fabric_client(node.addresses["fabric"], "nqn.2026-11.org.evil:host")
     try:
         with pytest.raises(FabricError) as err:
             evil.connect()
@@ -57,7 +57,7 @@ def test_unknown_host_is_refused_and_never_executed(start_service, node_config):
         assert err.value.status == st.CONNECT_INVALID_HOST
     finally:
         evil.close()
-    with FabricClient(node.addresses["fabric"], GOOD_HOST) as good:
+    with fabric_client(node.addresses["fabric"], GOOD_HOST) as good:
         assert good.list_keys(1) == []
         with pytest.raises(StorageStatusError) as err:
             good.flush(2)
@@ -93,36 +93,29 @@ def raw_messages():
 
 def test_after_every_kind_of_malformed_capsule_the_node_serves_a_good_one(start_service, node_config):
     node = start_node(start_service, node_config())
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 10_000)
-    sock.connect(node.addresses["fabric"])
+    host = RawHost(node.addresses["fabric"], GOOD_HOST, fabric_security(GOOD_HOST).key)
     try:
-        sock.send(pb.CommandCapsule(command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT,
-                                    host_nqn=GOOD_HOST).SerializeToString())
-        assert pb.ResponseCapsule.FromString(sock.recv()).status_code == 0
+        assert host.authenticate().status_code == 0
         for i, (name, message, expected) in enumerate(raw_messages()):
-            sock.send_multipart(message)
-            rsp = pb.ResponseCapsule.FromString(sock.recv_multipart()[0])
+            host.send_raw(host.seal(message[0]), *message[1:])  # well sealed, badly formed
+            rsp, _ = host.receive()
             assert (rsp.status_code_type, rsp.status_code) == expected, name
             value = os.urandom(1000 + i)
-            sock.send_multipart([pb.CommandCapsule(
-                command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1, command_id=i, key=b"good%d" % i,
-                value_length=len(value), crc32c=crc32c(value), has_crc32c=True).SerializeToString(), value])
-            rsp = pb.ResponseCapsule.FromString(sock.recv_multipart()[0])
+            rsp, _ = host.request(value, command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1,
+                                  command_id=i, key=b"good%d" % i, value_length=len(value),
+                                  crc32c=crc32c(value), has_crc32c=True)
             assert rsp.status_code == 0 and rsp.command_id == i, f"after {name}: {rsp}"
-            sock.send(pb.CommandCapsule(command_set=pb.KEY_VALUE, opcode=pb.KV_RETRIEVE, namespace_id=1,
-                                        command_id=i, key=b"good%d" % i).SerializeToString())
-            header, payload = sock.recv_multipart()
-            assert pb.ResponseCapsule.FromString(header).status_code == 0 and payload == value, name
+            rsp, payload = host.request(command_set=pb.KEY_VALUE, opcode=pb.KV_RETRIEVE, namespace_id=1,
+                                        command_id=i, key=b"good%d" % i)
+            assert rsp.status_code == 0 and payload == [value], name
     finally:
-        sock.close()
+        host.close()
 
 
 def test_a_flipped_byte_in_the_namespace_file_answers_the_media_error(start_service, node_config, tmp_path):
     node = start_node(start_service, node_config())
     value = os.urandom(300_000)
-    with FabricClient(node.addresses["fabric"], GOOD_HOST) as client:
+    with fabric_client(node.addresses["fabric"], GOOD_HOST) as client:
         client.store(1, b"victim", [value])
         info = admin(node).Identify(apb.IdentifyRequest()).namespaces[0]
         with open(info.backing_file, "r+b") as f:  # the first value sits at offset 0
@@ -145,7 +138,7 @@ def test_a_value_over_64_mib_is_stored_and_read_back(start_service, node_config)
     node = start_node(start_service, node_config())
     size = (64 << 20) + 4097
     value = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)  # [64 MiB + 4097] uint8
-    with FabricClient(node.addresses["fabric"], GOOD_HOST, timeout_s=60) as client:
+    with fabric_client(node.addresses["fabric"], GOOD_HOST, timeout_s=60) as client:
         half = value.nbytes // 2
         client.store(1, b"big", [value[:half], value[half:]])
         done = client.retrieve(1, b"big")
@@ -166,24 +159,19 @@ def test_a_value_over_64_mib_is_stored_and_read_back(start_service, node_config)
 
 def test_a_host_past_its_queue_depth_is_held_back_and_nothing_is_dropped(start_service, node_config):
     node = start_node(start_service, node_config(queue_depth=4))
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 20_000)
-    sock.connect(node.addresses["fabric"])
+    host = RawHost(node.addresses["fabric"], GOOD_HOST, fabric_security(GOOD_HOST).key, timeout_ms=20_000)
     try:
-        sock.send(pb.CommandCapsule(command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT,
-                                    host_nqn=GOOD_HOST).SerializeToString())
-        assert pb.ResponseCapsule.FromString(sock.recv()).sq_id > 0
+        assert host.authenticate().sq_id > 0
         value = os.urandom(200_000)
         for cid in range(60):  # far past the depth of 4, without waiting for completions
-            sock.send_multipart([pb.CommandCapsule(
-                command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1, command_id=cid,
-                key=b"bp%d" % cid, value_length=len(value)).SerializeToString(), value])
-        answered = [pb.ResponseCapsule.FromString(sock.recv_multipart()[0]) for _ in range(60)]
+            host.send_raw(host.seal(host.header(command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1,
+                                                command_id=cid, key=b"bp%d" % cid, value_length=len(value))),
+                          value)
+        answered = [host.receive()[0] for _ in range(60)]
         assert sorted(r.command_id for r in answered) == list(range(60))
         assert all(r.status_code == 0 for r in answered)
     finally:
-        sock.close()
+        host.close()
 
 
 def test_storage_node_serves_once_started_and_not_while_stopping(tmp_path):

@@ -1,15 +1,22 @@
 """Storage settings: defaults, validation, the access list from YAML and from the environment."""
 import pytest
 
+from compute_node.settings import ComputeSettings
+from fabric.auth import AGENT_NQN, COMPUTE_NQN
 from kvtb.settings import SettingsError, load_settings
+from smartnic.settings import SmartNicSettings
 from storage_node.settings import WILDCARD, StorageSettings
 
 
 def test_defaults_follow_the_contract():
     s = StorageSettings()
     assert s.admin_address == "127.0.0.1:50061" and s.fabric_address == "tcp://127.0.0.1:55061"
-    assert s.queue_depth == 128 and s.fsync
-    assert s.allowed_namespaces("nqn.any") == WILDCARD
+    assert s.queue_depth == 128 and s.fsync and s.fabric_security == "auth"
+    # this deployment's hosts, as their settings name them, never "*"
+    assert dict(s.allowed_hosts) == {AGENT_NQN: WILDCARD, COMPUTE_NQN: WILDCARD}
+    assert SmartNicSettings().host_nqn == AGENT_NQN and ComputeSettings().storage_host_nqn == COMPUTE_NQN
+    assert s.allowed_namespaces("nqn.2026-11.org.evil:bob") is None
+    assert StorageSettings(allowed_hosts={"*": "*"}).allowed_namespaces("nqn.any") == WILDCARD  # when written
 
 
 def test_access_list_from_yaml_and_environment(tmp_path):
@@ -29,3 +36,5 @@ def test_invalid_values_are_refused():
         load_settings(StorageSettings, "storage", None, environ={"KVTB_STORAGE_QUEUE_DEPTH": "0"})
     with pytest.raises(AssertionError):
         StorageSettings(namespaces=("tape",))
+    with pytest.raises(SettingsError):
+        load_settings(StorageSettings, "storage", None, environ={"KVTB_STORAGE_FABRIC_SECURITY": "tls"})

@@ -11,6 +11,7 @@ from fabric import status as st
 from fabric.client import FabricClient, StorageStatusError
 
 from .conftest import GOOD_HOST
+from tests.conftest import fabric_client
 
 MIB = 1 << 20
 POOL = np.random.default_rng(7).integers(0, 256, 17 * MIB, dtype=np.uint8)  # [17 MiB] uint8
@@ -75,7 +76,7 @@ def test_two_hosts_store_and_retrieve_1000_values_each_concurrently(start_servic
         offsets = [int(rng.integers(0, MIB)) for _ in sizes]
         keys = [b"h%d-%d" % (n, i) for i in range(1000)]
         values = [value_frames(k, s, o) for k, s, o in zip(keys, sizes, offsets)]
-        with FabricClient(node.addresses["fabric"], f"{GOOD_HOST}-{n}", timeout_s=60) as client:
+        with fabric_client(node.addresses["fabric"], f"{GOOD_HOST}-{n}", timeout_s=60) as client:
             calls = [lambda k=k, v=v: store_future(client, k, v) for k, v in zip(keys, values)]
             stored = pipelined(client, calls)
             failures.extend(f"host {n} store: {c.response}" for c in stored if not c.ok)
@@ -104,7 +105,7 @@ def test_kill_9_during_stores_loses_no_acknowledged_value_and_shows_no_half_valu
     ended_by: list[Exception] = []
 
     def stream() -> None:
-        client = FabricClient(node.addresses["fabric"], GOOD_HOST, timeout_s=3)
+        client = fabric_client(node.addresses["fabric"], GOOD_HOST, timeout_s=3)
         client.connect()
         try:
             inflight = []
@@ -133,7 +134,7 @@ def test_kill_9_during_stores_loses_no_acknowledged_value_and_shows_no_half_valu
     assert sent - acked, "no store was in flight at the kill"
 
     node = start_service("storage-restarted", "serve", "storage", "--config", config)
-    with FabricClient(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
+    with fabric_client(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
         for i in sorted(sent):
             key = b"k%d" % i
             try:
