@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -185,7 +186,7 @@ class Transfer:
             self._release()
             raise
 
-    def __enter__(self) -> Transfer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

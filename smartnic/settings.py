@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from fabric.auth import AGENT_NQN, MODES as FABRIC_SECURITY_MODES
+from fabric.auth import AGENT_NQN
+from fabric.auth import MODES as FABRIC_SECURITY_MODES
 
 EVICTION_POLICIES = ("lru", "timer", "both")
 

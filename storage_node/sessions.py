@@ -49,7 +49,7 @@ class Sessions:
         self.drop(session)
         self._pending[session] = TargetHandshake(self.security.host_key(host_nqn), host_nqn, subsystem_nqn)
         while len(self._pending) > MAX_PENDING:
-            dropped, handshake = self._pending.popitem(last=False)
+            _, handshake = self._pending.popitem(last=False)
             logger.info("dropped the unfinished handshake of %s", handshake.host_nqn)
 
     def handshake(self, session: bytes) -> TargetHandshake:

@@ -7,7 +7,8 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from fabric.auth import AGENT_NQN, COMPUTE_NQN, MODES as FABRIC_SECURITY_MODES
+from fabric.auth import AGENT_NQN, COMPUTE_NQN
+from fabric.auth import MODES as FABRIC_SECURITY_MODES
 
 WILDCARD = "*"
 COMMAND_SETS = ("key_value", "nvm")

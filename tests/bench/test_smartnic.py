@@ -1,8 +1,14 @@
 """The pure parts of `kvtb bench smartnic` (its runs are in test_smoke.py): chunk layout, tables."""
 import pytest
 
-from bench.smartnic import (SECURITY_FLOORS, rounds_line, security_line, security_ratios, strided_ranges,
-                            transfers_table)
+from bench.smartnic import (
+    SECURITY_FLOORS,
+    rounds_line,
+    security_line,
+    security_ratios,
+    strided_ranges,
+    transfers_table,
+)
 
 
 def test_the_chunks_rows_tile_the_area_exactly_once():

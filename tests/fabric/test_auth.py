@@ -113,11 +113,11 @@ def test_random_and_mutated_handshake_messages_raise_only_auth_error():
             else:
                 message = message[:rng.randint(0, len(message))] + bytes(rng.randrange(256)
                                                                          for _ in range(rng.randint(0, 8)))
-        for make in (lambda: TargetHandshake(KEY, HOST, SUBSYSTEM).receive(bytes(message)),
-                     lambda: HostHandshake(KEY, HOST).reply(bytes(message)),
-                     lambda: auth.Channel(KEY, KEY).open(bytes(message))):
+        for make in (lambda m: TargetHandshake(KEY, HOST, SUBSYSTEM).receive(m),
+                     lambda m: HostHandshake(KEY, HOST).reply(m),
+                     lambda m: auth.Channel(KEY, KEY).open(m)):
             try:
-                make()
+                make(bytes(message))
             except AuthError:
                 pass
 

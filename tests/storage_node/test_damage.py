@@ -11,7 +11,7 @@ from kvtb_proto import storage_admin_pb2 as apb
 from kvtb_proto import storage_admin_pb2_grpc as apb_grpc
 from storage_node import journal as jr
 from fabric import status as st
-from tests.conftest import secure_channel
+from tests.conftest import fabric_client, secure_channel
 from fabric.client import FabricClient, StorageStatusError
 from storage_node.kv_namespace import KvNamespace, PendingDelete
 from fabric.status import NvmeError
@@ -42,7 +42,7 @@ def test_a_data_file_cut_short_under_a_running_node_fails_those_values_and_nothi
     node = start_service("storage", "serve", "storage", "--config", node_config())
     data = tmp_path / "data" / "ns1.data"
     small, big, tail = value(1, 5000), value(2, 3 * MIB), value(3, 2 * MIB)
-    with FabricClient(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
+    with fabric_client(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
         client.store(1, b"small", [small])   # offset 0: stays inside the file
         client.store(1, b"big", [big])       # 8 KiB .. 3 MiB + 8 KiB: cut in its middle
         client.store(1, b"tail", [tail])     # past the cut
@@ -74,7 +74,7 @@ def test_a_flipped_byte_in_the_first_journal_record_loses_no_later_record_after_
     config = node_config()
     node = start_service("storage", "serve", "storage", "--config", config)
     values = {b"k%02d" % i: value(i, 1000 + 97 * i) for i in range(39)}
-    with FabricClient(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
+    with fabric_client(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
         for key, v in values.items():
             client.store(1, key, [v])
     node.kill()  # kill -9: no clean shutdown
@@ -84,7 +84,7 @@ def test_a_flipped_byte_in_the_first_journal_record_loses_no_later_record_after_
     journal.write_bytes(bytes(damaged))
 
     node = start_service("storage-restarted", "serve", "storage", "--config", config)
-    with FabricClient(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
+    with fabric_client(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
         assert sorted(client.list_keys(1)) == sorted(values)[1:]
         for key in sorted(values)[1:]:
             assert bytes(client.retrieve(1, key).payload()) == values[key].tobytes()
