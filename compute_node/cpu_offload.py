@@ -5,7 +5,9 @@ it on a storage node through the fabric and waits for the acknowledgement before
 follow-up's stored prefix is found in this process's own index (by the blocks' hash chain, as the
 agent finds it), retrieved, checked and copied back into the blocks the engine allocated; then
 the blocks' GET completion counters are bumped as the agent would, so the engine waits the same
-way. Chunks use the agent's format, keys and placement (fabric.chunk_format, fabric.placement).
+way. Chunks use the agent's format, MAC, keys and placement (fabric.chunk_format,
+fabric.placement); a restore checks each chunk's generation and MAC (or, with the KV MAC off,
+its crc32c) before its bytes are used, and falls back to recompute otherwise.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from compute_node.offload import Block, OffloadStats
 from compute_node.restore import PendingRestore
 from compute_node.sequence import Sequence
 from fabric import chunk_format as cf
+from fabric.auth import FabricSecurity
 from fabric.placement import place
 from hostmem.block_hash import stored_prefix
 
@@ -31,6 +34,7 @@ class StoredBlock:
     key: bytes
     token_count: int
     length: int
+    generation: int
 
 
 class CpuStore:
@@ -40,9 +44,11 @@ class CpuStore:
     """
 
     def __init__(self, addresses: tuple[str, ...], host_nqn: str, nsid: int, salt: str,
-                 timeout_s: float = 5.0):
+                 timeout_s: float = 5.0, security: FabricSecurity | None = None, mac_key: bytes | None = None):
         self.nodes = list(addresses)
         self.host_nqn, self.nsid, self.salt, self.timeout_s = host_nqn, nsid, salt, timeout_s
+        self.security, self.mac_key = security or FabricSecurity.off(), mac_key
+        self.generation = 0
         self.index: dict[bytes, StoredBlock] = {}
         self._clients: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -52,7 +58,7 @@ class CpuStore:
         with self._lock:
             client = self._clients.get(node)
             if client is None:
-                client = FabricClient(node, self.host_nqn, timeout_s=self.timeout_s)
+                client = FabricClient(node, self.host_nqn, timeout_s=self.timeout_s, security=self.security)
                 client.connect()
                 self._clients[node] = client
             return client
@@ -64,14 +70,18 @@ class CpuStore:
         offset, length = L.block_range(block.block_id)
         kv = bytes(pool.region.view(offset, length))  # the copy out of "GPU memory"
         start = block.index * L.block_tokens
-        header = cf.encode_header(cf.ChunkHeader(block.user, block.context, block.index, start,
-                                                 start + block.token_count, len(kv), block.hash))
-        frames = [header, ids, kv]
         key = cf.block_key(self.salt, block.hash)
+        self.generation = cf.next_generation(self.generation, time.time_ns())
+        header = cf.encode_header(cf.ChunkHeader(
+            block.user, block.context, block.index, start, start + block.token_count, len(kv), block.hash,
+            self.generation, cf.MAC_BYTES if self.mac_key else 0, block.tenant, block.parent, block.shared))
+        frames = [header, ids, kv]
+        if self.mac_key:
+            frames.append(cf.mac_of(self.mac_key, key, self.generation, frames))
         node = place(key, self.nodes)
         self.client(node).store(self.nsid, key, frames, cf.crc32c_of(frames))
-        nbytes = len(header) + len(ids) + len(kv)
-        self.index[block.hash] = StoredBlock(node, key, block.token_count, nbytes)
+        nbytes = sum(len(f) for f in frames)
+        self.index[block.hash] = StoredBlock(node, key, block.token_count, nbytes, self.generation)
         return nbytes
 
     def stored_tokens(self, seq: Sequence, bm) -> int:
@@ -95,16 +105,25 @@ class CpuStore:
             return False
         try:
             completion = self.client(stored.node).retrieve(self.nsid, stored.key)
-            frames = [f.buffer for f in completion.frames]
-            if cf.crc32c_of(frames) != completion.response.crc32c:
+            value = completion.payload()  # one frame: no copy
+            header, hlen = cf.decode_header(cf.leading_bytes([value], cf.MAX_HEADER_BYTES))
+            if header.generation != stored.generation:
+                raise ValueError(f"generation {header.generation}, expected {stored.generation} (an older copy)")
+            if cf.value_length(header, hlen) != value.nbytes:
+                raise ValueError(f"a value of {value.nbytes} bytes, its header says {cf.value_length(header, hlen)}")
+            body = value[:value.nbytes - header.mac_bytes]
+            if self.mac_key:
+                if header.mac_bytes != cf.MAC_BYTES or not cf.same_mac(
+                        cf.mac_of(self.mac_key, stored.key, stored.generation, [body]), value[body.nbytes:]):
+                    raise ValueError("MAC mismatch (forged, moved or damaged)")
+            elif cf.crc32c_of([value]) != completion.response.crc32c:
                 raise ValueError("crc32c mismatch")
-            header, hlen = cf.decode_header(cf.leading_bytes(frames, cf.MAX_HEADER_BYTES))
-            if header.token_ids_hash != block.hash or header.num_tokens != block.token_count:
+            if header.name != block.hash or header.num_tokens != block.token_count:
                 raise ValueError("the stored block is not the one asked for")
             L = pool.layout
             ids_offset, ids_length = L.token_ids_range(block.block_id, block.token_count)
             kv_offset, kv_length = L.block_range(block.block_id)
-            cf.scatter(cf.skip(frames, hlen), [pool.region.view(ids_offset, ids_length),
+            cf.scatter(cf.skip([body], hlen), [pool.region.view(ids_offset, ids_length),
                                                pool.region.view(kv_offset, kv_length)])
             return True
         except Exception as exc:  # noqa: BLE001 - any failure: this block and the rest are recomputed

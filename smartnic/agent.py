@@ -251,7 +251,7 @@ class Agent:
         """Tokens of the prefix of token_ids whose blocks are stored under the user's salt (step 5)."""
         now = time.time()
         with self.lock:
-            tokens, names = stored_prefix(token_ids, salt_for(tenant, user_id), self._block_tokens(),
+            tokens, names = stored_prefix(token_ids, salt_for(tenant, user_id), self.block_tokens(),
                                           self.requester.has, len(token_ids) - 1)
             self.requester.touch(names, now)
             for name in names:
@@ -261,7 +261,8 @@ class Agent:
         self.stats.inc("lookup_hit_tokens", tokens)
         return tokens
 
-    def _block_tokens(self) -> int:
+    def block_tokens(self) -> int:
+        """The block size of the registered pool (32 before a compute node registered)."""
         reg = self.regions.for_compute()
         return reg.layout.block_tokens if reg is not None and reg.layout is not None else 32
 

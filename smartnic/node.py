@@ -31,7 +31,7 @@ SERVICE_NAMES = [SMARTNIC, MATCH_ACTION, COMPUTE]
 ACCESS = {
     **{f"/{SMARTNIC}/{m}": {"compute"} for m in (
         "RegisterMemory", "DeregisterMemory", "CounterAdd", "CounterSet", "CounterRead", "CounterWait",
-        "QueueTriggered", "CancelCounter", "Flush", "ReadErrors", "Restore")},
+        "QueueTriggered", "CancelCounter", "Flush", "ReadErrors")},
     f"/{SMARTNIC}/Stats": {"frontend"},
     **{f"/{COMPUTE}/{m}": {"frontend"} for m in ("Generate", "EncodeChat", "Decode", "Info", "Stats")},
 }

@@ -93,11 +93,15 @@ class Requester:
         if i < len(hashes) and hashes[i] == block.hash:
             return
         while len(hashes) < i:
-            hashes.append(b"")  # a gap until the missing block is published
-        if i < len(hashes):
+            hashes.append(b"")  # a gap until the missing block is published (PUTs complete in any order)
+        if i == len(hashes):
+            hashes.append(block.hash)
+        elif not hashes[i]:
+            hashes[i] = block.hash  # fills its gap
+        else:  # another block at this index: the conversation diverged here, what followed is not its
             self._unlist(hashes[i:])
             del hashes[i:]
-        hashes.append(block.hash)
+            hashes.append(block.hash)
         block.contexts += 1
 
     def _unlist(self, hashes: Iterable[bytes]) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import time
 
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
-from smartnic.agent import Agent, Restore
+from smartnic.agent import Agent
 from smartnic.datapath import ChunkRef
 from smartnic.watcher import CounterWork, DataWork, OpError
 from smartnic.grpc_errors import rpc
-from smartnic.requester import Chunk
+from smartnic.requester import StoredBlock
 
 
 def _ref(chunk: smartnic_pb2.ChunkRef) -> ChunkRef:
@@ -20,19 +20,14 @@ def _ref(chunk: smartnic_pb2.ChunkRef) -> ChunkRef:
 
 
 def _work(op: smartnic_pb2.TriggeredOp, layout):
-    """(work, completion counter or None) of one TriggeredOp in a region with this layout (or None)."""
+    """(work, completion counter or None) of one TriggeredOp (one-off PUTs and GETs: plain regions)."""
     kind = op.WhichOneof("op")
     if kind in ("put", "get"):
-        data, ref = getattr(op, kind), _ref(getattr(op, kind).chunk)
-        if data.HasField("slot"):  # the source named in the layout known from registration
-            if layout is None:
-                raise ValueError("a put or get names a slot, but the region has no kv_layout")
-            if data.ranges or data.token_ids.length:
-                raise ValueError("a put or get names a slot or ranges, not both")
-            ids = layout.token_ids_range(data.slot, ref.token_start, ref.token_end)
-            return DataWork(kind, ref, (), ids, plan=layout.chunk_runs(data.slot, ref.token_start, ref.token_end)), \
-                op.completion_counter
-        return DataWork(kind, ref, tuple((r.offset, r.length) for r in data.ranges),
+        if layout is not None:
+            raise ValueError("a region with a kv_layout has standing PUTs and stream restores, not one-off "
+                             f"{kind}s")
+        data = getattr(op, kind)
+        return DataWork(kind, _ref(data.chunk), tuple((r.offset, r.length) for r in data.ranges),
                         (data.token_ids.offset, data.token_ids.length)), op.completion_counter
     if kind in ("counter_add", "counter_set"):
         c = getattr(op, kind)
@@ -40,17 +35,11 @@ def _work(op: smartnic_pb2.TriggeredOp, layout):
     raise ValueError("a triggered op needs put, get, counter_add or counter_set")
 
 
-def restore_info(r: Restore) -> smartnic_pb2.RestoreInfo:
-    return smartnic_pb2.RestoreInfo(slot=r.slot, tokens_announced=r.tokens_announced, chunks=r.chunks,
-                                    completion_counter=r.completion_counter, threshold=r.threshold,
-                                    error_base=r.error_base, bytes=r.bytes, started_unix_s=r.started_ns / 1e9)
-
-
-def descriptor(c: Chunk) -> smartnic_pb2.ChunkDescriptor:
-    return smartnic_pb2.ChunkDescriptor(chunk_index=c.chunk_index, token_start=c.token_start,
-                                        token_end=c.token_end, storage_node=c.storage_node, key=c.key,
-                                        length=c.length, crc32c=c.crc32c, token_ids_hash=c.token_ids_hash,
-                                        last_use_unix_s=c.last_use)
+def descriptor(b: StoredBlock, block_tokens: int = 0) -> smartnic_pb2.ChunkDescriptor:
+    start = b.chunk_index * block_tokens
+    return smartnic_pb2.ChunkDescriptor(chunk_index=b.chunk_index, token_start=start, token_end=start + b.token_count,
+                                        storage_node=b.storage_node, key=b.key, length=b.length, crc32c=b.crc32c,
+                                        hash=b.hash, last_use_unix_s=b.last_use, shared=b.shared)
 
 
 def _op_error(e: OpError) -> smartnic_pb2.OpError:
@@ -142,15 +131,10 @@ class SmartNicServicer(smartnic_pb2_grpc.SmartNicServicer):
 
     @rpc
     def Lookup(self, request, context):
-        chunks = self.agent.lookup(request.user_id, request.context_id)
-        return smartnic_pb2.LookupResponse(chunks=[descriptor(c) for c in chunks],
-                                           bytes=sum(c.length for c in chunks))
-
-    @rpc
-    def Restore(self, request, context):
-        restore = self.agent.restore(self._reg(request), request.context.user_id, request.context.context_id, request.slot,
-                                     list(request.token_ids))
-        return restore_info(restore)
+        blocks = self.agent.lookup(request.user_id, request.context_id)
+        bt = self.agent.block_tokens()
+        return smartnic_pb2.LookupResponse(chunks=[descriptor(b, bt) for b in blocks],
+                                           bytes=sum(b.length for b in blocks))
 
     @rpc
     def ListContexts(self, request, context):

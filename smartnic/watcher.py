@@ -19,7 +19,6 @@ from hostmem import gather
 from smartnic.datapath import ChunkRef
 from hostmem.region import RegionError
 from smartnic.registrations import Registrations, Registered, UnknownRegion
-from smartnic.requester import Chunk
 from smartnic.stats import Stats
 from smartnic.triggered import CounterKey, DeferredWorkQueue, Entry
 
@@ -37,21 +36,16 @@ class CounterWork:
 
 @dataclasses.dataclass(frozen=True)
 class DataWork:
-    """A PUT or GET of one chunk; `chunk` is the descriptor when the agent already knows it."""
+    """A one-off PUT or GET of one chunk of a plain region: its token ids, then its ranges."""
 
     kind: str  # "put" or "get"
     ref: ChunkRef
     ranges: tuple[tuple[int, int], ...]
     token_ids: tuple[int, int]
-    chunk: Chunk | None = None
-    tag: object = None  # the agent's bookkeeping (a restore)
-    plan: tuple[gather.Run, ...] | None = None  # token_ids then ranges as runs, when the maker knows them
 
     @functools.cached_property
     def runs(self) -> tuple[gather.Run, ...]:
         """The copy plan of token_ids then ranges (computed once; ValueError for a negative length)."""
-        if self.plan is not None:
-            return self.plan
         return tuple(gather.runs_of((self.token_ids, *self.ranges)))
 
 

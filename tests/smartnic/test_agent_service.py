@@ -1,4 +1,5 @@
-"""The agent with real storage node processes; this test process stands in for the compute node."""
+"""The agent with real storage node processes; this test process stands in for the compute node:
+standing PUTs stored by descriptor, restores asked for on the Generate stream, the requester's views."""
 from __future__ import annotations
 
 import time
@@ -7,279 +8,157 @@ import grpc
 import numpy as np
 import pytest
 
-from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
 from fabric import chunk_format as cf
-from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
+from hostmem.block_hash import hash_chain, salt_for
+from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 from tests.conftest import CREDENTIALS, fabric_client, secure_channel
+from tests.smartnic.helpers import KEY, LAYOUT, PlainPool, agent_env
 
 USER, CTX = "alice", "ctx-1"
-IDS = np.arange(1000, 1064, dtype=np.uint32)
+IDS = list(range(1000, 1060))  # three full blocks of 16 and a partial one of 12
 
 
-@pytest.fixture
-def storage(start_service, tmp_path):
-    return [("s0", start_service("storage-s0", "serve", "storage", env=storage_env(tmp_path, "s0")))]
+def turn(channel, ids, user: str = USER, context: str = CTX, tenant: str = "default") -> list:
+    stub = compute_pb2_grpc.ComputeNodeStub(channel)
+    return list(stub.Generate(compute_pb2.TurnRequest(request_id="r1", user_id=user, context_id=context,
+                                                      tenant=tenant, token_ids=ids, max_new_tokens=1), timeout=30))
 
 
-@pytest.fixture
-def agent(start_service, storage):
-    proc = start_service("agent", "serve", "smartnic", env=agent_env(storage))
-    channel = secure_channel(proc.addresses["grpc"], peer="smartnic")
-    yield proc, smartnic_pb2_grpc.SmartNicStub(channel)
-    channel.close()
+def stats(pool):
+    return pool.stub.Stats(smartnic_pb2.StatsRequest())
 
 
-@pytest.fixture
-def pool(agent):
-    p = Pool(agent[1])
-    yield p
-    p.close()
-
-
-def offload(pool: Pool, slot: int = 0, num_tokens: int = 64, user: str = USER, context: str = CTX) -> None:
-    """Queue the PUTs of a slot, bump its token counter, wait for the offload counter."""
-    pool.fill(slot, IDS[:num_tokens])
-    pool.region.store_counter(LAYOUT.token_counter(slot), 0)
-    base = pool.region.counter_total(LAYOUT.offload_counter(slot))
-    ops = pool.put_ops(slot, user, context, num_tokens)
-    pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=ops))
-    pool.region.store_counter(LAYOUT.token_counter(slot), 40)  # the "GPU thread": a plain store
-    assert pool.wait_counter(LAYOUT.offload_counter(slot), base + 2) == (base + 2, 0)
-    pool.region.store_counter(LAYOUT.token_counter(slot), num_tokens)
-    assert pool.wait_counter(LAYOUT.offload_counter(slot), base + len(ops)) == (base + len(ops), 0)
-
-
-def restore(pool: Pool, slot: int, token_ids, user: str = USER, context: str = CTX):
-    return pool.stub.Restore(
-        smartnic_pb2.RestoreRequest(
-            region_id=pool.region_id,
-            access_key=KEY,
-            context=smartnic_pb2.ContextRef(user_id=user, context_id=context),
-            slot=slot,
-            token_ids=[int(t) for t in token_ids],
-        )
-    )
-
-
-def test_put_stores_the_bytes_and_get_restores_them(pool, storage):
-    offload(pool)
+def test_a_block_leaves_by_its_descriptor_and_comes_back_bit_identical(compute, storage):
+    pool, fake, channel = compute
+    names = pool.offload(IDS, USER, CTX)
+    assert names[:3] == hash_chain(IDS, salt_for("default", USER), 16)
     found = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX))
-    assert [c.chunk_index for c in found.chunks] == [0, 1, 2, 3]
-    # the stored value is header + token ids + KV in layout order
+    assert [c.chunk_index for c in found.chunks] == [0, 1, 2, 3] and [c.hash for c in found.chunks] == names
+    assert [c.token_end - c.token_start for c in found.chunks] == [16, 16, 16, 12]
+    # the stored value: header, the block's token ids, its whole KV extent, the MAC
     with fabric_client(storage[0][1].addresses["fabric"]) as client:
         value = bytes(client.retrieve(1, found.chunks[1].key).payload())
     header, n = cf.decode_header(value)
-    assert (header.user_id, header.chunk_index, header.token_start, header.token_end) == (USER, 1, 16, 32)
-    assert value[n : n + 64] == IDS[16:32].tobytes()
-    assert value[n + 64 : -cf.MAC_BYTES] == np.ascontiguousarray(pool.kv(0)[:, :, :, 16:32, :]).tobytes()
-    # ... and the MAC under the deployment's kv-mac.key, over the key, the generation and those bytes
+    assert (header.user_id, header.tenant, header.chunk_index, header.name) == (USER, "default", 1, names[1])
+    assert header.parent == names[0] and value[n:n + 64] == np.asarray(IDS[16:32], "<u4").tobytes()
+    assert value[n + 64:-cf.MAC_BYTES] == pool.kv(1).tobytes()
     mac_key = (CREDENTIALS / "kv-mac.key").read_bytes()
-    assert header.generation > 0 and header.mac_bytes == cf.MAC_BYTES
-    assert value[-cf.MAC_BYTES:] == cf.mac_of(mac_key, found.chunks[1].key, header.generation,
-                                              [value[:-cf.MAC_BYTES]])
-    # GET into the other slot of another region: exactly those bytes, and the restore counter
-    other = Pool(pool.stub)
+    assert value[-cf.MAC_BYTES:] == cf.mac_of(mac_key, found.chunks[1].key, header.generation, [value[:-cf.MAC_BYTES]])
+    # a follow-up: step 5 finds the stored prefix by content, the stream asks, the GETs land in blocks 4..7
+    follow = IDS + [7, 8, 9]
+    events = turn(channel, follow)
+    assert fake.requests[-1].stored_tokens == len(IDS)
+    assert fake.outcomes[-1] == [(2, 0)] * 4  # each block: both layer groups, success
+    for source, target in zip(range(4), range(4, 8)):
+        assert np.array_equal(pool.kv(target), pool.kv(source))
+        assert np.array_equal(pool.token_ids(target), pool.token_ids(source))
+    record = events[-1].record
+    assert record.kv_source == "restored" and {s.step for s in record.steps} >= {5, 6, 8}
+    s = stats(pool)
+    assert s.hits == 1 and s.chunks == 4 and s.bytes_got == s.bytes_put > 0 and s.triggered_fired >= 4
+
+
+def test_a_prefix_is_found_whatever_context_stored_it_but_never_for_another_user(compute):
+    pool, fake, channel = compute
+    pool.offload(IDS, USER, CTX)
+    turn(channel, IDS[:40] + [1] * 30, context="another-context")  # diverges in block 2
+    assert fake.requests[-1].stored_tokens == 32 and fake.outcomes[-1] == [(2, 0)] * 2
+    turn(channel, IDS + [7], user="mallory")
+    assert fake.requests[-1].stored_tokens == 0
+    turn(channel, IDS + [7], tenant="other-tenant")
+    assert fake.requests[-1].stored_tokens == 0
+    # the operator's view is by (user, context): mallory has none of alice's
+    assert not pool.stub.Lookup(smartnic_pb2.ContextRef(user_id="mallory", context_id=CTX)).chunks
+
+
+def test_a_descriptor_that_does_not_describe_its_block_is_refused_and_counted(compute):
+    pool, _, _ = compute
+    cases = [dict(hash=b"x" * 16),                 # a name that is not the block's tokens under its owner
+             dict(user="mallory"),                 # another owner: the name does not fit
+             dict(generation=99)]                  # not the generation stored in the trigger
+    for i, case in enumerate(cases):
+        _, before = pool.store(0, 0, IDS, USER, f"bad-{i}", overrides=case)
+        assert pool.wait_counter(LAYOUT.put_done(0), sum(before) + 1) == (before[0], before[1] + 1)
+    garbage = bytes(range(256)) * 2
+    pool.region.write(LAYOUT.descriptor_range(0)[0], garbage)
+    before = pool.region.read_counter(LAYOUT.put_done(0))
+    pool.region.store_counter(LAYOUT.put_trigger(0), pool.region.read_counter(LAYOUT.put_trigger(0))[0] + 1)
+    assert pool.wait_counter(LAYOUT.put_done(0), sum(before) + 1) == (before[0], before[1] + 1)
+    s = stats(pool)
+    assert s.errors_by_kind["descriptor_refused"] == 4 and s.chunks == 0
+
+
+def test_a_put_reads_the_block_when_it_fires(compute):
+    pool, fake, channel = compute
+    pool.offload(IDS[:16], USER, CTX)
+    first = pool.kv(0).copy()
+    pool.offload(IDS[:16] + [5] * 16, USER, CTX, blocks=[0, 1])  # block 0 rewritten the same, block 1 new
+    assert np.array_equal(pool.kv(0), first)
+    assert stats(pool).chunks == 2
+
+
+def test_a_storage_node_down_ends_the_restore_with_errors_in_bounded_time(compute, storage):
+    pool, fake, channel = compute
+    pool.offload(IDS, USER, CTX)
+    storage[0][1].pause()
     try:
-        info = restore(other, 1, list(IDS) + [7, 8])
-        assert (info.chunks, info.tokens_announced, info.error_base) == (4, 64, 0)
-        success, error = other.wait_counter(info.completion_counter, info.threshold)
-        assert (success, error) == (4, 0) and info.completion_counter == LAYOUT.restore_counter(1)
-        assert np.array_equal(other.kv(1), pool.kv(0)) and np.array_equal(other.token_ids(1), IDS)
+        start = time.monotonic()
+        turn(channel, IDS + [7])
+        assert time.monotonic() - start < 8
+        assert all(err for _, err in fake.outcomes[-1])  # every block ended on its error part
     finally:
-        other.close()
-    stats = pool.stub.Stats(smartnic_pb2.StatsRequest())
-    assert stats.hits == 1 and stats.chunks == 4 and stats.bytes_got == stats.bytes_put > 0
-    assert stats.triggered_fired >= 8 and stats.trigger_to_fire_p99_us > 0
+        storage[0][1].resume()
 
 
-def test_gets_in_data_pdus_restore_exactly_the_bytes_put(start_service, storage):
-    # chunks of 4,240 bytes asked for in PDUs of 4,096: each arrives in two, cut mid-row
-    proc = start_service("agent-pdus", "serve", "smartnic", env=agent_env(storage, get_pdu_bytes=4096))
-    channel = secure_channel(proc.addresses["grpc"], peer="smartnic")
-    source, target = Pool(smartnic_pb2_grpc.SmartNicStub(channel)), None
+def test_one_off_puts_gets_and_counter_ops_of_a_plain_region(agent):
+    plain = PlainPool(agent[1])
     try:
-        offload(source)
-        target = Pool(source.stub)
-        info = restore(target, 1, list(IDS))
-        assert target.wait_counter(info.completion_counter, info.threshold) == (4, 0)
-        assert np.array_equal(target.kv(1), source.kv(0)) and np.array_equal(target.token_ids(1), IDS)
-        stats = source.stub.Stats(smartnic_pb2.StatsRequest())
-        assert stats.bytes_got == stats.bytes_put > 4 * 4096
-    finally:
-        for p in (source, target):
-            if p is not None:
-                p.close()
-        channel.close()
-
-
-def test_restore_covers_only_the_matching_prefix(pool):
-    offload(pool)
-    diverged = list(IDS[:40]) + [1] * 30
-    info = restore(pool, 1, diverged)
-    assert (info.chunks, info.tokens_announced) == (2, 32)
-    pool.wait_counter(info.completion_counter, info.threshold)
-    assert restore(pool, 1, [5, 6, 7]).chunks == 0
-
-
-def test_another_users_context_is_denied(pool):
-    offload(pool)
-    with pytest.raises(grpc.RpcError) as err:
-        restore(pool, 1, IDS, user="mallory")
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    with pytest.raises(grpc.RpcError) as err:
-        pool.stub.Lookup(smartnic_pb2.ContextRef(user_id="mallory", context_id=CTX))
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    with pytest.raises(grpc.RpcError) as err:  # nor may anyone write into it
-        pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=pool.put_ops(1, "mallory", CTX, 16)))
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-
-
-def test_chained_counter_ops_and_cancel(pool):
-    a, b, c = (LAYOUT.extra_counter(i) for i in range(3))
-    op = smartnic_pb2.TriggeredOp
-    pool.stub.QueueTriggered(
-        smartnic_pb2.QueueTriggeredRequest(
-            ops=[
-                op(
-                    region_id=pool.region_id,
-                    access_key=KEY,
-                    trigger_counter=a,
-                    threshold=3,
-                    counter_add=smartnic_pb2.CounterOp(counter=b, value=5),
-                ),
-                op(
-                    region_id=pool.region_id,
-                    access_key=KEY,
-                    trigger_counter=b,
-                    threshold=5,
-                    counter_set=smartnic_pb2.CounterOp(counter=c, value=42),
-                ),
-                op(
-                    region_id=pool.region_id,
-                    access_key=KEY,
-                    trigger_counter=c,
-                    threshold=100,
-                    counter_set=smartnic_pb2.CounterOp(counter=a, value=0),
-                ),
-            ]
-        )
-    )
-    pool.region.store_counter(a, 2)
-    pool.stub.CounterAdd(
-        smartnic_pb2.CounterUpdateRequest(
-            counter=smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=a), error=1
-        )
-    )
-    value = pool.stub.CounterWait(
-        smartnic_pb2.CounterWaitRequest(
-            counter=smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=c),
-            threshold=42,
-            timeout_s=5,
-        )
-    )
-    assert value.success == 42 and pool.region.read_counter(b) == (5, 0)
-    cancelled = pool.stub.CancelCounter(
-        smartnic_pb2.CancelRequest(
-            counter=smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=c)
-        )
-    )
-    assert cancelled.cancelled == 1
-    assert pool.stub.Stats(smartnic_pb2.StatsRequest()).queue_depth == 0
-
-
-def test_queue_bound_bad_key_and_bounds(pool):
-    ops = [
-        smartnic_pb2.TriggeredOp(
-            region_id=pool.region_id,
-            access_key=KEY,
-            trigger_counter=LAYOUT.extra_counter(0),
-            threshold=10**9,
-            counter_add=smartnic_pb2.CounterOp(counter=0, value=1),
-        )
-    ]
-    with pytest.raises(grpc.RpcError) as err:
-        pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=ops * 513))
-    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=ops * 512))
-    assert (
-        pool.stub.Flush(smartnic_pb2.FlushRequest(region_id=pool.region_id, access_key=KEY)).cancelled == 512
-    )
-    with pytest.raises(grpc.RpcError) as err:
-        pool.stub.CounterRead(
-            smartnic_pb2.CounterRef(region_id=pool.region_id, access_key="wrong", counter=0)
-        )
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    with pytest.raises(grpc.RpcError) as err:
-        pool.stub.CounterRead(
-            smartnic_pb2.CounterRef(region_id=pool.region_id, access_key=KEY, counter=10**6)
-        )
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    bad = pool.put_ops(0, USER, CTX, 16, by_ranges=True)[0]
-    bad.put.ranges[0].offset = LAYOUT.region_bytes - 8  # runs past the end of the region
-    with pytest.raises(grpc.RpcError) as err:
-        pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=[bad]))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "outside the region" in err.value.details()
-    both = pool.put_ops(0, USER, CTX, 16, by_ranges=True)[0]
-    both.put.slot = 0  # names its source twice
-    missing = pool.put_ops(0, USER, CTX, 16)[0]
-    missing.put.slot = LAYOUT.num_slots  # a slot the registered layout does not have
-    for bad in (both, missing):
+        ids_range, kv_range = (0, 64), (4096, 8192)
+        plain.region.write(0, np.arange(16, dtype="<u4").tobytes())
+        plain.region.write(4096, np.arange(2048, dtype=np.float32).tobytes())
+        a, b, c, done = 0, 1, 2, 3
+        ops = [plain.op("put", a, 1, done, USER, "plain", 0, ids_range, kv_range),
+               smartnic_pb2.TriggeredOp(region_id=plain.region_id, access_key=KEY, trigger_counter=done,
+                                        threshold=1, counter_add=smartnic_pb2.CounterOp(counter=b, value=5)),
+               plain.op("get", b, 5, c, USER, "plain", 0, (20480, 64), (24576, 8192))]
+        plain.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=ops))
+        plain.region.store_counter(a, 1)
+        assert plain.wait_counter(c, 1) == (1, 0)
+        assert bytes(plain.region.view(20480, 64)) == bytes(plain.region.view(0, 64))
+        assert bytes(plain.region.view(24576, 8192)) == bytes(plain.region.view(4096, 8192))
         with pytest.raises(grpc.RpcError) as err:
-            pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=[bad]))
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            plain.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=[
+                plain.op("put", a, 2, done, USER, "plain", 1, (0, 64), (1 << 20, 4096))]))  # past the end
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "outside the region" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            plain.stub.CounterRead(smartnic_pb2.CounterRef(region_id=plain.region_id, access_key="wrong", counter=0))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        plain.close()
 
 
-@pytest.mark.slow
-def test_restart_rebuilds_the_hashmap(start_service, storage, pool, agent):
-    offload(pool)
-    before = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX))
-    pool.region.close()
+def test_one_off_data_ops_are_refused_on_a_pool_with_a_layout(compute):
+    pool, _, _ = compute
+    op = smartnic_pb2.TriggeredOp(region_id=pool.region_id, access_key=KEY, trigger_counter=LAYOUT.extra_counter(0),
+                                  threshold=1, completion_counter=LAYOUT.extra_counter(1),
+                                  put=smartnic_pb2.PutOp(chunk=smartnic_pb2.ChunkRef(
+                                      user_id=USER, context_id=CTX, chunk_index=0, token_start=0, token_end=16)))
+    with pytest.raises(grpc.RpcError) as err:
+        pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=[op]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "standing PUTs" in err.value.details()
+
+
+def test_restart_rebuilds_the_index_from_the_blocks_headers(start_service, storage, compute, agent):
+    pool, fake, channel = compute
+    names = pool.offload(IDS, USER, CTX)
     agent[0].stop()
-    proc = start_service("agent-again", "serve", "smartnic", env=agent_env(storage))
-    with secure_channel(proc.addresses["grpc"], peer="smartnic") as channel:
-        stub = smartnic_pb2_grpc.SmartNicStub(channel)
-        after = stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX))
-        assert [(c.key, c.crc32c, c.length, c.token_end) for c in after.chunks] == [
-            (c.key, c.crc32c, c.length, c.token_end) for c in before.chunks
-        ]
-        fresh = Pool(stub)
-        try:
-            info = restore(fresh, 0, IDS)
-            assert fresh.wait_counter(info.completion_counter, info.threshold) == (4, 0)
-            assert np.array_equal(fresh.token_ids(0), IDS)
-        finally:
-            fresh.close()
-
-
-@pytest.mark.slow
-def test_storage_node_down_ends_gets_with_errors_in_bounded_time(pool, storage):
-    offload(pool)
-    storage[0][1].stop()
-    start = time.monotonic()
-    info = restore(pool, 1, IDS)
-    success, error = pool.wait_counter(info.completion_counter, info.threshold, timeout_s=5)
-    assert error - info.error_base == 4 and success == 0
-    assert time.monotonic() - start < 3.0
-    kinds = {
-        e.kind
-        for e in pool.stub.ReadErrors(
-            smartnic_pb2.ReadErrorsRequest(region_id=pool.region_id, access_key=KEY)
-        ).errors
-    }
-    assert kinds <= {"timeout", "storage_unavailable"} and kinds
-    # the failed chunks were dropped: the next restore announces nothing
-    assert restore(pool, 1, IDS).chunks == 0
-
-
-def test_a_put_reads_the_region_when_it_fires_not_when_queued(pool):
-    pool.fill(0, IDS, seed=1)
-    pool.region.store_counter(LAYOUT.token_counter(0), 0)
-    pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=pool.put_ops(0, USER, CTX, 64)))
-    pool.fill(0, IDS, seed=2)  # the KV changes after queuing, before the trigger
-    expected = pool.kv(0).copy()
-    pool.region.store_counter(LAYOUT.token_counter(0), 64)
-    pool.wait_counter(LAYOUT.offload_counter(0), 4)
-    info = restore(pool, 1, IDS)
-    assert pool.wait_counter(info.completion_counter, info.threshold) == (4, 0)
-    assert np.array_equal(pool.kv(1), expected)
+    proc = start_service("agent-again", "serve", "smartnic", env={**agent_env(storage),
+                                                                  "KVTB_SMARTNIC_LISTEN_ADDRESS": agent[0].addresses["grpc"]})
+    with secure_channel(proc.addresses["grpc"], peer="smartnic") as ch:
+        stub = smartnic_pb2_grpc.SmartNicStub(ch)
+        deadline = time.monotonic() + 20
+        while stub.Stats(smartnic_pb2.StatsRequest()).chunks < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        found = stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX))
+        assert [c.hash for c in found.chunks] == names

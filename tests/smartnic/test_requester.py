@@ -47,3 +47,11 @@ def test_rebuild_keeps_the_newest_generation():
     loaded = r.rebuild([("c1", block(b"a", 0, generation=2, key=b"k2")), ("c1", block(b"a", 0, generation=1, key=b"k1"))],
                        now=5.0)
     assert loaded == 1 and r.get(b"a").generation == 2 and r.context("alice", "c1").hashes == [b"a"]
+
+
+def test_blocks_published_out_of_order_fill_their_places():
+    r = Requester()
+    r.publish(block(b"c", 2, b"b"), "c1", "alice", now=1.0)
+    r.publish(block(b"a", 0), "c1", "alice", now=1.0)
+    r.publish(block(b"b", 1, b"a"), "c1", "alice", now=1.0)
+    assert r.context("alice", "c1").hashes == [b"a", b"b", b"c"]

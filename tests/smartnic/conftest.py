@@ -1,0 +1,42 @@
+"""The agent as a real process with real storage nodes; this test process plays the compute node
+(a registered pool, and a ComputeNode server the agent forwards turns to)."""
+from __future__ import annotations
+
+import concurrent.futures
+
+import grpc
+import pytest
+
+from kvtb.rpc import add_port
+from kvtb_proto import compute_pb2_grpc, smartnic_pb2_grpc
+from tests.conftest import as_identity, secure_channel
+from tests.smartnic.helpers import FakeCompute, Pool, agent_env, storage_env
+
+
+@pytest.fixture
+def storage(start_service, tmp_path):
+    return [("s0", start_service("storage-s0", "serve", "storage", env=storage_env(tmp_path, "s0")))]
+
+
+@pytest.fixture
+def agent(start_service, storage):
+    proc = start_service("agent", "serve", "smartnic", env=agent_env(storage))
+    channel = secure_channel(proc.addresses["grpc"], peer="smartnic")
+    yield proc, smartnic_pb2_grpc.SmartNicStub(channel)
+    channel.close()
+
+
+@pytest.fixture
+def compute(agent):
+    """(pool, fake compute node, channel to the agent): the pool registered with the fake's address."""
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(8))
+    port = add_port(server, "127.0.0.1:0", as_identity("compute"))
+    channel = secure_channel(agent[0].addresses["grpc"], peer="smartnic")
+    pool = Pool(smartnic_pb2_grpc.SmartNicStub(channel), compute_address=f"127.0.0.1:{port}")
+    fake = FakeCompute(pool)
+    compute_pb2_grpc.add_ComputeNodeServicer_to_server(fake, server)
+    server.start()
+    yield pool, fake, channel
+    pool.close()
+    channel.close()
+    server.stop(0)
