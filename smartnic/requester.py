@@ -68,6 +68,9 @@ class Requester:
         return self._contexts.get((user_id, context_id))
 
     def contexts(self, user_id: str = "") -> list[Context]:
+        """Contexts with a stored first block (those whose first block is gone are forgotten here)."""
+        for key in [k for k, c in self._contexts.items() if not c.hashes or c.hashes[0] not in self.blocks]:
+            del self._contexts[key]
         return [c for c in self._contexts.values() if not user_id or c.user_id == user_id]
 
     def total_bytes(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 
 import grpc
 import pytest
@@ -26,17 +27,27 @@ def agent(start_service, storage):
     channel.close()
 
 
-@pytest.fixture
-def compute(agent):
-    """(pool, fake compute node, channel to the agent): the pool registered with the fake's address."""
+@contextlib.contextmanager
+def compute_beside(agent_address: str):
+    """This process as a compute node of the agent: (pool, fake compute node, channel to the agent),
+    the pool registered with the fake's address."""
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(8))
     port = add_port(server, "127.0.0.1:0", as_identity("compute"))
-    channel = secure_channel(agent[0].addresses["grpc"], peer="smartnic")
+    channel = secure_channel(agent_address, peer="smartnic")
     pool = Pool(smartnic_pb2_grpc.SmartNicStub(channel), compute_address=f"127.0.0.1:{port}")
     fake = FakeCompute(pool)
     compute_pb2_grpc.add_ComputeNodeServicer_to_server(fake, server)
     server.start()
-    yield pool, fake, channel
-    pool.close()
-    channel.close()
-    server.stop(0)
+    try:
+        yield pool, fake, channel
+    finally:
+        pool.close()
+        channel.close()
+        server.stop(0)
+
+
+@pytest.fixture
+def compute(agent):
+    """(pool, fake compute node, channel to the agent) beside the `agent` fixture's agent."""
+    with compute_beside(agent[0].addresses["grpc"]) as triple:
+        yield triple

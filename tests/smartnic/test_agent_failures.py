@@ -7,21 +7,19 @@ import time
 import pytest
 
 from kvtb.launch import free_port
-from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
+from kvtb_proto import smartnic_pb2
 from fabric import chunk_format as cf
 from fabric.client import FabricClient
-from tests.smartnic.helpers import KEY, LAYOUT, Pool, agent_env, storage_env
-from tests.smartnic.test_agent_service import CTX, IDS, USER, offload, restore
-from tests.conftest import TEST_HOST, fabric_client, secure_channel
+from tests.conftest import TEST_HOST, fabric_client
+from tests.smartnic.conftest import compute_beside
+from tests.smartnic.helpers import LAYOUT, agent_env, storage_env
+from tests.smartnic.test_agent_service import CTX, IDS, USER, turn
 
 
 def start(start_service, tmp_path, nodes=("s0",), **agent_settings):
-    storage = [
-        (n, start_service(f"storage-{n}", "serve", "storage", env=storage_env(tmp_path, n))) for n in nodes
-    ]
+    storage = [(n, start_service(f"storage-{n}", "serve", "storage", env=storage_env(tmp_path, n))) for n in nodes]
     agent = start_service("agent", "serve", "smartnic", env=agent_env(storage, **agent_settings))
-    channel = secure_channel(agent.addresses["grpc"], peer="smartnic")
-    return storage, agent, Pool(smartnic_pb2_grpc.SmartNicStub(channel))
+    return storage, agent
 
 
 def fabric(proc, host_nqn: str = TEST_HOST) -> FabricClient:
@@ -31,83 +29,68 @@ def fabric(proc, host_nqn: str = TEST_HOST) -> FabricClient:
     return client
 
 
-def test_corrupt_chunk_is_an_error_and_is_dropped(start_service, tmp_path):
-    storage, _, pool = start(start_service, tmp_path)
-    try:
-        offload(pool)
-        chunks = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX)).chunks
-        client = fabric(storage[0][1])
-        value = bytearray(client.retrieve(1, chunks[1].key).payload())
-        value[-1 - cf.MAC_BYTES] ^= 0xFF  # one flipped byte of KV, stored with a matching crc: only the agent can tell
-        client.store(1, chunks[1].key, [bytes(value)])
-        info = restore(pool, 1, IDS)
-        success, error = pool.wait_counter(info.completion_counter, info.threshold)
-        assert (success, error - info.error_base) == (3, 1)
-        errors = pool.stub.ReadErrors(
-            smartnic_pb2.ReadErrorsRequest(region_id=pool.region_id, access_key=KEY)
-        )
-        assert [(e.kind, e.chunk.chunk_index) for e in errors.errors] == [("mac_mismatch", 1)]
-        left = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX)).chunks
-        assert [c.chunk_index for c in left] == [0, 2, 3]
-        assert restore(pool, 1, IDS).tokens_announced == 16  # the prefix stops at the gap
-        stats = pool.stub.Stats(smartnic_pb2.StatsRequest())
-        assert stats.errors_by_kind["mac_mismatch"] == 1
-        deadline = time.monotonic() + 5
-        while chunks[1].key in client.list_keys(1) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert chunks[1].key not in client.list_keys(1)  # the corrupt chunk was deleted on the node
-        client.close()
-    finally:
-        pool.close()
+def stats(pool):
+    return pool.stub.Stats(smartnic_pb2.StatsRequest())
+
+
+def test_a_corrupt_block_is_an_error_is_dropped_and_deleted(compute, storage):
+    pool, fake, channel = compute
+    pool.offload(IDS, USER, CTX)
+    blocks = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX)).chunks
+    client = fabric(storage[0][1])
+    value = bytearray(client.retrieve(1, blocks[1].key).payload())
+    value[-1 - cf.MAC_BYTES] ^= 0xFF  # one flipped byte of KV, stored with a matching crc: only the agent can tell
+    client.store(1, blocks[1].key, [bytes(value)])
+    turn(channel, IDS + [7])
+    assert [e > 0 for _, e in fake.outcomes[-1]] == [False, True, False, False]
+    left = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX)).chunks
+    assert [c.chunk_index for c in left] == [0]  # the context's usable prefix ends at the gap
+    turn(channel, IDS + [7])
+    assert fake.requests[-1].stored_tokens == 16
+    assert stats(pool).errors_by_kind["mac_mismatch"] == 1
+    deadline = time.monotonic() + 5
+    while blocks[1].key in client.list_keys(1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert blocks[1].key not in client.list_keys(1)  # the corrupt block was deleted on the node
+    client.close()
 
 
 @pytest.mark.slow
-def test_idle_contexts_are_evicted_and_deleted_on_storage(start_service, tmp_path):
-    storage, _, pool = start(
-        start_service, tmp_path, eviction_policy="timer", ttl_s=1.0, eviction_interval_s=0.2
-    )
-    try:
-        offload(pool)
+def test_idle_blocks_are_evicted_and_deleted_on_storage(start_service, tmp_path):
+    storage, agent = start(start_service, tmp_path, eviction_policy="timer", ttl_s=1.0, eviction_interval_s=0.2)
+    with compute_beside(agent.addresses["grpc"]) as (pool, _, _):
+        pool.offload(IDS, USER, CTX)
         client = fabric(storage[0][1])
         assert len(client.list_keys(1)) == 4
         deadline = time.monotonic() + 5
-        while pool.stub.Stats(smartnic_pb2.StatsRequest()).contexts and time.monotonic() < deadline:
+        while stats(pool).chunks and time.monotonic() < deadline:
             time.sleep(0.1)
-        stats = pool.stub.Stats(smartnic_pb2.StatsRequest())
-        assert stats.contexts == 0 and dict(stats.evictions_by_reason) == {"ttl": 1}
+        s = stats(pool)
+        assert s.chunks == 0 and s.contexts == 0 and dict(s.evictions_by_reason) == {"ttl": 4}
         time.sleep(0.3)
         assert client.list_keys(1) == []
         client.close()
-    finally:
-        pool.close()
 
 
-def test_chunks_spread_over_two_nodes_and_lru_capacity(start_service, tmp_path):
-    chunk_bytes = 16 * LAYOUT.kv_bytes_per_token + 16 * 4 + 200
-    _, _, pool = start(
-        start_service,
-        tmp_path,
-        nodes=("s0", "s1"),
-        eviction_policy="lru",
-        capacity_high_bytes=10 * chunk_bytes,
-        capacity_low_bytes=8 * chunk_bytes,
-        eviction_interval_s=0.1,
-    )
-    try:
-        offload(pool, slot=0, context="c-a")
-        offload(pool, slot=0, context="c-b")
-        stats = pool.stub.Stats(smartnic_pb2.StatsRequest())
-        assert set(stats.bytes_by_storage_node) == {"s0", "s1"} and stats.chunks == 8
-        restore(pool, 1, IDS, context="c-a")  # c-a is now the most recently used
-        offload(pool, slot=0, context="c-c")  # 12 chunks > 10: evict down to 8, least recently used first
+def test_blocks_spread_over_two_nodes_and_lru_capacity(start_service, tmp_path):
+    block_bytes = LAYOUT.chunk_payload_bytes(16) + 400
+    _, agent = start(start_service, tmp_path, nodes=("s0", "s1"), eviction_policy="lru",
+                     capacity_high_bytes=10 * block_bytes, capacity_low_bytes=8 * block_bytes,
+                     eviction_interval_s=0.1)
+    with compute_beside(agent.addresses["grpc"]) as (pool, fake, channel):
+        ids = {c: [hash(c) % 1000 + i for i in range(64)] for c in ("c-a", "c-b", "c-c")}
+        pool.offload(ids["c-a"], USER, "c-a")
+        pool.offload(ids["c-b"], USER, "c-b")
+        s = stats(pool)
+        assert set(s.bytes_by_storage_node) == {"s0", "s1"} and s.chunks == 8
+        turn(channel, ids["c-a"] + [7], context="c-a")  # c-a's blocks are now the most recently used
+        pool.offload(ids["c-c"], USER, "c-c")  # 12 blocks > 10: evict down to 8, least recently used first
         deadline = time.monotonic() + 5
-        while pool.stub.Stats(smartnic_pb2.StatsRequest()).contexts > 2 and time.monotonic() < deadline:
+        while stats(pool).chunks > 8 and time.monotonic() < deadline:
             time.sleep(0.05)
         contexts = pool.stub.ListContexts(smartnic_pb2.ListContextsRequest(user_id=USER)).contexts
         assert sorted(c.context_id for c in contexts) == ["c-a", "c-c"]
-        assert dict(pool.stub.Stats(smartnic_pb2.StatsRequest()).evictions_by_reason) == {"capacity": 1}
-    finally:
-        pool.close()
+        assert dict(stats(pool).evictions_by_reason) == {"capacity": 4}
 
 
 def _cpu_s(pid: int) -> float:
@@ -116,20 +99,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def test_watcher_does_not_burn_a_core_while_waiting(start_service, tmp_path):
-    _, agent, pool = start(start_service, tmp_path)
-    try:
-        pool.stub.QueueTriggered(smartnic_pb2.QueueTriggeredRequest(ops=pool.put_ops(0, USER, CTX, 64)))
+def test_the_watcher_does_not_burn_a_core_while_waiting(start_service, tmp_path):
+    _, agent = start(start_service, tmp_path)
+    with compute_beside(agent.addresses["grpc"]) as (pool, _, _):  # a pool's standing PUTs are armed
         time.sleep(0.2)
         before = _cpu_s(agent.proc.pid)
         time.sleep(1.0)
         assert _cpu_s(agent.proc.pid) - before < 0.25  # a spinning watcher would use ~1 s
-        pool.region.store_counter(LAYOUT.token_counter(0), 64)
-        assert pool.wait_counter(LAYOUT.offload_counter(0), 4) == (4, 0)
-    finally:
-        pool.close()
-
-
+        pool.offload(IDS, USER, CTX)  # and it still fires
 
 
 @pytest.mark.slow
@@ -139,24 +116,14 @@ def test_a_node_down_at_start_is_tolerated_and_joins_later(start_service, tmp_pa
     late = {"admin": "127.0.0.1:0", "fabric": f"tcp://127.0.0.1:{port}"}
     agent = start_service("agent", "serve", "smartnic", env=agent_env([("s0", s0), ("s1", late)]))
     assert agent.ready["storage_nodes_up"] == ["s0"]
-    pool = Pool(smartnic_pb2_grpc.SmartNicStub(secure_channel(agent.addresses["grpc"], peer="smartnic")))
-    try:
-        offload(pool, context="c-early")
-        assert set(pool.stub.Stats(smartnic_pb2.StatsRequest()).bytes_by_storage_node) == {"s0"}
-        start_service(
-            "storage-s1",
-            "serve",
-            "storage",
-            env={**storage_env(tmp_path, "s1"), "KVTB_STORAGE_FABRIC_ADDRESS": late["fabric"]},
-        )
-        deadline = time.monotonic() + 10
-        contexts = 0
-        while time.monotonic() < deadline:
-            offload(pool, context=f"c-{contexts}")
-            contexts += 1
-            if "s1" in pool.stub.Stats(smartnic_pb2.StatsRequest()).bytes_by_storage_node:
-                break
+    with compute_beside(agent.addresses["grpc"]) as (pool, _, _):
+        pool.offload(IDS, USER, "c-early")
+        assert set(stats(pool).bytes_by_storage_node) == {"s0"}
+        start_service("storage-s1", "serve", "storage",
+                      env={**storage_env(tmp_path, "s1"), "KVTB_STORAGE_FABRIC_ADDRESS": late["fabric"]})
+        deadline, n = time.monotonic() + 10, 0
+        while time.monotonic() < deadline and "s1" not in stats(pool).bytes_by_storage_node:
+            pool.offload([5000 + n * 100 + i for i in range(64)], USER, f"c-{n}")
+            n += 1
             time.sleep(0.2)
-        assert "s1" in pool.stub.Stats(smartnic_pb2.StatsRequest()).bytes_by_storage_node
-    finally:
-        pool.close()
+        assert "s1" in stats(pool).bytes_by_storage_node

@@ -8,10 +8,10 @@ import pytest
 from kvtb.crc32c import crc32c
 from fabric import chunk_format as cf
 from hostmem import gather
-from smartnic.datapath import Arrival, ChunkRef, DataError
-from smartnic.requester import Chunk
+from smartnic.datapath import Arrival, ChunkRef, DataError, stored_block
 
 REF = ChunkRef("alice", "ctx", 3, 48, 64)
+NAME = b"n" * 16
 IDS = np.arange(48, 64, dtype=np.uint32).tobytes()
 KV = np.random.default_rng(5).integers(0, 256, 6000, dtype=np.uint8).tobytes()
 # the region: token ids at 0, then KV as 12 rows of 500 bytes every 700 bytes
@@ -21,17 +21,17 @@ MAC_KEY, KEY, GENERATION = bytes(range(32)), b"k" * 16, 1_700_000_000_000_000_04
 
 def value(mac: bool = True, ref: ChunkRef = REF, generation: int = GENERATION, key: bytes = KEY) -> bytes:
     """header | token ids | KV | MAC, as the agent's PUT writes it (no MAC with the KV MAC off)."""
-    header = cf.encode_header(cf.ChunkHeader(*ref, len(KV), cf.token_ids_hash(IDS), generation,
-                                             cf.MAC_BYTES if mac else 0))
+    header = cf.encode_header(cf.ChunkHeader(*ref, len(KV), NAME, generation, cf.MAC_BYTES if mac else 0,
+                                             "acme", b"p" * 16))
     body = header + IDS + KV
     return body + (cf.mac_of(MAC_KEY, key, generation, [body]) if mac else b"")
 
 
 def arrival(mem: np.ndarray, stored: bytes, mac: bool = True, length: int | None = None) -> Arrival:
     """The GET of the chunk the requester knows (KEY, GENERATION, the length it stored)."""
-    chunk = Chunk(REF.chunk_index, REF.token_start, REF.token_end, "s0", KEY, length or len(stored),
-                  crc32c(stored), cf.token_ids_hash(IDS), GENERATION)
-    return Arrival(REF, chunk, mem, TARGETS, MAC_KEY if mac else None)
+    header = cf.ChunkHeader(*REF, len(KV), NAME, GENERATION, cf.MAC_BYTES, "acme", b"p" * 16)
+    chunk = stored_block(header, "s0", KEY, length or len(stored), crc32c(stored))
+    return Arrival(chunk, mem, TARGETS, MAC_KEY if mac else None)
 
 
 def placed(mem: np.ndarray) -> bytes:

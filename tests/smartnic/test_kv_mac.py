@@ -1,7 +1,9 @@
-"""KV that cannot be forged, with real agent and storage processes: a chunk forged with the same crc32c,
-a chunk moved to another context's key and an older copy replayed under its own key each end the restore
-with an error (the compute node falls back), and the chunk is dropped."""
+"""KV that cannot be forged, with real agent and storage processes: a block forged with the same crc32c,
+a block moved under another block's key and an older copy replayed under its own key each end the
+restore with an error (the compute node falls back), and the block is dropped."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -9,9 +11,8 @@ from fabric import chunk_format as cf
 from fabric.auth import AGENT_NQN
 from kvtb.crc32c import crc32c
 from kvtb_proto import smartnic_pb2
-from tests.smartnic.helpers import KEY
-from tests.smartnic.test_agent_failures import fabric, start
-from tests.smartnic.test_agent_service import CTX, IDS, USER, offload, restore
+from tests.smartnic.test_agent_failures import fabric
+from tests.smartnic.test_agent_service import CTX, IDS, USER, turn
 
 
 def solve_gf2(vectors: list[int], want: int) -> list[int]:
@@ -53,76 +54,67 @@ def forge_same_crc(value: bytes, kv: slice) -> bytes:
     return bytes(forged)
 
 
-def restore_fails(pool, context: str, kind: str, chunk_index: int) -> None:
-    """A restore of the context ends with one error of `kind` on that chunk, which is then dropped."""
-    info = restore(pool, 1, IDS, context=context)
-    success, error = pool.wait_counter(info.completion_counter, info.threshold)
-    assert error - info.error_base == 1 and success + error == info.threshold  # the compute node falls back
-    errors = pool.stub.ReadErrors(smartnic_pb2.ReadErrorsRequest(region_id=pool.region_id, access_key=KEY))
-    assert [(e.kind, e.chunk.chunk_index) for e in errors.errors] == [(kind, chunk_index)]
-    left = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=context)).chunks
-    assert chunk_index not in [c.chunk_index for c in left]
+def restore_fails(compute, ids, kind: str, index: int, user: str = USER, context: str = CTX) -> None:
+    """A restore of ids ends with an error of `kind` on block `index` (the compute node falls back), and
+    the block is dropped from the requester."""
+    pool, fake, channel = compute
+    before = pool.stub.Stats(smartnic_pb2.StatsRequest()).errors_by_kind[kind]
+    turn(channel, list(ids) + [7], user=user, context=context)
+    landed = fake.outcomes[-1]
+    assert landed[index][1] > 0 and all(e == 0 for _, e in landed[:index]), landed  # the blocks before it landed
+    assert pool.stub.Stats(smartnic_pb2.StatsRequest()).errors_by_kind[kind] == before + 1
+    left = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=user, context_id=context)).chunks
+    assert index not in [c.chunk_index for c in left]
 
 
-def chunk_keys(pool, context: str) -> list[bytes]:
+def block_keys(pool, context: str = CTX) -> list[bytes]:
     return [c.key for c in pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=context)).chunks]
 
 
-def test_a_chunk_forged_with_the_same_crc32c_falls_back(start_service, tmp_path):
-    storage, _, pool = start(start_service, tmp_path)
-    try:
-        offload(pool)
-        key = chunk_keys(pool, CTX)[0]
-        # the strongest attacker short of the MAC key: the deployment's own agent's fabric key
-        client = fabric(storage[0][1], AGENT_NQN)
-        value = bytes(client.retrieve(1, key).payload())
-        header, n = cf.decode_header(value)
-        kv = slice(n + header.token_ids_bytes, len(value) - cf.MAC_BYTES)
-        client.store(1, key, [forge_same_crc(value, kv)])  # the node takes it: its crc32c checks out
-        client.close()
-        restore_fails(pool, CTX, "mac_mismatch", 0)
-        assert restore(pool, 1, IDS).tokens_announced == 0  # the prefix is gone: recompute
-        assert pool.stub.Stats(smartnic_pb2.StatsRequest()).errors_by_kind["mac_mismatch"] == 1
-    finally:
-        pool.close()
+def test_a_block_forged_with_the_same_crc32c_falls_back(compute, storage):
+    pool, fake, channel = compute
+    pool.offload(IDS, USER, CTX)
+    key = block_keys(pool)[0]
+    # the strongest attacker short of the MAC key: the deployment's own agent's fabric key
+    client = fabric(storage[0][1], AGENT_NQN)
+    value = bytes(client.retrieve(1, key).payload())
+    header, n = cf.decode_header(value)
+    kv = slice(n + header.token_ids_bytes, len(value) - cf.MAC_BYTES)
+    client.store(1, key, [forge_same_crc(value, kv)])  # the node takes it: its crc32c checks out
+    client.close()
+    restore_fails(compute, IDS, "mac_mismatch", 0)
+    turn(channel, IDS + [7])
+    assert fake.requests[-1].stored_tokens == 0  # the prefix is gone: recompute
 
 
-def test_a_chunk_moved_to_another_contexts_key_falls_back(start_service, tmp_path):
-    storage, _, pool = start(start_service, tmp_path)
-    try:
-        for context in ("c-a", "c-b", "c-c"):
-            offload(pool, context=context)
-        client = fabric(storage[0][1])
-        source = bytes(client.retrieve(1, chunk_keys(pool, "c-a")[0]).payload())
-        client.store(1, chunk_keys(pool, "c-b")[0], [source])  # moved as it is: its header names c-a
-        restore_fails(pool, "c-b", "bad_header", 0)
-        # moved with its header rewritten to name c-c, in c-c's own generation: only the MAC tells
-        header, n = cf.decode_header(source)
-        target_key = chunk_keys(pool, "c-c")[0]
-        target_header, _ = cf.decode_header(client.retrieve(1, target_key, max_bytes=cf.MAX_HEADER_BYTES).payload())
-        rewritten = cf.encode_header(cf.ChunkHeader(
-            USER, "c-c", header.chunk_index, header.token_start, header.token_end, header.kv_bytes,
-            header.token_ids_hash, target_header.generation, header.mac_bytes))
-        client.store(1, target_key, [rewritten + source[n:]])
-        client.close()
-        restore_fails(pool, "c-c", "mac_mismatch", 0)
-        info = restore(pool, 1, IDS, context="c-a")  # the original is untouched
-        assert pool.wait_counter(info.completion_counter, info.threshold)[1] == info.error_base
-    finally:
-        pool.close()
+def test_a_block_moved_to_another_blocks_key_falls_back(compute, storage):
+    pool, fake, channel = compute
+    pool.offload(IDS, USER, CTX)
+    keys = block_keys(pool)
+    client = fabric(storage[0][1])
+    source = bytes(client.retrieve(1, keys[2]).payload())
+    client.store(1, keys[1], [source])  # moved as it is: its header names block 2
+    restore_fails(compute, IDS, "bad_header", 1)
+    # block 2 moved onto block 0's key with its header rewritten to name block 0, in block 0's
+    # generation: only the MAC tells
+    header, n = cf.decode_header(source)
+    target, _ = cf.decode_header(client.retrieve(1, keys[0], max_bytes=cf.MAX_HEADER_BYTES).payload())
+    rewritten = cf.encode_header(dataclasses.replace(header, chunk_index=0, token_start=0, token_end=16,
+                                                     token_ids_hash=target.name, parent=b"",
+                                                     generation=target.generation))
+    client.store(1, keys[0], [rewritten + source[n:]])
+    client.close()
+    restore_fails(compute, IDS, "mac_mismatch", 0)
 
 
-def test_an_older_generation_replayed_under_its_key_falls_back(start_service, tmp_path):
-    storage, _, pool = start(start_service, tmp_path)
-    try:
-        offload(pool)
-        key = chunk_keys(pool, CTX)[0]
-        client = fabric(storage[0][1])
-        old = bytes(client.retrieve(1, key).payload())
-        offload(pool)  # the same chunks stored again: a new generation of each
-        assert cf.decode_header(client.retrieve(1, key).payload())[0].generation > cf.decode_header(old)[0].generation
-        client.store(1, key, [old])  # the older copy, MAC and all, put back
-        client.close()
-        restore_fails(pool, CTX, "stale_generation", 0)
-    finally:
-        pool.close()
+def test_an_older_generation_replayed_under_its_key_falls_back(compute, storage):
+    pool, fake, channel = compute
+    pool.offload(IDS, USER, CTX)
+    key = block_keys(pool)[0]
+    client = fabric(storage[0][1])
+    old = bytes(client.retrieve(1, key).payload())
+    pool.offload(IDS, USER, CTX)  # the same blocks stored again: a new generation of each
+    assert cf.decode_header(client.retrieve(1, key).payload())[0].generation > cf.decode_header(old)[0].generation
+    client.store(1, key, [old])  # the older copy, MAC and all, put back
+    client.close()
+    restore_fails(compute, IDS, "stale_generation", 0)
