@@ -109,12 +109,18 @@ class ChatService:
                 raise
 
     async def _turn(self, user: str, context_id: str, request: frontend_pb2.ChatRequest, history: History,
-                    system: str | None, max_new: int, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
+                    system: str | None, max_new: int,
+                    clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
         ctx = self.store.get_context(user, context_id)  # now: an earlier turn may have just ended
         stored = self.store.turns(user, context_id) if ctx is not None and history else []
+        source = None
+        if ctx is None and history:  # a conversation this frontend served the user, resent?
+            source = self.store.find_transcript(
+                user, conversation.effective_system(system, self.settings.system_prompt),
+                conversation.turn_pairs(history))
         info = await self.agent.info()
         plan = await prompt.build(self.agent, self.settings.system_prompt, ctx, stored, request.message,
-                                  history, system)
+                                  history, system, source)
         room = info.max_context_tokens - len(plan.kept_ids) - len(plan.new_ids)
         max_new = limits.fit_default(max_new, request.max_new_tokens, room)
         limits.check_context_fits(len(plan.kept_ids), len(plan.new_ids), max_new, info.max_context_tokens)
@@ -128,8 +134,9 @@ class ChatService:
             request_id=request_id, user_id=user, context_id=context_id, tenant=tenant, token_ids=token_ids,
             max_new_tokens=max_new, sampling=request.sampling, shared_prefix_tokens=shared)
         turn_no = (ctx.turns if ctx else len(plan.resent)) + 1
-        logger.info("turn %s: user %s context %s turn %d, %d tokens (%d turns resent, %d shared)", request_id,
-                    user, context_id, turn_no, len(token_ids), len(plan.resent), shared)
+        logger.info("turn %s: user %s context %s turn %d, %d tokens (%d turns resent%s, %d shared)",
+                    request_id, user, context_id, turn_no, len(token_ids), len(plan.resent),
+                    f" as in {source[0].context_id}" if source else "", shared)
         yield frontend_pb2.ChatEvent(context_id=context_id)
         texts: list[str] = []
         out_ids: list[int] = []
@@ -157,8 +164,8 @@ class ChatService:
                       summary.SerializeToString())
         kept = [*token_ids, *conversation.closed_reply(reply_ids, info.stop_token_ids)]
         # off the event loop: the commit waits for fsync
-        await asyncio.to_thread(self.store.add_turns, user, context_id, [*plan.resent, row], kept, time.time(),
-                                plan.system)
+        await asyncio.to_thread(self.store.add_turns, user, context_id, [*plan.resent, row], kept,
+                                time.time(), plan.system)
         self.turns_completed += 1
         timer.done(clock.end_ns)
         self.tenants.finished(tenant, summary)

@@ -6,10 +6,12 @@ the generation prompt; each reply is kept as the ids the model generated; a foll
 template's continuation for the new user message.
 
 A client that resends the whole history (no session, or a session the frontend has not seen) sends
-its replies as text: that conversation is the template's rendering of all its messages. It equals
-the ids a session would have kept whenever each re-tokenised reply equals its generated ids (the
-template's continuation renders as the whole conversation does), and the agent finds the stored
-prefix by content either way.
+its replies as text. When the frontend served that conversation to the user, it goes on from the
+ids kept then (prompt.py); otherwise it is the template's rendering of all its messages, which
+equals the ids a session would have kept whenever each re-tokenised reply equals its generated ids
+(the template's continuation renders as the whole conversation does). With SmolLM2's tokenizer a
+reply the model split otherwise (e.g. "\n\n" as one token before "1.", which re-tokenises as two)
+differs from there on; the agent finds the stored prefix by content either way.
 """
 from __future__ import annotations
 
@@ -75,7 +77,8 @@ def check_history(history: History, stored: Sequence[tuple[str, str]]) -> None:
     expected = [pair for user, reply in stored for pair in (("user", user), ("assistant", reply))]
     if list(history) == expected:
         return
-    first = next((i for i, (a, b) in enumerate(zip(history, expected)) if a != b), min(len(history), len(expected)))
+    first = next((i for i, (a, b) in enumerate(zip(history, expected)) if a != b),
+                 min(len(history), len(expected)))
     raise ChatError("INVALID_ARGUMENT", f"the earlier messages ({len(history)}) do not match the session's "
                     f"transcript ({len(expected)} messages) from message {first} on; send only the new user "
                     "message, or the transcript as the responses gave it", "messages")

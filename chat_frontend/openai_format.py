@@ -218,8 +218,8 @@ def parse_request(raw: bytes, max_tokens_cap: int) -> CompletionRequest:
                                     top_p=_number(body, "top_p", float, 0.0, 0.0, 1.0),
                                     seed=seed % (1 << 64))  # int64 to the proto's uint64, one to one
     return CompletionRequest(message, tuple(history), system, body.get("user") or "", body["model"],
-                             _flag(body, "stream"), _flag(options, "include_usage", "stream_options.include_usage"),
-                             max_new, sampling)
+                             _flag(body, "stream"),
+                             _flag(options, "include_usage", "stream_options.include_usage"), max_new, sampling)
 
 
 def usage(summary: frontend_pb2.TurnSummary) -> dict:

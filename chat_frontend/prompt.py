@@ -1,13 +1,18 @@
 """The token ids a turn sends the engine, with the encoder behind the agent.
 
-Three cases, by what the store holds for the (user, session) and what the client sent:
+Four cases, by what the store holds for the user and what the client sent:
 
-- a context the user has: its kept ids (never re-tokenised) and the template's continuation for
-  the new message; a resent history must be its transcript, a system message the one it began with;
+- a context the user has under that session: its kept ids (never re-tokenised) and the template's
+  continuation for the new message; a resent history must be its transcript, a system message the
+  one it began with;
 - no such context and no history: a first turn, (system?, user message) through the template;
-- no such context and a history (a stateless client, or a client-named session seen first): the
-  whole conversation through the template; its earlier turns are recorded as resent turns.
+- no such context and a history this frontend served to the user (the transcript of one of their
+  contexts): that context's kept ids and the continuation, in the new context, so a stateless
+  client's conversation has the ids the model generated, as a session's has;
+- no such context and a history it did not serve: the whole conversation through the template
+  (the replies re-tokenised from their text).
 
+In the last two, the earlier turns are recorded in the new context as resent turns.
 `SharedPrefix` says how many leading ids are the tenant's shared system prompt.
 """
 from __future__ import annotations
@@ -33,7 +38,7 @@ class Encoder(Protocol):
 class Prompt:
     """What a turn sends: kept ids + new ids; the resent turns and system message to record."""
 
-    kept_ids: tuple[int, ...]          # the context's ids so far, as the model saw them
+    kept_ids: tuple[int, ...]          # the context's (or the resent conversation's) ids so far, as kept
     new_ids: tuple[int, ...]           # what this turn appends (a whole resent conversation, or one message)
     resent: tuple[TurnRow, ...] = ()   # earlier turns the client resent for a context not stored yet
     system: str | None = None          # the system message a new context starts with
@@ -43,8 +48,11 @@ class Prompt:
         return [*self.kept_ids, *self.new_ids]
 
 
+Source = tuple[Context, list[TurnRow]]  # a context whose transcript is the resent history, and its turns
+
+
 async def build(encoder: Encoder, default_system: str, ctx: Context | None, stored: list[TurnRow],
-                message: str, history: History, system: str | None) -> Prompt:
+                message: str, history: History, system: str | None, source: Source | None = None) -> Prompt:
     """The turn's prompt (INVALID_ARGUMENT when the history or system message contradicts the context)."""
     if ctx is not None:
         conversation.check_history(history, [(t.user_message, t.reply) for t in stored])
@@ -52,6 +60,11 @@ async def build(encoder: Encoder, default_system: str, ctx: Context | None, stor
         new_ids = await encoder.encode_chat(conversation.encode_follow_up(message))
         return Prompt(ctx.token_ids, tuple(new_ids))
     system = conversation.effective_system(system, default_system)
+    if source is not None:
+        found, turns = source
+        new_ids = await encoder.encode_chat(conversation.encode_follow_up(message))
+        resent = tuple(dataclasses.replace(t, summary=b"") for t in turns)
+        return Prompt(found.token_ids, tuple(new_ids), resent, system)
     new_ids = await encoder.encode_chat(conversation.encode_whole(system, history, message))
     resent = tuple(TurnRow(i + 1, user, reply, (), (), b"")
                    for i, (user, reply) in enumerate(conversation.turn_pairs(history)))

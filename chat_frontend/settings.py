@@ -34,7 +34,7 @@ class FrontendSettings:
     system_prompt: str = ""                  # when the client sends none; empty: the chat template's default
     # tenant -> a system prompt whose KV the tenant's users share (otherwise a prefix serves its user only)
     shared_system_prompts: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    session_headers: tuple[str, ...] = ()    # headers that name the session after X-Session-Id (X-Correlation-ID)
+    session_headers: tuple[str, ...] = ()    # headers naming the session after X-Session-Id (X-Correlation-ID)
     session_from_user_field: bool = False    # OpenAI's `user` field names the session when no header does
     message_max_chars: int = 4000
     max_new_tokens_default: int = 256

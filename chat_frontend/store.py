@@ -6,11 +6,16 @@ model saw them (prompt ids from the chat template, reply ids as generated, never
 a turn row holds one exchange as text and as token ids, with the turn's summary (serialized bytes;
 this module does not parse them). A turn is written in one transaction with its context, after the
 turn completed, together with the earlier turns a client resent when it started the context.
+
+Each context is also indexed by its transcript (a hash chain over its system message and each
+turn's user message and reply, as text): a client that resends a conversation this frontend served
+finds the context holding its ids as the model generated them (`find_transcript`).
 """
 from __future__ import annotations
 
 import array
 import dataclasses
+import hashlib
 import os
 import sqlite3
 import sys
@@ -26,9 +31,11 @@ SCHEMA = (
         turns INTEGER NOT NULL,
         token_ids BLOB NOT NULL,        -- uint32 little endian
         system_prompt TEXT,             -- the system message it started with; NULL: none (the template's)
+        transcript_hash BLOB,           -- transcript_hash() of its system message and turns; NULL: unknown
         PRIMARY KEY (user_id, context_id)
     )""",
     "CREATE INDEX IF NOT EXISTS contexts_by_user ON contexts (user_id, created_unix_s)",
+    "CREATE INDEX IF NOT EXISTS contexts_by_transcript ON contexts (user_id, transcript_hash)",
     """CREATE TABLE IF NOT EXISTS turns (
         user_id TEXT NOT NULL,
         context_id TEXT NOT NULL,
@@ -50,15 +57,42 @@ MIGRATE_V1 = (
     "ALTER TABLE turns RENAME TO turns_v1",
     "ALTER TABLE contexts RENAME TO contexts_v1",
     *SCHEMA,
-    ("INSERT INTO contexts (user_id, context_id, created_unix_s, updated_unix_s, turns, token_ids, system_prompt) "
-     "SELECT user_id, context_id, created_unix_s, updated_unix_s, turns, token_ids, NULL FROM contexts_v1"),
-    ("INSERT INTO turns (user_id, context_id, turn, user_message, reply, prompt_token_ids, reply_token_ids, "
-     "summary, created_unix_s) SELECT c.user_id, t.context_id, t.turn, t.user_message, t.reply, "
-     "t.prompt_token_ids, t.reply_token_ids, t.summary, t.created_unix_s "
+    ("INSERT INTO contexts (user_id, context_id, created_unix_s, updated_unix_s, turns, token_ids, "
+     "system_prompt) SELECT user_id, context_id, created_unix_s, updated_unix_s, turns, token_ids, NULL "
+     "FROM contexts_v1"),
+    ("INSERT INTO turns (user_id, context_id, turn, user_message, reply, prompt_token_ids, "
+     "reply_token_ids, summary, created_unix_s) SELECT c.user_id, t.context_id, t.turn, t.user_message, "
+     "t.reply, t.prompt_token_ids, t.reply_token_ids, t.summary, t.created_unix_s "
      "FROM turns_v1 t JOIN contexts_v1 c ON c.context_id = t.context_id"),
     "DROP TABLE turns_v1",
     "DROP TABLE contexts_v1",
 )
+
+
+def _text_hash(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.digest()
+
+
+def transcript_root(system_prompt: str | None) -> bytes:
+    """The transcript hash of a conversation with no turns yet."""
+    return _text_hash(b"none" if system_prompt is None else b"system", (system_prompt or "").encode())
+
+
+def transcript_step(parent: bytes, user_message: str, reply: str) -> bytes:
+    """The transcript hash after one more turn."""
+    return _text_hash(parent, user_message.encode(), reply.encode())
+
+
+def transcript_hash(system_prompt: str | None, pairs: Sequence[tuple[str, str]]) -> bytes:
+    """blake2b-128 chain over the system message, then each turn's (user message, reply)."""
+    digest = transcript_root(system_prompt)
+    for user_message, reply in pairs:
+        digest = transcript_step(digest, user_message, reply)
+    return digest
 
 
 def pack_ids(ids: Sequence[int]) -> bytes:
@@ -147,6 +181,22 @@ class SessionStore:
             return None
         return Context(row[0], row[1], row[2], row[3], unpack_ids(row[4]), row[5])
 
+    def find_transcript(self, user_id: str, system_prompt: str | None, pairs: Sequence[tuple[str, str]]
+                        ) -> tuple[Context, list[TurnRow]] | None:
+        """The user's latest context whose system message and turns are exactly these, with its turns."""
+        digest = transcript_hash(system_prompt, pairs)
+        with self._lock:  # one read: the context and its turns as of the same turn
+            row = self._db.execute(
+                "SELECT context_id, user_id, created_unix_s, turns, token_ids, system_prompt FROM contexts "
+                "WHERE user_id = ? AND transcript_hash = ? ORDER BY updated_unix_s DESC LIMIT 1",
+                (user_id, digest)).fetchone()
+            turns = [] if row is None else self._turns(user_id, row[0])
+        if row is None:
+            return None
+        if row[5] != system_prompt or [(t.user_message, t.reply) for t in turns] != list(pairs):
+            return None  # not this transcript after all
+        return Context(row[0], row[1], row[2], row[3], unpack_ids(row[4]), row[5]), turns
+
     def list_contexts(self, user_id: str) -> list[str]:
         """The user's context ids, oldest first."""
         with self._lock:
@@ -158,11 +208,13 @@ class SessionStore:
     def turns(self, user_id: str, context_id: str) -> list[TurnRow]:
         """The user's context's turns in order."""
         with self._lock:
-            rows = self._db.execute(
-                "SELECT turn, user_message, reply, prompt_token_ids, reply_token_ids, summary "
-                "FROM turns WHERE user_id = ? AND context_id = ? ORDER BY turn", (user_id, context_id)).fetchall()
-        return [TurnRow(r[0], r[1], r[2], unpack_ids(r[3]), unpack_ids(r[4]), bytes(r[5]))
-                for r in rows]
+            return self._turns(user_id, context_id)
+
+    def _turns(self, user_id: str, context_id: str) -> list[TurnRow]:
+        rows = self._db.execute(
+            "SELECT turn, user_message, reply, prompt_token_ids, reply_token_ids, summary "
+            "FROM turns WHERE user_id = ? AND context_id = ? ORDER BY turn", (user_id, context_id)).fetchall()
+        return [TurnRow(r[0], r[1], r[2], unpack_ids(r[3]), unpack_ids(r[4]), bytes(r[5])) for r in rows]
 
     def counts(self) -> dict[str, int]:
         """How many contexts and turns are stored."""
@@ -177,22 +229,28 @@ class SessionStore:
         system message) and the conversation's token ids after them, atomically."""
         assert turns and all(t.turn == turns[0].turn + i for i, t in enumerate(turns)), "turns out of order"
         with self._lock:
-            self._transaction(self._add_turns, user_id, context_id, turns, token_ids, now_unix_s, system_prompt)
+            self._transaction(self._add_turns, user_id, context_id, turns, token_ids, now_unix_s,
+                              system_prompt)
 
     @staticmethod
     def _add_turns(cur: sqlite3.Cursor, user_id: str, context_id: str, turns: Sequence[TurnRow],
                    token_ids: Sequence[int], now_unix_s: float, system_prompt: str | None) -> None:
         first = turns[0].turn
-        row = cur.execute("SELECT turns FROM contexts WHERE user_id = ? AND context_id = ?",
+        row = cur.execute("SELECT turns, transcript_hash FROM contexts WHERE user_id = ? AND context_id = ?",
                           (user_id, context_id)).fetchone()
         if row is None and first == 1:
-            cur.execute("INSERT INTO contexts VALUES (?, ?, ?, ?, 0, ?, ?)",
-                        (user_id, context_id, now_unix_s, now_unix_s, b"", system_prompt))
+            digest = transcript_root(system_prompt)
+            cur.execute("INSERT INTO contexts VALUES (?, ?, ?, ?, 0, ?, ?, ?)",
+                        (user_id, context_id, now_unix_s, now_unix_s, b"", system_prompt, digest))
         elif row is None or row[0] != first - 1:
             raise StoreConflict(f"context {context_id} of {user_id} is not at turn {first - 1}")
+        else:
+            digest = row[1]
         cur.executemany("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         [(user_id, context_id, t.turn, t.user_message, t.reply, pack_ids(t.prompt_token_ids),
                           pack_ids(t.reply_token_ids), t.summary, now_unix_s) for t in turns])
-        cur.execute("UPDATE contexts SET turns = ?, token_ids = ?, updated_unix_s = ? "
+        for t in turns:
+            digest = None if digest is None else transcript_step(digest, t.user_message, t.reply)
+        cur.execute("UPDATE contexts SET turns = ?, token_ids = ?, updated_unix_s = ?, transcript_hash = ? "
                     "WHERE user_id = ? AND context_id = ?",
-                    (turns[-1].turn, pack_ids(token_ids), now_unix_s, user_id, context_id))
+                    (turns[-1].turn, pack_ids(token_ids), now_unix_s, digest, user_id, context_id))

@@ -50,6 +50,9 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
     """Replies ' ok' then the stop token; each reply waits for `gate` to be set."""
 
     def __init__(self):
+        # (id, text) per generated token; [(12, " o"), (13, "k")] is " ok" as a model may generate
+        # it: split otherwise than the text re-tokenises
+        self.reply = [(REPLY_ID, REPLY)]
         self.gate = threading.Event()
         self.gate.set()
         self.started = threading.Semaphore(0)
@@ -66,11 +69,13 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
         self.started.release()
         if not self.gate.wait(30):
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "gate never opened")
-        yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=REPLY_ID, text=REPLY))
+        reply = list(self.reply)
+        for token_id, text in reply:
+            yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=token_id, text=text))
         yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=STOP, text=""))
         yield compute_pb2.TurnEvent(record=compute_pb2.TurnRecord(
-            request_id=request.request_id, kv_source="none", engine_ms=0.5, tokens_out=2,
-            output_token_ids=[REPLY_ID, STOP]))
+            request_id=request.request_id, kv_source="none", engine_ms=0.5, tokens_out=len(reply) + 1,
+            output_token_ids=[*(i for i, _ in reply), STOP]))
 
     def Stats(self, request, context):
         return compute_pb2.ComputeStatsResponse(turns=len(self.requests))

@@ -133,6 +133,28 @@ def test_a_resent_history_is_the_whole_conversation(tmp_path):
     assert err.code == "INVALID_ARGUMENT" and "do not match" in err.message
 
 
+def test_a_resent_conversation_served_here_goes_on_from_its_generated_ids(tmp_path):
+    engine = FakeEngine()  # replies " w0 w1 w2" as ids 50 51 52; the text re-encodes as 12 12 12
+    service = make(tmp_path, engine)
+    first = run_turn(service, "a cheesecake recipe")[0].context_id
+    history = (("user", "a cheesecake recipe"), ("assistant", " w0 w1 w2"))
+    events = run_turn(service, "in °C", history=history)
+    assert events[0].context_id != first and events[-1].summary.turn == 2  # a new context...
+    kept = [1, 11, 20, 16, 4, 50, 51, 52, STOP]
+    assert list(engine.turns[1].token_ids) == [*kept, 3, 12, 12, 4]  # ...going on from the generated ids
+    assert engine.encoded[1].continuation is True
+    turns = service.store.turns("alice", events[0].context_id)
+    assert [(t.reply_token_ids, t.summary == b"") for t in turns] == [((50, 51, 52, STOP), True),
+                                                                      ((50, 51, 52, STOP), False)]
+    history += (("user", "in °C"), ("assistant", " w0 w1 w2"))
+    run_turn(service, "thanks", history=history)  # the third turn finds the second's context
+    assert list(engine.turns[2].token_ids) == [*engine.turns[1].token_ids, 50, 51, 52, STOP, 3, 16, 4]
+    run_turn(service, "thanks", history=history, system="be brief")  # another system message: not that one
+    assert list(engine.turns[3].token_ids)[:1] == [1] and 50 not in engine.turns[3].token_ids
+    run_turn(service, "in °C", history=history[:2], token="tb")  # bob: alice's conversation is not his
+    assert list(engine.turns[4].token_ids) == [1, 11, 20, 16, 4, 12, 12, 12, 4, 12, 12, 4]
+
+
 def test_a_client_system_message_is_part_of_the_prompt(tmp_path):
     engine = FakeEngine()
     service = make(tmp_path, engine, system_prompt="be brief")

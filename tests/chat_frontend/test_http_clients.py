@@ -83,6 +83,27 @@ def test_a_client_resending_the_whole_history_without_a_session(stack):
     assert list(node.requests[-1].token_ids)[:len(stateless[2]) + 2] == [*stateless[2], REPLY_ID, STOP]
 
 
+def test_a_resent_reply_keeps_the_ids_the_model_generated(stack):
+    """A model may generate a reply split otherwise than its text re-tokenises: the conversation this
+    frontend served goes on from the generated ids, as under X-Session-Id; one it did not, from the text."""
+    addresses, node = stack
+    node.reply = [(12, " o"), (13, "k")]  # " ok", which re-tokenises as [REPLY_ID]
+    api = client(addresses["http"])
+    api.chat.completions.create(model="fake", messages=[user(FIRST)])
+    first = list(node.requests[-1].token_ids)
+    history = [user(FIRST), {"role": "assistant", "content": " ok"}, user(SECOND)]
+    api.chat.completions.create(model="fake", messages=history)
+    resent = list(node.requests[-1].token_ids)
+    session = post(addresses["http"], {"model": "fake", "messages": [user(FIRST)]})[2]["X-Session-Id"]
+    post(addresses["http"], {"model": "fake", "messages": [user(SECOND)]}, session=session)
+    assert resent == list(node.requests[-1].token_ids)  # the X-Session-Id path's ids
+    assert resent[:len(first) + 3] == [*first, 12, 13, STOP]
+    conversation = [(m["role"], m["content"]) for m in history]
+    assert resent != render(conversation, True)  # which re-tokenising " ok" would have sent
+    client(addresses["http"], "t-bob").chat.completions.create(model="fake", messages=history)
+    assert list(node.requests[-1].token_ids) == render(conversation, True)  # bob: not served to him
+
+
 def test_a_client_system_message_is_honoured(stack):
     addresses, node = stack
     api = client(addresses["http"], "t-bob")

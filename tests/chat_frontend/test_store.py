@@ -76,3 +76,20 @@ def test_a_database_of_the_first_schema_is_migrated(tmp_path):
     store.close()
     store = SessionStore(path)  # opened again: nothing left to migrate
     assert store.get_context("alice", "ctx-1").turns == 2 and store.list_contexts("alice") == ["ctx-1"]
+
+
+def test_a_transcript_finds_the_users_latest_context_holding_it(tmp_path):
+    store = SessionStore(str(tmp_path / "db"))
+    store.add_turns("alice", "c1", [row(1)], [1, 70001], 1.0, "be brief")
+    found, turns = store.find_transcript("alice", "be brief", [("question 1 °C", "answer 1")])
+    assert (found.context_id, found.token_ids, turns) == ("c1", (1, 70001), [row(1)])
+    store.add_turns("alice", "c2", [row(1), row(2)], [1, 70001, 2, 70002], 2.0, "be brief")  # resent + new
+    assert store.find_transcript("alice", "be brief", [("question 1 °C", "answer 1")])[0].context_id == "c1"
+    two = [("question 1 °C", "answer 1"), ("question 2 °C", "answer 2")]
+    assert store.find_transcript("alice", "be brief", two)[0].context_id == "c2"
+    store.add_turns("alice", "c1", [row(2)], [9], 3.0)  # c1 now holds the same two turns, later
+    assert store.find_transcript("alice", "be brief", two)[0].context_id == "c1"
+    assert store.find_transcript("alice", "be brief", [("question 1 °C", "answer 1")]) is None  # c1 moved on
+    assert store.find_transcript("alice", None, two) is None            # another system message
+    assert store.find_transcript("bob", "be brief", two) is None        # another user
+    assert store.find_transcript("alice", "be brief", [("question 1 °C", "answer 2"), two[1]]) is None
