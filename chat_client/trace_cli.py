@@ -34,7 +34,8 @@ def main(argv: list[str]) -> int:
         return 2 if exc.code == "UNAVAILABLE" else 1
     finally:
         client.close()
-    events = write_trace([t.summary for t in context.turns], output)
-    print(f"kvtb trace: {len(context.turns)} turns, {events} events in {output} "
+    served = [t.summary for t in context.turns if t.HasField("summary")]  # not the turns a client resent
+    events = write_trace(served, output)
+    print(f"kvtb trace: {len(served)} turns, {events} events in {output} "
           "(open it in https://ui.perfetto.dev or chrome://tracing)")
     return 0

@@ -1,9 +1,10 @@
 """The chat frontend: the gateway users talk to (`kvtb serve frontend`).
 
 Pure logic:
-    auth.py, limits.py, conversation.py, openai_format.py, record.py, errors.py, settings.py
+    auth.py, limits.py, sessions.py, conversation.py, openai_format.py, record.py, errors.py, settings.py
 Service:
     chat_service.py    one turn from the user's request to the stored transcript (any transport)
+    prompt.py          the token ids a turn sends (kept, first, or a resent whole conversation)
     admission.py       the bound on turns in flight and the wait queue
     store.py           sessions and transcripts in SQLite
     agent_client.py    the link to the SmartNIC agent (which serves the compute node's service)

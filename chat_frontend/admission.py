@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from typing import AsyncIterator
+from typing import AsyncIterator, Hashable
 
 from chat_frontend.errors import ChatError
 
@@ -31,7 +31,7 @@ class Admission:
         self._slots = asyncio.Semaphore(max_active)
         self._waiting = 0
         self._active = 0
-        self._context_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # lock, [users]
+        self._context_locks: dict[Hashable, tuple[asyncio.Lock, list[int]]] = {}  # lock, [users]
         self.stats = AdmissionStats()
 
     @property
@@ -43,8 +43,8 @@ class Admission:
         return self._waiting
 
     @contextlib.asynccontextmanager
-    async def turn(self, context_id: str) -> AsyncIterator[None]:
-        """Hold a place for one turn of context_id (wait for it, bounded)."""
+    async def turn(self, context_id: Hashable) -> AsyncIterator[None]:
+        """Hold a place for one turn of the context (its key: (user, context id)); wait for it, bounded."""
         if self._slots.locked() and self._waiting >= self.max_waiting:
             self.stats.rejected_full += 1
             raise ChatError("RESOURCE_EXHAUSTED",
@@ -73,7 +73,7 @@ class Admission:
             lock.release()
             self._forget(context_id, users)
 
-    def _forget(self, context_id: str, users: list[int]) -> None:
+    def _forget(self, context_id: Hashable, users: list[int]) -> None:
         users[0] -= 1
         if users[0] == 0:
             del self._context_locks[context_id]

@@ -1,6 +1,8 @@
 """One chat turn from the user's request to the stored transcript, independent of transport.
 
-The gRPC servicer (and later an HTTP API) calls `ChatService.chat` and relays its events.
+The gRPC servicer and the OpenAI API call `ChatService.chat` and relay its events. A context is
+its user's: the id (minted here, or chosen by the client, which starts it on first sight) names a
+context of that user only. The OpenAI API also passes the history and system message a client sent.
 Turns go to the SmartNIC agent in front of the compute node (`agent_client.AgentClient`, the
 `Agent` protocol below); tests pass a fake with the same methods.
 """
@@ -13,9 +15,10 @@ import time
 import uuid
 from typing import AsyncIterator, Iterable, Protocol
 
-from chat_frontend import conversation, limits
+from chat_frontend import conversation, limits, prompt, sessions
 from chat_frontend.admission import Admission
 from chat_frontend.auth import Authenticator, token_from
+from chat_frontend.conversation import History
 from chat_frontend.errors import ChatError
 from chat_frontend.metrics import Tenants, TurnTimer
 from chat_frontend.record import TurnClock, build_summary
@@ -35,10 +38,6 @@ class Agent(Protocol):
     def generate(self, request: compute_pb2.TurnRequest) -> AsyncIterator[compute_pb2.TurnEvent]: ...
 
 
-def new_context_id() -> str:
-    return "ctx-" + uuid.uuid4().hex[:20]
-
-
 class ChatService:
     """Authenticates, checks limits, runs turns through the agent and keeps transcripts."""
 
@@ -50,6 +49,7 @@ class ChatService:
         self.admission = Admission(settings.max_concurrent_turns, settings.max_waiting_turns,
                                    settings.queue_timeout_s)
         self.tenants = Tenants()
+        self.shared_prefix = prompt.SharedPrefix(agent, settings.shared_system_prompts)
         self.turns_completed = 0
         self.turns_failed = 0
 
@@ -57,23 +57,25 @@ class ChatService:
         """The authenticated user, or UNAUTHENTICATED."""
         return self.auth.user_for(token_from(token, metadata))
 
-    def owned_context(self, user: str, context_id: str) -> Context:
-        """The user's context, NOT_FOUND or PERMISSION_DENIED."""
-        ctx = self.store.get_context(context_id)
+    def context_of(self, user: str, context_id: str) -> Context:
+        """The user's context, or NOT_FOUND (another user's context of that id is never seen)."""
+        ctx = self.store.get_context(user, context_id)
         if ctx is None:
             raise ChatError("NOT_FOUND", f"unknown context {context_id!r}")
-        if ctx.user_id != user:
-            raise ChatError("PERMISSION_DENIED", f"context {context_id!r} belongs to another user")
         return ctx
 
-    async def chat(self, request: frontend_pb2.ChatRequest,
-                   metadata: Iterable[tuple[str, str]] = ()) -> AsyncIterator[frontend_pb2.ChatEvent]:
-        """Run one turn: yields text deltas, then the turn's summary."""
+    async def chat(self, request: frontend_pb2.ChatRequest, metadata: Iterable[tuple[str, str]] = (),
+                   history: History = (), system: str | None = None) -> AsyncIterator[frontend_pb2.ChatEvent]:
+        """Run one turn: yields the context id, text deltas, then the turn's summary.
+
+        history: the (role, content) messages a client resent before this one; system: its system
+        message (None: the configured one applies to a new context).
+        """
         clock = TurnClock(start_ns=time.time_ns())
         user = self.user(request.token, metadata)
         tenant = self.settings.tenant_of(user)  # metrics name tenants, never users
         try:
-            async with contextlib.aclosing(self._admitted(user, request, clock)) as events:
+            async with contextlib.aclosing(self._admitted(user, request, history, system, clock)) as events:
                 async for event in events:  # closed at once when the user goes away
                     yield event
         except ChatError as exc:
@@ -86,52 +88,62 @@ class ChatService:
             self.tenants.failed(tenant, "INTERNAL")
             raise
 
-    async def _admitted(self, user: str, request: frontend_pb2.ChatRequest,
-                        clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
+    async def _admitted(self, user: str, request: frontend_pb2.ChatRequest, history: History,
+                        system: str | None, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
         """Check the request's limits and context, wait for admission, run the turn."""
         limits.check_message(request.message, self.settings.message_max_chars)
         limits.check_sampling(request.sampling.temperature, request.sampling.top_p)
         max_new = limits.resolve_max_new_tokens(request.max_new_tokens,
                                                 self.settings.max_new_tokens_default,
                                                 self.settings.max_new_tokens_cap)
-        context_id = request.context_id
-        if context_id:
-            self.owned_context(user, context_id)
+        if request.context_id:
+            context_id = sessions.check_session_id(request.context_id, "context_id")
         else:
-            context_id = new_context_id()
-        async with self.admission.turn(context_id):
+            context_id = sessions.new_context_id()
+        async with self.admission.turn((user, context_id)):
             try:
-                async for event in self._turn(user, context_id, request, max_new, clock):
+                async for event in self._turn(user, context_id, request, history, system, max_new, clock):
                     yield event
             except BaseException:
                 self.turns_failed += 1
                 raise
 
-    async def _turn(self, user: str, context_id: str, request: frontend_pb2.ChatRequest,
-                    max_new: int, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
-        ctx = self.store.get_context(context_id)  # again: an earlier turn may have just ended
-        history = ctx.token_ids if ctx else ()
+    async def _turn(self, user: str, context_id: str, request: frontend_pb2.ChatRequest, history: History,
+                    system: str | None, max_new: int,
+                    clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
+        ctx = self.store.get_context(user, context_id)  # now: an earlier turn may have just ended
+        stored = self.store.turns(user, context_id) if ctx is not None and history else []
+        source = None
+        if ctx is None and history:  # a conversation this frontend served the user, resent?
+            source = self.store.find_transcript(
+                user, conversation.effective_system(system, self.settings.system_prompt),
+                conversation.turn_pairs(history))
         info = await self.agent.info()
-        prompt_ids = await self.agent.encode_chat(
-            conversation.encode_request(self.settings.system_prompt, request.message, ctx is not None))
-        room = info.max_context_tokens - len(history) - len(prompt_ids)
+        plan = await prompt.build(self.agent, self.settings.system_prompt, ctx, stored, request.message,
+                                  history, system, source)
+        room = info.max_context_tokens - len(plan.kept_ids) - len(plan.new_ids)
         max_new = limits.fit_default(max_new, request.max_new_tokens, room)
-        limits.check_context_fits(len(history), len(prompt_ids), max_new, info.max_context_tokens)
+        limits.check_context_fits(len(plan.kept_ids), len(plan.new_ids), max_new, info.max_context_tokens)
+        tenant = self.settings.tenant_of(user)
+        token_ids = plan.token_ids
+        shared = await self.shared_prefix.tokens(tenant, info.model, token_ids)
         request_id = uuid.uuid4().hex
         log_request_id.set(request_id)  # this task serves this turn only
-        timer = TurnTimer(self.settings.tenant_of(user), clock.start_ns)
+        timer = TurnTimer(tenant, clock.start_ns)
         turn_request = compute_pb2.TurnRequest(
-            request_id=request_id, user_id=user, context_id=context_id, tenant=self.settings.tenant_of(user),
-            token_ids=[*history, *prompt_ids], max_new_tokens=max_new, sampling=request.sampling)
-        logger.info("turn %s: user %s context %s turn %d, %d tokens", request_id, user, context_id,
-                    (ctx.turns if ctx else 0) + 1, len(turn_request.token_ids))
+            request_id=request_id, user_id=user, context_id=context_id, tenant=tenant, token_ids=token_ids,
+            max_new_tokens=max_new, sampling=request.sampling, shared_prefix_tokens=shared)
+        turn_no = (ctx.turns if ctx else len(plan.resent)) + 1
+        logger.info("turn %s: user %s context %s turn %d, %d tokens (%d turns resent%s, %d shared)",
+                    request_id, user, context_id, turn_no, len(token_ids), len(plan.resent),
+                    f" as in {source[0].context_id}" if source else "", shared)
         yield frontend_pb2.ChatEvent(context_id=context_id)
         texts: list[str] = []
-        token_ids: list[int] = []
+        out_ids: list[int] = []
         record = None
         async for event in self.agent.generate(turn_request):
             if event.HasField("token"):
-                token_ids.append(event.token.id)
+                out_ids.append(event.token.id)
                 if event.token.text:
                     now_ns = time.time_ns()
                     clock.first_text_ns = clock.first_text_ns or now_ns
@@ -143,20 +155,20 @@ class ChatService:
         if record is None:
             raise ChatError("UNAVAILABLE", "the agent ended the turn without its record")
         reply = "".join(texts)
-        reply_ids = list(record.output_token_ids) or token_ids
+        reply_ids = list(record.output_token_ids) or out_ids
         clock.end_ns = time.time_ns()
-        turn_no = (ctx.turns if ctx else 0) + 1
         finish = record.finish_reason or (
             "stop" if reply_ids and reply_ids[-1] in info.stop_token_ids else "length")
         summary = build_summary(turn_no, context_id, request_id, reply, record, clock, finish)
-        row = TurnRow(turn_no, request.message, reply, tuple(prompt_ids), tuple(reply_ids),
+        row = TurnRow(turn_no, request.message, reply, plan.new_ids, tuple(reply_ids),
                       summary.SerializeToString())
-        kept = [*turn_request.token_ids, *conversation.closed_reply(reply_ids, info.stop_token_ids)]
+        kept = [*token_ids, *conversation.closed_reply(reply_ids, info.stop_token_ids)]
         # off the event loop: the commit waits for fsync
-        await asyncio.to_thread(self.store.add_turn, context_id, user, row, kept, time.time())
+        await asyncio.to_thread(self.store.add_turns, user, context_id, [*plan.resent, row], kept,
+                                time.time(), plan.system)
         self.turns_completed += 1
         timer.done(clock.end_ns)
-        self.tenants.finished(self.settings.tenant_of(user), summary)
+        self.tenants.finished(tenant, summary)
         logger.info("turn %s done: kv_source %s, %d tokens out, e2e %.1f ms, gateway %.1f ms",
                     request_id, summary.kv_source, summary.tokens_out, summary.e2e_ms,
                     summary.gateway_ms,

@@ -11,6 +11,7 @@ from chat_frontend import system_stats
 from chat_frontend.agent_client import AgentClient
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
+from chat_frontend.store import TurnRow
 from kvtb_proto import frontend_pb2, frontend_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -18,6 +19,14 @@ logger = logging.getLogger(__name__)
 
 async def _abort(context: grpc.aio.ServicerContext, error: ChatError) -> None:
     await context.abort(getattr(grpc.StatusCode, error.code), error.message)
+
+
+def _transcript_turn(turn: TurnRow) -> frontend_pb2.TranscriptTurn:
+    """A stored turn; one a client resent (not served here) has no summary."""
+    out = frontend_pb2.TranscriptTurn(turn=turn.turn, user_message=turn.user_message, reply=turn.reply)
+    if turn.summary:
+        out.summary.ParseFromString(turn.summary)
+    return out
 
 
 class ChatFrontendServicer(frontend_pb2_grpc.ChatFrontendServicer):
@@ -41,13 +50,10 @@ class ChatFrontendServicer(frontend_pb2_grpc.ChatFrontendServicer):
                          context: grpc.aio.ServicerContext) -> frontend_pb2.ContextResponse:
         try:
             user = self.service.user(request.token, context.invocation_metadata() or ())
-            ctx = self.service.owned_context(user, request.context_id)
+            ctx = self.service.context_of(user, request.context_id)
         except ChatError as exc:
             await _abort(context, exc)
-        turns = [frontend_pb2.TranscriptTurn(
-                    turn=t.turn, user_message=t.user_message, reply=t.reply,
-                    summary=frontend_pb2.TurnSummary.FromString(t.summary))
-                 for t in self.service.store.turns(ctx.context_id)]
+        turns = [_transcript_turn(t) for t in self.service.store.turns(user, ctx.context_id)]
         return frontend_pb2.ContextResponse(context_id=ctx.context_id, user_id=ctx.user_id,
                                             turns=turns, tokens=len(ctx.token_ids))
 

@@ -1,8 +1,11 @@
 """The OpenAI-compatible HTTP API (aiohttp), on the frontend's event loop beside its gRPC server.
 
 Thin: the handlers parse (openai_format), run the turn through ChatService exactly as the gRPC
-servicer does, and write JSON or server-sent events. The session is the `X-Session-Id` header
-(the context id; a response always carries it), the user the `Authorization: Bearer` token.
+servicer does, and write JSON or server-sent events. The user is the `Authorization: Bearer`
+token; the session (a context id of that user) is the `X-Session-Id` header, else a header the
+settings name (`session_headers`, e.g. AIPerf's X-Correlation-ID), else OpenAI's `user` field if
+the settings say so (`session_from_user_field`); none: a new context. A response always carries
+the context id in X-Session-Id.
 
 A stream is: a chunk whose delta carries the role, one chunk per piece of text as it comes,
 a chunk with an empty delta and the finish_reason (as OpenAI sends it: the text is never held
@@ -25,11 +28,11 @@ from chat_frontend import openai_format as oa
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
 from chat_frontend.http_errors import JsonErrorRunner, openai_errors
+from chat_frontend.sessions import SESSION_HEADER, named_session
 from kvtb_proto import frontend_pb2
 
 logger = logging.getLogger(__name__)
 
-SESSION_HEADER = "X-Session-Id"
 MAX_BODY_BYTES = 1 << 20
 
 
@@ -70,14 +73,13 @@ class OpenAiApi:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         try:
-            session = _text_header(request, SESSION_HEADER)
-            req = await self._parse(request, session)
+            req, session = await self._parse(request)
         except ChatError as exc:
             logger.info("chat completion refused: %s", exc)
             return refusal(exc)
         turn = frontend_pb2.ChatRequest(context_id=session, message=req.message,
                                         max_new_tokens=req.max_new_tokens, sampling=req.sampling)
-        events = self.service.chat(turn, list(request.headers.items()))
+        events = self.service.chat(turn, list(request.headers.items()), req.history, req.system)
         completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
         try:
             first = await anext(events)  # validated, admitted: the context id is known
@@ -100,20 +102,17 @@ class OpenAiApi:
             return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}", headers)
         return web.json_response(oa.completion(completion_id, req.model, summary), headers=headers)
 
-    async def _parse(self, request: web.Request, session: str) -> oa.CompletionRequest:
-        user = self.service.user("", request.headers.items())  # 401 before anything else
+    async def _parse(self, request: web.Request) -> tuple[oa.CompletionRequest, str]:
+        """The request and the session it names ("" for a new context)."""
+        self.service.user("", request.headers.items())  # 401 before anything else
         settings = self.service.settings
-        req = oa.parse_request(await request.read(), settings.system_prompt, settings.max_new_tokens_cap)
+        req = oa.parse_request(await request.read(), settings.max_new_tokens_cap)
         if req.model != self.model():
             raise ChatError("NOT_FOUND", f"the model {req.model!r} does not exist; this frontend "
                             f"serves {self.model()!r} (GET /v1/models)")
-        if session and req.history:
-            self.service.owned_context(user, session)
-            stored = [(t.user_message, t.reply) for t in self.service.store.turns(session)]
-            oa.check_history(req.history, stored, True)
-        else:
-            oa.check_history(req.history, (), bool(session))
-        return req
+        session = named_session(request.headers, settings.session_headers,
+                                req.user if settings.session_from_user_field else None)
+        return req, session
 
     async def _stream(self, request: web.Request, req: oa.CompletionRequest, events, completion_id: str,
                       headers: dict) -> web.StreamResponse:
@@ -145,17 +144,6 @@ class OpenAiApi:
         await response.write(oa.sse("[DONE]"))
         await response.write_eof()
         return response
-
-
-def _text_header(request: web.Request, name: str) -> str:
-    """The header's value; INVALID_ARGUMENT when its bytes are not UTF-8 (aiohttp keeps them as
-    surrogates, which SQLite and protobuf refuse)."""
-    value = request.headers.get(name, "").strip()
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ChatError("INVALID_ARGUMENT", f"the {name} header is not UTF-8 text", name) from None
-    return value
 
 
 async def _last_summary(events) -> frontend_pb2.TurnSummary:

@@ -1,14 +1,17 @@
 """OpenAI chat-completions requests and responses, to and from a frontend turn. Pure.
 
-The frontend keeps each conversation's transcript (and its KV lives on the storage nodes), so
-a request maps onto a turn like this:
+A request maps onto a turn of a context (the frontend keeps each context's transcript; its KV
+lives on the storage nodes and is found by content):
 
-- With `X-Session-Id: CONTEXT_ID` the last message (role `user`) is the new turn. The messages
-  before it may be left out, or must be the stored transcript exactly (user, assistant, ...),
-  as a client that resends the whole history sends them; anything else is a 400.
-- Without it, a new context starts from the request's only user message; a history without a
-  session id is a 400 (the frontend could not reuse its KV).
-- A `system` message must be the frontend's configured system prompt (it is part of the KV).
+- The last message (role `user`) is the new turn; the messages before it are an optional system
+  message first, then the history, alternating user and assistant.
+- A session the request names (X-Session-Id, or the header or `user` field the settings name)
+  that its user already has continues that context: the history may be left out, or must be the
+  stored transcript exactly, as a client that resends the whole history sends it.
+- Otherwise (no session: a new context; or a session seen for the first time: that context) the
+  whole conversation is the turn's prompt.
+- A client's system message is part of the prompt; the configured one applies when it sends none.
+  (`developer`, OpenAI's newer name for it, is taken as `system`.)
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import json
 import math
 import time
 from http import HTTPStatus
-from typing import Any, Sequence
+from typing import Any
 
 from chat_frontend import limits
 from chat_frontend.errors import ChatError
@@ -46,7 +49,9 @@ class CompletionRequest:
     """What a chat-completions request asks of one turn."""
 
     message: str
-    history: tuple[tuple[str, str], ...]   # (role, content) before the last message
+    history: tuple[tuple[str, str], ...]   # (role, content) between the system message and the last
+    system: str | None                     # the client's system message; None: it sent none
+    user: str                              # OpenAI's `user` field ("" when absent)
     model: str
     stream: bool
     include_usage: bool
@@ -162,7 +167,26 @@ def _check_other_fields(body: dict) -> None:
         raise _bad("stream_options must be an object", "stream_options")
 
 
-def parse_request(raw: bytes, system_prompt: str, max_tokens_cap: int) -> CompletionRequest:
+def split_messages(pairs: list[tuple[str, str]]) -> tuple[str | None, list[tuple[str, str]], str]:
+    """(system message or None, history, new user message); INVALID_ARGUMENT unless the messages
+    are an optional system message, then user and assistant in turn, ending with the user."""
+    system = None
+    if pairs and pairs[0][0] in ("system", "developer"):
+        system, pairs = pairs[0][1], pairs[1:]
+    for i, (role, _) in enumerate(pairs):
+        if role in ("system", "developer"):
+            raise _bad("a system message must be the first message", "messages")
+        if role not in ("user", "assistant"):
+            raise _bad(f"unsupported role {role[:40]!r}", "messages")
+        if role != ("user" if i % 2 == 0 else "assistant"):
+            raise _bad("after the system message, messages must alternate user and assistant, starting "
+                       "with the user", "messages")
+    if not pairs or pairs[-1][0] != "user":
+        raise _bad("the last message must be from the user", "messages")
+    return system, pairs[:-1], pairs[-1][1]
+
+
+def parse_request(raw: bytes, max_tokens_cap: int) -> CompletionRequest:
     """The turn a request body asks for (INVALID_ARGUMENT when it is not one).
 
     Every number is range-checked here, before it reaches protobuf (whose fields are 32- and
@@ -182,16 +206,7 @@ def parse_request(raw: bytes, system_prompt: str, max_tokens_cap: int) -> Comple
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages must be a non-empty list", "messages")
-    pairs = [_content(m, i) for i, m in enumerate(messages)]
-    for role, content in pairs:
-        if role == "system" and content != system_prompt:
-            raise _bad("a system message must be the frontend's system prompt "
-                       f"({system_prompt!r}); it is configured, not sent", "messages")
-        if role not in ("system", "user", "assistant"):
-            raise _bad(f"unsupported role {role[:40]!r}", "messages")
-    pairs = [p for p in pairs if p[0] != "system"]
-    if not pairs or pairs[-1][0] != "user":
-        raise _bad("the last message must be from the user", "messages")
+    system, history, message = split_messages([_content(m, i) for i, m in enumerate(messages)])
     if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
         raise _bad(f"n must be 1 (one choice per request), got {_shown(body['n'])}", "n")
     max_new = _number(body, "max_completion_tokens", int, None, 0, max_tokens_cap)
@@ -202,26 +217,9 @@ def parse_request(raw: bytes, system_prompt: str, max_tokens_cap: int) -> Comple
     sampling = compute_pb2.Sampling(temperature=_number(body, "temperature", float, 0.0, *TEMPERATURE_RANGE),
                                     top_p=_number(body, "top_p", float, 0.0, 0.0, 1.0),
                                     seed=seed % (1 << 64))  # int64 to the proto's uint64, one to one
-    return CompletionRequest(pairs[-1][1], tuple(pairs[:-1]), body["model"], _flag(body, "stream"),
+    return CompletionRequest(message, tuple(history), system, body.get("user") or "", body["model"],
+                             _flag(body, "stream"),
                              _flag(options, "include_usage", "stream_options.include_usage"), max_new, sampling)
-
-
-def check_history(history: Sequence[tuple[str, str]], stored: Sequence[tuple[str, str]],
-                  continued: bool) -> None:
-    """INVALID_ARGUMENT unless the earlier messages are absent or the stored transcript.
-
-    `stored` holds (user message, reply) per stored turn.
-    """
-    if not history:
-        return
-    if not continued:
-        raise _bad("a conversation with history needs its X-Session-Id header (the context id the "
-                   "first response returned); without it a request starts a new context")
-    expected = [pair for user, reply in stored for pair in (("user", user), ("assistant", reply))]
-    if list(history) != expected:
-        raise _bad(f"the earlier messages ({len(history)}) do not match the session's transcript "
-                   f"({len(expected)} messages); send only the new user message, or the transcript as "
-                   "the responses gave it")
 
 
 def usage(summary: frontend_pb2.TurnSummary) -> dict:

@@ -17,7 +17,8 @@ class FrontendSettings:
     Every address defaults to loopback: `/metrics` (`metrics_address`), the OpenAI API and gRPC
     are reachable from this host only until the operator binds them elsewhere. The metrics carry
     no user names: a turn counts for its user's tenant, from `tenants` (a YAML mapping user name ->
-    tenant name; a user not listed belongs to tenant "default").
+    tenant name; a user not listed belongs to tenant "default"). A user's KV serves that user only;
+    `shared_system_prompts` marks, per tenant, a system prompt whose KV all the tenant's users share.
     """
 
     listen_address: str = "127.0.0.1:50050"
@@ -29,8 +30,12 @@ class FrontendSettings:
     storage_admin_addresses: tuple[str, ...] = ("127.0.0.1:50061", "127.0.0.1:50062")
     data_dir: str = "var/frontend"
     users: Mapping[str, str] = dataclasses.field(default_factory=dict)  # user name -> token
-    tenants: Mapping[str, str] = dataclasses.field(default_factory=dict)  # user name -> tenant (metrics)
-    system_prompt: str = ""                  # empty: the chat template's default
+    tenants: Mapping[str, str] = dataclasses.field(default_factory=dict)  # user name -> tenant
+    system_prompt: str = ""                  # when the client sends none; empty: the chat template's default
+    # tenant -> a system prompt whose KV the tenant's users share (otherwise a prefix serves its user only)
+    shared_system_prompts: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    session_headers: tuple[str, ...] = ()    # headers naming the session after X-Session-Id (X-Correlation-ID)
+    session_from_user_field: bool = False    # OpenAI's `user` field names the session when no header does
     message_max_chars: int = 4000
     max_new_tokens_default: int = 256
     max_new_tokens_cap: int = 1024
@@ -56,9 +61,16 @@ class FrontendSettings:
             "every tenant needs a non-empty name"
         unknown = sorted(set(self.tenants) - set(self.users))
         assert not unknown, f"tenants names users that are not in users: {unknown}"
+        known = {*self.tenants.values(), DEFAULT_TENANT}
+        unknown = sorted(set(self.shared_system_prompts) - known)
+        assert not unknown, f"shared_system_prompts names tenants no user belongs to: {unknown}"
+        assert all(isinstance(p, str) for p in self.shared_system_prompts.values()), \
+            "every shared system prompt must be text"
+        assert all(isinstance(h, str) and h.strip() for h in self.session_headers), \
+            "session_headers must be header names"
 
     def tenant_of(self, user: str) -> str:
-        """The tenant a user's turns count for in the metrics."""
+        """The user's tenant: its metrics and (with the user, or alone for a shared prompt) its KV's salt."""
         return self.tenants.get(user, DEFAULT_TENANT)
 
     @property

@@ -29,3 +29,15 @@ def test_chat_trace_out_writes_the_session(frontend, tmp_path, capsys):
     assert [e["tid"] for e in spans] == [1, 2]  # two contexts, numbered in session order
     assert spans[0]["args"]["context_id"] != spans[1]["args"]["context_id"]
     assert "2 turns" in capsys.readouterr().err
+
+
+def test_trace_of_a_context_started_from_a_resent_history(frontend, tmp_path):
+    raw = client(frontend["http"]).chat.completions.with_raw_response.create(
+        model="fake", messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": " ok"},
+                                {"role": "user", "content": "again"}])
+    out = tmp_path / "trace.json"
+    assert trace_cli.main([raw.headers["x-session-id"], "--frontend", frontend["grpc"], "--token", TOKEN,
+                           "-o", str(out)]) == 0
+    spans = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X" and e["cat"] == "turn"]
+    assert [e["name"] for e in spans] == ["turn 2"]  # the resent turn 1 was not served here: no span
+    assert spans[0]["ts"] >= 0 and spans[0]["dur"] < 60e6

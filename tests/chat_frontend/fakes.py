@@ -23,9 +23,9 @@ class FakeEngine:
     async def encode_chat(self, request: compute_pb2.EncodeChatRequest) -> list[int]:
         self.encoded.append(request)
         ids = [1] if not request.continuation else [3]
-        for m in request.messages:
-            ids += [10 + len(w) for w in m.content.split()]
-        return ids + [4]
+        for m in request.messages:  # each message ends with 4: a system message's ids are a prefix
+            ids += [10 + len(w) for w in m.content.split()] + [4]
+        return ids
 
     async def generate(self, request: compute_pb2.TurnRequest):
         self.turns.append(request)

@@ -18,12 +18,13 @@ def make(tmp_path, engine=None, **settings):
     return ChatService(s, SessionStore(s.db_path), engine or FakeEngine())
 
 
-def run_turn(service, message, context_id="", token="ta", metadata=(), max_new_tokens=8, sampling=None):
+def run_turn(service, message, context_id="", token="ta", metadata=(), max_new_tokens=8, sampling=None,
+             history=(), system=None):
     async def go():
         events = []
         request = frontend_pb2.ChatRequest(token=token, context_id=context_id, message=message,
                                            max_new_tokens=max_new_tokens, sampling=sampling)
-        async for e in service.chat(request, metadata):
+        async for e in service.chat(request, metadata, history, system):
             events.append(e)
         return events
     return asyncio.run(go())
@@ -71,7 +72,7 @@ def test_transcript_survives_a_new_service(tmp_path):
     service = make(tmp_path)
     events = run_turn(service, "two", context_id=ctx)
     assert events[-1].summary.turn == 2
-    turns = service.store.turns(ctx)
+    turns = service.store.turns("alice", ctx)
     assert [t.user_message for t in turns] == ["one", "two"]
     assert frontend_pb2.TurnSummary.FromString(turns[1].summary).turn == 2
 
@@ -82,16 +83,107 @@ def test_refusals(tmp_path):
     err = refusal(service, "hello", token="nope")
     assert (err.code, err.message) == ("UNAUTHENTICATED", "unknown token")
     assert refusal(service, "hello", token="").code == "UNAUTHENTICATED"
-    err = refusal(service, "hello", context_id=ctx, token="tb")
-    assert err.code == "PERMISSION_DENIED" and "belongs to another user" in err.message
-    err = refusal(service, "hello", context_id="ctx-missing")
-    assert err.code == "NOT_FOUND" and "ctx-missing" in err.message
+    for bad in ("a b", "x" * 241, "ctx/../1", "-x", "é"):
+        err = refusal(service, "hello", context_id=bad)
+        assert (err.code, err.param) == ("INVALID_ARGUMENT", "context_id"), bad
     assert refusal(service, " ").message == "message is empty"
     assert "over the limit of 20 by 5" in refusal(service, "x" * 25).message
     err = refusal(service, "a b c d", context_id=ctx, max_new_tokens=20)
     assert err.code == "INVALID_ARGUMENT" and "over the model's context of 30 tokens" in err.message
     # nothing of the refused turns was kept
-    assert service.store.get_context(ctx).turns == 1 and service.store.counts()["contexts"] == 1
+    assert service.store.get_context("alice", ctx).turns == 1 and service.store.counts()["contexts"] == 1
+
+
+def test_a_chosen_id_starts_a_context_of_its_user_only(tmp_path):
+    engine = FakeEngine()
+    service = make(tmp_path, engine)
+    chosen = "conv-7@client." + "x" * 226  # 240 characters: the longest id
+    assert run_turn(service, "hello", context_id=chosen)[-1].summary.turn == 1
+    assert run_turn(service, "more", context_id=chosen)[-1].summary.turn == 2
+    events = run_turn(service, "hello", context_id=chosen, token="tb")  # bob, the same id: his own
+    assert events[0].context_id == chosen and events[-1].summary.turn == 1
+    assert list(engine.turns[2].token_ids) == list(engine.turns[0].token_ids)  # none of alice's turns
+    assert (engine.turns[2].user_id, engine.turns[2].context_id) == ("bob", chosen)
+    assert service.store.get_context("alice", chosen).turns == 2 and service.store.get_context("bob", chosen).turns == 1
+    assert service.store.list_contexts("bob") == [chosen]
+    with pytest.raises(ChatError) as err:
+        service.context_of("bob", "ctx-missing")
+    assert err.value.code == "NOT_FOUND"
+
+
+def test_a_resent_history_is_the_whole_conversation(tmp_path):
+    engine = FakeEngine()
+    service = make(tmp_path, engine)
+    history = (("user", "a cheesecake recipe"), ("assistant", " w0 w1 w2"))
+    events = run_turn(service, "in °C", history=history)
+    summary = events[-1].summary
+    assert summary.turn == 2 and engine.encoded[0].continuation is False
+    assert [(m.role, m.content) for m in engine.encoded[0].messages] == [*history, ("user", "in °C")]
+    assert list(engine.turns[0].token_ids) == [1, 11, 20, 16, 4, 12, 12, 12, 4, 12, 12, 4]
+    ctx = events[0].context_id
+    turns = service.store.turns("alice", ctx)
+    assert [(t.user_message, t.reply, t.summary == b"") for t in turns] == \
+        [("a cheesecake recipe", " w0 w1 w2", True), ("in °C", " w0 w1 w2", False)]
+    # the same history under that session: the transcript matches, the kept ids go on
+    history += (("user", "in °C"), ("assistant", " w0 w1 w2"))
+    run_turn(service, "thanks", context_id=ctx, history=history)
+    assert engine.encoded[1].continuation is True
+    assert list(engine.turns[1].token_ids) == [*engine.turns[0].token_ids, 50, 51, 52, STOP, 3, 16, 4]
+    err = refusal(service, "thanks", context_id=ctx, history=(("user", "something else"), ("assistant", "w")))
+    assert err.code == "INVALID_ARGUMENT" and "do not match" in err.message
+
+
+def test_a_resent_conversation_served_here_goes_on_from_its_generated_ids(tmp_path):
+    engine = FakeEngine()  # replies " w0 w1 w2" as ids 50 51 52; the text re-encodes as 12 12 12
+    service = make(tmp_path, engine)
+    first = run_turn(service, "a cheesecake recipe")[0].context_id
+    history = (("user", "a cheesecake recipe"), ("assistant", " w0 w1 w2"))
+    events = run_turn(service, "in °C", history=history)
+    assert events[0].context_id != first and events[-1].summary.turn == 2  # a new context...
+    kept = [1, 11, 20, 16, 4, 50, 51, 52, STOP]
+    assert list(engine.turns[1].token_ids) == [*kept, 3, 12, 12, 4]  # ...going on from the generated ids
+    assert engine.encoded[1].continuation is True
+    turns = service.store.turns("alice", events[0].context_id)
+    assert [(t.reply_token_ids, t.summary == b"") for t in turns] == [((50, 51, 52, STOP), True),
+                                                                      ((50, 51, 52, STOP), False)]
+    history += (("user", "in °C"), ("assistant", " w0 w1 w2"))
+    run_turn(service, "thanks", history=history)  # the third turn finds the second's context
+    assert list(engine.turns[2].token_ids) == [*engine.turns[1].token_ids, 50, 51, 52, STOP, 3, 16, 4]
+    run_turn(service, "thanks", history=history, system="be brief")  # another system message: not that one
+    assert list(engine.turns[3].token_ids)[:1] == [1] and 50 not in engine.turns[3].token_ids
+    run_turn(service, "in °C", history=history[:2], token="tb")  # bob: alice's conversation is not his
+    assert list(engine.turns[4].token_ids) == [1, 11, 20, 16, 4, 12, 12, 12, 4, 12, 12, 4]
+
+
+def test_a_client_system_message_is_part_of_the_prompt(tmp_path):
+    engine = FakeEngine()
+    service = make(tmp_path, engine, system_prompt="be brief")
+    ctx = run_turn(service, "hi", system="you are a pirate")[0].context_id
+    assert [(m.role, m.content) for m in engine.encoded[0].messages] == [("system", "you are a pirate"), ("user", "hi")]
+    run_turn(service, "hi")  # none sent: the configured one
+    assert [(m.role, m.content) for m in engine.encoded[1].messages] == [("system", "be brief"), ("user", "hi")]
+    run_turn(service, "again", context_id=ctx, system="you are a pirate")  # the same one: fine
+    err = refusal(service, "again", context_id=ctx, system="you are a cat")
+    assert err.code == "INVALID_ARGUMENT" and "system message differs" in err.message
+    assert service.store.get_context("alice", ctx).system_prompt == "you are a pirate"
+
+
+def test_only_the_tenants_shared_system_prompt_is_shared(tmp_path):
+    engine = FakeEngine()
+    users = {**USERS, "carol": "tc"}
+    s = FrontendSettings(data_dir=str(tmp_path), users=users, tenants={"alice": "team-a", "bob": "team-a"},
+                         shared_system_prompts={"team-a": "you help team a"}, system_prompt="you help team a")
+    service = ChatService(s, SessionStore(s.db_path), engine)
+    run_turn(service, "hi")                                  # alice, the default system prompt: shared
+    run_turn(service, "hi", token="tb", system="you help team a")  # bob, sent by the client: shared
+    run_turn(service, "hi", token="tb", system="you help me")      # another system message: not
+    run_turn(service, "hi", token="tc", system="you help team a")  # carol, tenant default: never
+    shared = [t.shared_prefix_tokens for t in engine.turns]
+    assert shared == [6, 6, 0, 0]  # 1, four words, 4: the system message's ids alone
+    assert list(engine.turns[0].token_ids[:6]) == [1, 13, 14, 14, 11, 4]
+    assert [t.tenant for t in engine.turns] == ["team-a", "team-a", "team-a", "default"]
+    with pytest.raises(AssertionError, match="no user belongs to"):
+        FrontendSettings(users=USERS, shared_system_prompts={"team-z": "x"})
 
 
 def test_default_reply_length_fits_the_context(tmp_path):

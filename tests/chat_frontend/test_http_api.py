@@ -21,20 +21,30 @@ TOKEN = "t-alice"
 HI = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture
-def frontend(start_service, tmp_path):
-    """A frontend and its fake agent; the frontend's announced addresses."""
+SHARED_PROMPT = "You help team A."
+
+
+def start_frontend(start_service, tmp_path, **settings) -> tuple[dict, fake_agent.FakeComputeNode, object]:
+    """A frontend process (with `settings` added) and its fake agent: (addresses, fake node, its server)."""
     agent_address = f"127.0.0.1:{free_port()}"
     cfg = tmp_path / "kvtb.yaml"
     cfg.write_text(yaml.safe_dump({"frontend": {
         "listen_address": "127.0.0.1:0", "agent_address": agent_address, "data_dir": str(tmp_path / "fe"),
-        "users": {"alice": TOKEN, "bob": "t-bob"}, "tenants": {"alice": "team-a"}, "info_retry_s": 0.1,
-        "storage_admin_addresses": []}}))
+        "users": {"alice": TOKEN, "bob": "t-bob", "carol": "t-carol"},
+        "tenants": {"alice": "team-a", "carol": "team-a"}, "info_retry_s": 0.1,
+        "shared_system_prompts": {"team-a": SHARED_PROMPT}, "storage_admin_addresses": [], **settings}}))
     proc = start_service("frontend", "serve", "frontend", "--config", str(cfg))
     addresses = proc.addresses
     assert get(addresses["http"], "/health")[0] == 503  # loading: no agent yet
     server, node, _ = fake_agent.serve(agent_address)
     assert wait_serving(addresses["grpc"], timeout_s=10)
+    return addresses, node, server
+
+
+@pytest.fixture
+def frontend(start_service, tmp_path):
+    """A frontend and its fake agent; the frontend's announced addresses."""
+    addresses, _, server = start_frontend(start_service, tmp_path)
     yield addresses
     server.stop(0)
 
@@ -101,10 +111,11 @@ BAD_REQUESTS = [  # body, token, session, HTTP status, error code
     (b"{not json", TOKEN, "", 400, "invalid_argument"),
     ({"model": "fake", "messages": []}, TOKEN, "", 400, "invalid_argument"),
     ({"model": "fake", "messages": [{"role": "user", "content": ""}]}, TOKEN, "", 400, "invalid_argument"),
-    ({"model": "fake", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                                    {"role": "user", "content": "c"}]}, TOKEN, "", 400, "invalid_argument"),
+    ({"model": "fake", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "c"}]},
+     TOKEN, "", 400, "invalid_argument"),
     ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, TOKEN, "", 404, "not_found"),
-    ({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}, TOKEN, "ctx-none", 404, "not_found"),
+    ({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}, TOKEN, "ctx none", 400,
+     "invalid_argument"),
     ({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, TOKEN, "",
      400, "invalid_argument"),
 ]
@@ -121,9 +132,9 @@ def test_sessions_belong_to_their_user(frontend):
     status, body, headers = post(frontend["http"], {"model": "fake", "messages": HI})
     assert status == 200 and body["object"] == "chat.completion"
     session = headers["X-Session-Id"]
-    status, body, _ = post(frontend["http"], {"model": "fake", "messages": HI},
-                        token="t-bob", session=session)
-    assert status == 403 and body["error"]["type"] == "permission_error"
+    status, body, headers = post(frontend["http"], {"model": "fake", "messages": HI}, token="t-bob",
+                                 session=session)
+    assert status == 200 and headers["X-Session-Id"] == session  # bob's own context of that id
     with pytest.raises(openai.BadRequestError):  # a history that is not the transcript
         client(frontend["http"]).chat.completions.create(
             model="fake", extra_headers={"X-Session-Id": session},

@@ -82,8 +82,8 @@ def test_statuses_over_grpc(frontend_before_agent):
             assert events[0].context_id.startswith("ctx-") and events[-1].summary.turn == 1
             for request, code in [(frontend_pb2.ChatRequest(token="bad", message="hi"), "UNAUTHENTICATED"),
                                   (frontend_pb2.ChatRequest(token=TOKEN, message=""), "INVALID_ARGUMENT"),
-                                  (frontend_pb2.ChatRequest(token=TOKEN, message="hi", context_id="x"),
-                                   "NOT_FOUND")]:
+                                  (frontend_pb2.ChatRequest(token=TOKEN, message="hi", context_id="x y"),
+                                   "INVALID_ARGUMENT")]:
                 with pytest.raises(grpc.RpcError) as err:
                     list(stub.Chat(request))
                 assert err.value.code().name == code

@@ -10,7 +10,7 @@ HI = [{"role": "user", "content": "hi"}]
 
 
 def parse(**fields):
-    return oa.parse_request(json.dumps({"model": "m", "messages": HI, **fields}).encode(), "", 1024)
+    return oa.parse_request(json.dumps({"model": "m", "messages": HI, **fields}).encode(), 1024)
 
 
 def refused(**fields) -> ChatError:
@@ -49,3 +49,24 @@ def test_http_errors_have_openai_s_shape():
     assert (body["message"], body["type"], body["param"]) == ("too large", "invalid_request_error", None)
     assert body["code"] in ("request_entity_too_large", "content_too_large")  # Python 3.13 renamed it
     assert oa.http_error_body(404, "x")["error"]["type"] == "not_found_error"
+
+
+def messages(*pairs) -> list[dict]:
+    return [{"role": role, "content": content} for role, content in pairs]
+
+
+def test_messages_split_into_system_history_and_the_new_message():
+    req = parse(messages=messages(("system", "be brief"), ("user", "a"), ("assistant", "b"), ("user", "c")),
+                user="u-1")
+    assert (req.system, req.history, req.message, req.user) == \
+        ("be brief", (("user", "a"), ("assistant", "b")), "c", "u-1")
+    assert parse().system is None and parse().history == ()
+    assert parse(messages=messages(("developer", ""), ("user", "c"))).system == ""  # sent, and empty
+    for bad, what in (((("user", "a"), ("system", "s"), ("user", "c")), "first message"),
+                      ((("user", "a"), ("user", "c")), "alternate"),
+                      ((("assistant", "a"), ("user", "c")), "alternate"),
+                      ((("user", "a"), ("assistant", "b")), "last message"),
+                      ((("system", "s"),), "last message"),
+                      ((("tool", "t"), ("user", "c")), "unsupported role")):
+        err = refused(messages=messages(*bad))
+        assert what in err.message and err.param == "messages", (bad, err)
