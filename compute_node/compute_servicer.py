@@ -127,7 +127,8 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
                 yield compute_pb2.TurnEvent(restore=restore_to_proto(event[1], event[2]))
             elif kind == "record":
                 rec = event[1]
-                logger.info("turn done: kv_source %s, %d prefilled, %d reused, %d out, batch %.1f", rec.kv_source,
+                logger.info("turn done: kv_source %s%s, %d prefilled, %d reused, %d out, batch %.1f", rec.kv_source,
+                            f" ({rec.fallback_reason})" if rec.fallback_reason else "",
                             rec.tokens_prefilled, rec.tokens_reused, rec.tokens_out, rec.batch_size,
                             extra={"request_id": request.request_id, "event": "turn",
                                    "kv_source": rec.kv_source, "user_id": request.user_id,

@@ -31,6 +31,7 @@ from hostmem.block_hash import block_hash, salt_for
 logger = logging.getLogger(__name__)
 
 MAX_KNOWN_CONTEXTS = 100_000
+MAX_STORED_NAMES = 1_000_000
 LATE_PIN_S = 300.0  # how long a block a timed-out GET may still write stays out of use
 
 
@@ -71,7 +72,8 @@ class Engine:
                                    settings.preemption, settings.queue_bound, self.stop_token_ids)
         self.runner = ModelRunner(model, pool.kv, settings.device)
         self.states: dict[int, TurnState] = {}
-        self.puts: dict[int, tuple[PendingPut, TurnState | None, Sequence | None]] = {}  # by block id
+        self.puts: dict[int, tuple[PendingPut, TurnState | None, Sequence | None, bytes]] = {}  # by block id
+        self.stored_names: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
         self.restores: dict[int, TurnState] = {}  # restoring sequences by seq id
         self.late_pins: list[tuple[Sequence, float]] = []  # (seq, give up at) of timed-out GETs
         self.known: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
@@ -230,7 +232,10 @@ class Engine:
             self._write_token_ids(seq, s.start, ids)
             runs.append(SeqRun(ids, s.start, seq.block_table))
             tables.append((seq.block_table.copy(), s.start + s.num_tokens))
-            self.states[seq.seq_id].scheduled(sizes)
+            state = self.states[seq.seq_id]
+            if not state.first_step_perf:
+                self._store_found(state)
+            state.scheduled(sizes)
         logits = self.runner.step(runs)  # [S, vocab]
         rows = [i for i, s in enumerate(out.scheduled) if s.samples]
         sampled = self._sample(logits, rows, [out.scheduled[i].seq for i in rows])
@@ -278,19 +283,32 @@ class Engine:
         name = full[index] if tokens == bt else block_hash(parent, seq.token_ids[index * bt:index * bt + tokens], seq.salt)
         return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id)
 
+    def _store_found(self, state: TurnState) -> None:
+        """Blocks a sequence found in the pool's prefix cache that no PUT of ours stored yet (another
+        policy's turn computed them): store them now, so that its follow-ups can restore them."""
+        seq, bt = state.seq, self.layout.block_tokens
+        if not self.offloaders[state.turn.policy].offloads:
+            return
+        for index in range(seq.num_cached_tokens // bt):
+            if (state.turn.policy, seq.block_hashes[index]) not in self.stored_names:
+                self._offload(state, index, seq.block_table[index], bt)
+
     def _offload(self, state: TurnState, index: int, block_id: int, tokens: int, owner: Sequence | None = None) -> None:
         """Store block `index` of the turn's sequence (in pool block block_id) as its policy says."""
         offloader = self.offloaders[state.turn.policy]
-        if not offloader.offloads or index in state.stored or index in state.storing:
+        if not offloader.offloads or index in state.storing:
             return
         block = self._describe(state, index, block_id, tokens)
+        if block.hash in state.stored:  # this block, with these tokens, is stored already
+            return
         put = offloader.store(block, state.offload)
         if put is None:  # stored already (cpu: synchronously)
-            state.stored.add(index)
+            state.stored.add(block.hash)
+            self._stored(state.turn.policy, block.hash)
             return
         self.bm.pin(block_id)
         state.storing[index] = block_id
-        self.puts[block_id] = (put, state, owner)
+        self.puts[block_id] = (put, state, owner, block.hash)
 
     def _poll_puts(self) -> bool:
         if not self.puts:
@@ -299,7 +317,7 @@ class Engine:
         rows = self.pool.counters[np.asarray([self.puts[b][0].counter for b in blocks], dtype=np.intp)]
         now, done = time.monotonic(), False
         for block_id, (success, error) in zip(blocks, rows.tolist()):
-            put, state, owner = self.puts[block_id]
+            put, state, owner, name = self.puts[block_id]
             ended = put.ended(success, error)
             if not ended and now < put.deadline:
                 continue
@@ -315,11 +333,20 @@ class Engine:
                 index = next(i for i, b in state.storing.items() if b == block_id)
                 del state.storing[index]
                 if put.stored(success, error):
-                    state.stored.add(index)
+                    state.stored.add(name)
+                    self._stored(state.turn.policy, name)
                 else:
                     state.offload_failures += 1
                 self._maybe_record(state)
         return done
+
+    def _stored(self, policy: str, name: bytes) -> None:
+        """A block of this name is on the policy's storage (as far as this node knows: the agent's
+        index, or the cpu store's, may have dropped it since)."""
+        self.stored_names[(policy, name)] = None
+        self.stored_names.move_to_end((policy, name))
+        while len(self.stored_names) > MAX_STORED_NAMES:
+            self.stored_names.popitem(last=False)
 
     def _swap_out(self, out: SchedulerOutput) -> None:
         """Store what each swap victim has not stored yet; its pins go once all of it is stored."""
@@ -328,11 +355,11 @@ class Engine:
             state = self.states[swap.seq.seq_id]
             for index, block_id in enumerate(swap.block_ids):
                 tokens = min(bt, swap.num_tokens - index * bt)
-                if index in state.stored:
+                if self._describe(state, index, block_id, tokens).hash in state.stored:
                     self.scheduler.release_pins(swap.seq, [block_id])
                 elif index in state.storing:
-                    put, st, _ = self.puts[state.storing[index]]
-                    self.puts[state.storing[index]] = (put, st, swap.seq)
+                    put, st, _, name = self.puts[state.storing[index]]
+                    self.puts[state.storing[index]] = (put, st, swap.seq, name)
                 else:
                     self._offload(state, index, block_id, tokens, owner=swap.seq)
                     if index not in state.storing:  # stored synchronously, or not at all
@@ -374,6 +401,9 @@ class Engine:
             outcome = rs.decide(pending, self.pool.read_counter,
                                 lambda b: self.pool.read_token_ids(b.block_id, b.token_count), seq.token_ids)
             state.restored(outcome, self.layout.chunk_payload_bytes)
+            for block in pending.blocks[:outcome.blocks_ok]:  # they came from storage: stored there
+                state.stored.add(block.hash)
+                self._stored(state.turn.policy, block.hash)
             if not pending.complete(totals):  # late GETs may still write: never use those blocks
                 self.scheduler.requeue(seq)
                 self.late_pins.append((seq, now + LATE_PIN_S))

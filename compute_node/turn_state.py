@@ -30,7 +30,7 @@ class TurnState:
     seq: Sequence
     tokenizer: object
     follow_up: bool
-    stored: set[int] = dataclasses.field(default_factory=set)          # block indexes on storage
+    stored: set[bytes] = dataclasses.field(default_factory=set)        # names of its blocks on storage
     storing: dict[int, int] = dataclasses.field(default_factory=dict)  # block index -> pool block, PUT in flight
     offload: OffloadStats = dataclasses.field(default_factory=OffloadStats)
     offload_failures: int = 0
@@ -87,7 +87,7 @@ class TurnState:
             return "recomputed", o.reason
         if self.tokens_cached:
             return "resident", ""
-        if self.follow_up or self.turn.stored_tokens:
+        if self.follow_up:
             return "recomputed", NO_STORED_KV.get(self.turn.policy, "")
         return "none", ""
 

@@ -283,6 +283,9 @@ class Agent:
                                            or stored.shared != b.shared
                                            or (not stored.shared and stored.user_id != user_id)):
                     stored = None  # not this user's block: as good as missing
+                if stored is None:
+                    logger.warning("restore of %s's block %d (%d tokens, %s): not stored", user_id, b.chunk_index,
+                                   b.token_count, b.hash.hex()[:12])
                 found.append((b, stored))
             self.requester.lease(s.hash for _, s in found if s is not None)
         restore = Restore(reg.region_id, len(blocks), sum(s.length for _, s in found if s), time.time_ns(),

@@ -134,7 +134,7 @@ def start_cluster(tmp_dir, name: str, **compute_env) -> Cluster:
             "KVTB_SMARTNIC_RECONNECT_INTERVAL_S": "0.3"})
         env = {"KVTB_COMPUTE_LISTEN_ADDRESS": "127.0.0.1:0", "KVTB_COMPUTE_AGENT_ADDRESS": agent.addresses["grpc"],
                "KVTB_COMPUTE_STORAGE_FABRIC_ADDRESSES": storage.addresses["fabric"], "KVTB_COMPUTE_KEY_SALT": SALT,
-               "KVTB_COMPUTE_NUM_SLOTS": "4", "KVTB_COMPUTE_MAX_CONTEXT_TOKENS": "1024",
+               "KVTB_COMPUTE_POOL_TOKENS": "4096", "KVTB_COMPUTE_MAX_CONTEXT_TOKENS": "1024",
                "KVTB_COMPUTE_NODE_NAME": f"{name}{os.getpid()}", "KVTB_COMPUTE_RESTORE_TIMEOUT_S": "8"}
         env.update(compute_env)
         compute = start("compute", env)

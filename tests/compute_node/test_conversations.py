@@ -39,21 +39,43 @@ def test_a_follow_up_under_triggered_restores_and_every_policy_gives_the_same_re
     chat.close()
 
 
-def test_twelve_sessions_on_four_slots_get_the_replies_they_get_alone(cluster):
-    chat = Chat(cluster.agent_address)
-    prompts = [f"Name one fact about the number {i}." for i in range(12)]
-    follow = "Say it again in fewer words."
-    alone = [[t for t, _ in chat.conversation([p, follow], _ctx("alone"), n=6)] for p in prompts]
+@pytest.fixture(scope="module")
+def small_pool(tmp_path_factory):
+    """A cluster whose compute node's pool (24 blocks of 32 tokens) is smaller than 12 sessions need."""
+    from tests.compute_node.conftest import start_cluster, stop_cluster
+    cluster = start_cluster(tmp_path_factory.mktemp("small"), "small", KVTB_COMPUTE_POOL_TOKENS="768")
+    yield cluster
+    stop_cluster(cluster)
 
-    contexts = [_ctx("many") for _ in prompts]
+
+def twelve_sessions(chat, policy: str):
+    """12 two-turn conversations at once: [(turn 1, turn 2)] of (text, record)."""
+    prompts = [f"Name one fact about the number {i}, in a full sentence." for i in range(12)]
+    follow = "Say it again in fewer words."
+    contexts = [_ctx(f"many-{policy}") for _ in prompts]
     firsts = [chat.encode(p) for p in prompts]
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        turn1 = list(pool.map(lambda i: chat.turn(firsts[i], contexts[i], n=6), range(12)))
+        turn1 = list(pool.map(lambda i: chat.turn(firsts[i], contexts[i], policy, n=40), range(12)))
         seconds = [firsts[i] + list(turn1[i][1].output_token_ids) + chat.encode(follow, turn1[i][1])
                    for i in range(12)]
-        turn2 = list(pool.map(lambda i: chat.turn(seconds[i], contexts[i], n=6), range(12)))
-    together = [[turn1[i][0], turn2[i][0]] for i in range(12)]
-    assert together == alone
-    assert {rec.slot for _, rec in turn1 + turn2} <= {0, 1, 2, 3}
-    assert all(rec.kv_source == "restored" for _, rec in turn2), [r.fallback_reason for _, r in turn2]
+        turn2 = list(pool.map(lambda i: chat.turn(seconds[i], contexts[i], policy, n=40), range(12)))
+    return list(zip(turn1, turn2))
+
+
+@pytest.mark.parametrize("policy, kind", [("triggered", "swap"), ("recompute", "recompute")])
+def test_twelve_sessions_on_a_small_pool_are_preempted_and_all_finish(small_pool, policy, kind):
+    from kvtb_proto import compute_pb2, smartnic_pb2, smartnic_pb2_grpc
+    chat = Chat(small_pool.agent_address)
+    before = chat.stub.Stats(compute_pb2.ComputeStatsRequest())
+    results = twelve_sessions(chat, policy)
+    after = chat.stub.Stats(compute_pb2.ComputeStatsRequest())
+    assert all(rec.tokens_out > 0 and rec.finish_reason in ("stop", "length") for pair in results for _, rec in pair)
+    assert after.preemptions[kind] > before.preemptions[kind], after
+    assert sum(rec.preemptions for pair in results for _, rec in pair) >= after.preemptions[kind] - before.preemptions[kind]
+    assert max(rec.batch_size for pair in results for _, rec in pair) > 1
+    if policy == "triggered":
+        agent = smartnic_pb2_grpc.SmartNicStub(chat.channel).Stats(smartnic_pb2.StatsRequest())
+        assert all(second.kv_source == "restored" for _, (_, second) in results), \
+            ([(second.kv_source, second.fallback_reason) for _, (_, second) in results], agent.errors_by_kind)
+        assert not {"mac_mismatch", "crc_mismatch", "bad_header"} & set(agent.errors_by_kind), agent.errors_by_kind
     chat.close()
