@@ -145,7 +145,7 @@ def make_plan(args) -> dict:
 def run_config(args, policy: str, fraction: float, p: dict, progress) -> dict:
     """One (policy, fraction) on fresh services."""
     settings = agent_settings(policy, fraction, p)
-    config = bench_config(num_slots=4, max_context_tokens=1024, users=1, smartnic=settings)
+    config = bench_config(pool_tokens=4096, max_context_tokens=1024, users=1, smartnic=settings)
     label = f"eviction-{policy}-{fraction}"
     with Stack(services_dir(args, label), config, keep_data=args.keep_data) as stack:
         with stack.agent_channel() as channel:

@@ -50,10 +50,15 @@ def new_result(bench_name: str, settings: dict[str, Any]) -> dict[str, Any]:
             "results": {}, "ratios": {}}
 
 
-def floors(ratios: dict[str, float], wanted: dict[str, float]) -> dict[str, dict]:
-    """Each floor whose ratio was measured: {ratio: {floor, value, met}}."""
-    return {key: {"floor": floor, "value": ratios[key], "met": ratios[key] >= floor}
-            for key, floor in wanted.items() if key in ratios}
+def floors(ratios: dict[str, float], wanted: dict[str, float],
+           at_most: dict[str, float] | None = None) -> dict[str, dict]:
+    """Each floor (a ratio at least this) or ceiling (`at_most`: at most this) whose ratio was
+    measured: {ratio: {floor or ceiling, value, met}}."""
+    out = {key: {"floor": floor, "value": ratios[key], "met": ratios[key] >= floor}
+           for key, floor in wanted.items() if key in ratios}
+    out.update({key: {"ceiling": ceiling, "value": ratios[key], "met": ratios[key] <= ceiling}
+                for key, ceiling in (at_most or {}).items() if key in ratios})
+    return out
 
 
 def progress_for(args: argparse.Namespace, total: int, label: str) -> Progress:

@@ -70,7 +70,7 @@ def bench_users(count: int) -> dict[str, str]:
     return {f"u{i}": f"u{i}-token" for i in range(count)}
 
 
-def bench_config(*, num_slots: int = 8, max_context_tokens: int = 4096, users: int = 4,
+def bench_config(*, pool_tokens: int = 32768, max_context_tokens: int = 4096, users: int = 4,
                  max_new_tokens: int = 16, smartnic: dict[str, Any] | None = None,
                  compute: dict[str, Any] | None = None, frontend: dict[str, Any] | None = None) -> dict:
     """A config with every address on port 0 and the given sizes; extra keys per section."""
@@ -79,12 +79,13 @@ def bench_config(*, num_slots: int = 8, max_context_tokens: int = 4096, users: i
         "storage": {"admin_address": free, "fabric_address": "tcp://127.0.0.1:0", "metrics_address": free,
                     "namespace_size_bytes": 8 << 30},
         "smartnic": {"listen_address": free, "metrics_address": free, "salt": SALT, **(smartnic or {})},
-        "compute": {"listen_address": free, "metrics_address": free, "num_slots": num_slots,
+        "compute": {"listen_address": free, "metrics_address": free, "pool_tokens": pool_tokens,
                     "max_context_tokens": max_context_tokens, "key_salt": SALT, **(compute or {})},
         "frontend": {"listen_address": free, "http_address": free, "metrics_address": free,
                      "users": bench_users(users),
                      "max_new_tokens_default": max_new_tokens, "max_new_tokens_cap": 1024,
-                     "max_waiting_turns": 256, "queue_timeout_s": 600.0, **(frontend or {})},
+                     "max_concurrent_turns": 64, "max_waiting_turns": 256, "queue_timeout_s": 600.0,
+                     **(frontend or {})},
     }
 
 

@@ -39,7 +39,9 @@ SMOKE_SIZES = (64, 160)
 POLICIES = ("resident", "triggered", "recompute")
 BUILT = ("resident", "triggered")   # policies whose first turn leaves KV behind
 FLOORS = {"recompute_vs_restore_2048": 10.0}
-USER = "u0"
+# One user per policy: blocks are named by (tenant, user) and content, so two policies of one user
+# would share the pool's cached blocks (and `triggered` releasing its blocks would drop `resident`'s).
+USERS = {policy: f"u{i}" for i, policy in enumerate(POLICIES)}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -68,14 +70,14 @@ def run_size(stub, size: int, reps: int, max_new: int, progress) -> dict:
     prompt = context_prompt(stub, size)
     turns: dict[str, list] = {p: [] for p in POLICIES}
     for rep in range(reps):
-        firsts = {p: generate(stub, USER, f"{p}-{size}-{rep}", prompt, 1, p) for p in BUILT}
+        firsts = {p: generate(stub, USERS[p], f"{p}-{size}-{rep}", prompt, 1, p) for p in BUILT}
         progress.update(len(BUILT), note=f"{size} tokens built")
         message = f"Question {rep + 1}: in one word, where does the conversation live?"
         asked = {p: follow_up_ids(stub, prompt, firsts[p], message) for p in BUILT}
         asked["recompute"] = asked["triggered"]  # keeps nothing: a context of its own, the same tokens
         for policy in POLICIES[rep % 3:] + POLICIES[:rep % 3]:  # each policy goes first once
             context = f"{policy}-{size}-{rep}"
-            turns[policy].append(generate(stub, USER, context, asked[policy], max_new, policy))
+            turns[policy].append(generate(stub, USERS[policy], context, asked[policy], max_new, policy))
             progress.update(note=f"{size} tokens {policy}")
     return {"context_tokens": len(prompt), "follow_up_tokens": len(asked["triggered"]),
             "policies": {p: summarize_turns(turns[p]) for p in POLICIES}}
@@ -85,8 +87,8 @@ def warm_up(stub) -> None:
     """One short context and a follow-up under each policy, untimed (first calls are slow)."""
     prompt = context_prompt(stub, 64)
     for policy in POLICIES:
-        first = generate(stub, USER, f"warm-up-{policy}", prompt, 1, policy)
-        generate(stub, USER, f"warm-up-{policy}", follow_up_ids(stub, prompt, first, "Hi?"), 2, policy)
+        first = generate(stub, USERS[policy], f"warm-up-{policy}", prompt, 1, policy)
+        generate(stub, USERS[policy], f"warm-up-{policy}", follow_up_ids(stub, prompt, first, "Hi?"), 2, policy)
 
 
 def summarize_turns(turns: list) -> dict:
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> dict:
                 "torch_threads": args.torch_threads,
                 "policies": list(POLICIES), "smoke": args.smoke}
     result = new_result("ttft", settings)
-    config = bench_config(num_slots=8, max_context_tokens=max(4096, max(args.sizes) + 256), users=1,
+    config = bench_config(pool_tokens=32768, max_context_tokens=max(4096, max(args.sizes) + 256), users=3,
                           compute={"torch_threads": args.torch_threads})
     progress = progress_for(args, len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES)), "ttft")
     with Stack(services_dir(args, "ttft"), config, keep_data=args.keep_data) as stack, progress:

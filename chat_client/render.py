@@ -97,8 +97,10 @@ def stats_lines(stats: dict[str, Any]) -> list[str]:
         lines.append(
             f"compute: {compute.get('turns', 0)} turns, "
             f"kv sources {_pairs(compute.get('kv_source_counts'))}, "
-            f"fallbacks {_pairs(compute.get('fallbacks_by_reason'))}, slots in use "
-            f"{compute.get('slots_in_use', 0)}, queue {compute.get('queue_length', 0)}, restored "
+            f"fallbacks {_pairs(compute.get('fallbacks_by_reason'))}, running "
+            f"{compute.get('num_requests_running', 0)}, waiting {compute.get('num_requests_waiting', 0)}, "
+            f"KV blocks in use {float(compute.get('kv_cache_usage_perc', 0)):.0%}, preemptions "
+            f"{_pairs(compute.get('preemptions'))}, restored "
             f"{human_bytes(int(compute.get('bytes_restored', 0)))}, offloaded "
             f"{human_bytes(int(compute.get('bytes_offloaded', 0)))}")
     for node in stats.get("storage", []):

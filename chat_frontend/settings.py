@@ -39,7 +39,7 @@ class FrontendSettings:
     message_max_chars: int = 4000
     max_new_tokens_default: int = 256
     max_new_tokens_cap: int = 1024
-    max_concurrent_turns: int = 4            # turns forwarded to the agent at once
+    max_concurrent_turns: int = 64           # turns forwarded to the agent at once (the compute node batches them)
     max_waiting_turns: int = 32              # turns waiting for one of those; past it RESOURCE_EXHAUSTED
     queue_timeout_s: float = 60.0            # how long a turn may wait for its turn
     agent_timeout_s: float = 300.0           # deadline of one forwarded turn

@@ -1,29 +1,33 @@
-"""The compute node: the real LLM with its KV pool in registered memory (`kvtb serve compute`).
+"""The compute node: the real LLM batching many users' sequences over a paged KV pool (`kvtb serve compute`).
 
-A turn (docs/contracts.md "A turn"): the frontend sends ComputeNode.Generate to the agent,
-which may reserve a slot here (ReserveSlot) and GET the context's chunks into it; this node
-waits on the slot's restore counter, verifies the restored token ids, prefills only what is
-not covered, decodes and streams, and stores the slot's token count into its trigger
-counter at each chunk boundary so the agent's triggered PUTs move the KV out (steps 2, 8).
+A turn (docs/contracts.md "A turn"): the frontend sends ComputeNode.Generate to the agent, which
+finds how much of the turn's prefix is stored (step 5) and forwards it with `stored_tokens`; the
+engine allocates the sequence's blocks (the pool's prefix cache first), asks the agent on the
+stream for the stored blocks it lacks (steps 6, 7) and keeps decoding the others while they land;
+each step runs one forward over every scheduled sequence; each block that fills leaves by the
+agent's standing triggered PUT (the engine writes its descriptor and stores its trigger counter:
+steps 2, 8); a finished turn's blocks are released (step 4).
 
-Pure logic (no torch, grpc or I/O; time passed in):
-    slots.py          free/reserved/active/resident/draining slots, leases, the bounded queue
-    restore.py        waiting on a counter, and what a finished restore covers
-    turn.py           a turn, its events and its record as plain values
+Pure logic (no torch, grpc or I/O):
+    sequence.py       a request: its tokens, block table and status
+    block_manager.py  blocks, reference counts, the prefix cache by hash chain, I/O pins
+    scheduler.py      continuous batching: admission, chunked prefill, preemption (swap, recompute)
+    restore.py        a restore's blocks landing and what they cover
+    turn.py, turn_state.py   a turn, its events and its record
     settings.py       ComputeSettings (section `compute`)
 Model side:
     model_loader.py   SmolLM2-135M-Instruct from the wheel's GGUF file, cached as safetensors
-    kv_pool.py        the region (hostmem) and its torch/numpy views: [slot, layer, K|V, kv_head, token, head_dim]
-    slot_cache.py     a transformers cache whose layers write into (and return views of) a slot
+    llama.py, paged_attention.py   our own Llama forward, attention through block tables
+    model_runner.py   one forward per step over the batch
+    kv_pool.py        the region (hostmem) and its views: [block, layer, K|V, kv_head, block_tokens, head_dim]
     sampling.py, chat_template.py   next-token choice; conversation ids without re-tokenising
-    runner.py         one turn: reuse or restore, prefill, decode, offload hooks
-    engine.py         the engine thread: queue, slot assignment, release after the offload drained
+    engine.py         the engine thread: intake, schedule, forward, sample, offload, restores
 Offload:
-    offload.py        triggered (arm once, counter stores) and no-offload
+    offload.py        triggered (descriptor and counter store) and no offload
     cpu_offload.py    the CPU-centric baseline: copy, store, wait for the ack; its own restore
-    agent_client.py   RegisterMemory, QueueTriggered, CancelCounter, Restore
+    agent_client.py   RegisterMemory (step 1), kept registered
 Service:
     compute_servicer.py, node.py (`serve`), main.py
-Shared layers it uses: hostmem (region, counters, KV layout), fabric (for `cpu`: the storage
-client, chunk format, placement), kvtb (settings, logs, metrics, steps).
+Shared layers it uses: hostmem (region, counters, KV layout, descriptors, hash chain), fabric (for
+`cpu`: the storage client, chunk format, placement), kvtb (settings, logs, metrics, steps).
 """

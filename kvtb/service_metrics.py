@@ -39,10 +39,23 @@ def agent_families(s: Mapping) -> Iterable:
 
 
 def compute_families(s: Mapping) -> Iterable:
-    """The compute node: slots, turns by KV source, fallbacks, bytes restored and offloaded."""
-    yield gauge("kv_slots_in_use", "KV slots holding a turn, a lease or a resident context.",
-                s.get("slots_in_use", 0))
-    yield gauge("turns_waiting_for_slot", "Turns queued for a free slot.", s.get("queue_length", 0))
+    """The compute node: the batch and the pool (vLLM's names and meanings), turns by KV source,
+    fallbacks, bytes restored and offloaded."""
+    yield gauge("num_requests_running", "Sequences in the running batch.", s.get("num_requests_running", 0))
+    yield gauge("num_requests_waiting", "Sequences waiting for the batch (restoring ones included).",
+                s.get("num_requests_waiting", 0))
+    yield gauge("num_requests_restoring", "Sequences whose KV is being restored, outside the batch.",
+                s.get("num_requests_restoring", 0))
+    yield gauge("kv_cache_usage_perc", "Fraction of the pool's blocks in use (held or pinned by I/O).",
+                s.get("kv_cache_usage_perc", 0.0))
+    yield counter("num_preemptions_total", "Sequences preempted when blocks ran out, by kind.",
+                  s.get("preemptions", {}), ("kind",))
+    yield counter("num_preempted_tokens_total", "KV tokens those preemptions gave up, by kind.",
+                  s.get("preempted_tokens", {}), ("kind",))
+    yield counter("prefix_cache_queries_total", "Prompt tokens looked up in the pool's prefix cache.",
+                  s.get("prefix_cache_queries", 0))
+    yield counter("prefix_cache_hits_total", "Prompt tokens found in the pool's prefix cache.",
+                  s.get("prefix_cache_hits", 0))
     yield counter("turns_total", "Turns the compute node ran, by where their KV came from.",
                   s.get("kv_source", {}), ("kv_source",))
     yield counter("fallbacks_total", "Turns that fell back to recomputing, by reason.",

@@ -71,7 +71,6 @@ class SmartNicSettings:
     view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
     get_pdu_bytes: int = 2 << 20           # GET asks for larger values in data PDUs of this size (0: whole)
     grpc_workers: int = 32
-    prefetch_lease_s: float = 10.0         # ReserveSlot lease asked of the compute node
 
     def __post_init__(self) -> None:
         nodes = self.storage_nodes

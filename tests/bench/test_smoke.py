@@ -58,7 +58,7 @@ def test_ttft_smoke_restores_from_storage(tmp_path):
 def test_offload_smoke(tmp_path):
     result = bench(tmp_path, "offload", timeout=600)
     assert "cpu_stall_vs_triggered_8" in result["ratios"]
-    assert result["results"]["chunks"]["8"]["triggered"]["chunks_per_turn"] > 0
+    assert result["results"]["blocks"]["8"]["triggered"]["blocks_per_turn"] > 0
 
 
 def test_all_smoke_writes_a_report_and_the_readme_table(tmp_path):

@@ -38,7 +38,7 @@ def test_headlines_show_what_ran_with_its_target():
     shown = {q: v for q, v, _, _ in rows}
     assert shown["Follow-up TTFT, recomputed / restored, 2,048-token context"] == "31.2x"
     assert shown["Context under which recomputing is as fast as restoring"] == "below 32 tokens"
-    assert shown["Output tokens/s, most sessions / one session"] == "1.50 (8 sessions / 1)"
+    assert shown["Output tokens/s, most sessions / one session (continuous batching)"] == "1.50 (8 sessions / 1)"
     assert "lru 0.40, timer 0.30 (capacity 0.25" in shown["Follow-up hit rate under limited storage, by "
                                                          "eviction policy"]
     assert not any("Agent" in q for q in shown)  # smartnic did not run: no row, no made-up value

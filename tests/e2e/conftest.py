@@ -30,7 +30,7 @@ def write_config(path: Path) -> Path:
         "storage": {"admin_address": "127.0.0.1:0", "fabric_address": "tcp://127.0.0.1:0",
                     "namespace_size_bytes": 1 << 30, "metrics_address": "127.0.0.1:0"},
         "smartnic": {"listen_address": "127.0.0.1:0", "salt": "e2e-salt", "metrics_address": "127.0.0.1:0"},
-        "compute": {"listen_address": "127.0.0.1:0", "num_slots": 4, "max_context_tokens": 1024,
+        "compute": {"listen_address": "127.0.0.1:0", "pool_tokens": 8192, "max_context_tokens": 1024,
                     "key_salt": "e2e-salt", "metrics_address": "127.0.0.1:0"},
         "frontend": {"listen_address": "127.0.0.1:0", "http_address": "127.0.0.1:0",
                      "metrics_address": "127.0.0.1:0", "users": USERS, "tenants": TENANTS,

@@ -12,8 +12,10 @@ def test_families_from_snapshots_parse_and_carry_labels():
         "agent": lambda: agent_families({"hits": 2, "misses": 1, "lookup_requested_tokens": 100,
                                          "lookup_hit_tokens": 64, "evictions_by_reason": {"lru": 3},
                                          "triggered_fired": 9, "bytes_by_storage_node": {"s0": 4096}}),
-        "compute": lambda: compute_families({"slots_in_use": 1, "kv_source": {"restored": 2},
-                                             "fallbacks": {"checksum": 1}, "bytes_restored": 10}),
+        "compute": lambda: compute_families({"num_requests_running": 3, "kv_source": {"restored": 2},
+                                             "fallbacks": {"checksum": 1}, "bytes_restored": 10,
+                                             "kv_cache_usage_perc": 0.25, "preemptions": {"swap": 4},
+                                             "prefix_cache_queries": 100, "prefix_cache_hits": 40}),
         "storage": lambda: storage_families({"commands": {("store", "success"): 5}, "bytes_written": 7},
                                             [(1, 8192, 3)]),
     }
@@ -30,7 +32,9 @@ def test_families_from_snapshots_parse_and_carry_labels():
     assert value(got, "kvtb:kv_evictions_total", reason="lru") == 3
     assert value(got, "kvtb:triggered_ops_fired_total") == 9
     assert value(got, "kvtb:kv_stored_bytes", storage_node="s0") == 4096
-    assert value(got, "kvtb:kv_slots_in_use") == 1
+    assert value(got, "kvtb:num_requests_running") == 3 and value(got, "kvtb:kv_cache_usage_perc") == 0.25
+    assert value(got, "kvtb:num_preemptions_total", kind="swap") == 4
+    assert value(got, "kvtb:prefix_cache_hits_total") == 40 and value(got, "kvtb:prefix_cache_queries_total") == 100
     assert value(got, "kvtb:turns_total", kv_source="restored") == 2
     assert value(got, "kvtb:fallbacks_total", reason="checksum") == 1
     assert value(got, "kvtb:kv_restore_bytes_total") == 10
