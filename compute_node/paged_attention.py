@@ -94,11 +94,13 @@ class AttentionPlan:
 
     def _decode(self, llama, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q: [Sd, Hq, D] -> [Sd, Hq, D]."""
-        out = torch.empty_like(q)
+        out = None if len(self.decodes) == 1 else torch.empty_like(q)
         for d in self.decodes:
             keys, values = d.gather.read(llama, layer)  # [seqs, Hkv, L, D]
             o = F.scaled_dot_product_attention(q[d.first:d.end].unsqueeze(2), keys, values, attn_mask=d.mask,
                                                enable_gqa=True)  # [seqs, Hq, 1, D]
+            if out is None:
+                return o.squeeze(2)
             out[d.first:d.end] = o.squeeze(2)
         return out
 
