@@ -19,8 +19,8 @@ import uuid
 
 import torch
 
-from kvtb.bench import output, stats
-from kvtb.bench.common import add_common_args, new_result, progress_for
+from bench import stats
+from bench.results import add_common_args, finish, format_table, new_result, progress_for, setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -120,14 +120,13 @@ def measure(runner, model, ids: list[list[int]], args, blocks_per_seq: int, prog
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from compute_node.llama import pool_shape
     from compute_node.model_loader import load_model
     from compute_node.model_runner import ModelRunner
     from compute_node.settings import ComputeSettings
-    from smartnic.region import Region
+    from hostmem.region import Region
 
     threads = args.torch_threads or os.cpu_count()
     torch.set_num_threads(threads)
@@ -155,11 +154,7 @@ def main(argv: list[str]) -> int:
                                    "block_tokens": args.block_tokens, "torch_threads": threads})
     result["results"] = {"batches": {str(b): r for b, r in rows.items()}, "seconds": time.monotonic() - started}
     result["ratios"] = ratios(rows)
-    output.write_json(args.out, "decode.json", result)
-    if args.json:
-        output.emit_json(result)
-    else:
-        print(render(result))
+    finish(args, result, render(result))
     return 0
 
 
@@ -189,7 +184,7 @@ def render(result: dict) -> str:
              f"(tokens/s: best round, median), blocks of {s['block_tokens']} tokens, {s['torch_threads']} torch threads:")
     return "\n".join([
         title,
-        output.format_table(["batch", "paged tok/s", "median", "x first", "transformers tok/s", "median", "x first",
+        format_table(["batch", "paged tok/s", "median", "x first", "transformers tok/s", "median", "x first",
                              "paged/transformers", "identical"], rows)])
 
 

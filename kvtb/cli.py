@@ -21,6 +21,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "datapath"): "bench.datapath:main",
     ("bench", "concurrency"): "bench.concurrency:main",
     ("bench", "eviction"): "bench.eviction:main",
+    ("bench", "decode"): "bench.decode:main",
     ("bench", "all"): "bench.suite:main",
     ("simulate",): "bench.simulate:main",
     ("chat",): "chat_client.cli:main",
