@@ -1,7 +1,8 @@
 """The compute node's one call to its SmartNIC agent (smartnic.proto): registration (step 1), kept up.
 
 Everything after it goes through the registered region: descriptors and counter stores for the
-standing PUTs, completion counters for the GETs. No RPC per block or per turn.
+standing PUTs, completion counters for the GETs. No RPC per block or per turn, and none while the
+connection to the agent stays up (`keep_registered` watches it instead of asking).
 """
 from __future__ import annotations
 
@@ -86,10 +87,25 @@ class AgentClient:
         return True
 
     def keep_registered(self, stop: threading.Event, interval_s: float = 1.0) -> threading.Thread:
-        """A daemon thread that calls ensure_registered every interval_s until stop is set."""
+        """A daemon thread that keeps the region registered until stop is set, without an RPC while
+        the connection to the agent stays up (a turn's decode never calls the agent): the channel's
+        connectivity is watched, and once it left READY (the agent went away, and may come back
+        without the region) ensure_registered runs every interval_s until it succeeds."""
+        check = threading.Event()
+
+        def watch(state: grpc.ChannelConnectivity) -> None:
+            if state != grpc.ChannelConnectivity.READY:
+                check.set()
+
         def run() -> None:
             while not stop.wait(interval_s):
-                self.ensure_registered()
+                if check.is_set():
+                    check.clear()  # first: a drop during the check sets it again
+                    if not self.ensure_registered():
+                        check.set()
+            self.channel.unsubscribe(watch)
+
+        self.channel.subscribe(watch, try_to_connect=True)
         thread = threading.Thread(target=run, name="agent-registration", daemon=True)
         thread.start()
         return thread

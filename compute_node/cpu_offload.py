@@ -148,13 +148,11 @@ class CpuOffload:
         self.errors = 0
 
     def store(self, block: Block, stats: OffloadStats) -> None:
-        t0 = time.perf_counter()
         try:
             stats.bytes += self.store_.put(self.pool, block)
             stats.chunks += 1
         except Exception as exc:  # noqa: BLE001 - offload failures never fail the turn
             self.errors += 1
             logger.warning("cpu offload of block %d failed: %s", block.index, exc)
-        stats.stall_s += time.perf_counter() - t0
         return None
 

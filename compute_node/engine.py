@@ -76,6 +76,7 @@ class Engine:
         self.stored_names: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
         self.restores: dict[int, TurnState] = {}  # restoring sequences by seq id
         self.late_pins: list[tuple[Sequence, float]] = []  # (seq, give up at) of timed-out GETs
+        self._poll_cost: list[tuple[TurnState, float]] = []  # this loop's share of polling PUTs, per turn
         self.known: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         self.stats = Stats()
         self.steps = 0
@@ -160,6 +161,7 @@ class Engine:
         for turn in new:
             self._admit_turn(turn)
         self._drop_cancelled()
+        self._poll_cost = []
         progressed = self._poll_puts() | self._poll_restores() | self._poll_late_pins()
         out = self.scheduler.schedule()
         self._swap_out(out)
@@ -167,6 +169,8 @@ class Engine:
             self._start_restore(self.states[request.seq.seq_id], request)
         if out.is_empty:
             return progressed or bool(new)
+        for state, seconds in self._poll_cost:
+            state.offload.stall_s += seconds
         self._step(out)
         return True
 
@@ -294,38 +298,44 @@ class Engine:
                 self._offload(state, index, seq.block_table[index], bt)
 
     def _offload(self, state: TurnState, index: int, block_id: int, tokens: int, owner: Sequence | None = None) -> None:
-        """Store block `index` of the turn's sequence (in pool block block_id) as its policy says."""
+        """Store block `index` of the turn's sequence (in pool block block_id) as its policy says; the
+        time spent here is the turn's offload stall."""
         offloader = self.offloaders[state.turn.policy]
         if not offloader.offloads or index in state.storing:
             return
+        start = time.perf_counter()
         block = self._describe(state, index, block_id, tokens)
-        if block.hash in state.stored:  # this block, with these tokens, is stored already
-            return
-        put = offloader.store(block, state.offload)
-        if put is None:  # stored already (cpu: synchronously)
-            state.stored.add(block.hash)
-            self._stored(state.turn.policy, block.hash)
-            return
-        self.bm.pin(block_id)
-        state.storing[index] = block_id
-        self.puts[block_id] = (put, state, owner, block.hash)
+        if block.hash not in state.stored:  # else this block, with these tokens, is stored already
+            put = offloader.store(block, state.offload)
+            if put is None:  # stored already (cpu: synchronously)
+                state.stored.add(block.hash)
+                self._stored(state.turn.policy, block.hash)
+            else:
+                self.bm.pin(block_id)
+                state.storing[index] = block_id
+                self.puts[block_id] = (put, state, owner, block.hash)
+        state.offload.stall_s += time.perf_counter() - start
 
     def _poll_puts(self) -> bool:
+        """Release the blocks whose PUT ended (or timed out). Each ended PUT's bookkeeping is its turn's
+        offload stall; reading the counters is shared by the turns whose PUTs were read (`_poll_cost`,
+        charged when a step follows: a poll while the engine has nothing else to do stalls nothing)."""
         if not self.puts:
             return False
+        start = time.perf_counter()
         blocks = list(self.puts)
-        rows = self.pool.counters[np.asarray([self.puts[b][0].counter for b in blocks], dtype=np.intp)]
-        now, done = time.monotonic(), False
-        for block_id, (success, error) in zip(blocks, rows.tolist()):
-            put, state, owner, name = self.puts[block_id]
-            ended = put.ended(success, error)
-            if not ended and now < put.deadline:
-                continue
-            if not ended:
+        rows = self.pool.counters[np.asarray([self.puts[b][0].counter for b in blocks], dtype=np.intp)].tolist()
+        now = time.monotonic()
+        ended = [(b, s, e) for b, (s, e) in zip(blocks, rows)
+                 if self.puts[b][0].ended(s, e) or now >= self.puts[b][0].deadline]
+        share = (time.perf_counter() - start) / len(blocks)
+        self._poll_cost = [(self.puts[b][1], share) for b in blocks if self.puts[b][1] is not None]
+        for block_id, success, error in ended:
+            start = time.perf_counter()
+            put, state, owner, name = self.puts.pop(block_id)
+            if not put.ended(success, error):
                 logger.warning("block %d: PUT not done after %.0f s; releasing it", block_id,
                                self.settings.drain_timeout_s)
-            del self.puts[block_id]
-            done = True
             self.bm.unpin(block_id)
             if owner is not None:  # a swap-out's block: the scheduler held it too
                 self.scheduler.release_pins(owner, [block_id])
@@ -337,8 +347,9 @@ class Engine:
                     self._stored(state.turn.policy, name)
                 else:
                     state.offload_failures += 1
+                state.offload.stall_s += time.perf_counter() - start
                 self._maybe_record(state)
-        return done
+        return bool(ended)
 
     def _stored(self, policy: str, name: bytes) -> None:
         """A block of this name is on the policy's storage (as far as this node knows: the agent's

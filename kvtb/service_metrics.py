@@ -36,6 +36,8 @@ def agent_families(s: Mapping) -> Iterable:
                 s.get("bytes_by_storage_node", {}), ("storage_node",))
     yield gauge("kv_stored_contexts", "Contexts with stored KV.", s.get("contexts", 0))
     yield gauge("kv_stored_chunks", "Stored KV chunks.", s.get("chunks", 0))
+    yield counter("agent_rpc_calls_total", "gRPC calls the agent served, by method and the caller's identity.",
+                  s.get("rpc_calls", {}), ("method", "peer"))
 
 
 def compute_families(s: Mapping) -> Iterable:

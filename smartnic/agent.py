@@ -12,6 +12,7 @@ statistics and data path have their own locks.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -88,7 +89,10 @@ class Agent:
                                  settings.get_pdu_bytes, mac_key)
         self.engine = TriggerEngine(self.regions, self.stats, self._handle_data, settings.queue_bound,
                                     settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6,
-                                    fire_block=self.block_put)
+                                    fire_block=self.block_put, poll_s=settings.watcher_poll_us * 1e-6,
+                                    warm_s=settings.watcher_warm_ms * 1e-3)
+        # a standing PUT's data work (gather, MAC, submit) runs here, so the watcher goes on firing
+        self._put_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="standing-put")
         self._stop = threading.Event()
         self._evictor = threading.Thread(target=self._eviction_loop, name="eviction", daemon=True)
 
@@ -101,6 +105,7 @@ class Agent:
     def close(self) -> None:
         self._stop.set()
         self.engine.stop()
+        self._put_thread.shutdown(wait=True, cancel_futures=True)
         self.nodes.close()  # fails what is pending; the data path still runs those completions
         self.datapath.close()
         self.regions.close()
@@ -162,8 +167,10 @@ class Agent:
         return errors
 
     # -- step 1's standing PUTs: a block that filled (fired by its trigger counter)
-    def block_put(self, reg: Registered, block: int, generation: int) -> None:
-        """Store a pool block as its descriptor says; PUT-done counter bumped either way."""
+    def block_put(self, reg: Registered, block: int, generation: int) -> int | None:
+        """Check the block's descriptor and issue its PUT (to the standing-put thread); the descriptor's
+        stamp (0: none), or None when it was refused (PUT-done error part bumped, the refusal counted).
+        The PUT stores the block only under the key its owner and token ids name; PUT-done either way."""
         L = reg.layout
         done = L.put_done(block)
         try:
@@ -177,21 +184,31 @@ class Agent:
         except (descriptor.DescriptorError, RegionError, ValueError) as exc:
             self.stats.inc_kind("errors", "descriptor_refused")
             logger.warning("block %d of region %d: descriptor refused: %s", block, reg.region_id, exc)
-            return reg.add(done, error=1)
+            reg.add(done, error=1)
+            return None
         start = d.chunk_index * L.block_tokens
         header = cf.ChunkHeader(d.user, d.context, d.chunk_index, start, start + d.token_count, 0, d.hash,
                                 tenant=d.tenant, parent=d.parent, shared=d.shared)
-        self.datapath.put(reg.region, header, cf.block_key(self.settings.salt, d.hash),
-                          L.chunk_runs(block, d.token_count),
-                          lambda stored, err: self._block_stored(reg, done, d.context, stored, err))
+        self._put_thread.submit(self._issue_put, reg, header, cf.block_key(self.settings.salt, d.hash),
+                                L.chunk_runs(block, d.token_count),
+                                lambda stored, err: self._block_stored(reg, done, d.context, stored, err))
+        return d.stamp_ns
+
+    def _issue_put(self, reg: Registered, header: cf.ChunkHeader, key: bytes, runs, then) -> None:
+        try:
+            self.datapath.put(reg.region, header, key, runs, then)
+        except Exception as exc:  # a bug must end on the counter, not in a lost future
+            logger.exception("the standing PUT of %s's block %d failed", header.user_id, header.chunk_index)
+            then(None, DataError("internal", str(exc)))
 
     def _block_stored(self, reg: Registered, done: int, context_id: str, stored: StoredBlock | None,
                       err: DataError | None) -> None:
         if err is None:
             self._publish(stored, context_id)
-            return reg.add(done, success=1)
-        self.stats.inc_kind("errors", err.kind)
-        reg.add(done, error=1)
+        else:
+            self.stats.inc_kind("errors", err.kind)
+        if not reg.closed:
+            reg.add(done, success=int(err is None), error=int(err is not None))
 
     def _publish(self, stored: StoredBlock, context_id: str) -> None:
         now = time.time()

@@ -9,7 +9,7 @@ import grpc
 
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
-from kvtb.rpc import Authorizer, Security, add_port
+from kvtb.rpc import Authorizer, CallCounter, Security, add_port
 from kvtb.service_metrics import agent_families
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 from smartnic.agent import Agent
@@ -55,6 +55,7 @@ class AgentNode:
         self.proxy: ComputeProxyServicer | None = None
         self.metrics: MetricsEndpoint | None = None
         self.addresses: dict[str, str] = {}
+        self.calls = CallCounter()  # every call served, by method and caller (kvtb:agent_rpc_calls_total)
 
     def start(self) -> None:
         """Connect to the storage nodes, bind the gRPC server and metrics, and serve."""
@@ -64,7 +65,7 @@ class AgentNode:
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(s.grpc_workers),
                                   options=[("grpc.max_receive_message_length", 64 << 20),
                                            ("grpc.max_send_message_length", 64 << 20)],
-                                  interceptors=[Authorizer(ACCESS, security)])
+                                  interceptors=[self.calls, Authorizer(ACCESS, security)])
         host = s.listen_address.rpartition(":")[0]
         port = add_port(self.server, s.listen_address, security)
         if port == 0:
@@ -75,7 +76,8 @@ class AgentNode:
         compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.proxy, self.server)
         self.health = add_health_and_reflection(self.server, SERVICE_NAMES)
         self.server.start()
-        self.metrics = MetricsEndpoint(s.metrics_address, lambda: agent_families(self.agent.snapshot()))
+        self.metrics = MetricsEndpoint(s.metrics_address, lambda: agent_families(
+            {**self.agent.snapshot(), "rpc_calls": self.calls.snapshot()}))
         self.addresses = {"grpc": f"{host}:{port}", "metrics": self.metrics.address}
         self.health.set_serving()
 

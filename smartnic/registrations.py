@@ -60,6 +60,7 @@ class Registrations:
         self._lock = threading.Lock()
         self._regions: dict[int, Registered] = {}
         self._ids = itertools.count(1)
+        self.version = 0  # moves at every registration and deregistration (the watcher's cache key)
 
     def register(self, shm_name: str, size: int, access_key: str, counter_offset: int,
                  counter_count: int, layout_msg=None, owner: str = "",
@@ -77,6 +78,7 @@ class Registrations:
         with self._lock:
             reg = Registered(next(self._ids), region, access_key, layout, owner, compute_address, standing=standing)
             self._regions[reg.region_id] = reg
+            self.version += 1
         logger.info("registered region %d: %s (%d bytes, %d counters) of %r%s", reg.region_id, shm_name,
                     size, counter_count, owner,
                     f"; armed {len(standing)} standing triggered PUTs, one per block" if standing else "")
@@ -96,6 +98,7 @@ class Registrations:
         reg = self.get(region_id, access_key)
         with self._lock:
             self._regions.pop(region_id, None)
+            self.version += 1
         reg.closed = True
         reg.region.close()
         logger.info("deregistered region %d", region_id)

@@ -65,8 +65,12 @@ class SmartNicSettings:
     queue_depth: int = 128                 # per storage node
     reconnect_interval_s: float = 1.0
     compute_address: str = ""              # where turns go when no region named a compute node
+    # the counter watcher's adaptive polling (smartnic.watcher): back to back for spin_us after a fire,
+    # every poll_us for warm_ms after it, then sleeps doubling up to max_sleep_us
     watcher_spin_us: float = 200.0
-    watcher_max_sleep_us: float = 1000.0
+    watcher_poll_us: float = 30.0
+    watcher_warm_ms: float = 2000.0
+    watcher_max_sleep_us: float = 400.0
     datapath_workers: int = 1             # threads that submit Deletes (completions need none)
     view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
     get_pdu_bytes: int = 2 << 20           # GET asks for larger values in data PDUs of this size (0: whole)
@@ -83,6 +87,8 @@ class SmartNicSettings:
         assert self.salt, "salt must not be empty"
         assert self.queue_bound > 0, "queue_bound must be positive"
         assert self.view_min_bytes > 0, "view_min_bytes must be positive"
+        assert min(self.watcher_spin_us, self.watcher_poll_us, self.watcher_warm_ms, self.watcher_max_sleep_us) >= 0, \
+            "watcher_*: not negative"
         # the storage node refuses smaller PDUs (storage_node.commands.MIN_DATA_PDU_BYTES), so every
         # GET would fail: refused here, at start, instead (not imported: settings stay free of protobuf)
         assert self.get_pdu_bytes == 0 or self.get_pdu_bytes >= 4096, "get_pdu_bytes: 0 or at least 4096"

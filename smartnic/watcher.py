@@ -1,16 +1,31 @@
-"""The triggered-operation engine: the deferred work queue, its counter watcher, firing.
+"""The triggered-operation engine: the deferred work queue, the standing PUTs, their counter watcher.
 
-The watcher reads only the counters that have entries queued. When something fired it
-polls again at once; with nothing due it spins for `spin_s`, then sleeps with exponential
-backoff up to `max_sleep_s`; with nothing queued at all it sleeps until woken. Trigger-to-
-fire latency is measured from when the watcher first saw the counter's new value (or from
-queuing, for an entry due at once) to the firing.
+The watcher polls the counters: every registered pool's standing PUT triggers (one strided read
+per pool) and the counters that one-off entries wait on. It never waits on anything the compute
+node would have to signal (no syscall on the compute side): its wait is adaptive polling, by how
+recently something fired —
+
+- hot, for `spin_s` after a fire: polls back to back, yielding the GIL between polls (more
+  stores of the same engine step are on their way);
+- warm, for `warm_s` after a fire: sleeps `poll_s` between polls (the next block of a running
+  decode fills soon);
+- cold: the sleep doubles up to `max_sleep_s` (the first store after a quiet spell waits at most
+  that long), and with nothing armed at all it sleeps until a registration or queue call wakes it.
+
+Its thread asks the kernel for a timer slack of TIMER_SLACK_NS (Linux's default, 50 µs, would
+add that much to every short sleep). Trigger-to-fire latency is measured from the counter store:
+a standing PUT's from the stamp its descriptor carries (the compute node's clock just before its
+store; CLOCK_MONOTONIC, one clock for every process of the host), a one-off entry's from when
+the watcher first saw the counter's new value (or from queuing, for an entry due at once), to the
+moment the operation is issued (a PUT handed to the data path).
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +38,20 @@ from smartnic.stats import Stats
 from smartnic.triggered import CounterKey, DeferredWorkQueue, Entry
 
 logger = logging.getLogger(__name__)
+
+TIMER_SLACK_NS = 1000
+STAMP_LIMIT_NS = 60_000_000_000  # a descriptor stamp further back than this is not this store's
+_PR_SET_TIMERSLACK = 29
+
+
+def fine_timer_slack(ns: int = TIMER_SLACK_NS) -> bool:
+    """Ask Linux to wake the calling thread's sleeps within `ns` of their end; False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,17 +94,21 @@ class TriggerEngine:
     """Thread-safe: queue/cancel/flush from any thread; one watcher thread fires."""
 
     def __init__(self, regions: Registrations, stats: Stats, handle_data: Callable[[Registered, Entry, Done], None],
-                 bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 1e-3,
-                 fire_block: Callable[[Registered, int, int], None] | None = None):
+                 bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 400e-6,
+                 fire_block: Callable[[Registered, int, int], int | None] | None = None,
+                 poll_s: float = 30e-6, warm_s: float = 2.0):
         self.regions, self.stats, self.handle_data = regions, stats, handle_data
-        self.fire_block = fire_block  # a standing PUT fired: (registration, block, generation)
-        self.on_block_fire: list[Callable[[Registered, int, int, int], None]] = []  # (reg, block, gen, ns)
-        self.spin_s, self.max_sleep_s = spin_s, max_sleep_s
+        # a standing PUT fired: (registration, block, generation) -> its descriptor's stamp (0: none) once
+        # the PUT is issued, None when it was refused
+        self.fire_block = fire_block
+        self.on_block_fire: list[Callable[[Registered, int, int, int, int], None]] = []  # (reg, block, gen, store ns, fire ns)
+        self.spin_s, self.poll_s, self.warm_s, self.max_sleep_s = spin_s, poll_s, warm_s, max(max_sleep_s, poll_s)
         self._dwq = DeferredWorkQueue(bound)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._seen: dict[CounterKey, tuple[int, int]] = {}  # trigger -> (total, first seen ns)
+        self._pools: tuple[int, tuple[Registered, ...]] = (-1, ())  # (registrations' version, pools)
         self.on_fire: list[Callable[[Entry, int], None]] = []  # hooks (benchmarks): (entry, fire ns)
         self._thread = threading.Thread(target=self._run, name="counter-watcher", daemon=True)
 
@@ -146,32 +179,41 @@ class TriggerEngine:
 
     # -- the watcher
     def _run(self) -> None:
-        sleep, idle_since = 10e-6, None
+        fine_timer_slack()
+        sleep, last_fire = self.poll_s, time.perf_counter()
         while not self._stop.is_set():
             if self._poll():
-                sleep, idle_since = 10e-6, None
+                sleep, last_fire = self.poll_s, time.perf_counter()
                 continue
-            if self.depth == 0 and not self._standing():
-                self._wake.wait(0.5)  # nothing armed; registration wakes it
+            if self._wake.is_set():  # something was queued or registered: poll it hot
                 self._wake.clear()
+                sleep, last_fire = self.poll_s, time.perf_counter()
                 continue
-            now = time.perf_counter()
-            idle_since = idle_since or now
-            if now - idle_since < self.spin_s:
+            if not len(self._dwq) and not self._standing():
+                self._wake.wait(0.5)  # nothing armed; registration or queuing wakes it
                 continue
-            if self._wake.wait(sleep):
-                self._wake.clear()
-                sleep = 10e-6
+            quiet = time.perf_counter() - last_fire
+            if quiet < self.spin_s:
+                time.sleep(0)  # hot: let other threads have the GIL, poll again
+            elif quiet < self.warm_s:
+                time.sleep(self.poll_s)
             else:
+                time.sleep(sleep)
                 sleep = min(sleep * 2, self.max_sleep_s)
 
-    def _standing(self) -> list[Registered]:
-        return [reg for reg in self.regions.all() if reg.standing is not None and not reg.closed]
+    def _standing(self) -> tuple[Registered, ...]:
+        """The registered pools (kept until a registration or deregistration)."""
+        version = self.regions.version
+        if self._pools[0] != version:
+            self._pools = (version, tuple(reg for reg in self.regions.all() if reg.standing is not None))
+        return self._pools[1]
 
     def _poll_standing(self) -> int:
-        """Fire every standing PUT whose block's trigger moved (one vectorised read per pool)."""
+        """Fire every standing PUT whose block's trigger moved (one strided read per pool)."""
         fired = 0
         for reg in self._standing():
+            if reg.closed:
+                continue
             try:
                 due = reg.standing.due()
             except (TypeError, ValueError, IndexError):  # the region went away under us
@@ -179,20 +221,27 @@ class TriggerEngine:
             for block, generation in due:
                 seen_ns = time.monotonic_ns()
                 self.stats.inc("triggered_fired")
-                for hook in self.on_block_fire:
-                    hook(reg, block, generation, seen_ns)
                 try:
-                    self.fire_block(reg, block, generation)
+                    stamp_ns = self.fire_block(reg, block, generation)
                 except Exception:  # a bug must end on the counter, not kill the watcher
                     logger.exception("firing the standing PUT of block %d failed", block)
                     reg.add(reg.layout.put_done(block), error=1)
-                self.stats.latency((time.monotonic_ns() - seen_ns) / 1000)
+                    continue
+                if stamp_ns is None:  # refused: no PUT
+                    continue
+                fire_ns = time.monotonic_ns()
+                store_ns = stamp_ns if 0 < stamp_ns <= seen_ns and fire_ns - stamp_ns < STAMP_LIMIT_NS else seen_ns
+                self.stats.latency((fire_ns - store_ns) / 1000)
+                for hook in self.on_block_fire:
+                    hook(reg, block, generation, store_ns, fire_ns)
             fired += len(due)
         return fired
 
     def _poll(self) -> int:
-        due: list[tuple[Registered, Entry, int]] = []
         fired = self._poll_standing() if self.fire_block is not None else 0
+        if not len(self._dwq):  # read without the lock: queue() wakes the watcher after adding
+            return fired
+        due: list[tuple[Registered, Entry, int]] = []
         with self._lock:
             now = time.monotonic_ns()
             for trigger in self._dwq.triggers():

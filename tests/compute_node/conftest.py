@@ -9,7 +9,7 @@ import torch
 
 from compute_node.settings import ComputeSettings
 from kvtb_proto import compute_pb2, compute_pb2_grpc
-from tests.conftest import secure_channel
+from tests.conftest import FREE_SIDE_PORTS, secure_channel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -116,7 +116,7 @@ def start_cluster(tmp_dir, name: str, **compute_env) -> Cluster:
 
     def start(service: str, env: dict) -> ServiceProcess:
         proc = ServiceProcess(f"{name}-{service}", kvtb_argv("serve", service), tmp_dir / f"{name}-{service}.log",
-                              env=env)
+                              env={**FREE_SIDE_PORTS, **env})
         started.append(proc)
         proc.start(timeout_s=240)
         return proc

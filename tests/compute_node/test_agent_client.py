@@ -1,4 +1,5 @@
-"""The compute node's registration survives an agent restart (real agent and storage processes)."""
+"""The compute node's registration survives an agent restart (real agent and storage processes), and
+keeping it costs no RPC while the connection to the agent stays up."""
 from __future__ import annotations
 
 import threading
@@ -6,13 +7,22 @@ import time
 import types
 import uuid
 
+import grpc
 import pytest
 
 from compute_node.agent_client import AgentClient
-from kvtb.launch import free_port
 from hostmem.region import Region
+from kvtb.launch import free_port
 from tests.conftest import as_identity
+from tests.kvtb.metrics_scrape import scrape
 from tests.smartnic.helpers import LAYOUT, agent_env, storage_env
+
+
+def compute_calls(agent) -> dict[str, float]:
+    """The agent's count of the calls the compute node made, by method (its /metrics)."""
+    return {dict(labels)["method"].rsplit("/", 1)[1]: v
+            for (name, labels), v in scrape(agent.addresses["metrics"]).items()
+            if name == "kvtb:agent_rpc_calls_total" and dict(labels)["peer"] == "compute"}
 
 
 @pytest.mark.slow
@@ -24,23 +34,29 @@ def test_registers_again_after_the_agent_restarts(start_service, tmp_path):
     region = Region.create(f"kvtb-test-{uuid.uuid4().hex[:12]}", LAYOUT.region_bytes,
                            LAYOUT.counter_offset, LAYOUT.counter_count)
     client = AgentClient(address, as_identity("compute"), timeout_s=5.0)
+    stop = threading.Event()
     try:
         client.register(types.SimpleNamespace(region=region, layout=LAYOUT), "key", "test", "", 10.0)
+        client.keep_registered(stop, interval_s=0.1)
+        time.sleep(1.5)  # fifteen intervals with the connection up: nothing to ask
+        assert compute_calls(agent) == {"RegisterMemory": 1}
         assert client.ensure_registered()  # known: nothing to do
         agent.stop()
-        assert not client.ensure_registered()  # unreachable: try later
-        start_service("agent-again", "serve", "smartnic", env=env)
-        stop = threading.Event()
-        client.keep_registered(stop, interval_s=0.1)
-        try:
-            deadline = time.monotonic() + 20
-            while not client.ensure_registered():  # the keeper may be registering right now
-                assert time.monotonic() < deadline, "not registered again"
-                time.sleep(0.1)
-            region.store_counter(0, 7)
-            assert client.stub.CounterRead(client.counter_ref(0), timeout=5).success == 7
-        finally:
-            stop.set()
+        again = start_service("agent-again", "serve", "smartnic", env=env)
+        deadline = time.monotonic() + 20
+        while not compute_calls(again).get("RegisterMemory"):  # the keeper alone registers it again
+            assert time.monotonic() < deadline, "not registered again"
+            time.sleep(0.1)
+        assert compute_calls(again)["CounterRead"] >= 1  # it asked whether the region was known
+        region.store_counter(0, 7)
+        while True:  # the keeper sets the new region id once RegisterMemory's answer is in
+            try:
+                assert client.stub.CounterRead(client.counter_ref(0), timeout=5).success == 7
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.NOT_FOUND and time.monotonic() < deadline, exc
+                time.sleep(0.05)
     finally:
+        stop.set()
         client.close()
         region.close()

@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from tests.compute_node.conftest import Chat
+from tests.kvtb.metrics_scrape import scrape, value
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +37,50 @@ def test_a_follow_up_under_triggered_restores_and_every_policy_gives_the_same_re
     assert results["cpu"][1][1].kv_source == "restored" and results["cpu"][1][1].bytes_restored > 0
     assert results["recompute"][1][1].kv_source == "recomputed"
     assert results["recompute"][1][1].tokens_reused == 0
+    chat.close()
+
+
+def compute_calls(agent) -> float:
+    """Every call the compute node made to the agent so far, as the agent counts them (its /metrics)."""
+    return sum(v for (name, labels), v in scrape(agent.addresses["metrics"]).items()
+               if name == "kvtb:agent_rpc_calls_total" and dict(labels)["peer"] == "compute")
+
+
+def test_the_compute_node_calls_the_agent_never_while_a_conversation_decodes(cluster):
+    """Two turns under triggered: blocks leave by descriptor and counter store, the follow-up's KV comes
+    back on the turn's own stream; the agent counts no call from the compute node in between."""
+    from kvtb_proto import compute_pb2
+    chat = Chat(cluster.agent_address)
+    before = scrape(cluster.agent.addresses["metrics"])
+    registered = value(before, "kvtb:agent_rpc_calls_total", method="/kvtb.smartnic.SmartNic/RegisterMemory",
+                       peer="compute")
+    assert registered >= 1  # the counter sees the compute node's calls
+    context, ids, previous, seen, records = _ctx("quiet"), [], None, [], []
+    for message in MESSAGES:
+        ids = ids + (list(previous.output_token_ids) if previous else []) + chat.encode(message, previous)
+        request = compute_pb2.TurnRequest(request_id=f"{context}-{len(ids)}", user_id=chat.user, context_id=context,
+                                          token_ids=ids, max_new_tokens=64, policy="triggered", ignore_eos=True)
+        tokens = 0
+        for event in chat.stub.Generate(request, timeout=300):
+            if event.HasField("token"):
+                tokens += 1
+                if tokens == 1:
+                    seen.append(("first token", compute_calls(cluster.agent)))
+            elif event.HasField("record"):
+                previous = event.record
+                records.append(previous)
+                seen.append(("after the last token", compute_calls(cluster.agent)))
+        assert tokens >= 32, tokens
+    assert len(seen) == 4 and len({calls for _, calls in seen}) == 1, seen
+    after = scrape(cluster.agent.addresses["metrics"])
+    assert value(after, "kvtb:agent_rpc_calls_total", method="/kvtb.compute.ComputeNode/Generate",
+                 peer="operator") >= value(before, "kvtb:agent_rpc_calls_total",
+                                           method="/kvtb.compute.ComputeNode/Generate", peer="operator") + 2
+    first, second = records
+    assert first.chunks_offloaded > 0 and second.chunks_offloaded > 0, (first, second)  # during the decodes
+    assert second.kv_source == "restored" and second.bytes_restored > 0, second.fallback_reason
+    assert value(after, "kvtb:triggered_ops_fired_total") >= \
+        value(before, "kvtb:triggered_ops_fired_total") + first.chunks_offloaded + second.chunks_offloaded
     chat.close()
 
 

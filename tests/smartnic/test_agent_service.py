@@ -75,17 +75,41 @@ def test_a_descriptor_that_does_not_describe_its_block_is_refused_and_counted(co
     pool, _, _ = compute
     cases = [dict(hash=b"x" * 16),                 # a name that is not the block's tokens under its owner
              dict(user="mallory"),                 # another owner: the name does not fit
-             dict(generation=99)]                  # not the generation stored in the trigger
+             dict(tenant="other-tenant"),          # another tenant: nor does it
+             dict(shared=True),                    # the tenant's shared salt: nor does it
+             dict(generation=99),                  # not the generation stored in the trigger
+             dict(chunk_index=2**32 - 1, parent=b"p" * 16)]  # tokens past what a chunk header holds
     for i, case in enumerate(cases):
         _, before = pool.store(0, 0, IDS, USER, f"bad-{i}", overrides=case)
-        assert pool.wait_counter(LAYOUT.put_done(0), sum(before) + 1) == (before[0], before[1] + 1)
+        assert pool.wait_counter(LAYOUT.put_done(0), sum(before) + 1) == (before[0], before[1] + 1), case
+    # stale: the last descriptor left in place, the trigger moved on without a new one
+    before = pool.region.read_counter(LAYOUT.put_done(0))
+    pool.region.store_counter(LAYOUT.put_trigger(0), pool.region.read_counter(LAYOUT.put_trigger(0))[0] + 1)
+    assert pool.wait_counter(LAYOUT.put_done(0), sum(before) + 1) == (before[0], before[1] + 1)
     garbage = bytes(range(256)) * 2
     pool.region.write(LAYOUT.descriptor_range(0)[0], garbage)
     before = pool.region.read_counter(LAYOUT.put_done(0))
     pool.region.store_counter(LAYOUT.put_trigger(0), pool.region.read_counter(LAYOUT.put_trigger(0))[0] + 1)
     assert pool.wait_counter(LAYOUT.put_done(0), sum(before) + 1) == (before[0], before[1] + 1)
     s = stats(pool)
-    assert s.errors_by_kind["descriptor_refused"] == 4 and s.chunks == 0
+    assert s.errors_by_kind["descriptor_refused"] == len(cases) + 2 and s.chunks == 0 and s.bytes_put == 0
+    # the same block's next generation fires again (the agent re-armed it) and is stored under its name
+    names = pool.offload(IDS[:16], USER, CTX, blocks=[0])
+    assert names == hash_chain(IDS[:16], salt_for("default", USER), 16)
+    assert [c.hash for c in pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX)).chunks] == names
+    assert stats(pool).chunks == 1 and stats(pool).errors_by_kind["descriptor_refused"] == len(cases) + 2
+    for i in range(len(cases)):  # nothing of the refused ones under any name
+        assert not pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=f"bad-{i}")).chunks
+    assert not pool.stub.Lookup(smartnic_pb2.ContextRef(user_id="mallory", context_id="bad-1")).chunks
+    assert fake_turn_finds(compute) == 16  # step 5 finds it for its owner, and for nobody else
+    assert fake_turn_finds(compute, user="mallory") == 0 and fake_turn_finds(compute, tenant="other-tenant") == 0
+
+
+def fake_turn_finds(compute, **who) -> int:
+    """The stored prefix step 5 finds for IDS[:16] + one token, as `who` (the fake compute node's view)."""
+    pool, fake, channel = compute
+    turn(channel, IDS[:16] + [7], **who)
+    return fake.requests[-1].stored_tokens
 
 
 def test_a_put_reads_the_block_when_it_fires(compute):

@@ -1,13 +1,18 @@
 """The triggered engine's watcher thread on a real region, with a fake data path (no processes)."""
 from __future__ import annotations
 
+import ctypes
+import sys
+import threading
 import time
 import uuid
 
 import pytest
 
+from hostmem.kv_layout import KvLayout
+from hostmem.layout_proto import layout_to_proto
 from smartnic.datapath import ChunkRef
-from smartnic.watcher import CounterWork, DataWork, TriggerEngine
+from smartnic.watcher import TIMER_SLACK_NS, CounterWork, DataWork, TriggerEngine, fine_timer_slack
 from hostmem.region import Region, RegionError
 from smartnic.registrations import Registrations
 from smartnic.stats import Stats
@@ -86,3 +91,83 @@ def test_cancel_fires_what_is_already_due_and_drops_the_rest(engine):
     region.store_counter(0, 20)
     assert eng.cancel(reg.region_id, 0) == 1
     assert handled == [put] and region.read_counter(1) == (1, 0) and eng.depth == 0
+
+
+POOL = KvLayout(num_blocks=6, num_layers=1, num_kv_heads=1, block_tokens=4, head_dim=2)
+
+
+@pytest.fixture
+def pool_engine():
+    """A watcher over one registered pool whose standing PUTs go to `answers` (block -> what the
+    agent's block_put would answer: a stamp, None for refused, or an exception to raise)."""
+    region = Region.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", POOL.region_bytes, POOL.counter_offset,
+                           POOL.counter_count)
+    regions = Registrations()
+    answers, fired, timed = {}, [], []
+
+    def fire(reg, block, generation):
+        fired.append((block, generation))
+        answer = answers.get(block, 0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer() if callable(answer) else answer
+
+    eng = TriggerEngine(regions, Stats(), lambda *a: None, fire_block=fire, spin_s=0, poll_s=50e-6, warm_s=0.01,
+                        max_sleep_s=0.002)
+    eng.on_block_fire.append(lambda reg, block, gen, store_ns, fire_ns: timed.append((block, gen, store_ns, fire_ns)))
+    eng.start()
+    yield eng, regions, region, answers, fired, timed
+    eng.stop()
+    regions.close()
+    region.close()
+
+
+def test_standing_puts_fire_once_per_store_and_are_timed_from_the_store(pool_engine):
+    eng, regions, region, answers, fired, timed = pool_engine
+    time.sleep(0.05)  # nothing registered: the watcher sleeps until a registration wakes it
+    reg = regions.register(region.name, POOL.region_bytes, "k", POOL.counter_offset, POOL.counter_count,
+                           layout_to_proto(POOL))
+    eng.wake()
+    answers.update({0: lambda: time.monotonic_ns() - 1_000_000,  # stamped 1 ms before the store was seen
+                    1: None, 2: RuntimeError("a bug"), 3: 0,   # refused; failed; not stamped
+                    4: lambda: time.monotonic_ns() + 10**9})   # a stamp that cannot be this store's
+    before = time.monotonic_ns()
+    for block in range(5):
+        region.store_counter(POOL.put_trigger(block), 1)
+    deadline = time.monotonic() + 5
+    while len(fired) < 5 or len(timed) < 3:
+        assert time.monotonic() < deadline, (fired, timed)
+        time.sleep(0.001)
+    assert sorted(fired) == [(b, 1) for b in range(5)]
+    assert wait(region, POOL.put_done(2), 1) == (0, 1)  # the failed fire ends on its PUT-done error part
+    assert region.read_counter(POOL.put_done(1)) == (0, 0)  # a refusal's counter is block_put's to bump
+    by_block = {block: (store_ns, fire_ns) for block, _, store_ns, fire_ns in timed}
+    assert sorted(by_block) == [0, 3, 4]  # neither the refused nor the failed PUT is a trigger-to-fire sample
+    assert by_block[0][1] - by_block[0][0] >= 1_000_000  # from the stamp
+    for block in (3, 4):  # no usable stamp: from when the watcher saw the store
+        assert before <= by_block[block][0] <= by_block[block][1]
+    assert eng.stats.snapshot()[0]["triggered_fired"] == 5
+    p50, p99 = eng.stats.percentiles()
+    assert p99 >= 950 and p50 > 0  # one sample of three from 1 ms back
+    time.sleep(0.1)  # past warm_s: the watcher has backed off to its longest sleep, and still fires
+    region.store_counter(POOL.put_trigger(5), 1)
+    while (5, 1) not in fired:
+        assert time.monotonic() < deadline + 5, fired
+        time.sleep(0.001)
+    assert fired.count((5, 1)) == 1 and reg.standing is not None
+
+
+def test_a_fine_timer_slack_is_the_calling_threads_alone():
+    if not sys.platform.startswith("linux"):
+        pytest.skip("Linux only")
+    prctl = ctypes.CDLL(None).prctl  # PR_GET_TIMERSLACK (30) answers for the calling thread
+    seen = {}
+
+    def watcher_like():
+        seen["set"] = fine_timer_slack()
+        seen["slack"] = prctl(30, 0, 0, 0, 0)
+    thread = threading.Thread(target=watcher_like)
+    thread.start()
+    thread.join()
+    assert seen == {"set": True, "slack": TIMER_SLACK_NS}
+    assert prctl(30, 0, 0, 0, 0) != TIMER_SLACK_NS  # this thread keeps its own
