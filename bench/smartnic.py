@@ -1,9 +1,9 @@
 """`kvtb bench smartnic`: trigger-to-fire latency, and the agent's PUT/GET beside this machine's limits.
 
 The agent runs in this process (its real engine, watcher and data path) against a real storage
-node process. Counter stores come from a child process, as the compute node's would
-(`bench.compute_standin`): trigger-to-fire is measured from each store's CLOCK_MONOTONIC stamp,
-and a transfer's round is timed there, from its store until its last completion is counted, so
+node process. Counter stores come from a child process, as the compute node's would: trigger-to-
+fire (`bench.trigger`) is the standing PUTs' from each store's CLOCK_MONOTONIC stamp in the
+block's descriptor, idle and under a decode's load (ceilings p50 50 µs, p99 500 µs); a transfer's round is timed there, from its store until its last completion is counted, so
 no polling takes the agent's GIL. Each chunk is gathered from 128 strided ranges, as from a KV
 pool. Before each of `--rounds` rounds every raw limit (`bench.rawlimits`: ZeroMQ tcp between
 two processes, pwrite+fsync, cached pread, on the storage node's disk, as many distinct bytes as
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import multiprocessing
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,7 +31,8 @@ from typing import Self
 
 import numpy as np
 
-from bench.compute_standin import ComputeStandIn, store_at_random_gaps
+from bench import trigger
+from bench.compute_standin import ComputeStandIn
 from bench.rawlimits import Sampler, path_meters, put_get_limits
 from bench.results import (
     add_common_args,
@@ -46,7 +46,6 @@ from bench.results import (
     run_bench,
 )
 from bench.stack import bench_client, start_storage
-from bench.stats import percentile
 from fabric import chunk_format as cf
 from hostmem.region import Region
 from kvtb.heap import keep_large_buffers_in_the_heap
@@ -54,12 +53,11 @@ from kvtb_proto import nvmeof_pb2 as pb
 from smartnic.agent import Agent
 from smartnic.datapath import ChunkRef
 from smartnic.settings import SmartNicSettings, StorageNodeRef
-from smartnic.watcher import CounterWork, DataWork
+from smartnic.watcher import DataWork
 
 logger = logging.getLogger(__name__)
 
 RANGES_PER_CHUNK = 128  # one [layer, K|V, kv_head] row of the chunk's tokens each, as in a KV pool
-TRIGGER, FIRED = 0, 1   # counters of the trigger-to-fire region
 PUT_TRIGGER, PUT_DONE, GET_DONE, GET_TRIGGER = 0, 1, 2, 3  # counters of a transfer's region
 FLOOR = 0.5
 # Each mode of the data path: the default security, none, and the encrypted option.
@@ -131,33 +129,6 @@ def _wait(region: Region, counter: int, total: int, timeout_s: float = 120.0) ->
         if time.monotonic() > deadline:
             raise TimeoutError(f"counter {counter} stuck at {region.read_counter(counter)}, wanted {total}")
         time.sleep(0.001)
-
-
-def trigger_latency(agent: Agent, samples: int) -> dict:
-    """Store-to-fire latency in µs over `samples` counter stores from another process."""
-    region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", 1 << 16, 0, 16)
-    reg = agent.register(region.name, region.size, "bench", 0, 16)
-    fired: dict[int, int] = {}
-    agent.engine.on_fire.append(lambda entry, ns: fired.__setitem__(entry.threshold, ns))
-    try:
-        works = [(TRIGGER, i, CounterWork("add", FIRED, 1), None) for i in range(1, samples + 1)]
-        agent.queue_triggered(reg, works)
-        ctx = multiprocessing.get_context("spawn")
-        queue = ctx.Queue()
-        child = ctx.Process(target=store_at_random_gaps,
-                            args=(region.name, region.size, 0, 16, TRIGGER, samples, 1, queue))
-        child.start()
-        stamps = queue.get(timeout=120)
-        child.join()
-        _wait(region, FIRED, samples)
-    finally:
-        agent.engine.on_fire.clear()
-        agent.deregister(reg.region_id, "bench")
-        region.close()
-    latencies = [(fired[i + 1] - t) / 1000 for i, t in enumerate(stamps)]
-    p50, p99 = agent.stats.percentiles()
-    return {"samples": samples, "p50_us": percentile(latencies, 50), "p99_us": percentile(latencies, 99),
-            "mean_us": float(np.mean(latencies)), "agent_observe_to_fire": {"p50_us": p50, "p99_us": p99}}
 
 
 class Transfer:
@@ -361,9 +332,7 @@ def rounds_line(t: dict) -> str:
 
 
 def table(result: dict) -> str:
-    tf = result["results"]["trigger_to_fire"]
-    return (f"trigger-to-fire: p50 {tf['p50_us']:.0f} µs, p99 {tf['p99_us']:.0f} µs "
-            f"({tf['samples']} stores)\n"
+    return (f"{trigger.text(result['results']['trigger_to_fire'])}\n"
             f"{transfers_table(result['results']['transfers'])}\n\n{ratios_text(result['ratios'])}")
 
 
@@ -376,20 +345,21 @@ def run(args: argparse.Namespace) -> dict:
     with progress_for(args, 1 + len(args.sizes_mib), "smartnic") as progress, \
             data_dir(args, "smartnic") as path, \
             agents_beside_storage(path, max(512, args.trigger_samples)) as agents:
-        trigger = trigger_latency(agents["secure"][0], args.trigger_samples)
+        fire = trigger.measure(agents["secure"][0], args.trigger_samples)
         progress.update(note="trigger-to-fire")
         rows = []
         for mib in args.sizes_mib:
             rows.append(transfer_beside_limits(agents, mib << 20, args.total_mib << 20,
                                                args.rounds, args.budget_s, path))
             progress.update(note=f"{mib} MiB")
-    result["results"] = {"trigger_to_fire": trigger, "transfers": rows}
+    result["results"] = {"trigger_to_fire": fire, "transfers": rows}
     for op in ("put", "get"):  # the worst over sizes
         result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in rows)
         result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in rows)
     result["ratios"] |= security_ratios(rows)
     result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "get_vs_limit": FLOOR,
                                                  **SECURITY_FLOORS})
+    result["floors"] |= floors(trigger.figures(fire), {}, at_most=trigger.TRIGGER_CEILINGS)
     return result
 
 

@@ -101,9 +101,10 @@ class TriggeredOffload:
         done = trigger + 1
         generation = int(counters[trigger, 0]) + 1
         base = (int(counters[done, 0]), int(counters[done, 1]))
-        self.writer.write(self._descriptors + block_id * DESCRIPTOR_BYTES, generation, time.monotonic_ns(),
-                          block.index, block.token_count, block.hash, block.parent, block.tenant, block.user,
-                          block.context, block.shared)
+        record = self._descriptors + block_id * DESCRIPTOR_BYTES
+        self.writer.write(record, generation, block.index, block.token_count, block.hash, block.parent, block.tenant,
+                          block.user, block.context, block.shared)
+        self.writer.stamp(record)  # trigger-to-fire is timed from here
         counters[trigger, 0] = generation  # the flag write (one aligned 8-byte store): the agent's entry fires
         nbytes = block.token_count * TOKEN_ID_BYTES + self._block_bytes  # KvLayout.chunk_payload_bytes
         stats.chunks += 1

@@ -2,16 +2,17 @@
 block's standing PUT, and the agent reads when the PUT fires (pure).
 
     record (DESCRIPTOR_BYTES, little endian):
-      magic "KVBD" | version u16 | flags u16 | generation u64 | stamp_ns u64 | chunk_index u32 |
-      token_count u32 | parent_len u16 | hash [16] | parent [16] |
-      tenant_len u16 | user_len u16 | context_len u16 | tenant | user | context (utf-8) |
-      (unused) | crc32c u32 in the record's last 4 bytes, of the bytes from magic to the end of context
+      magic "KVBD" | version u16 | flags u16 | generation u64 | chunk_index u32 | token_count u32 |
+      parent_len u16 | hash [16] | parent [16] | tenant_len u16 | user_len u16 | context_len u16 |
+      tenant | user | context (utf-8) | (unused) |
+      stamp_ns u64 at STAMP_OFFSET | crc32c u32 in the last 4 bytes, of the bytes from magic to the end of context
 
 generation: the value the compute node then stores into the block's PUT trigger counter; the
 agent stores the block only if the descriptor's generation is the counter's (a descriptor that
 is stale, torn or malformed is refused and counted, never stored under a wrong key).
-stamp_ns: CLOCK_MONOTONIC in ns when the compute node wrote the record, just before its counter
-store (0: not stamped); the agent's trigger-to-fire latency is measured from it.
+stamp_ns: CLOCK_MONOTONIC in ns, written right before the counter store (0: not stamped); the
+agent's trigger-to-fire latency is measured from it. It says nothing about the block, so the crc
+leaves it out and it is written last (`Writer.stamp`), a microsecond before the store.
 flags: SHARED, the block's salt is its tenant's alone (a prefix the operator marked shared).
 
 The compute node's hot path (`Writer.write`) packs a record straight into the region: the owner's
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import time
 
 import google_crc32c
 
@@ -30,13 +32,15 @@ from kvtb import crc32c as _crc
 MAGIC = b"KVBD"
 VERSION = 2
 SHARED = 1
-_HEAD = struct.Struct("<4sHHQQIIH16s16s")
+_HEAD = struct.Struct("<4sHHQIIH16s16s")
 _OWNER = struct.Struct("<HHH")
+_STAMP = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 CRC_OFFSET = DESCRIPTOR_BYTES - _CRC.size
+STAMP_OFFSET = CRC_OFFSET - _STAMP.size
 MAX_TENANT_BYTES, MAX_USER_BYTES, MAX_CONTEXT_BYTES = 64, 128, 240
 MAX_TOKEN_END = 0xFFFFFFFF  # a stored chunk's header keeps token positions as u32
-assert _HEAD.size + _OWNER.size + MAX_TENANT_BYTES + MAX_USER_BYTES + MAX_CONTEXT_BYTES <= CRC_OFFSET
+assert _HEAD.size + _OWNER.size + MAX_TENANT_BYTES + MAX_USER_BYTES + MAX_CONTEXT_BYTES <= STAMP_OFFSET
 
 
 class DescriptorError(ValueError):
@@ -75,17 +79,17 @@ def owner(tenant: str, user: str, context: str) -> bytes:
     return _OWNER.pack(len(t), len(u), len(c)) + t + u + c
 
 
-def _body(generation: int, stamp_ns: int, chunk_index: int, token_count: int, hash_: bytes, parent: bytes,
-          owner_part: bytes, shared: bool) -> bytes:
-    return _HEAD.pack(MAGIC, VERSION, SHARED if shared else 0, generation, stamp_ns, chunk_index, token_count,
+def _body(generation: int, chunk_index: int, token_count: int, hash_: bytes, parent: bytes, owner_part: bytes,
+          shared: bool) -> bytes:
+    return _HEAD.pack(MAGIC, VERSION, SHARED if shared else 0, generation, chunk_index, token_count,
                       len(parent), hash_, parent.ljust(16, b"\0")) + owner_part
 
 
 def encode(d: Descriptor) -> bytes:
     """The record of a descriptor (DESCRIPTOR_BYTES)."""
-    body = _body(d.generation, d.stamp_ns, d.chunk_index, d.token_count, d.hash, d.parent,
-                 owner(d.tenant, d.user, d.context), d.shared)
-    return body.ljust(CRC_OFFSET, b"\0") + _CRC.pack(google_crc32c.value(body))
+    body = _body(d.generation, d.chunk_index, d.token_count, d.hash, d.parent, owner(d.tenant, d.user, d.context),
+                 d.shared)
+    return body.ljust(STAMP_OFFSET, b"\0") + _STAMP.pack(d.stamp_ns) + _CRC.pack(google_crc32c.value(body))
 
 
 class Writer:
@@ -100,18 +104,22 @@ class Writer:
         self.max_owners = max_owners
         self._owners: dict[tuple[str, str, str], bytes] = {}
 
-    def write(self, offset: int, generation: int, stamp_ns: int, chunk_index: int, token_count: int,
-              hash_: bytes, parent: bytes, tenant: str, user: str, context: str, shared: bool = False) -> None:
-        """The record at `offset` (a descriptor_range's start)."""
+    def write(self, offset: int, generation: int, chunk_index: int, token_count: int, hash_: bytes, parent: bytes,
+              tenant: str, user: str, context: str, shared: bool = False) -> None:
+        """The record at `offset` (a descriptor_range's start), unstamped: stamp() it right before the store."""
         key = (tenant, user, context)
         part = self._owners.get(key)
         if part is None:
             if len(self._owners) >= self.max_owners:
                 self._owners.clear()
             part = self._owners[key] = owner(tenant, user, context)
-        body = _body(generation, stamp_ns, chunk_index, token_count, hash_, parent, part, shared)
+        body = _body(generation, chunk_index, token_count, hash_, parent, part, shared)
         self.buffer[offset:offset + len(body)] = body
         self.buffer[offset + CRC_OFFSET:offset + DESCRIPTOR_BYTES] = _CRC.pack(google_crc32c.value(body))
+
+    def stamp(self, offset: int) -> None:
+        """The record's stamp_ns: now (CLOCK_MONOTONIC). The last write before the counter store."""
+        _STAMP.pack_into(self.buffer, offset + STAMP_OFFSET, time.monotonic_ns())
 
 
 def decode(record, block_tokens: int) -> Descriptor:
@@ -119,8 +127,7 @@ def decode(record, block_tokens: int) -> Descriptor:
     data = memoryview(record).cast("B")
     if data.nbytes != DESCRIPTOR_BYTES:
         raise DescriptorError(f"a descriptor is {DESCRIPTOR_BYTES} bytes, got {data.nbytes}")
-    (magic, version, flags, generation, stamp_ns, index, count, parent_len, hash_,
-     parent) = _HEAD.unpack_from(data)
+    magic, version, flags, generation, index, count, parent_len, hash_, parent = _HEAD.unpack_from(data)
     if magic != MAGIC or version != VERSION:
         raise DescriptorError(f"not a descriptor (magic {bytes(magic)!r}, version {version})")
     tlen, ulen, clen = _OWNER.unpack_from(data, _HEAD.size)
@@ -145,4 +152,4 @@ def decode(record, block_tokens: int) -> Descriptor:
     except UnicodeDecodeError as exc:
         raise DescriptorError("descriptor ids are not utf-8") from exc
     return Descriptor(generation, index, count, bytes(hash_), bytes(parent[:parent_len]), tenant, user, context,
-                      bool(flags & SHARED), stamp_ns)
+                      bool(flags & SHARED), _STAMP.unpack_from(data, STAMP_OFFSET)[0])

@@ -90,7 +90,7 @@ class Agent:
         self.engine = TriggerEngine(self.regions, self.stats, self._handle_data, settings.queue_bound,
                                     settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6,
                                     fire_block=self.block_put, poll_s=settings.watcher_poll_us * 1e-6,
-                                    warm_s=settings.watcher_warm_ms * 1e-3)
+                                    warm_s=settings.watcher_warm_ms * 1e-3, realtime=settings.watcher_realtime)
         # a standing PUT's data work (gather, MAC, submit) runs here, so the watcher goes on firing
         self._put_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="standing-put")
         self._stop = threading.Event()
@@ -186,19 +186,23 @@ class Agent:
             logger.warning("block %d of region %d: descriptor refused: %s", block, reg.region_id, exc)
             reg.add(done, error=1)
             return None
-        start = d.chunk_index * L.block_tokens
-        header = cf.ChunkHeader(d.user, d.context, d.chunk_index, start, start + d.token_count, 0, d.hash,
-                                tenant=d.tenant, parent=d.parent, shared=d.shared)
-        self._put_thread.submit(self._issue_put, reg, header, cf.block_key(self.settings.salt, d.hash),
-                                L.chunk_runs(block, d.token_count),
-                                lambda stored, err: self._block_stored(reg, done, d.context, stored, err))
+        self._put_thread.submit(self._put_block, reg, block, d)
         return d.stamp_ns
 
-    def _issue_put(self, reg: Registered, header: cf.ChunkHeader, key: bytes, runs, then) -> None:
+    def _put_block(self, reg: Registered, block: int, d: descriptor.Descriptor) -> None:
+        """On the standing-put thread: the PUT of a block whose descriptor was accepted."""
+        L, done = reg.layout, reg.layout.put_done(block)
+
+        def then(stored: StoredBlock | None, err: DataError | None) -> None:
+            self._block_stored(reg, done, d.context, stored, err)
         try:
-            self.datapath.put(reg.region, header, key, runs, then)
+            start = d.chunk_index * L.block_tokens
+            header = cf.ChunkHeader(d.user, d.context, d.chunk_index, start, start + d.token_count, 0, d.hash,
+                                    tenant=d.tenant, parent=d.parent, shared=d.shared)
+            self.datapath.put(reg.region, header, cf.block_key(self.settings.salt, d.hash),
+                              L.chunk_runs(block, d.token_count), then)
         except Exception as exc:  # a bug must end on the counter, not in a lost future
-            logger.exception("the standing PUT of %s's block %d failed", header.user_id, header.chunk_index)
+            logger.exception("the standing PUT of %s's block %d failed", d.user, d.chunk_index)
             then(None, DataError("internal", str(exc)))
 
     def _block_stored(self, reg: Registered, done: int, context_id: str, stored: StoredBlock | None,

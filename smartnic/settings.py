@@ -71,6 +71,7 @@ class SmartNicSettings:
     watcher_poll_us: float = 30.0
     watcher_warm_ms: float = 2000.0
     watcher_max_sleep_us: float = 400.0
+    watcher_realtime: bool = True          # the watcher thread as SCHED_FIFO 1, where the OS permits it
     datapath_workers: int = 1             # threads that submit Deletes (completions need none)
     view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
     get_pdu_bytes: int = 2 << 20           # GET asks for larger values in data PDUs of this size (0: whole)

@@ -10,10 +10,13 @@ recently something fired —
 - warm, for `warm_s` after a fire: sleeps `poll_s` between polls (the next block of a running
   decode fills soon);
 - cold: the sleep doubles up to `max_sleep_s` (the first store after a quiet spell waits at most
-  that long), and with nothing armed at all it sleeps until a registration or queue call wakes it.
+  that long; a registration or queue call restarts the doubling, it does not warm the watcher),
+  and with nothing armed at all it sleeps until a registration or queue call wakes it.
 
 Its thread asks the kernel for a timer slack of TIMER_SLACK_NS (Linux's default, 50 µs, would
-add that much to every short sleep). Trigger-to-fire latency is measured from the counter store:
+add that much to every short sleep) and, with `realtime` (setting `watcher_realtime`), to be a
+SCHED_FIFO thread where that is permitted: on a machine whose cores the compute node keeps busy,
+an ordinary thread's wake-up waits for a core (p99 in milliseconds), a real-time one's does not. Trigger-to-fire latency is measured from the counter store:
 a standing PUT's from the stamp its descriptor carries (the compute node's clock just before its
 store; CLOCK_MONOTONIC, one clock for every process of the host), a one-off entry's from when
 the watcher first saw the counter's new value (or from queuing, for an entry due at once), to the
@@ -25,6 +28,7 @@ import ctypes
 import dataclasses
 import functools
 import logging
+import os
 import sys
 import threading
 import time
@@ -42,6 +46,19 @@ logger = logging.getLogger(__name__)
 TIMER_SLACK_NS = 1000
 STAMP_LIMIT_NS = 60_000_000_000  # a descriptor stamp further back than this is not this store's
 _PR_SET_TIMERSLACK = 29
+
+
+def realtime(priority: int = 1) -> bool:
+    """Make the calling thread SCHED_FIFO at `priority` (Linux, with CAP_SYS_NICE); False otherwise.
+
+    The watcher stands in for the NIC's own engine: when the compute node's threads keep every
+    core busy, an ordinary thread waking from a sleep waits for a core for milliseconds, a real-
+    time one does not. It sleeps between polls, and Linux caps real-time threads at 95% of a core."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))  # 0: the calling thread
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 def fine_timer_slack(ns: int = TIMER_SLACK_NS) -> bool:
@@ -96,13 +113,15 @@ class TriggerEngine:
     def __init__(self, regions: Registrations, stats: Stats, handle_data: Callable[[Registered, Entry, Done], None],
                  bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 400e-6,
                  fire_block: Callable[[Registered, int, int], int | None] | None = None,
-                 poll_s: float = 30e-6, warm_s: float = 2.0):
+                 poll_s: float = 30e-6, warm_s: float = 2.0, realtime: bool = False):
         self.regions, self.stats, self.handle_data = regions, stats, handle_data
         # a standing PUT fired: (registration, block, generation) -> its descriptor's stamp (0: none) once
         # the PUT is issued, None when it was refused
         self.fire_block = fire_block
         self.on_block_fire: list[Callable[[Registered, int, int, int, int], None]] = []  # (reg, block, gen, store ns, fire ns)
         self.spin_s, self.poll_s, self.warm_s, self.max_sleep_s = spin_s, poll_s, warm_s, max(max_sleep_s, poll_s)
+        self.realtime = realtime  # asked for: the watcher thread as SCHED_FIFO (`is_realtime`: granted)
+        self.is_realtime = False
         self._dwq = DeferredWorkQueue(bound)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -180,14 +199,18 @@ class TriggerEngine:
     # -- the watcher
     def _run(self) -> None:
         fine_timer_slack()
-        sleep, last_fire = self.poll_s, time.perf_counter()
+        if self.realtime:
+            self.is_realtime = realtime()
+            logger.info("counter watcher: %s", "real-time (SCHED_FIFO 1)" if self.is_realtime
+                        else "an ordinary thread (real-time scheduling not permitted here)")
+        sleep, last_fire = self.poll_s, float("-inf")  # cold until something fires
         while not self._stop.is_set():
             if self._poll():
                 sleep, last_fire = self.poll_s, time.perf_counter()
                 continue
-            if self._wake.is_set():  # something was queued or registered: poll it hot
+            if self._wake.is_set():  # something was queued or registered: back off afresh, not warm
                 self._wake.clear()
-                sleep, last_fire = self.poll_s, time.perf_counter()
+                sleep = self.poll_s
                 continue
             if not len(self._dwq) and not self._standing():
                 self._wake.wait(0.5)  # nothing armed; registration or queuing wakes it

@@ -16,8 +16,11 @@ def test_table_shows_every_block_size_policy_and_ratio():
                                       for p, t, s in (("resident", 70.0, 0.0), ("triggered", 71.0, 0.5),
                                                       ("cpu", 90.0, 12.0))}}
     result = {"settings": {"decode_tokens": 256}, "results": {"blocks": {"8": decode, "32": decode}},
-              "ratios": {"cpu_stall_vs_triggered_32": 24.0}}
+              "ratios": {"cpu_stall_vs_triggered_32": 24.0},
+              "floors": {"cpu_stall_vs_triggered_32": {"floor": 100.0, "value": 24.0, "met": False},
+                         "triggered_stall_us_32": {"ceiling": 20.0, "value": 12.5, "met": True}}}
     lines = table(result).splitlines()
-    assert lines[0] == "decode of 256 tokens, times in ms"
-    assert lines[3].split() == ["8", "70.00", "71.00", "90.00", "0.500", "12.000"]
-    assert lines[4].split()[0] == "32" and lines[-1].split() == ["cpu_stall_vs_triggered_32", "24"]
+    assert lines[0] == "decode of 256 tokens"
+    assert lines[3].split() == ["8", "70.00", "71.00", "90.00", "500.0", "12000.0"]
+    assert lines[4].split()[0] == "32" and lines[-3].split() == ["cpu_stall_vs_triggered_32", "24"]
+    assert lines[-2:] == ["cpu_stall_vs_triggered_32 >= 100: 24 (NOT met)", "triggered_stall_us_32 <= 20: 12.5 (met)"]

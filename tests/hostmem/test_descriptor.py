@@ -1,6 +1,8 @@
 """A block's descriptor record: round trip, the engine's fast writer, and every way a record can be
 untrustworthy."""
+import dataclasses
 import struct
+import time
 
 import google_crc32c
 import pytest
@@ -10,7 +12,7 @@ from hostmem.descriptor import Descriptor, DescriptorError, Writer
 
 D = Descriptor(generation=7, chunk_index=2, token_count=20, hash=b"h" * 16, parent=b"p" * 16,
                tenant="acme", user="alice", context="ctx-1", stamp_ns=123_456_789)
-USED = 72 + len("acme") + len("alice") + len("ctx-1")  # head, owner lengths, ids: what the crc covers
+USED = 64 + len("acme") + len("alice") + len("ctx-1")  # head, owner lengths, ids: what the crc covers
 
 
 def test_round_trip():
@@ -25,27 +27,33 @@ def test_round_trip():
 def test_the_writer_packs_the_same_record_into_a_region_whatever_was_there_before():
     buffer = memoryview(bytearray(b"\xff" * 3 * descriptor.DESCRIPTOR_BYTES))
     writer = Writer(buffer, max_owners=1)
-    long_owner = Descriptor(9, 1, 4, b"a" * 16, b"b" * 16, "t" * 60, "u" * 120, "c" * 240, shared=True, stamp_ns=5)
+    long_owner = Descriptor(9, 1, 4, b"a" * 16, b"b" * 16, "t" * 60, "u" * 120, "c" * 240, shared=True)
     for d in (long_owner, D):  # a shorter record over a longer one: the stale tail is never read
-        writer.write(512, d.generation, d.stamp_ns, d.chunk_index, d.token_count, d.hash, d.parent,
-                     d.tenant, d.user, d.context, d.shared)
-        record = buffer[512:1024]
-        assert descriptor.decode(record, 32) == d
-        used = 72 + len(d.tenant) + len(d.user) + len(d.context)
-        assert bytes(record[:used]) == descriptor.encode(d)[:used] and record[-4:] == descriptor.encode(d)[-4:]
+        writer.write(512, d.generation, d.chunk_index, d.token_count, d.hash, d.parent, d.tenant, d.user, d.context,
+                     d.shared)
+        before = time.monotonic_ns()
+        writer.stamp(512)
+        got = descriptor.decode(buffer[512:1024], 32)
+        assert before <= got.stamp_ns <= time.monotonic_ns()  # stamped now, outside the crc
+        assert dataclasses.replace(got, stamp_ns=d.stamp_ns) == d
+        used = 64 + len(d.tenant) + len(d.user) + len(d.context)
+        assert bytes(buffer[512:512 + used]) == descriptor.encode(d)[:used]
     assert bytes(buffer[:512]) == b"\xff" * 512 and bytes(buffer[1024:]) == b"\xff" * 512  # nothing else written
     assert len(writer._owners) == 1  # bounded
 
 
 def test_a_torn_or_damaged_record_is_refused():
     record = bytearray(descriptor.encode(D))
-    for position in (0, 4, 10, 20, 30, 40, 60, 70, USED - 1, len(record) - 1):
+    for position in (0, 4, 10, 20, 30, 40, 60, 70, USED - 1, len(record) - 1):  # not the stamp: it names nothing
         bad = bytearray(record)
         bad[position] ^= 0x40
         with pytest.raises(DescriptorError):
             descriptor.decode(bytes(bad), 32)
     with pytest.raises(DescriptorError):
         descriptor.decode(bytes(descriptor.DESCRIPTOR_BYTES), 32)  # never written
+    restamped = bytearray(record)
+    restamped[descriptor.STAMP_OFFSET] ^= 0x40  # the stamp times the store; it names nothing
+    assert descriptor.decode(bytes(restamped), 32) == dataclasses.replace(D, stamp_ns=D.stamp_ns ^ 0x40)
     with pytest.raises(DescriptorError):
         descriptor.decode(record[:-1], 32)  # not a whole record
     torn = bytearray(record)
@@ -56,11 +64,11 @@ def test_a_torn_or_damaged_record_is_refused():
 
 def _forged(**fields) -> bytes:
     """A record whose crc is right but whose fields are what a buggy or hostile writer chose."""
-    values = dict(magic=b"KVBD", version=descriptor.VERSION, flags=0, generation=7, stamp_ns=0, index=2, count=20,
+    values = dict(magic=b"KVBD", version=descriptor.VERSION, flags=0, generation=7, index=2, count=20,
                   parent_len=16, hash=b"h" * 16, parent=b"p" * 16, owner=(4, 5, 5), ids=b"acmealicectx-1")
     values.update(fields)
-    body = struct.pack("<4sHHQQIIH16s16s", values["magic"], values["version"], values["flags"], values["generation"],
-                       values["stamp_ns"], values["index"], values["count"], values["parent_len"], values["hash"],
+    body = struct.pack("<4sHHQIIH16s16s", values["magic"], values["version"], values["flags"], values["generation"],
+                       values["index"], values["count"], values["parent_len"], values["hash"],
                        values["parent"]) + struct.pack("<HHH", *values["owner"]) + values["ids"]
     return body.ljust(descriptor.CRC_OFFSET, b"\0") + struct.pack("<I", google_crc32c.value(body))
 

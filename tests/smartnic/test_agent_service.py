@@ -107,7 +107,7 @@ def test_a_descriptor_that_does_not_describe_its_block_is_refused_and_counted(co
 
 def fake_turn_finds(compute, **who) -> int:
     """The stored prefix step 5 finds for IDS[:16] + one token, as `who` (the fake compute node's view)."""
-    pool, fake, channel = compute
+    _, fake, channel = compute
     turn(channel, IDS[:16] + [7], **who)
     return fake.requests[-1].stored_tokens
 

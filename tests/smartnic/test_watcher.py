@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 from hostmem.kv_layout import KvLayout
 from hostmem.layout_proto import layout_to_proto
 from smartnic.datapath import ChunkRef
-from smartnic.watcher import TIMER_SLACK_NS, CounterWork, DataWork, TriggerEngine, fine_timer_slack
+from smartnic.watcher import TIMER_SLACK_NS, CounterWork, DataWork, TriggerEngine, fine_timer_slack, realtime
 from hostmem.region import Region, RegionError
 from smartnic.registrations import Registrations
 from smartnic.stats import Stats
@@ -171,3 +172,18 @@ def test_a_fine_timer_slack_is_the_calling_threads_alone():
     thread.join()
     assert seen == {"set": True, "slack": TIMER_SLACK_NS}
     assert prctl(30, 0, 0, 0, 0) != TIMER_SLACK_NS  # this thread keeps its own
+
+
+def test_real_time_scheduling_is_the_watcher_threads_alone_where_permitted():
+    if not hasattr(os, "sched_setscheduler"):
+        pytest.skip("no sched_setscheduler here")
+    seen = {}
+
+    def watcher_like():
+        seen["granted"] = realtime()
+        seen["policy"] = os.sched_getscheduler(0)
+    thread = threading.Thread(target=watcher_like)
+    thread.start()
+    thread.join()
+    assert seen["policy"] == (os.SCHED_FIFO if seen["granted"] else os.SCHED_OTHER)
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # this thread is left as it was

@@ -1,0 +1,28 @@
+"""The pure parts of `bench.trigger` (its run is `kvtb bench smartnic`'s, in test_smoke.py): figures, text."""
+from bench import trigger
+from bench.results import floors
+
+
+def scene(p50: float, p99: float) -> dict:
+    return {"stores": 100, "p50_us": p50, "p99_us": p99, "max_us": p99 * 2, "mean_us": p50, "refused": 0}
+
+
+RESULT = {"idle": scene(12.0, 80.0), "load": scene(30.0, 900.0),
+          "watcher_cpu": {"warm_core_share": 0.25, "idle_core_share": 0.004}}
+
+
+def test_figures_name_each_scene_and_percentile_and_the_ceilings_judge_them():
+    figures = trigger.figures(RESULT)
+    assert figures == {"trigger_to_fire_idle_p50_us": 12.0, "trigger_to_fire_idle_p99_us": 80.0,
+                       "trigger_to_fire_load_p50_us": 30.0, "trigger_to_fire_load_p99_us": 900.0}
+    judged = floors(figures, {}, at_most=trigger.TRIGGER_CEILINGS)
+    assert {k for k, f in judged.items() if not f["met"]} == {"trigger_to_fire_load_p99_us"}
+    assert set(judged) == set(trigger.TRIGGER_CEILINGS)
+
+
+def test_text_gives_both_scenes_and_the_watchers_cpu():
+    first, second = trigger.text(RESULT).splitlines()
+    assert "idle p50 12 µs, p99 80 µs, max 160 µs (100 stores)" in first
+    assert "load p50 30 µs, p99 900 µs" in first
+    assert second == "watcher CPU, share of a core: warm 25.0%, idle 0.4%"
+    assert trigger.text({**RESULT, "watcher_cpu": {}}).splitlines()[1].endswith("warm -, idle -")
