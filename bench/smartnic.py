@@ -202,8 +202,7 @@ class Transfer:
         refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
         puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0)) for i, ref in enumerate(refs)]
         self.put_s.append(self._fire(PUT_TRIGGER, puts, PUT_DONE, r))
-        gets = [DataWork("get", refs[c.chunk_index], strided_ranges(area, c.chunk_index, count, chunk_bytes),
-                         (0, 0), c) for c in agent.lookup("bench", refs[0].context_id)]
+        gets = [DataWork("get", ref, strided_ranges(area, i, count, chunk_bytes), (0, 0)) for i, ref in enumerate(refs)]
         self.get_s.append(self._fire(GET_TRIGGER, gets, GET_DONE, r))
         failed = self.region.read_counter(PUT_DONE)[1] + self.region.read_counter(GET_DONE)[1]
         assert failed == 0, f"{failed} transfers failed"

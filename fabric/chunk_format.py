@@ -68,7 +68,7 @@ class ChunkHeader:
     token_start: int
     token_end: int
     kv_bytes: int
-    token_ids_hash: bytes       # the chunk's name: a block's hash chain, a plain chunk's token ids hash
+    token_ids_hash: bytes       # the chunk's name: a block's hash chain, a plain chunk's hash of its key and token ids
     generation: int = 0
     mac_bytes: int = MAC_BYTES  # the trailer's length: 0 for a chunk written with the KV MAC off
     tenant: str = ""

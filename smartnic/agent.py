@@ -212,9 +212,10 @@ class Agent:
                 ids = reg.region.view(*work.token_ids)
             except (RegionError, ValueError) as exc:
                 return done("bounds", str(exc))
-            header = cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index, ref.token_start, ref.token_end,
-                                    0, cf.token_ids_hash(ids))
             key = cf.chunk_key(self.settings.salt, ref.user_id, ref.context_id, ref.chunk_index)
+            # a plain chunk's name: its ids under its (salted) key, so equal ids of two chunks are two names
+            header = cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index, ref.token_start, ref.token_end,
+                                    0, cf.token_ids_hash(key + bytes(ids)))
             return self.datapath.put(reg.region, header, key, work.runs,
                                      lambda stored, err: self._plain_stored(ref, stored, err, done))
         with self.lock:
