@@ -4,8 +4,8 @@ The agent runs in this process (its real engine, watcher and data path) against 
 node process. Counter stores come from a child process, as the compute node's would
 (`bench.compute_standin`): trigger-to-fire is measured from each store's CLOCK_MONOTONIC stamp,
 and a transfer's round is timed there, from its store until its last completion is counted, so
-no polling takes the agent's GIL. Each chunk is gathered from 128 strided ranges, as from a KV
-pool. Before each of `--rounds` rounds every raw limit (`bench.rawlimits`: ZeroMQ tcp between
+no polling takes the agent's GIL. Each chunk is gathered from 128 strided ranges of a plain
+region (a paged pool's block is one extent). Before each of `--rounds` rounds every raw limit (`bench.rawlimits`: ZeroMQ tcp between
 two processes, pwrite+fsync, cached pread, on the storage node's disk, as many distinct bytes as
 a round moves) measures one window; a transfer keeps its best round and a limit its best window,
 and every round's rate is kept too. PUT limit = min(zmq, pwrite+fsync); GET limit = min(zmq,

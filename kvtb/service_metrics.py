@@ -16,9 +16,9 @@ def agent_families(s: Mapping) -> Iterable:
                   s.get("lookup_requested_tokens", 0))
     yield counter("kv_lookup_hit_tokens_total", "Tokens whose stored KV covered a looked-up prompt.",
                   s.get("lookup_hit_tokens", 0))
-    yield counter("kv_lookups_total", "Restores that found stored chunks (hit) or none (miss).",
+    yield counter("kv_lookups_total", "Turns whose stored prefix lookup found blocks (hit) or none (miss).",
                   {"hit": s.get("hits", 0), "miss": s.get("misses", 0)}, ("result",))
-    yield counter("kv_evictions_total", "Contexts whose KV was deleted, by reason.",
+    yield counter("kv_evictions_total", "Stored KV blocks deleted, by reason.",
                   s.get("evictions_by_reason", {}), ("reason",))
     yield counter("triggered_ops_fired_total", "Triggered operations fired.", s.get("triggered_fired", 0))
     yield gauge("triggered_ops_queued", "Triggered operations waiting for their threshold.",

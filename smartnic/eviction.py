@@ -1,7 +1,7 @@
 """Eviction on the NIC CPU: LRU by capacity and by idle timer (pure; the clock is passed in).
 
-A policy tracks contexts (their size and last use) and names victims; the agent deletes a
-victim's chunks and hashmap entry. A leased context (being restored) is never named.
+A policy tracks stored blocks (their size and last use) and names victims; the agent deletes a
+victim from the storage nodes and its index. A leased block (being restored) is never named.
 """
 from __future__ import annotations
 
