@@ -393,6 +393,8 @@ class Engine:
         for seq_id, state in list(self.restores.items()):
             pending = state.restore
             totals = self.pool.totals(pending.counters)
+            if not pending.landed_ns and bool(np.any(totals > pending.bases)):
+                pending.landed_ns = time.time_ns()
             if not pending.complete(totals) and now < pending.deadline:
                 continue
             del self.restores[seq_id]

@@ -58,7 +58,7 @@ class Restore:
 
     region_id: int
     blocks: int
-    bytes: int
+    bytes: int          # token ids + KV landing in the region (what the compute node counts as restored)
     started_ns: int
     done_ns: int = 0
     failed: int = 0
@@ -289,7 +289,8 @@ class Agent:
                                    b.token_count, b.hash.hex()[:12])
                 found.append((b, stored))
             self.requester.lease(s.hash for _, s in found if s is not None)
-        restore = Restore(reg.region_id, len(blocks), sum(s.length for _, s in found if s), time.time_ns(),
+        restore = Restore(reg.region_id, len(blocks), sum(L.chunk_payload_bytes(b.token_count) for b, s in found if s),
+                          time.time_ns(),
                           _left=len(blocks))
         for b, stored in found:
             L._check_block(b.block)
