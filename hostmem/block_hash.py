@@ -41,7 +41,7 @@ class Salts:
         assert self.shared_blocks >= 0 and (self.shared or not self.shared_blocks), "shared blocks need a salt"
 
     @classmethod
-    def of(cls, tenant: str, user: str, shared_tokens: int, block_tokens: int) -> "Salts":
+    def of(cls, tenant: str, user: str, shared_tokens: int, block_tokens: int) -> Salts:
         """A user's salts when the first shared_tokens tokens are the tenant's shared prefix."""
         return cls(salt_for(tenant, user), salt_for(tenant, user, shared=True), shared_tokens // block_tokens)
 
