@@ -26,7 +26,7 @@ from compute_node.sequence import Sequence
 from compute_node.settings import ComputeSettings
 from compute_node.turn import RestoreBlockEvent, StepSpan, Turn
 from compute_node.turn_state import TurnState
-from hostmem.block_hash import block_hash, salt_for
+from hostmem.block_hash import Salts, block_hash, salts_of
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +174,8 @@ class Engine:
     def _admit_turn(self, turn: Turn) -> None:
         if turn.cancelled.is_set():
             return
-        salt = (secrets.token_bytes(16) if turn.policy == "recompute"  # nothing reused, ever
-                else salt_for(turn.tenant, turn.user_id))
+        salt = (Salts(secrets.token_bytes(16)) if turn.policy == "recompute"  # nothing reused, ever
+                else Salts.of(turn.tenant, turn.user_id, turn.shared_prefix_tokens, self.layout.block_tokens))
         offloader = self.offloaders[turn.policy]
         seq = Sequence(turn.token_ids, turn.max_new_tokens, self.layout.block_tokens, turn.user_id,
                        turn.context_id, salt, payload=turn, ignore_eos=turn.ignore_eos,
@@ -280,8 +280,11 @@ class Engine:
         seq, turn, bt = state.seq, state.turn, self.layout.block_tokens
         full = self.bm.hashes(seq, (index * bt + tokens) // bt)
         parent = full[index - 1] if index else b""
-        name = full[index] if tokens == bt else block_hash(parent, seq.token_ids[index * bt:index * bt + tokens], seq.salt)
-        return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id)
+        salts = salts_of(seq.salt)
+        name = full[index] if tokens == bt else block_hash(parent, seq.token_ids[index * bt:index * bt + tokens],
+                                                           salts.private)
+        return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id,
+                     salts.is_shared(index, tokens == bt))
 
     def _store_found(self, state: TurnState) -> None:
         """Blocks a sequence found in the pool's prefix cache that no PUT of ours stored yet (another
@@ -383,7 +386,9 @@ class Engine:
         if state.turn.policy == "cpu" and self.cpu_store is not None:
             self.cpu_store.restore(self.pool, seq, pending)  # synchronous: the CPU-centric cost
         else:
-            state.turn.emit("restore", [RestoreBlockEvent(b.block_id, b.hash, b.token_count, b.index)
+            salts = salts_of(seq.salt)
+            state.turn.emit("restore", [RestoreBlockEvent(b.block_id, b.hash, b.token_count, b.index,
+                                                          salts.is_shared(b.index, b.token_count == bt))
                                         for b in blocks], groups)
         self.restores[seq.seq_id] = state
 

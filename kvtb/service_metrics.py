@@ -31,6 +31,8 @@ def agent_families(s: Mapping) -> Iterable:
                   s.get("bytes_got", 0))
     yield counter("kv_prefetches_total", "Restores started by the agent on a follow-up (step 5).",
                   s.get("prefetches", 0))
+    yield counter("kv_puts_skipped_total", "Blocks not stored: first seen under admission on_reuse.",
+                  s.get("puts_skipped", 0))
     yield counter("requests_denied_total", "Turns the match-action table refused.", s.get("denied", 0))
     yield gauge("kv_stored_bytes", "KV bytes in the agent's hashmap, by storage node.",
                 s.get("bytes_by_storage_node", {}), ("storage_node",))

@@ -85,7 +85,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
         arrival_ns = time.time_ns()
         try:
             plan = ingress.plan(self.agent, self._packet(request, context), request.tenant or "default",
-                                request.token_ids)
+                                request.token_ids, min(request.shared_prefix_tokens, len(request.token_ids)))
         except ingress.Refused as exc:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.kind == "rate_limited" else grpc.StatusCode.PERMISSION_DENIED
             context.abort(code, str(exc))

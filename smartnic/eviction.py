@@ -17,6 +17,11 @@ class EvictionPolicy(abc.ABC):
 
     reason: str = ""
 
+    @property
+    def over_capacity(self) -> bool:
+        """Whether a victims() call now would evict for capacity (the agent runs one at once)."""
+        return False
+
     @abc.abstractmethod
     def touch(self, key: Hashable, size_bytes: int, now: float) -> None:
         """Record a use of `key` (or its new size)."""
@@ -40,6 +45,10 @@ class LruCapacity(EvictionPolicy):
         self.high_bytes, self.low_bytes = high_bytes, low_bytes
         self._sizes: collections.OrderedDict[Hashable, int] = collections.OrderedDict()
         self.total_bytes = 0
+
+    @property
+    def over_capacity(self) -> bool:
+        return self.total_bytes > self.high_bytes
 
     def touch(self, key, size_bytes, now):
         self.total_bytes += size_bytes - self._sizes.get(key, 0)
@@ -95,6 +104,10 @@ class Combined(EvictionPolicy):
 
     def __init__(self, policies: Sequence[EvictionPolicy]):
         self.policies = list(policies)
+
+    @property
+    def over_capacity(self) -> bool:
+        return any(p.over_capacity for p in self.policies)
 
     def touch(self, key, size_bytes, now):
         for p in self.policies:
