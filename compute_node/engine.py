@@ -73,6 +73,7 @@ class Engine:
         self.runner = ModelRunner(model, pool.kv, settings.device)
         self.states: dict[int, TurnState] = {}
         self.puts: dict[int, tuple[PendingPut, TurnState | None, Sequence | None, bytes]] = {}  # by block id
+        self.put_waiters: dict[int, list[TurnState]] = {}  # turns sharing a block whose PUT is in flight
         self.stored_names: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
         self.restores: dict[int, TurnState] = {}  # restoring sequences by seq id
         self.late_pins: list[tuple[Sequence, float]] = []  # (seq, give up at) of timed-out GETs
@@ -304,6 +305,10 @@ class Engine:
         block = self._describe(state, index, block_id, tokens)
         if block.hash in state.stored:  # this block, with these tokens, is stored already
             return
+        if block_id in self.puts:  # another turn's PUT of this shared block is in flight: wait for it
+            state.awaiting.add(block_id)  # (a second PUT would rewrite its descriptor under the first)
+            self.put_waiters.setdefault(block_id, []).append(state)
+            return
         put = offloader.store(block, state.offload)
         if put is None:  # stored already (cpu: synchronously)
             state.stored.add(block.hash)
@@ -329,6 +334,7 @@ class Engine:
                                self.settings.drain_timeout_s)
             del self.puts[block_id]
             done = True
+            self._wake_waiters(block_id, name, put.stored(success, error))
             self.bm.unpin(block_id)
             if owner is not None:  # a swap-out's block: the scheduler held it too
                 self.scheduler.release_pins(owner, [block_id])
@@ -342,6 +348,15 @@ class Engine:
                     state.offload_failures += 1
                 self._maybe_record(state)
         return done
+
+    def _wake_waiters(self, block_id: int, name: bytes, stored: bool) -> None:
+        """The turns that waited for another turn's PUT of this block: it ended."""
+        for waiter in self.put_waiters.pop(block_id, []):
+            waiter.awaiting.discard(block_id)
+            if stored:
+                waiter.stored.add(name)
+            if not waiter.finished:
+                self._maybe_record(waiter)
 
     def _stored(self, policy: str, name: bytes) -> None:
         """A block of this name is on the policy's storage (as far as this node knows: the agent's
@@ -456,7 +471,7 @@ class Engine:
         self._maybe_record(state)
 
     def _maybe_record(self, state: TurnState) -> None:
-        if not state.finished_ns or state.storing or state.recorded:
+        if not state.finished_ns or state.storing or state.awaiting or state.recorded:
             return
         rec = state.record(self.policy_name(state), time.time_ns())
         if self.setup_span is not None:

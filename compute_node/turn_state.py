@@ -32,6 +32,7 @@ class TurnState:
     follow_up: bool
     stored: set[bytes] = dataclasses.field(default_factory=set)        # names of its blocks on storage
     storing: dict[int, int] = dataclasses.field(default_factory=dict)  # block index -> pool block, PUT in flight
+    awaiting: set[int] = dataclasses.field(default_factory=set)  # pool blocks another turn's PUT is storing
     offload: OffloadStats = dataclasses.field(default_factory=OffloadStats)
     offload_failures: int = 0
     restore: PendingRestore | None = None

@@ -22,6 +22,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "concurrency"): "bench.concurrency:main",
     ("bench", "eviction"): "bench.eviction:main",
     ("bench", "decode"): "bench.decode:main",
+    ("bench", "replay"): "bench.replay:main",
     ("bench", "all"): "bench.suite:main",
     ("simulate",): "bench.simulate:main",
     ("chat",): "chat_client.cli:main",

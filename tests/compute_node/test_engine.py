@@ -159,3 +159,20 @@ def test_the_pool_is_the_region_and_its_blocks_are_contiguous(make_node):
     offset, length = L.block_range(block)
     assert length == L.block_bytes and np.all(np.frombuffer(pool.region.view(offset, length), np.float32) == 1.5)
     assert pool.kv[block].data_ptr() == pool.kv.data_ptr() + offset
+
+
+def test_turns_sharing_a_block_whose_put_is_in_flight_all_finish(make_node):
+    # B starts while A still decodes and A's PUTs of their common blocks are in flight: B waits for
+    # those PUTs instead of storing the same pool blocks again (which lost A's PUT and hung A).
+    node = make_node(nic=True)
+    node.nic.put_delay_s = 0.1
+    common = list(range(500, 532))  # four blocks of 8 tokens
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        a = pool.submit(run_turn, node, common + [601, 602, 603], "a", "triggered", 150)
+        time.sleep(0.15)
+        b = pool.submit(run_turn, node, common + [701, 702], "b", "triggered", 4)
+        (_, rec_a, _), (_, rec_b, _) = a.result(timeout=60), b.result(timeout=60)
+    assert rec_b.tokens_cached >= len(common), "B did not find A's blocks in the pool: the test tests nothing"
+    assert rec_a.tokens_out == 150 and rec_b.tokens_out == 4
+    assert node.nic.refused == 0  # no descriptor rewritten under a PUT in flight
+    assert node.engine.snapshot()["num_requests_running"] == 0 and not node.engine.puts
