@@ -26,7 +26,7 @@ from compute_node.sequence import Sequence
 from compute_node.settings import ComputeSettings
 from compute_node.turn import RestoreBlockEvent, StepSpan, Turn
 from compute_node.turn_state import TurnState
-from hostmem.block_hash import block_hash, salt_for
+from hostmem.block_hash import Salts, block_hash, salts_of
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class Engine:
         self.runner = ModelRunner(model, pool.kv, settings.device)
         self.states: dict[int, TurnState] = {}
         self.puts: dict[int, tuple[PendingPut, TurnState | None, Sequence | None, bytes]] = {}  # by block id
+        self.put_waiters: dict[int, list[TurnState]] = {}  # turns sharing a block whose PUT is in flight
         self.stored_names: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
         self.restores: dict[int, TurnState] = {}  # restoring sequences by seq id
         self.late_pins: list[tuple[Sequence, float]] = []  # (seq, give up at) of timed-out GETs
@@ -178,8 +179,8 @@ class Engine:
     def _admit_turn(self, turn: Turn) -> None:
         if turn.cancelled.is_set():
             return
-        salt = (secrets.token_bytes(16) if turn.policy == "recompute"  # nothing reused, ever
-                else salt_for(turn.tenant, turn.user_id))
+        salt = (Salts(secrets.token_bytes(16)) if turn.policy == "recompute"  # nothing reused, ever
+                else Salts.of(turn.tenant, turn.user_id, turn.shared_prefix_tokens, self.layout.block_tokens))
         offloader = self.offloaders[turn.policy]
         seq = Sequence(turn.token_ids, turn.max_new_tokens, self.layout.block_tokens, turn.user_id,
                        turn.context_id, salt, payload=turn, ignore_eos=turn.ignore_eos,
@@ -284,8 +285,11 @@ class Engine:
         seq, turn, bt = state.seq, state.turn, self.layout.block_tokens
         full = self.bm.hashes(seq, (index * bt + tokens) // bt)
         parent = full[index - 1] if index else b""
-        name = full[index] if tokens == bt else block_hash(parent, seq.token_ids[index * bt:index * bt + tokens], seq.salt)
-        return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id)
+        salts = salts_of(seq.salt)
+        name = full[index] if tokens == bt else block_hash(parent, seq.token_ids[index * bt:index * bt + tokens],
+                                                           salts.private)
+        return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id,
+                     salts.is_shared(index, tokens == bt))
 
     def _store_found(self, state: TurnState) -> None:
         """Blocks a sequence found in the pool's prefix cache that no PUT of ours stored yet (another
@@ -305,16 +309,26 @@ class Engine:
             return
         start = time.perf_counter()
         block = self._describe(state, index, block_id, tokens)
-        if block.hash not in state.stored:  # else this block, with these tokens, is stored already
-            put = offloader.store(block, state.offload)
-            if put is None:  # stored already (cpu: synchronously)
-                state.stored.add(block.hash)
-                self._stored(state.turn.policy, block.hash)
-            else:
-                self.bm.pin(block_id)
-                state.storing[index] = block_id
-                self.puts[block_id] = (put, state, owner, block.hash)
+        self._store_block(state, offloader, block, index, block_id, owner)
         state.offload.stall_s += time.perf_counter() - start
+
+    def _store_block(self, state: TurnState, offloader, block: Block, index: int, block_id: int,
+                     owner: Sequence | None) -> None:
+        """Hand a described block to its policy's offloader, unless stored already or in flight for another turn."""
+        if block.hash in state.stored:  # this block, with these tokens, is stored already
+            return
+        if block_id in self.puts:  # another turn's PUT of this shared block is in flight: wait for it
+            state.awaiting.add(block_id)  # (a second PUT would rewrite its descriptor under the first)
+            self.put_waiters.setdefault(block_id, []).append(state)
+            return
+        put = offloader.store(block, state.offload)
+        if put is None:  # stored already (cpu: synchronously)
+            state.stored.add(block.hash)
+            self._stored(state.turn.policy, block.hash)
+            return
+        self.bm.pin(block_id)
+        state.storing[index] = block_id
+        self.puts[block_id] = (put, state, owner, block.hash)
 
     def _poll_puts(self) -> bool:
         """Release the blocks whose PUT ended (or timed out). Each ended PUT's bookkeeping is its turn's
@@ -336,6 +350,7 @@ class Engine:
             if not put.ended(success, error):
                 logger.warning("block %d: PUT not done after %.0f s; releasing it", block_id,
                                self.settings.drain_timeout_s)
+            self._wake_waiters(block_id, name, put.stored(success, error))
             self.bm.unpin(block_id)
             if owner is not None:  # a swap-out's block: the scheduler held it too
                 self.scheduler.release_pins(owner, [block_id])
@@ -350,6 +365,15 @@ class Engine:
                 state.offload.stall_s += time.perf_counter() - start
                 self._maybe_record(state)
         return bool(ended)
+
+    def _wake_waiters(self, block_id: int, name: bytes, stored: bool) -> None:
+        """The turns that waited for another turn's PUT of this block: it ended."""
+        for waiter in self.put_waiters.pop(block_id, []):
+            waiter.awaiting.discard(block_id)
+            if stored:
+                waiter.stored.add(name)
+            if not waiter.finished:
+                self._maybe_record(waiter)
 
     def _stored(self, policy: str, name: bytes) -> None:
         """A block of this name is on the policy's storage (as far as this node knows: the agent's
@@ -394,7 +418,9 @@ class Engine:
         if state.turn.policy == "cpu" and self.cpu_store is not None:
             self.cpu_store.restore(self.pool, seq, pending)  # synchronous: the CPU-centric cost
         else:
-            state.turn.emit("restore", [RestoreBlockEvent(b.block_id, b.hash, b.token_count, b.index)
+            salts = salts_of(seq.salt)
+            state.turn.emit("restore", [RestoreBlockEvent(b.block_id, b.hash, b.token_count, b.index,
+                                                          salts.is_shared(b.index, b.token_count == bt))
                                         for b in blocks], groups)
         self.restores[seq.seq_id] = state
 
@@ -404,6 +430,8 @@ class Engine:
         for seq_id, state in list(self.restores.items()):
             pending = state.restore
             totals = self.pool.totals(pending.counters)
+            if not pending.landed_ns and bool(np.any(totals > pending.bases)):
+                pending.landed_ns = time.time_ns()
             if not pending.complete(totals) and now < pending.deadline:
                 continue
             del self.restores[seq_id]
@@ -460,7 +488,7 @@ class Engine:
         self._maybe_record(state)
 
     def _maybe_record(self, state: TurnState) -> None:
-        if not state.finished_ns or state.storing or state.recorded:
+        if not state.finished_ns or state.storing or state.awaiting or state.recorded:
             return
         rec = state.record(self.policy_name(state), time.time_ns())
         if self.setup_span is not None:

@@ -23,8 +23,8 @@ covers, so the agent rebuilds its hashmap from partial Retrieves. The MAC is mad
 chunk is written and checked before restored bytes are used: the storage nodes never hold its
 key, so neither they nor anyone who writes their files can forge a chunk, move it to another
 key, or pass off an older generation (the reader knows the generation it wrote). The header's
-crc32c and the value's catch accidents early; only the MAC stands against tampering. Version 1
-chunks carry no MAC: they are refused as unauthenticated.
+crc32c and the value's catch accidents early; only the MAC stands against tampering. Chunks of
+versions 1 (no MAC) and 2 (no block name) are refused as untrusted.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class ChunkHeader:
     token_start: int
     token_end: int
     kv_bytes: int
-    token_ids_hash: bytes       # the chunk's name: a block's hash chain, a plain chunk's token ids hash
+    token_ids_hash: bytes       # the chunk's name: a block's hash chain, a plain chunk's hash of its key and token ids
     generation: int = 0
     mac_bytes: int = MAC_BYTES  # the trailer's length: 0 for a chunk written with the KV MAC off
     tenant: str = ""

@@ -6,7 +6,9 @@ block drops it from the requester (and deletes it); every GET into a pool block 
 completion counters, the error part when it failed, so the compute node never waits past the
 GET's deadline. A block's standing PUT stores it only under the key its descriptor's owner and
 token ids name (a descriptor that is malformed, stale or names what the block does not hold is
-refused and counted).
+refused and counted), and only when the admission setting keeps it (`on_reuse`: a name's first
+sighting completes as skipped). A block marked shared (named under its tenant's salt alone) is
+found by every user of that tenant, never by another tenant's.
 Thread-safety: `lock` guards the requester and the eviction policy; the watcher, registrations,
 statistics and data path have their own locks.
 """
@@ -23,10 +25,11 @@ from fabric import chunk_format as cf
 from fabric.auth import FabricSecurity
 from fabric.nodes import StorageNodes
 from hostmem import descriptor
-from hostmem.block_hash import block_hash, salt_for, stored_prefix
+from hostmem.block_hash import Salts, block_hash, salt_for, stored_prefix
 from hostmem.region import RegionError
 from kvtb.credentials import Credentials, resolve_dir
 from smartnic import match_action as ma
+from smartnic.admission import Admission
 from smartnic.datapath import ChunkRef, Datapath, DataError, read_headers
 from smartnic.eviction import make_policy
 from smartnic.registrations import Registered, Registrations
@@ -59,7 +62,7 @@ class Restore:
 
     region_id: int
     blocks: int
-    bytes: int
+    bytes: int          # token ids + KV landing in the region (what the compute node counts as restored)
     started_ns: int
     done_ns: int = 0
     failed: int = 0
@@ -75,6 +78,7 @@ class Agent:
         self.requester = Requester()
         self.policy = make_policy(settings.eviction_policy, settings.capacity_high_bytes,
                                   settings.capacity_low_bytes, settings.ttl_s)
+        self.admission = Admission(settings.admission, settings.admission_max_names)
         self.tables = {"ingress": ma.Table("ingress")}  # the pipeline matches every turn in "ingress"
         self.stats = Stats()
         self.regions = Registrations()
@@ -94,6 +98,7 @@ class Agent:
         # a standing PUT's data work (gather, MAC, submit) runs here, so the watcher goes on firing
         self._put_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="standing-put")
         self._stop = threading.Event()
+        self._evict_now = threading.Event()  # a publish took the stored bytes past the high watermark
         self._evictor = threading.Thread(target=self._eviction_loop, name="eviction", daemon=True)
 
     def start(self) -> None:
@@ -104,6 +109,7 @@ class Agent:
 
     def close(self) -> None:
         self._stop.set()
+        self._evict_now.set()
         self.engine.stop()
         self._put_thread.shutdown(wait=True, cancel_futures=True)
         self.nodes.close()  # fails what is pending; the data path still runs those completions
@@ -169,7 +175,8 @@ class Agent:
     # -- step 1's standing PUTs: a block that filled (fired by its trigger counter)
     def block_put(self, reg: Registered, block: int, generation: int) -> int | None:
         """Check the block's descriptor and issue its PUT (to the standing-put thread); the descriptor's
-        stamp (0: none), or None when it was refused (PUT-done error part bumped, the refusal counted).
+        stamp (0: none), or None when no PUT was issued: refused (PUT-done error part bumped, the refusal
+        counted) or not admitted (success part bumped, `puts_skipped`).
         The PUT stores the block only under the key its owner and token ids name; PUT-done either way."""
         L = reg.layout
         done = L.put_done(block)
@@ -178,6 +185,8 @@ class Agent:
             if d.generation != generation:
                 raise descriptor.DescriptorError(f"descriptor generation {d.generation}, trigger {generation}")
             ids = reg.region.view(*L.token_ids_range(block, d.token_count))
+            if d.shared and d.token_count != L.block_tokens:
+                raise descriptor.DescriptorError("only a full block can be shared")
             salt = salt_for(d.tenant, d.user, d.shared)
             if block_hash(d.parent, ids, salt) != d.hash:
                 raise descriptor.DescriptorError("the descriptor's name is not the block's tokens under its owner")
@@ -185,6 +194,10 @@ class Agent:
             self.stats.inc_kind("errors", "descriptor_refused")
             logger.warning("block %d of region %d: descriptor refused: %s", block, reg.region_id, exc)
             reg.add(done, error=1)
+            return None
+        if not self.admission.admit(d.hash, self.requester.has):  # first sighting under on_reuse
+            self.stats.inc("puts_skipped")
+            reg.add(done, success=1)  # done as far as the compute node goes: the block is free
             return None
         self._put_thread.submit(self._put_block, reg, block, d)
         return d.stamp_ns
@@ -219,6 +232,8 @@ class Agent:
         with self.lock:  # never submit to the fabric while holding it: submit may block
             old = self.requester.publish(stored, context_id, stored.user_id, now)
             self.policy.touch(stored.hash, stored.length, now)
+            if self.policy.over_capacity:
+                self._evict_now.set()
         if old is not None and old.storage_node != stored.storage_node:
             self.datapath.delete(old)
         self.stats.inc("bytes_put", stored.length)
@@ -233,9 +248,10 @@ class Agent:
                 ids = reg.region.view(*work.token_ids)
             except (RegionError, ValueError) as exc:
                 return done("bounds", str(exc))
-            header = cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index, ref.token_start, ref.token_end,
-                                    0, cf.token_ids_hash(ids))
             key = cf.chunk_key(self.settings.salt, ref.user_id, ref.context_id, ref.chunk_index)
+            # a plain chunk's name: its ids under its (salted) key, so equal ids of two chunks are two names
+            header = cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index, ref.token_start, ref.token_end,
+                                    0, cf.token_ids_hash(key + bytes(ids)))
             return self.datapath.put(reg.region, header, key, work.runs,
                                      lambda stored, err: self._plain_stored(ref, stored, err, done))
         with self.lock:
@@ -268,11 +284,13 @@ class Agent:
         then(None, "")
 
     # -- steps 5 to 7: lookups and restores
-    def stored_tokens(self, user_id: str, tenant: str, token_ids: Sequence[int]) -> int:
-        """Tokens of the prefix of token_ids whose blocks are stored under the user's salt (step 5)."""
+    def stored_tokens(self, user_id: str, tenant: str, token_ids: Sequence[int], shared_tokens: int = 0) -> int:
+        """Tokens of the prefix of token_ids whose blocks are stored under the user's salt, or the
+        tenant's for the full blocks of the first shared_tokens (the tenant's shared prefix) (step 5)."""
         now = time.time()
+        bt = self.block_tokens()
         with self.lock:
-            tokens, names = stored_prefix(token_ids, salt_for(tenant, user_id), self.block_tokens(),
+            tokens, names = stored_prefix(token_ids, Salts.of(tenant, user_id, shared_tokens, bt), bt,
                                           self.requester.has, len(token_ids) - 1)
             self.requester.touch(names, now)
             for name in names:
@@ -309,7 +327,8 @@ class Agent:
                                    b.token_count, b.hash.hex()[:12])
                 found.append((b, stored))
             self.requester.lease(s.hash for _, s in found if s is not None)
-        restore = Restore(reg.region_id, len(blocks), sum(s.length for _, s in found if s), time.time_ns(),
+        restore = Restore(reg.region_id, len(blocks), sum(L.chunk_payload_bytes(b.token_count) for b, s in found if s),
+                          time.time_ns(),
                           _left=len(blocks))
         for b, stored in found:
             L._check_block(b.block)
@@ -421,7 +440,11 @@ class Agent:
         return sum(self._delete(blocks, reason) for reason, blocks in by_reason.items())
 
     def _eviction_loop(self) -> None:
-        while not self._stop.wait(self.settings.eviction_interval_s):
+        while not self._stop.is_set():
+            self._evict_now.wait(self.settings.eviction_interval_s)
+            self._evict_now.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.evict(time.time())
             except Exception:  # eviction must keep running
