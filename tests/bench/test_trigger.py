@@ -26,3 +26,9 @@ def test_text_gives_both_scenes_and_the_watchers_cpu():
     assert "load p50 30 µs, p99 900 µs" in first
     assert second == "watcher CPU, share of a core: warm 25.0%, idle 0.4%"
     assert trigger.text({**RESULT, "watcher_cpu": {}}).splitlines()[1].endswith("warm -, idle -")
+
+
+def test_the_suite_headline_gives_both_scenes():
+    from bench.suite import _trigger_to_fire
+    assert _trigger_to_fire({"results": {"trigger_to_fire": RESULT}}) == "idle p50 12 µs, p99 80 µs; load p50 30 µs, p99 900 µs"
+    assert _trigger_to_fire({"results": {}}) is None
