@@ -215,7 +215,7 @@ class Datapath:
             return
         future.add_done_callback(lambda f: self._group_done(f, node, bulk))
 
-    def _group_done(self, future, node: str, bulk: "_Bulk") -> None:
+    def _group_done(self, future, node: str, bulk: _Bulk) -> None:
         try:
             completion = future.result().raise_for_status()
         except Exception as exc:  # noqa: BLE001
@@ -296,7 +296,7 @@ def _fetch_error(exc: Exception, what: str) -> DataError:
 def _call(callback, *args) -> None:
     try:
         callback(*args)
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.exception("GET completion handler failed")
 
 

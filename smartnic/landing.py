@@ -109,7 +109,7 @@ class Landing:
                 self._take(group, offset, frames)
             except DataError as exc:
                 self._fail(exc)
-            except Exception as exc:  # noqa: BLE001 - a bug must end on the counter, not in a log
+            except Exception as exc:  # a bug must end on the counter, not in a log
                 logger.exception("GET of chunk %d: placing a piece failed", self.chunk.chunk_index)
                 self._fail(DataError("internal", f"scatter failed: {exc}"))
 
@@ -142,12 +142,12 @@ class Landing:
         self.reported[group] = True
         try:
             self.on_group(group, error)
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.exception("GET completion handler failed")
         if all(self.reported):
             try:
                 self.on_end(self.error)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.exception("GET end handler failed")
 
     def _take(self, group: int, offset: int, frames: Sequence) -> None:
@@ -187,34 +187,41 @@ class Landing:
         return len(head)
 
     def _place(self, pos: int, view: memoryview) -> None:
-        """Copy bytes of the value at `pos` to where they go: token ids and KV into the region (hashed on
-        the way), the MACs aside."""
+        """Copy bytes of the value at `pos` to where they go: token ids and KV into the region (hashed right
+        after the copy, while still in cache), the MACs aside."""
         L = self.layout
         while view.nbytes:
             if pos < L.macs_offset:
                 n = min(view.nbytes, L.macs_offset - pos)
-                self._copy(view[:n], pos - L.ids_offset, cf.HEAD)
+                self._copy(view[:n], pos - L.ids_offset, [(cf.HEAD, 0, n)])
             elif pos < L.kv_offset:
                 n = min(view.nbytes, L.kv_offset - pos)
                 self.macs[pos - L.macs_offset:pos - L.macs_offset + n] = view[:n]
                 if self.crc is not None:
                     self.crc = _crc.extend(self.crc, view[:n])
-            else:
-                part = L.part_of(pos)
-                n = min(view.nbytes, L.kv_offset + (part + 1) * L.part_bytes - pos)
-                self._copy(view[:n], self.ids_bytes + pos - L.kv_offset, part)
+            else:  # one copy for up to a MAC block of KV, then each part's bytes of it into that part's MAC
+                n, spans, at = min(view.nbytes, dma.MAC_BLOCK_BYTES), [], pos
+                while at < pos + n:
+                    part = L.part_of(at)
+                    end = min(pos + n, L.kv_offset + (part + 1) * L.part_bytes)
+                    spans.append((part, at - pos, end - pos))
+                    at = end
+                self._copy(view[:n], self.ids_bytes + pos - L.kv_offset, spans)
             view, pos = view[n:], pos + n
 
-    def _copy(self, piece: memoryview, target_offset: int, part: int) -> None:
-        mac = None
-        if self.mac_key is not None:
+    def _copy(self, piece: memoryview, target_offset: int, spans: list[tuple[int, int, int]]) -> None:
+        """Copy `piece` into the targets from target_offset on; feed each (part, start, end) span of it to
+        that part's MAC (or the crc32c of a whole value without MACs)."""
+        _, crc = dma.scatter(piece, self.mem, gather.cut(self.targets, target_offset, piece.nbytes), self.crc)
+        if self.crc is not None:
+            self.crc = crc
+        if self.mac_key is None:
+            return
+        for part, start, end in spans:
             mac = self.hashers.get(part)
             if mac is None:
                 mac = self.hashers[part] = cf.chunk_mac(self.mac_key, self.chunk.key, self.chunk.generation, part)
-        _, crc = dma.scatter(piece, self.mem, gather.cut(self.targets, target_offset, piece.nbytes), self.crc,
-                             mac=mac)
-        if self.crc is not None:
-            self.crc = crc
+            mac.update(piece[start:end])
 
     def _check(self, group: int) -> None:
         """A range arrived whole: check the head (group 0's) and every group waiting for it."""

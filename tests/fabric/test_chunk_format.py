@@ -21,7 +21,7 @@ def test_header_round_trip_and_partial_read():
         decoded, length = cf.decode_header(raw + b"token ids and kv follow")
         assert decoded == h and length == len(raw) <= cf.MAX_HEADER_BYTES
         assert cf.value_length(decoded, length) == length + 32 * 4 + h.kv_bytes + (1 + h.kv_parts) * h.mac_bytes
-    for bad in (dict(mac_bytes=16), dict(kv_parts=0), dict(kv_parts=7)):  # 1234 bytes are not 7 equal parts
+    for bad in ({"mac_bytes": 16}, {"kv_parts": 0}, {"kv_parts": 7}):  # 1234 bytes are not 7 equal parts
         with pytest.raises(cf.ChunkFormatError):
             cf.encode_header(header(**bad))
 

@@ -111,7 +111,7 @@ def test_a_short_value_or_a_flipped_byte_fails(mac, kind):
     a.take(0, 0, [stored[:-1]])
     a.end_range(0)
     assert reports[0] == (0, "length_mismatch")
-    h, n = cf.decode_header(stored)
+    _, n = cf.decode_header(stored)
     for at in (-1, len(stored) // 2, n + 5) + ((n + len(IDS) + 40,) if mac else ()):  # KV, token ids, a MAC
         flipped = bytearray(stored)
         flipped[at] ^= 1
