@@ -77,16 +77,16 @@ def _follow_up(chat, first, messages) -> list[int]:
 def test_a_block_corrupted_on_disk_keeps_the_blocks_before_it_and_the_reply(failing):
     context = f"partial-{uuid.uuid4().hex[:8]}"
     reference = Chat(failing.agent_address, user="reference")  # another user: nothing shared with alice's KV
-    expected = [text for text, _ in reference.conversation(LONG, f"ref-{context}", "resident", n=40)]
+    expected = [text for text, _ in reference.conversation(LONG, f"ref-{context}", "resident", n=64)]
     chat = Chat(failing.agent_address)
-    (text1, first), = chat.conversation(LONG[:1], context, n=40)
+    (text1, first), = chat.conversation(LONG[:1], context, n=64)
     assert first.chunks_offloaded >= 4
     at, layout = _block_value(failing, context, 2)
     with open(failing.data_dir / "fail-s0" / "ns1.data", "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
         m[at + layout.length - 100] ^= 0xFF  # a byte of its last layer: the last layer group fails its MAC
         m.flush()
     ids = _follow_up(chat, first, LONG)
-    text2, second = chat.turn(ids, context, n=40)
+    text2, second = chat.turn(ids, context, n=64)
     assert second.kv_source == "partial" and second.blocks_restored == 2, (second.kv_source, second.fallback_reason)
     assert second.tokens_reused == 2 * 32 and "block 2" in second.fallback_reason
     assert [text1, text2] == expected
