@@ -1,7 +1,8 @@
 """`kvtb bench datapath`: KV PUT and GET throughput through the whole path, beside this machine's limits.
 
 The path: a registered region, the agent's triggered engine and data path (gather from 128
-strided ranges per chunk, as in a KV pool), ZeroMQ, a real storage node process (fabric front
+strided ranges per chunk, as from the slot-major pool it was written for; a paged pool's block is
+one extent), ZeroMQ, a real storage node process (fabric front
 end, queue manager, extent allocator, file, fsync), and back into the region, checked byte
 for byte. It reuses `kvtb bench smartnic`'s transfer functions with chunk sizes from 64 KiB to
 64 MiB; the raw limits (ZeroMQ tcp, pwrite+fsync, page-cache pread) are measured in the same

@@ -4,8 +4,8 @@ The agent runs in this process (its real engine, watcher and data path) against 
 node process. Counter stores come from a child process, as the compute node's would
 (`bench.compute_standin`): trigger-to-fire is measured from each store's CLOCK_MONOTONIC stamp,
 and a transfer's round is timed there, from its store until its last completion is counted, so
-no polling takes the agent's GIL. Each chunk is gathered from 128 strided ranges, as from a KV
-pool. Before each of `--rounds` rounds every raw limit (`bench.rawlimits`: ZeroMQ tcp between
+no polling takes the agent's GIL. Each chunk is gathered from 128 strided ranges of a plain
+region (a paged pool's block is one extent). Before each of `--rounds` rounds every raw limit (`bench.rawlimits`: ZeroMQ tcp between
 two processes, pwrite+fsync, cached pread, on the storage node's disk, as many distinct bytes as
 a round moves) measures one window; a transfer keeps its best round and a limit its best window,
 and every round's rate is kept too. PUT limit = min(zmq, pwrite+fsync); GET limit = min(zmq,
@@ -212,8 +212,7 @@ class Transfer:
         refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
         puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0)) for i, ref in enumerate(refs)]
         self.put_s.append(self._fire(PUT_TRIGGER, puts, PUT_DONE, r))
-        gets = [DataWork("get", refs[c.chunk_index], strided_ranges(area, c.chunk_index, count, chunk_bytes),
-                         (0, 0), c) for c in agent.lookup("bench", refs[0].context_id)]
+        gets = [DataWork("get", ref, strided_ranges(area, i, count, chunk_bytes), (0, 0)) for i, ref in enumerate(refs)]
         self.get_s.append(self._fire(GET_TRIGGER, gets, GET_DONE, r))
         failed = self.region.read_counter(PUT_DONE)[1] + self.region.read_counter(GET_DONE)[1]
         assert failed == 0, f"{failed} transfers failed"

@@ -50,8 +50,8 @@ def turn_events(summary: frontend_pb2.TurnSummary, base_ns: int) -> list[dict[st
                         "tokens_reused": summary.tokens_reused, "tokens_out": summary.tokens_out,
                         "bytes_restored": summary.bytes_restored,
                         "bytes_offloaded": summary.bytes_offloaded}}]
-    # as the record orders them: by start, steps of the same millisecond in step order
-    for s in sorted(summary.steps, key=lambda s: (s.start_unix_ns // 1_000_000, s.step)):
+    # by start, steps of the same millisecond of the trace's clock in step order
+    for s in sorted(summary.steps, key=lambda s: (_us(s.start_unix_ns, base_ns) // 1000, s.step)):
         service = s.service or "compute"
         events.append({"name": f"{s.step}. {s.name or steps.name(s.step)}", "cat": f"step{s.step}",
                        "ph": "X", "pid": _pid(service), "tid": summary.turn,

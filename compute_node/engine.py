@@ -28,7 +28,7 @@ from compute_node.sequence import Sequence
 from compute_node.settings import ComputeSettings
 from compute_node.turn import RestoreBlockEvent, StepSpan, Turn
 from compute_node.turn_state import TurnState
-from hostmem.block_hash import block_hash, salt_for
+from hostmem.block_hash import Salts, block_hash, salts_of
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class Engine:
         self.runner = ModelRunner(model, pool.kv, settings.device)
         self.states: dict[int, TurnState] = {}
         self.puts: dict[int, tuple[PendingPut, TurnState | None, Sequence | None, bytes]] = {}  # by block id
+        self.put_waiters: dict[int, list[TurnState]] = {}  # turns sharing a block whose PUT is in flight
         self.stored_names: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
         self.restores: dict[int, TurnState] = {}  # restoring sequences by seq id (outside the batch)
         self.joined: dict[int, TurnState] = {}    # sequences in the batch whose later layer groups still land
@@ -179,8 +180,8 @@ class Engine:
     def _admit_turn(self, turn: Turn) -> None:
         if turn.cancelled.is_set():
             return
-        salt = (secrets.token_bytes(16) if turn.policy == "recompute"  # nothing reused, ever
-                else salt_for(turn.tenant, turn.user_id))
+        salt = (Salts(secrets.token_bytes(16)) if turn.policy == "recompute"  # nothing reused, ever
+                else Salts.of(turn.tenant, turn.user_id, turn.shared_prefix_tokens, self.layout.block_tokens))
         offloader = self.offloaders[turn.policy]
         seq = Sequence(turn.token_ids, turn.max_new_tokens, self.layout.block_tokens, turn.user_id,
                        turn.context_id, salt, payload=turn, ignore_eos=turn.ignore_eos,
@@ -287,8 +288,11 @@ class Engine:
         seq, turn, bt = state.seq, state.turn, self.layout.block_tokens
         full = self.bm.hashes(seq, (index * bt + tokens) // bt)
         parent = full[index - 1] if index else b""
-        name = full[index] if tokens == bt else block_hash(parent, seq.token_ids[index * bt:index * bt + tokens], seq.salt)
-        return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id)
+        salts = salts_of(seq.salt)
+        name = full[index] if tokens == bt else block_hash(parent, seq.token_ids[index * bt:index * bt + tokens],
+                                                           salts.private)
+        return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id,
+                     salts.is_shared(index, tokens == bt))
 
     def _store_found(self, state: TurnState) -> None:
         """Blocks a sequence found in the pool's prefix cache that no PUT of ours stored yet (another
@@ -307,6 +311,10 @@ class Engine:
             return
         block = self._describe(state, index, block_id, tokens)
         if block.hash in state.stored:  # this block, with these tokens, is stored already
+            return
+        if block_id in self.puts:  # another turn's PUT of this shared block is in flight: wait for it
+            state.awaiting.add(block_id)  # (a second PUT would rewrite its descriptor under the first)
+            self.put_waiters.setdefault(block_id, []).append(state)
             return
         put = offloader.store(block, state.offload)
         if put is None:  # stored already (cpu: synchronously)
@@ -333,6 +341,7 @@ class Engine:
                                self.settings.drain_timeout_s)
             del self.puts[block_id]
             done = True
+            self._wake_waiters(block_id, name, put.stored(success, error))
             self.bm.unpin(block_id)
             if owner is not None:  # a swap-out's block: the scheduler held it too
                 self.scheduler.release_pins(owner, [block_id])
@@ -346,6 +355,15 @@ class Engine:
                     state.offload_failures += 1
                 self._maybe_record(state)
         return done
+
+    def _wake_waiters(self, block_id: int, name: bytes, stored: bool) -> None:
+        """The turns that waited for another turn's PUT of this block: it ended."""
+        for waiter in self.put_waiters.pop(block_id, []):
+            waiter.awaiting.discard(block_id)
+            if stored:
+                waiter.stored.add(name)
+            if not waiter.finished:
+                self._maybe_record(waiter)
 
     def _stored(self, policy: str, name: bytes) -> None:
         """A block of this name is on the policy's storage (as far as this node knows: the agent's
@@ -390,7 +408,9 @@ class Engine:
         if state.turn.policy == "cpu" and self.cpu_store is not None:
             self.cpu_store.restore(self.pool, seq, pending)  # synchronous: the CPU-centric cost
         else:
-            state.turn.emit("restore", [RestoreBlockEvent(b.block_id, b.hash, b.token_count, b.index)
+            salts = salts_of(seq.salt)
+            state.turn.emit("restore", [RestoreBlockEvent(b.block_id, b.hash, b.token_count, b.index,
+                                                          salts.is_shared(b.index, b.token_count == bt))
                                         for b in blocks], groups)
         self.restores[seq.seq_id] = state
 
@@ -400,6 +420,8 @@ class Engine:
         for seq_id, state in list(self.restores.items()):
             pending, seq = state.restore, state.seq
             rows = self.pool.counters[np.asarray(pending.counters, dtype=np.intp)]
+            if not pending.landed_ns and bool(pending.landed(rows).any()):
+                pending.landed_ns = time.time_ns()
             complete = pending.complete(rows)
             if not complete and now < pending.deadline:
                 if not pending.whole and pending.landed(rows)[:, 0].all():
@@ -546,7 +568,7 @@ class Engine:
         self._maybe_record(state)
 
     def _maybe_record(self, state: TurnState) -> None:
-        if not state.finished_ns or state.storing or state.recorded:
+        if not state.finished_ns or state.storing or state.awaiting or state.recorded:
             return
         rec = state.record(self.policy_name(state), time.time_ns())
         if self.setup_span is not None:

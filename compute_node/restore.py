@@ -43,6 +43,7 @@ class PendingRestore:
     num_tokens: int             # tokens [first_token, num_tokens) are to arrive
     started_ns: int
     deadline: float             # time.monotonic() after which what has not landed is not used
+    landed_ns: int = 0          # time.time_ns() the engine first saw a counter move (step 7 begins)
     joined: bool = False        # the sequence runs while its later groups land
     whole: bool = False         # no joining (any more): wait for every counter, then decide
 

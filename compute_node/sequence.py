@@ -13,6 +13,8 @@ import itertools
 from collections.abc import Hashable
 from typing import Any
 
+from hostmem.block_hash import Salts
+
 _ids = itertools.count()
 
 
@@ -41,7 +43,7 @@ class Sequence:
     block_tokens: int = 32
     user_id: Hashable = ""
     context_id: Hashable = ""
-    salt: bytes = b""  # per tenant and, unless the prefix is shared, per user
+    salt: bytes | Salts = b""  # per tenant and user; Salts: the tenant's alone for a shared prefix
     payload: Any = None  # sampling parameters, the turn, ...: opaque here
     seq_id: int = dataclasses.field(default_factory=lambda: next(_ids))
     status: SequenceStatus = SequenceStatus.WAITING
@@ -67,7 +69,7 @@ class Sequence:
         assert self.token_ids, "a sequence needs at least one token"
         assert self.max_new_tokens >= 1, "max_new_tokens must be at least 1"
         assert self.block_tokens > 0, "block_tokens must be positive"
-        assert isinstance(self.salt, bytes), "salt must be bytes"
+        assert isinstance(self.salt, (bytes, Salts)), "salt must be bytes or Salts"
 
     def __len__(self) -> int:
         return len(self.token_ids)

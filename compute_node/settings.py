@@ -23,7 +23,7 @@ class ComputeSettings:
     # tokens; the pool holds pool_tokens // block_tokens blocks. A block is the NIC's unit.
     pool_tokens: int = 32768
     block_tokens: int = 32
-    layer_groups: int = 4             # GET completion counters per block: a restore lands layer group by group
+    layer_groups: int = 4             # GET completion counters per block (the agent bumps all when a block lands)
     max_context_tokens: int = 8192    # one sequence's prompt + reply at most
     # Continuous batching (vLLM's names): sequences in one step, tokens in one step (decodes and
     # chunked prefills together), and how a sequence is preempted when blocks run out.

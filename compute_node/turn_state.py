@@ -32,6 +32,7 @@ class TurnState:
     follow_up: bool
     stored: set[bytes] = dataclasses.field(default_factory=set)        # names of its blocks on storage
     storing: dict[int, int] = dataclasses.field(default_factory=dict)  # block index -> pool block, PUT in flight
+    awaiting: set[int] = dataclasses.field(default_factory=set)  # pool blocks another turn's PUT is storing
     offload: OffloadStats = dataclasses.field(default_factory=OffloadStats)
     offload_failures: int = 0
     restore: PendingRestore | None = None
@@ -118,7 +119,8 @@ class TurnState:
         rec.preemptions = seq.num_preemptions
         if self.outcome is not None:
             rec.blocks_restored, rec.blocks_failed = self.outcome.blocks_ok, self.outcome.blocks_failed
-            rec.steps.append(StepSpan(Step.RESTORE, self.restore.started_ns, self.restore_end_ns, self.restored_bytes))
+            landed = self.restore.landed_ns or self.restore_end_ns  # from the first block seen landing
+            rec.steps.append(StepSpan(Step.RESTORE, landed, self.restore_end_ns, self.restored_bytes))
         step = Step.INFERENCE if source == "none" else Step.FOLLOW_UP
         rec.steps.append(StepSpan(step, self.first_step_ns or self.finished_ns, self.finished_ns, self.offload.bytes))
         if self.offload.chunks:

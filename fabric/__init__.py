@@ -4,5 +4,6 @@
     status.py        NVMe status codes (SCT, SC) and NvmeError (the storage node answers with them)
     nodes.py         StorageNodes: queue pairs to several storage nodes, reconnected in the background
     placement.py     rendezvous hashing of chunks over storage nodes
-    chunk_format.py  a stored chunk (header + token ids + KV) and its key
+    auth.py          who may use the fabric: allow list, DH-HMAC-CHAP at Connect, sealed capsules
+    chunk_format.py  a stored chunk (header + token ids + MACs + KV) and its key
 """

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import blake3
 
-from kvtb.credentials import Credentials, host_key, resolve_dir
+from kvtb.credentials import AGENT_NQN, COMPUTE_NQN, Credentials, host_key, resolve_dir  # noqa: F401 (re-exported)
 
 MODES = ("auth", "curve", "off")
 NEGOTIATE, CHALLENGE, REPLY, SUCCESS1, SUCCESS2 = 1, 2, 3, 4, 5
@@ -49,10 +49,6 @@ _HEAD = struct.Struct("<BH")
 _SEQ = struct.Struct("<Q")
 HOST_TO_TARGET, TARGET_TO_HOST = b"H2C", b"C2H"
 
-# The deployment's hosts, as the settings name them by default (the agent and the compute node's
-# `cpu` policy): a storage node's default allow list.
-AGENT_NQN = "nqn.2026-11.org.kvtestbed:smartnic-0"
-COMPUTE_NQN = "nqn.2026-11.org.kvtestbed:compute-0"
 
 
 class AuthError(Exception):

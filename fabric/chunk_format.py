@@ -22,7 +22,7 @@ own as it lands (`ValueLayout` says where each part lies), before any of it is u
 A block (the agent's standing PUTs and GETs, the compute node's `cpu` policy) is named by its hash
 chain (hostmem.block_hash): `name` is that hash, `parent` the previous block's, and its owner is
 (tenant, user), or the tenant alone when SHARED; key = block_key(salt, name). A plain chunk (a
-one-off PUT of ranges of a region without a layout: tests, benchmarks) has the blake2b-128 of its
+one-off PUT of ranges of a region without a layout: tests, benchmarks) has a hash of its key and
 token ids as its name, one KV part, and key = chunk_key(salt, user, context, chunk index).
 
 The header alone (at most MAX_HEADER_BYTES) says whose chunk it is and which tokens it
@@ -78,7 +78,7 @@ class ChunkHeader:
     token_start: int
     token_end: int
     kv_bytes: int
-    token_ids_hash: bytes       # the chunk's name: a block's hash chain, a plain chunk's token ids hash
+    token_ids_hash: bytes       # the chunk's name: a block's hash chain, a plain chunk's hash of its key and token ids
     generation: int = 0
     mac_bytes: int = MAC_BYTES  # one MAC's length: 0 for a chunk written with the KV MAC off
     tenant: str = ""

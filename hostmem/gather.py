@@ -1,14 +1,14 @@
 """Scatter-gather lists over a region: which ranges go out as views, which are joined, the copies.
 
-A chunk of KV is many ranges of the region, one [layer, K|V, kv_head] row of its tokens each
-(180 ranges of 8 KiB for a 32-token chunk of SmolLM2). Sent as one ZeroMQ frame per range, the
+A chunk may be many ranges of the region (a plain region's strided rows; a block of the paged
+pool is two: its token ids and its one KV extent). Sent as one ZeroMQ frame per range, the
 chunk would cost both ends a few Python calls per frame; pyzmq copies every frame under its
 copy threshold (64 KiB) into a ZeroMQ message anyway; and ZeroMQ moves a message of many
 mid-sized frames markedly slower over TCP than the same bytes in a few large ones. So a PUT
 sends each range of at least `view_min_bytes` (1 MiB) as a view of the region (no copy) and
 joins each run of smaller ranges into one buffer with one copy, as a NIC's DMA engine gathers
 a scatter-gather list into its packets. A GET copies the received bytes into the ranges, once.
-Runs of ranges of one length at one stride (a KV pool's rows) move in one numpy call per block.
+Runs of ranges of one length at one stride (strided rows) move in one numpy call per block.
 
 Both directions fold the crc32c into the copy loop: each block of at most BLOCK_BYTES is
 checksummed right after it was copied, while it is still in the CPU's cache, so the data

@@ -15,7 +15,8 @@ layers is a contiguous byte range too (a layer-wise restore reads one per group)
 
 Counters per block: the PUT trigger (the compute node stores the block's descriptor generation
 there: the standing triggered PUT fires), the PUT completion (the agent), and one GET completion
-per layer group (the agent, as each group of a restore lands).
+per layer group (the agent bumps all of a block's when its GET ends; a restore that lands group
+by group would bump each as it lands).
 """
 from __future__ import annotations
 

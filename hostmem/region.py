@@ -6,7 +6,7 @@ multiprocessing.shared_memory, whose resource tracker would unlink the region wh
 attaching process exits (Python < 3.13).
 
 Counters live in the region as 16-byte records, [success u64, error u64]. Each counter has
-one writer: the compute node stores token counts into trigger counters; the agent bumps
+one writer: the compute node stores generations into PUT trigger counters; the agent bumps
 completion counters. Aligned 8-byte stores are single machine stores, so a reader never sees
 a torn value; an add is a read and a store by that one writer.
 """

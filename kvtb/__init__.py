@@ -7,6 +7,7 @@
     grpc_health.py   gRPC health and reflection
     metrics.py, service_metrics.py   Prometheus /metrics
     steps.py         the paper's eight steps, named once
-    crc32c.py, doorbell.py, heap.py   small shared helpers
+    rpc.py, credentials.py   mutual TLS between the services, who may call what; the deployment's keys
+crc32c.py, doorbell.py, heap.py   small shared helpers
     cli.py           `kvtb COMMAND`: dispatch to each package's entry point; up.py: `kvtb up`
 """

@@ -22,6 +22,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "concurrency"): "bench.concurrency:main",
     ("bench", "eviction"): "bench.eviction:main",
     ("bench", "decode"): "bench.decode:main",
+    ("bench", "replay"): "bench.replay:main",
     ("bench", "all"): "bench.suite:main",
     ("simulate",): "bench.simulate:main",
     ("chat",): "chat_client.cli:main",
@@ -45,6 +46,16 @@ def _usage() -> str:
     return HELP.format(commands="\n".join(f"  {r}" for r in rows))
 
 
+def _group_usage(group: str) -> str | None:
+    """The commands under a group word such as `bench` or `serve`, or None if it is not one."""
+    rows = sorted(" ".join(words) for words in COMMANDS if len(words) > 1 and words[0] == group)
+    if not rows:
+        return None
+    return (f"usage: kvtb {group} COMMAND [ARGS...]\n\ncommands:\n"
+            + "\n".join(f"  {r}" for r in rows)
+            + f"\n\nRun `kvtb {group} COMMAND --help` for a command's own options.")
+
+
 def resolve(argv: list[str]) -> tuple[str, list[str]] | None:
     """Find the longest command prefix of argv; return its target and the rest."""
     for n in (2, 1):
@@ -60,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     found = resolve(argv)
+    group = _group_usage(argv[0])
+    if found is None and group is not None and (len(argv) == 1 or argv[1] in ("-h", "--help", "help")):
+        print(group, file=sys.stdout if len(argv) > 1 else sys.stderr)
+        return 0 if len(argv) > 1 else 2
     if found is None:
         print(f"kvtb: unknown command: {' '.join(argv[:2])}\n\n{_usage()}", file=sys.stderr)
         return 2

@@ -28,6 +28,11 @@ import os
 import secrets
 from pathlib import Path
 
+# The deployment's fabric hosts, as the settings name them by default (the agent and the compute
+# node's `cpu` policy): a storage node's default allow list, and the hosts `kvtb up` makes keys for.
+AGENT_NQN = "nqn.2026-11.org.kvtestbed:smartnic-0"
+COMPUTE_NQN = "nqn.2026-11.org.kvtestbed:compute-0"
+
 IDENTITIES = ("frontend", "smartnic", "compute", "storage", "operator")
 COMMON_NAME = "kvtb"  # a DNS name of every service certificate
 VALID_DAYS = 3650

@@ -16,9 +16,9 @@ def agent_families(s: Mapping) -> Iterable:
                   s.get("lookup_requested_tokens", 0))
     yield counter("kv_lookup_hit_tokens_total", "Tokens whose stored KV covered a looked-up prompt.",
                   s.get("lookup_hit_tokens", 0))
-    yield counter("kv_lookups_total", "Restores that found stored chunks (hit) or none (miss).",
+    yield counter("kv_lookups_total", "Turns whose stored prefix lookup found blocks (hit) or none (miss).",
                   {"hit": s.get("hits", 0), "miss": s.get("misses", 0)}, ("result",))
-    yield counter("kv_evictions_total", "Contexts whose KV was deleted, by reason.",
+    yield counter("kv_evictions_total", "Stored KV blocks deleted, by reason.",
                   s.get("evictions_by_reason", {}), ("reason",))
     yield counter("triggered_ops_fired_total", "Triggered operations fired.", s.get("triggered_fired", 0))
     yield gauge("triggered_ops_queued", "Triggered operations waiting for their threshold.",
@@ -31,6 +31,8 @@ def agent_families(s: Mapping) -> Iterable:
                   s.get("bytes_got", 0))
     yield counter("kv_prefetches_total", "Restores started by the agent on a follow-up (step 5).",
                   s.get("prefetches", 0))
+    yield counter("kv_puts_skipped_total", "Blocks not stored: first seen under admission on_reuse.",
+                  s.get("puts_skipped", 0))
     yield counter("requests_denied_total", "Turns the match-action table refused.", s.get("denied", 0))
     yield gauge("kv_stored_bytes", "KV bytes in the agent's hashmap, by storage node.",
                 s.get("bytes_by_storage_node", {}), ("storage_node",))

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fabric.auth import AGENT_NQN, COMPUTE_NQN
+from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
 from kvtb import credentials
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import ServiceProcess, announce_ready, kvtb_argv

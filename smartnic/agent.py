@@ -6,7 +6,9 @@ block drops it from the requester (and deletes it); every GET into a pool block 
 completion counters, the error part when it failed, so the compute node never waits past the
 GET's deadline. A block's standing PUT stores it only under the key its descriptor's owner and
 token ids name (a descriptor that is malformed, stale or names what the block does not hold is
-refused and counted).
+refused and counted), and only when the admission setting keeps it (`on_reuse`: a name's first
+sighting completes as skipped). A block marked shared (named under its tenant's salt alone) is
+found by every user of that tenant, never by another tenant's.
 Thread-safety: `lock` guards the requester and the eviction policy; the watcher, registrations,
 statistics and data path have their own locks.
 """
@@ -22,10 +24,11 @@ from fabric import chunk_format as cf
 from fabric.auth import FabricSecurity
 from fabric.nodes import StorageNodes
 from hostmem import descriptor
-from hostmem.block_hash import block_hash, salt_for, stored_prefix
+from hostmem.block_hash import Salts, block_hash, salt_for, stored_prefix
 from hostmem.region import RegionError
 from kvtb.credentials import Credentials, resolve_dir
 from smartnic import match_action as ma
+from smartnic.admission import Admission
 from smartnic.datapath import ChunkRef, Datapath, DataError, read_headers
 from smartnic.eviction import make_policy
 from smartnic.registrations import Registered, Registrations
@@ -58,7 +61,7 @@ class Restore:
 
     region_id: int
     blocks: int
-    bytes: int
+    bytes: int          # token ids + KV landing in the region (what the compute node counts as restored)
     started_ns: int
     done_ns: int = 0
     failed: int = 0
@@ -75,6 +78,7 @@ class Agent:
         self.requester = Requester()
         self.policy = make_policy(settings.eviction_policy, settings.capacity_high_bytes,
                                   settings.capacity_low_bytes, settings.ttl_s)
+        self.admission = Admission(settings.admission, settings.admission_max_names)
         self.tables = {"ingress": ma.Table("ingress")}  # the pipeline matches every turn in "ingress"
         self.stats = Stats()
         self.regions = Registrations()
@@ -91,6 +95,7 @@ class Agent:
                                     settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6,
                                     fire_block=self.block_put)
         self._stop = threading.Event()
+        self._evict_now = threading.Event()  # a publish took the stored bytes past the high watermark
         self._evictor = threading.Thread(target=self._eviction_loop, name="eviction", daemon=True)
 
     def start(self) -> None:
@@ -101,6 +106,7 @@ class Agent:
 
     def close(self) -> None:
         self._stop.set()
+        self._evict_now.set()
         self.engine.stop()
         self.nodes.close()  # fails what is pending; the data path still runs those completions
         self.datapath.close()
@@ -172,6 +178,8 @@ class Agent:
             if d.generation != generation:
                 raise descriptor.DescriptorError(f"descriptor generation {d.generation}, trigger {generation}")
             ids = reg.region.view(*L.token_ids_range(block, d.token_count))
+            if d.shared and d.token_count != L.block_tokens:
+                raise descriptor.DescriptorError("only a full block can be shared")
             salt = salt_for(d.tenant, d.user, d.shared)
             if block_hash(d.parent, ids, salt) != d.hash:
                 raise descriptor.DescriptorError("the descriptor's name is not the block's tokens under its owner")
@@ -179,6 +187,9 @@ class Agent:
             self.stats.inc_kind("errors", "descriptor_refused")
             logger.warning("block %d of region %d: descriptor refused: %s", block, reg.region_id, exc)
             return reg.add(done, error=1)
+        if not self.admission.admit(d.hash, self.requester.has):  # first sighting under on_reuse
+            self.stats.inc("puts_skipped")
+            return reg.add(done, success=1)  # done as far as the compute node goes: the block is free
         start = d.chunk_index * L.block_tokens
         header = cf.ChunkHeader(d.user, d.context, d.chunk_index, start, start + d.token_count, 0, d.hash,
                                 tenant=d.tenant, parent=d.parent, shared=d.shared)
@@ -200,6 +211,8 @@ class Agent:
         with self.lock:  # never submit to the fabric while holding it: submit may block
             old = self.requester.publish(stored, context_id, stored.user_id, now)
             self.policy.touch(stored.hash, stored.length, now)
+            if self.policy.over_capacity:
+                self._evict_now.set()
         if old is not None and old.storage_node != stored.storage_node:
             self.datapath.delete(old)
         self.stats.inc("bytes_put", stored.length)
@@ -214,9 +227,10 @@ class Agent:
                 ids = reg.region.view(*work.token_ids)
             except (RegionError, ValueError) as exc:
                 return done("bounds", str(exc))
-            header = cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index, ref.token_start, ref.token_end,
-                                    0, cf.token_ids_hash(ids))
             key = cf.chunk_key(self.settings.salt, ref.user_id, ref.context_id, ref.chunk_index)
+            # a plain chunk's name: its ids under its (salted) key, so equal ids of two chunks are two names
+            header = cf.ChunkHeader(ref.user_id, ref.context_id, ref.chunk_index, ref.token_start, ref.token_end,
+                                    0, cf.token_ids_hash(key + bytes(ids)))
             return self.datapath.put(reg.region, header, key, work.runs,
                                      lambda stored, err: self._plain_stored(ref, stored, err, done))
         with self.lock:
@@ -249,11 +263,13 @@ class Agent:
         then(None, "")
 
     # -- steps 5 to 7: lookups and restores
-    def stored_tokens(self, user_id: str, tenant: str, token_ids: Sequence[int]) -> int:
-        """Tokens of the prefix of token_ids whose blocks are stored under the user's salt (step 5)."""
+    def stored_tokens(self, user_id: str, tenant: str, token_ids: Sequence[int], shared_tokens: int = 0) -> int:
+        """Tokens of the prefix of token_ids whose blocks are stored under the user's salt, or the
+        tenant's for the full blocks of the first shared_tokens (the tenant's shared prefix) (step 5)."""
         now = time.time()
+        bt = self.block_tokens()
         with self.lock:
-            tokens, names = stored_prefix(token_ids, salt_for(tenant, user_id), self.block_tokens(),
+            tokens, names = stored_prefix(token_ids, Salts.of(tenant, user_id, shared_tokens, bt), bt,
                                           self.requester.has, len(token_ids) - 1)
             self.requester.touch(names, now)
             for name in names:
@@ -293,7 +309,8 @@ class Agent:
                                    b.token_count, b.hash.hex()[:12])
                 found.append((b, stored))
             self.requester.lease(s.hash for _, s in found if s is not None)
-        restore = Restore(reg.region_id, len(blocks), sum(s.length for _, s in found if s), time.time_ns(),
+        restore = Restore(reg.region_id, len(blocks), sum(L.chunk_payload_bytes(b.token_count) for b, s in found if s),
+                          time.time_ns(),
                           _left=len(blocks))
         if not blocks:
             restore.done_ns = restore.started_ns
@@ -413,7 +430,11 @@ class Agent:
         return sum(self._delete(blocks, reason) for reason, blocks in by_reason.items())
 
     def _eviction_loop(self) -> None:
-        while not self._stop.wait(self.settings.eviction_interval_s):
+        while not self._stop.is_set():
+            self._evict_now.wait(self.settings.eviction_interval_s)
+            self._evict_now.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.evict(time.time())
             except Exception:  # eviction must keep running

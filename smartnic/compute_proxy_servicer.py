@@ -1,9 +1,9 @@
 """The ComputeNode service served by the agent in front of its compute node (steps 5 and 6).
 
-Thin: Generate asks `smartnic.ingress` what to do with the turn (step 5: match-action, owner
-check, the prefetch into a slot the compute node reserves), forwards it with `restore` filled
-in, and adds the agent's steps to the record on the way back. The other methods are forwarded
-unchanged.
+Thin: Generate asks `smartnic.ingress` what to do with the turn (step 5: match-action, the
+stored prefix by content), forwards it with `stored_tokens` filled in, GETs the blocks each
+`restore` event of the compute node's stream asks for (step 6; the event goes no further), and
+adds the agent's steps to the record on the way back. The other methods are forwarded unchanged.
 
 The compute node's errors are relayed with their status; when it cannot be reached (or there
 is none), UNAVAILABLE names it and its address and the trailing metadata `kvtb-failed-service:
@@ -85,7 +85,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
         arrival_ns = time.time_ns()
         try:
             plan = ingress.plan(self.agent, self._packet(request, context), request.tenant or "default",
-                                request.token_ids)
+                                request.token_ids, min(request.shared_prefix_tokens, len(request.token_ids)))
         except ingress.Refused as exc:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.kind == "rate_limited" else grpc.StatusCode.PERMISSION_DENIED
             context.abort(code, str(exc))

@@ -1,7 +1,7 @@
 """Eviction on the NIC CPU: LRU by capacity and by idle timer (pure; the clock is passed in).
 
-A policy tracks contexts (their size and last use) and names victims; the agent deletes a
-victim's chunks and hashmap entry. A leased context (being restored) is never named.
+A policy tracks stored blocks (their size and last use) and names victims; the agent deletes a
+victim from the storage nodes and its index. A leased block (being restored) is never named.
 """
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ class EvictionPolicy(abc.ABC):
     """Which contexts to evict. Not thread-safe: the agent serialises calls."""
 
     reason: str = ""
+
+    @property
+    def over_capacity(self) -> bool:
+        """Whether a victims() call now would evict for capacity (the agent runs one at once)."""
+        return False
 
     @abc.abstractmethod
     def touch(self, key: Hashable, size_bytes: int, now: float) -> None:
@@ -40,6 +45,10 @@ class LruCapacity(EvictionPolicy):
         self.high_bytes, self.low_bytes = high_bytes, low_bytes
         self._sizes: collections.OrderedDict[Hashable, int] = collections.OrderedDict()
         self.total_bytes = 0
+
+    @property
+    def over_capacity(self) -> bool:
+        return self.total_bytes > self.high_bytes
 
     def touch(self, key, size_bytes, now):
         self.total_bytes += size_bytes - self._sizes.get(key, 0)
@@ -95,6 +104,10 @@ class Combined(EvictionPolicy):
 
     def __init__(self, policies: Sequence[EvictionPolicy]):
         self.policies = list(policies)
+
+    @property
+    def over_capacity(self) -> bool:
+        return any(p.over_capacity for p in self.policies)
 
     def touch(self, key, size_bytes, now):
         for p in self.policies:

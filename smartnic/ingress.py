@@ -5,7 +5,9 @@ a rate limit past its budget refuse it; the table's compute node (or the one tha
 region) is the target; unless the action is FORWARD, the requester finds how much of the turn's
 prefix is stored under the user's salt, by content, whatever context stored it (the compute node
 then asks for those blocks on its stream, and the agent GETs them: step 6). Contexts are per user,
-so one user never reaches another's context or blocks.
+so one user never reaches another's context or blocks; only the full blocks of the tenant's shared
+prefix (shared_prefix_tokens, which the frontend sets from its operator's setting) are looked up
+under the tenant's salt, and so found whichever of the tenant's users stored them.
 """
 from __future__ import annotations
 
@@ -77,12 +79,12 @@ def decide(agent, packet: Packet, now: float) -> tuple[ma.Decision, str, Registe
     return decision, address, reg
 
 
-def plan(agent, packet: Packet, tenant: str, token_ids: Sequence[int]) -> Plan:
+def plan(agent, packet: Packet, tenant: str, token_ids: Sequence[int], shared_tokens: int = 0) -> Plan:
     """Step 5 for one turn: decide, then look up the stored prefix when the action allows."""
     decision, address, reg = decide(agent, packet, time.monotonic())
     stored = 0
     if decision.action.type != ma.FORWARD and reg is not None and reg.layout is not None:
-        stored = agent.stored_tokens(packet.user_id, tenant, token_ids)
+        stored = agent.stored_tokens(packet.user_id, tenant, token_ids, shared_tokens)
         if stored:
             agent.stats.inc("prefetches")
     return Plan(address, reg, decision.action, decision.entry_id, stored, time.time_ns())

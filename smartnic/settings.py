@@ -8,6 +8,7 @@ from fabric.auth import AGENT_NQN
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
 
 EVICTION_POLICIES = ("lru", "timer", "both")
+ADMISSIONS = ("always", "on_reuse")  # smartnic.admission: which blocks a standing PUT keeps
 
 
 class StorageNodeRef(NamedTuple):
@@ -59,7 +60,9 @@ class SmartNicSettings:
     capacity_low_bytes: int = 6 << 30      # ... and stops at this many
     ttl_s: float = 3600.0                  # idle time-to-live of a context
     eviction_policy: str = "both"          # lru, timer or both
-    eviction_interval_s: float = 0.5
+    eviction_interval_s: float = 0.5       # and at once when a stored block takes the total past the high mark
+    admission: str = "always"              # always (the paper's), or on_reuse: store a block once seen twice
+    admission_max_names: int = 1 << 20     # on_reuse: names seen once that it remembers (LRU)
     get_timeout_s: float = 3.0             # a GET not done by then completes with an error
     fabric_timeout_s: float = 5.0
     queue_depth: int = 128                 # per storage node
@@ -89,4 +92,6 @@ class SmartNicSettings:
         assert 0 <= self.capacity_low_bytes <= self.capacity_high_bytes, "need low <= high watermark"
         assert self.ttl_s > 0 and self.get_timeout_s > 0 and self.fabric_timeout_s > 0
         assert self.eviction_policy in EVICTION_POLICIES, f"eviction_policy: one of {EVICTION_POLICIES}"
+        assert self.admission in ADMISSIONS, f"admission: one of {ADMISSIONS}"
+        assert self.admission_max_names > 0, "admission_max_names must be positive"
         assert self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}"

@@ -157,4 +157,4 @@ class SmartNicServicer(smartnic_pb2_grpc.SmartNicServicer):
             trigger_to_fire_p99_us=s["p99"], queue_depth=s["queue_depth"], errors_by_kind=s["errors_by_kind"],
             bytes_stored=s["bytes_stored"], contexts=s["contexts"], chunks=s["chunks"],
             bytes_by_storage_node=s["bytes_by_storage_node"], prefetches=s.get("prefetches", 0),
-            denied=s.get("denied", 0))
+            denied=s.get("denied", 0), puts_skipped=s.get("puts_skipped", 0))

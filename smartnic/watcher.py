@@ -1,6 +1,7 @@
 """The triggered-operation engine: the deferred work queue, its counter watcher, firing.
 
-The watcher reads only the counters that have entries queued. When something fired it
+The watcher reads the PUT triggers of every registered pool (its standing PUTs, one vectorised
+read per pool) and the counters that have one-off entries queued. When something fired it
 polls again at once; with nothing due it spins for `spin_s`, then sleeps with exponential
 backoff up to `max_sleep_s`; with nothing queued at all it sleeps until woken. Trigger-to-
 fire latency is measured from when the watcher first saw the counter's new value (or from

@@ -50,6 +50,12 @@ def test_a_shared_layer_imports_no_service(package):
     assert not edges, f"the shared layer {package} imports services: {edges}"
 
 
+def test_the_runtime_library_is_the_ground_floor():
+    above = set(PRODUCT) - {"kvtb"}
+    edges = {module: sorted(tops & above) for module, tops in imported_packages("kvtb").items() if tops & above}
+    assert not edges, f"kvtb is what every layer builds on, it imports none of them: {edges}"
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_client_imports_no_service_only_kvtb(client):
     below = set(SERVICES) | {"hostmem", "fabric"}

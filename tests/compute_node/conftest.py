@@ -72,7 +72,8 @@ def make_node(tiny_model, tokenizer):
 def run_turn(node, ids, context="c", policy="resident", n=16, user="u", tenant="default", **kw):
     """One turn through the node's gRPC service, as the agent sends it (step 5's lookup in the
     FakeNic, its restore events answered); (tokens, record, restore events)."""
-    stored = node.nic.lookup(ids, tenant, user) if node.nic is not None and policy == "triggered" else 0
+    stored = node.nic.lookup(ids, tenant, user, kw.get("shared_prefix_tokens", 0)) \
+        if node.nic is not None and policy == "triggered" else 0
     request = compute_pb2.TurnRequest(request_id=f"r-{context}", user_id=user, context_id=context,
                                       token_ids=ids, max_new_tokens=n, policy=policy, tenant=tenant,
                                       stored_tokens=stored, **{"ignore_eos": True, **kw})

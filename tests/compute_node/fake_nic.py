@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from hostmem import descriptor
-from hostmem.block_hash import salt_for, stored_prefix
+from hostmem.block_hash import Salts, stored_prefix
 
 
 class FakeNic:
@@ -78,10 +78,11 @@ class FakeNic:
         self.pool.region.add_counter(L.put_done(block), success=1)
 
     # -- step 5 and GETs
-    def lookup(self, token_ids, tenant: str = "default", user: str = "u") -> int:
+    def lookup(self, token_ids, tenant: str = "default", user: str = "u", shared_tokens: int = 0) -> int:
         """The agent's step-5 answer: tokens of the prefix it has stored (one left to compute)."""
+        bt = self.layout.block_tokens
         with self._lock:
-            tokens, _ = stored_prefix(token_ids, salt_for(tenant, user), self.layout.block_tokens,
+            tokens, _ = stored_prefix(token_ids, Salts.of(tenant, user, shared_tokens, bt), bt,
                                       self.stored.__contains__, len(token_ids) - 1)
         return tokens
 

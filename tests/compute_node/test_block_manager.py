@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from compute_node.block_manager import BlockManager, NoFreeBlock
-from hostmem.block_hash import block_hash, hash_chain
+from hostmem.block_hash import Salts, block_hash, hash_chain
 from compute_node.sequence import Sequence
 
 BT = 4
@@ -109,6 +109,22 @@ def test_the_same_tokens_under_another_salt_never_hit():
     bm.allocate(b)
     assert b.num_cached_tokens == 0 and not set(a.block_table) & set(b.block_table)
     assert bm.prefix_cache_hits == 0
+
+
+def test_a_tenants_shared_prefix_serves_its_other_users_but_their_own_blocks_stay_apart():
+    bm = BlockManager(32, BT)
+    tokens = list(range(13))  # blocks 0, 1 lie inside the 9-token shared prefix; 2 does not
+    a = computed(bm, tokens, salt=Salts.of("acme", "alice", 9, BT))
+    b = seq(tokens, salt=Salts.of("acme", "bob", 9, BT))
+    bm.allocate(b)
+    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
+    assert b.num_cached_tokens == 8 and b.block_hashes[:2] == a.block_hashes[:2]
+    assert b.block_hashes[2] != a.block_hashes[2]  # same tokens, another user: a private block of its own
+    c = seq(tokens, salt=Salts.of("acme", "bob", 0, BT))  # bob without the shared prefix marked: nothing
+    d = seq(tokens, salt=Salts.of("other", "carol", 9, BT))  # another tenant's shared prefix: nothing
+    for s in (c, d):
+        bm.allocate(s)
+        assert s.num_cached_tokens == 0 and not set(s.block_table) & set(a.block_table)
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_block():

@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from hostmem.block_hash import hash_chain, salt_for
+from hostmem.block_hash import Salts, hash_chain, salt_for
 from tests.compute_node.conftest import run_turn
 
 PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + 20 + 9 * i)) for i in range(6)]
@@ -80,6 +80,29 @@ def test_triggered_blocks_leave_by_descriptor_and_come_back_bit_identical(make_n
         L = node.pool.layout
         assert bytes(node.pool.region.view(*L.token_ids_range(block.block, count))) == ids_bytes
         assert bytes(node.pool.region.view(*L.block_range(block.block))) == kv
+
+
+def test_a_shared_prefix_is_stored_once_named_by_the_tenant_and_restored_for_its_other_users(make_node):
+    node = make_node(nic=True)
+    ids, bt = PROMPTS[5], node.settings.block_tokens  # 65 tokens; the first 20 are the tenant's shared prefix
+    alice, _, _ = run_turn(node, ids, "ctx-a", "triggered", user="alice", tenant="acme", shared_prefix_tokens=20)
+    time.sleep(0.05)
+    described = list(node.nic.descriptors)
+    assert [d.shared for d in described] == [True, True] + [False] * (len(described) - 2)
+    chain = hash_chain(ids, Salts.of("acme", "alice", 20, bt), bt)
+    assert [d.hash for d in described[:len(chain)]] == chain
+    assert chain[:2] == hash_chain(ids[:16], salt_for("acme", "", shared=True), bt)
+    # bob, same tenant, same prompt: only the shared blocks are his to restore; the same reply
+    bob, rec_b, restores = run_turn(node, ids, "ctx-b", "triggered", user="bob", tenant="acme",
+                                    shared_prefix_tokens=20)
+    [event] = restores
+    assert [(b.chunk_index, b.shared) for b in event.blocks] == [(0, True), (1, True)]
+    assert rec_b.kv_source == "restored" and rec_b.tokens_reused == 16 and bob == alice
+    # without the prefix marked shared, or in another tenant: nothing of alice's
+    for user, tenant, shared in (("bob", "acme", 0), ("carol", "other", 20)):
+        _, rec, restores = run_turn(node, ids, f"ctx-{user}", "triggered", user=user, tenant=tenant,
+                                    shared_prefix_tokens=shared)
+        assert rec.tokens_reused == 0 and not restores
 
 
 def test_a_restore_with_a_failed_block_keeps_the_blocks_before_it(make_node):
@@ -197,3 +220,20 @@ def test_a_group_that_never_lands_is_recomputed_after_the_deadline(make_node):
     assert tokens == reference and time.monotonic() - start < 10
     # the blocks its late GETs might still write stay out of use until given up on
     assert node.engine.late_pins and node.engine.bm.num_pinned_blocks > 0
+
+
+def test_turns_sharing_a_block_whose_put_is_in_flight_all_finish(make_node):
+    # B starts while A still decodes and A's PUTs of their common blocks are in flight: B waits for
+    # those PUTs instead of storing the same pool blocks again (which lost A's PUT and hung A).
+    node = make_node(nic=True)
+    node.nic.put_delay_s = 0.1
+    common = list(range(500, 532))  # four blocks of 8 tokens
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        a = pool.submit(run_turn, node, common + [601, 602, 603], "a", "triggered", 150)
+        time.sleep(0.15)
+        b = pool.submit(run_turn, node, common + [701, 702], "b", "triggered", 4)
+        (_, rec_a, _), (_, rec_b, _) = a.result(timeout=60), b.result(timeout=60)
+    assert rec_b.tokens_cached >= len(common), "B did not find A's blocks in the pool: the test tests nothing"
+    assert rec_a.tokens_out == 150 and rec_b.tokens_out == 4
+    assert node.nic.refused == 0  # no descriptor rewritten under a PUT in flight
+    assert node.engine.snapshot()["num_requests_running"] == 0 and not node.engine.puts

@@ -14,8 +14,15 @@ from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb_proto import frontend_pb2, frontend_pb2_grpc
 
 MAX_NEW_TOKENS = 32
-USERS = {"demo": "demo-token", "alice": "alice-token", "bob": "bob-token"}
-TENANTS = {"bob": "team-b"}  # metrics label tenants, never users; alice and demo: "default"
+USERS = {"demo": "demo-token", "alice": "alice-token", "bob": "bob-token", "carol": "carol-token",
+         "dave": "dave-token"}
+TENANTS = {"bob": "team-b", "carol": "team-c", "dave": "team-c"}  # metrics label tenants; alice, demo: "default"
+# the operators of team-b and team-c each marked this system prompt's KV shared by their tenant's users
+# (two full blocks of 32 tokens and part of a third)
+SHARED_PROMPT = ("You are the support assistant of the Example Bakery on Main Street. Answer questions about "
+                 "opening hours, cakes, bread, pastries, allergens and orders briefly and politely, in plain "
+                 "English, and never invent prices; if you do not know something, say so and suggest calling "
+                 "the shop. Orders for the weekend must be placed by Thursday noon.")
 PAPER_CHAT = Path(__file__).resolve().parents[2] / "deploy" / "demo-chat.txt"
 
 
@@ -34,7 +41,8 @@ def write_config(path: Path) -> Path:
                     "key_salt": "e2e-salt", "metrics_address": "127.0.0.1:0"},
         "frontend": {"listen_address": "127.0.0.1:0", "http_address": "127.0.0.1:0",
                      "metrics_address": "127.0.0.1:0", "users": USERS, "tenants": TENANTS,
-                     "max_new_tokens_default": MAX_NEW_TOKENS, "message_max_chars": 500},
+                     "max_new_tokens_default": MAX_NEW_TOKENS, "message_max_chars": 500,
+                     "shared_system_prompts": {"team-b": SHARED_PROMPT, "team-c": SHARED_PROMPT}},
     }
     path.write_text(yaml.safe_dump(config))
     return path

@@ -62,4 +62,14 @@ def test_default_config_loads_for_every_service():
     assert load_settings(StorageSettings, "storage", cfg, environ={}).admin_address == "127.0.0.1:50061"
     nic = load_settings(SmartNicSettings, "smartnic", cfg, environ={})
     assert nic.listen_address == "127.0.0.1:50051"
+    # storage is bounded by default: LRU (and the idle timer) past 2 GiB, every block admitted
+    assert (nic.capacity_high_bytes, nic.capacity_low_bytes) == (2 << 30, 3 << 29)
+    assert (nic.eviction_policy, nic.admission) == ("both", "always")
     assert load_settings(ComputeSettings, "compute", cfg, environ={}).key_salt == nic.salt
+
+
+def test_the_containers_config_bounds_storage_too():
+    from kvtb.settings import load_settings
+    from smartnic.settings import SmartNicSettings
+    nic = load_settings(SmartNicSettings, "smartnic", up.REPO_CONFIG.with_name("kvtb.compose.yaml"), environ={})
+    assert (nic.capacity_high_bytes, nic.capacity_low_bytes, nic.eviction_policy) == (2 << 30, 3 << 29, "both")

@@ -17,3 +17,14 @@ def test_unknown_command_exits_2(capsys):
 def test_help_lists_commands(capsys):
     assert cli.main(["--help"]) == 0
     assert "serve storage" in capsys.readouterr().out
+
+
+def test_group_help_lists_the_groups_commands(capsys):
+    assert cli.main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "kvtb bench COMMAND" in out and "bench ttft" in out and "serve compute" not in out
+
+
+def test_group_alone_shows_its_commands_and_exits_2(capsys):
+    assert cli.main(["serve"]) == 2
+    assert "serve storage" in capsys.readouterr().err

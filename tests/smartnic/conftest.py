@@ -11,7 +11,7 @@ import pytest
 from kvtb.rpc import add_port
 from kvtb_proto import compute_pb2_grpc, smartnic_pb2_grpc
 from tests.conftest import as_identity, secure_channel
-from tests.smartnic.helpers import FakeCompute, Pool, agent_env, storage_env
+from tests.smartnic.helpers import LAYOUT, FakeCompute, Pool, agent_env, storage_env
 
 
 @pytest.fixture
@@ -28,13 +28,13 @@ def agent(start_service, storage):
 
 
 @contextlib.contextmanager
-def compute_beside(agent_address: str):
+def compute_beside(agent_address: str, layout=LAYOUT):
     """This process as a compute node of the agent: (pool, fake compute node, channel to the agent),
-    the pool registered with the fake's address."""
+    the pool (of `layout`) registered with the fake's address."""
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(8))
     port = add_port(server, "127.0.0.1:0", as_identity("compute"))
     channel = secure_channel(agent_address, peer="smartnic")
-    pool = Pool(smartnic_pb2_grpc.SmartNicStub(channel), compute_address=f"127.0.0.1:{port}")
+    pool = Pool(smartnic_pb2_grpc.SmartNicStub(channel), layout, compute_address=f"127.0.0.1:{port}")
     fake = FakeCompute(pool)
     compute_pb2_grpc.add_ComputeNodeServicer_to_server(fake, server)
     server.start()

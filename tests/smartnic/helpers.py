@@ -10,7 +10,7 @@ import numpy as np
 
 from fabric.auth import AGENT_NQN
 from hostmem import descriptor
-from hostmem.block_hash import block_hash, hash_chain, salt_for
+from hostmem.block_hash import Salts, block_hash, hash_chain
 from hostmem.layout_proto import layout_to_proto
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 from tests.conftest import TEST_HOST
@@ -74,31 +74,34 @@ class Pool:
         self.token_ids(block)[:len(token_ids)] = token_ids
 
     def store(self, block: int, index: int, ids, user: str, context: str, tenant: str = "default",
-              seed: int | None = None, overrides: dict | None = None) -> tuple[bytes, tuple[int, int]]:
+              seed: int | None = None, overrides: dict | None = None,
+              shared_tokens: int = 0) -> tuple[bytes, tuple[int, int]]:
         """Fill `block` with block `index` of ids (and KV), describe it and store its trigger, as the
-        engine does when a block fills (overrides: descriptor fields to get wrong); (its name, the
-        PUT-done counter before)."""
+        engine does when a block fills (overrides: descriptor fields to get wrong; shared_tokens: the
+        tenant's shared prefix); (its name, the PUT-done counter before)."""
         L, bt = self.layout, self.layout.block_tokens
         chunk = list(ids[index * bt:(index + 1) * bt])
         self.fill(block, chunk, index if seed is None else seed)
-        salt = salt_for(tenant, user)
-        chain = hash_chain(list(ids), salt, bt)
+        salts = Salts.of(tenant, user, shared_tokens, bt)
+        chain = hash_chain(list(ids), salts, bt)
         parent = chain[index - 1] if index else b""
-        name = chain[index] if len(chunk) == bt else block_hash(parent, chunk, salt)
+        name = chain[index] if len(chunk) == bt else block_hash(parent, chunk, salts.private)
         generation = self.region.read_counter(L.put_trigger(block))[0] + 1
         fields = dict(generation=generation, chunk_index=index, token_count=len(chunk), hash=name, parent=parent,
-                      tenant=tenant, user=user, context=context)
+                      tenant=tenant, user=user, context=context, shared=salts.is_shared(index, len(chunk) == bt))
         fields.update(overrides or {})
         self.region.write(L.descriptor_range(block)[0], descriptor.encode(descriptor.Descriptor(**fields)))
         before = self.region.read_counter(L.put_done(block))
         self.region.store_counter(L.put_trigger(block), generation)  # the GPU thread's flag write
         return name, before
 
-    def offload(self, ids, user: str, context: str, blocks=None, tenant: str = "default") -> list[bytes]:
+    def offload(self, ids, user: str, context: str, blocks=None, tenant: str = "default",
+                shared_tokens: int = 0) -> list[bytes]:
         """Store every block of ids (full ones and the partial last one), wait until each PUT ended well."""
         bt = self.layout.block_tokens
         blocks = list(range(-(-len(ids) // bt))) if blocks is None else blocks
-        stored = [self.store(block, i, ids, user, context, tenant) for i, block in enumerate(blocks)]
+        stored = [self.store(block, i, ids, user, context, tenant, shared_tokens=shared_tokens)
+                  for i, block in enumerate(blocks)]
         for block, (_, before) in zip(blocks, stored):
             assert self.wait_counter(self.layout.put_done(block), sum(before) + 1) == (before[0] + 1, before[1])
         return [name for name, _ in stored]
@@ -157,16 +160,18 @@ class FakeCompute(compute_pb2_grpc.ComputeNodeServicer):
     def Generate(self, request, context):
         self.requests.append(request)
         L, bt, n = self.pool.layout, self.pool.layout.block_tokens, request.stored_tokens
-        salt = salt_for(request.tenant or "default", request.user_id)
+        salts = Salts.of(request.tenant or "default", request.user_id, request.shared_prefix_tokens, bt)
         ids = list(request.token_ids)
-        chain = hash_chain(ids[:n], salt, bt)
-        names = chain + ([block_hash(chain[-1] if chain else b"", ids[len(chain) * bt:n], salt)] if n % bt else [])
+        chain = hash_chain(ids[:n], salts, bt)
+        names = chain + ([block_hash(chain[-1] if chain else b"", ids[len(chain) * bt:n], salts.private)]
+                         if n % bt else [])
         blocks = self.targets[:len(names)]
         counters = [[L.get_done(b, g) for g in range(L.layer_groups)] for b in blocks]
         before = [[self.pool.region.read_counter(c) for c in cs] for cs in counters]
         if names:
             yield compute_pb2.TurnEvent(restore=compute_pb2.RestoreRequest(layer_groups=L.layer_groups, blocks=[
-                compute_pb2.RestoreBlock(block=b, hash=h, token_count=min(bt, n - i * bt), chunk_index=i)
+                compute_pb2.RestoreBlock(block=b, hash=h, token_count=min(bt, n - i * bt), chunk_index=i,
+                                         shared=salts.is_shared(i, n - i * bt >= bt))
                 for i, (b, h) in enumerate(zip(blocks, names))]))
         deadline = time.monotonic() + self.timeout_s
         landed = []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fabric import chunk_format as cf
-from hostmem.block_hash import hash_chain, salt_for
+from hostmem.block_hash import block_hash, hash_chain, salt_for
 from kvtb_proto import (
     compute_pb2,
     compute_pb2_grpc,
@@ -25,10 +25,11 @@ USER, CTX = "alice", "ctx-1"
 IDS = list(range(1000, 1060))  # three full blocks of 16 and a partial one of 12
 
 
-def turn(channel, ids, user: str = USER, context: str = CTX, tenant: str = "default") -> list:
+def turn(channel, ids, user: str = USER, context: str = CTX, tenant: str = "default", shared: int = 0) -> list:
     stub = compute_pb2_grpc.ComputeNodeStub(channel)
     return list(stub.Generate(compute_pb2.TurnRequest(request_id="r1", user_id=user, context_id=context,
-                                                      tenant=tenant, token_ids=ids, max_new_tokens=1), timeout=30))
+                                                      tenant=tenant, token_ids=ids, max_new_tokens=1,
+                                                      shared_prefix_tokens=shared), timeout=30))
 
 
 def stats(pool):
@@ -82,6 +83,30 @@ def test_a_prefix_is_found_whatever_context_stored_it_but_never_for_another_user
     assert fake.requests[-1].stored_tokens == 0
     # the operator's view is by (user, context): mallory has none of alice's
     assert not pool.stub.Lookup(smartnic_pb2.ContextRef(user_id="mallory", context_id=CTX)).chunks
+
+
+def test_a_shared_prefix_serves_the_tenants_other_users_and_never_another_tenant(compute):
+    pool, fake, channel = compute
+    names = pool.offload(IDS, USER, CTX, tenant="acme", shared_tokens=40)  # blocks 0, 1 lie inside it
+    found = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX)).chunks
+    assert [c.shared for c in found] == [True, True, False, False] and [c.hash for c in found] == names
+    turn(channel, IDS + [7], user="bob", tenant="acme", shared=40)
+    assert fake.requests[-1].stored_tokens == 32 and fake.outcomes[-1] == [(2, 0)] * 2
+    for source, target in zip(range(2), range(4, 6)):  # alice's shared blocks, GOT for bob
+        assert np.array_equal(pool.kv(target), pool.kv(source))
+    turn(channel, IDS + [7], user=USER, tenant="acme", shared=40)  # alice: hers too
+    assert fake.requests[-1].stored_tokens == len(IDS) and fake.outcomes[-1] == [(2, 0)] * 4
+    turn(channel, IDS + [7], user="bob", tenant="acme")  # the frontend did not mark it shared: nothing
+    assert fake.requests[-1].stored_tokens == 0
+    turn(channel, IDS + [7], user="bob", tenant="other-tenant", shared=40)  # another tenant: nothing
+    assert fake.requests[-1].stored_tokens == 0
+    # a partial block is never shared: a descriptor saying so is refused, whatever its name
+    partial = IDS[48:]
+    shared_salt = salt_for("acme", USER, shared=True)
+    _, before = pool.store(3, 3, IDS, USER, "bad-shared", tenant="acme", shared_tokens=40, overrides=dict(
+        shared=True, hash=block_hash(names[2], partial, shared_salt)))  # its name under the shared salt
+    assert pool.wait_counter(LAYOUT.put_done(3), sum(before) + 1) == (before[0], before[1] + 1)
+    assert stats(pool).errors_by_kind["descriptor_refused"] == 1
 
 
 def test_a_descriptor_that_does_not_describe_its_block_is_refused_and_counted(compute):

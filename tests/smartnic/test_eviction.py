@@ -100,3 +100,15 @@ def test_make_policy():
     assert isinstance(make_policy("both", 2, 1, 5), Combined)
     with pytest.raises(ValueError):
         make_policy("lfu", 2, 1, 5)
+
+
+def test_over_capacity_says_when_a_pass_would_evict():
+    lru, both = LruCapacity(100, 50), make_policy("both", 100, 50, 60.0)
+    for p in (lru, both):
+        p.touch("a", 100, 0.0)
+        assert not p.over_capacity
+        p.touch("b", 1, 0.0)
+        assert p.over_capacity
+        p.victims(0.0)
+        assert not p.over_capacity
+    assert not make_policy("timer", 1, 0, 1.0).over_capacity

@@ -1,0 +1,128 @@
+"""Replaying a Mooncake-format trace through the OpenAI API: the prompts, checked, and the replay at the trace's times.
+
+Every request is one user's single-turn chat (no session header): a system message padded so that
+the chat template's head is whole blocks, then the request's blocks as text (bench.trace_prompts).
+Before the replay each prompt is encoded by the compute node's own chat template (EncodeChat) and
+compared with its blocks' ids, so a hit measured is a trace prefix. The cached tokens the API
+reports, less the head's, are the trace's blocks served from the cache; the ideal is
+bench.mooncake.ideal_blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import aiohttp
+
+from bench import mooncake
+from bench.mooncake import TraceRequest
+from bench.openai_client import Reply, chat, messages_of
+from bench.stats import ratio, summarize
+from bench.trace_prompts import BlockText, check_prompt, pad_words, split_template
+
+logger = logging.getLogger(__name__)
+
+SYSTEM = "Repeat the list of words."
+EncodeChat = Callable[[str, str], list[int]]  # (system, user message) -> the template's ids
+
+
+@dataclasses.dataclass
+class TracePlan:
+    """What will be sent: per request its prompt, and the trace's ideal."""
+
+    requests: list[TraceRequest]
+    block_tokens: int
+    system: str
+    head_tokens: int
+    prompts: list[str]
+    ideal_blocks: list[int]
+    mismatches: list[str]
+
+
+def prepare(requests: Sequence[TraceRequest], text: BlockText, encode: Callable[[str], list[int]],
+            encode_chat: EncodeChat) -> TracePlan:
+    """The prompts, the system message that makes the head whole blocks, and each prompt checked."""
+    bt = text.block_tokens
+    marker_text = text.block(-1)
+    marker = encode(marker_text)
+    head, _ = split_template(encode_chat(SYSTEM, marker_text), marker)
+    system = SYSTEM + text.block(-2, pad_words(len(head), bt))  # one token per word
+    head, tail = split_template(encode_chat(system, marker_text), marker)
+    if len(head) % bt:
+        raise RuntimeError(f"the chat template's head is {len(head)} tokens, not whole blocks of {bt}")
+    prompts, mismatches = [], []
+    for i, r in enumerate(requests):
+        prompts.append(text.prompt(r))
+        wrong = check_prompt(encode_chat(system, prompts[-1]), head, text.expected_ids(r, encode), tail)
+        if wrong:
+            mismatches.append(f"request {i}: {wrong}")
+    return TracePlan(list(requests), bt, system, len(head), prompts,
+                     mooncake.ideal_blocks(requests, bt), mismatches)
+
+
+@dataclasses.dataclass
+class Sent:
+    """One replayed request: when it was due and sent (s from the replay's start), and its reply."""
+
+    index: int
+    due_s: float
+    sent_s: float = 0.0
+    reply: Reply | None = None
+    error: str = ""
+
+
+async def _one(session, base_url: str, token: str, model: str, plan: TracePlan, i: int, due_s: float,
+               begin: float, max_new_tokens: int) -> Sent:
+    sent = Sent(i, due_s)
+    await asyncio.sleep(max(0.0, begin + due_s - time.perf_counter()))
+    sent.sent_s = time.perf_counter() - begin
+    r = plan.requests[i]
+    max_tokens = max(1, min(r.output_length, max_new_tokens))
+    try:
+        sent.reply = await chat(session, base_url, token, model, messages_of(plan.system, [], plan.prompts[i]),
+                                max_tokens)
+    except Exception as exc:  # noqa: BLE001 - reported per request
+        sent.error = f"{type(exc).__name__}: {exc}"
+        logger.warning("trace request %d failed: %s", i, sent.error)
+    return sent
+
+
+async def replay(base_url: str, token: str, model: str, plan: TracePlan, speedup: float,
+                 max_new_tokens: int) -> tuple[list[Sent], float]:
+    """Every request at its timestamp (from the first, divided by speedup); outcomes and wall time (s)."""
+    t0 = plan.requests[0].timestamp_ms if plan.requests else 0.0
+    begin = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        sent = await asyncio.gather(*(
+            _one(session, base_url, token, model, plan, i, (r.timestamp_ms - t0) / 1e3 / speedup, begin,
+                 max_new_tokens) for i, r in enumerate(plan.requests)))
+    return list(sent), time.perf_counter() - begin
+
+
+def figures(plan: TracePlan, sent: Sequence[Sent]) -> dict:
+    """Hit tokens against the ideal, per request and in all; TTFT; how late requests were sent."""
+    bt, rows = plan.block_tokens, []
+    for s in sent:
+        r, rep = plan.requests[s.index], s.reply
+        hit = max(0, rep.cached_tokens - plan.head_tokens) if rep else 0
+        rows.append({"index": s.index, "blocks": len(r.hash_ids), "input_tokens": r.input_length,
+                     "ideal_tokens": plan.ideal_blocks[s.index] * bt, "hit_tokens": hit,
+                     "cached_tokens": rep.cached_tokens if rep else 0,
+                     "prompt_tokens": rep.prompt_tokens if rep else 0,
+                     "ttft_s": rep.ttft_s if rep else None, "late_s": s.sent_s - s.due_s, "error": s.error})
+    ok = [row for row in rows if not row["error"]]
+    ideal, hit = sum(r["ideal_tokens"] for r in ok), sum(r["hit_tokens"] for r in ok)
+    prompt = sum(r["prompt_tokens"] for r in ok)
+    return {"requests": len(rows), "failed": len(rows) - len(ok), "ideal_tokens": ideal, "hit_tokens": hit,
+            "hit_over_ideal_tokens": sum(min(r["hit_tokens"], r["ideal_tokens"]) for r in ok),
+            "prefix_hit_vs_ideal": ratio(hit, ideal), "trace_tokens": sum(r["input_tokens"] for r in ok),
+            "ideal_share": ratio(ideal, sum(r["input_tokens"] for r in ok)),
+            "hit_share": ratio(hit, sum(r["input_tokens"] for r in ok)),
+            "cached_share_of_prompt": ratio(sum(r["cached_tokens"] for r in ok), prompt),
+            "seen_id_share": mooncake.seen_id_share(plan.requests),
+            "ttft_s": summarize([r["ttft_s"] for r in ok]) if ok else None,
+            "late_s": summarize([r["late_s"] for r in rows]) if rows else None,
+            "head_tokens": plan.head_tokens, "prompt_mismatches": plan.mismatches, "per_request": rows}
