@@ -13,6 +13,11 @@ and every round's rate is kept too. PUT limit = min(zmq, pwrite+fsync); GET limi
 pread). Beside them, the storage node alone: the same values stored and retrieved by a bare
 fabric client (the `cpu` mode of `kvtb simulate --calibrate`).
 
+A whole context (`--context-tokens`, 2,048: 64 blocks of SmolLM2's KV, about 94 MB) is restored
+through the default agent as the compute node asks for it, by bulk GET layer group by layer group
+(`bench.context_restore`), beside the ZeroMQ loopback limit measured in the same run:
+`context_restore_vs_zmq` (floor RESTORE_FLOOR) is the path's figure for GET.
+
 Security, side by side in the same run (`SECURITY`): each mode has its own storage node process
 and agent, and the modes' rounds take turns. "secure" is the default (fabric authentication and
 sealed capsules, and the KV MAC): the whole path's figures are its. "open" has both off;
@@ -34,6 +39,7 @@ import numpy as np
 
 from bench import trigger
 from bench.compute_standin import ComputeStandIn
+from bench.context_restore import context_restore
 from bench.rawlimits import Sampler, path_meters, put_get_limits
 from bench.results import (
     add_common_args,
@@ -61,6 +67,7 @@ logger = logging.getLogger(__name__)
 RANGES_PER_CHUNK = 128  # one [layer, K|V, kv_head] row of the chunk's tokens each, as in a KV pool
 PUT_TRIGGER, PUT_DONE, GET_DONE, GET_TRIGGER = 0, 1, 2, 3  # counters of a transfer's region
 FLOOR = 0.5
+RESTORE_FLOOR = 0.7  # a whole context restored by bulk GET / ZeroMQ loopback
 # Each mode of the data path: the default security, none, and the encrypted option.
 SECURITY = {"secure": {"fabric_security": "auth", "kv_mac": True},
             "open": {"fabric_security": "off", "kv_mac": False},
@@ -89,10 +96,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trigger-samples", type=int, default=1000)
     parser.add_argument("--budget-s", type=float, default=1.0,
                         help="seconds per raw limit (cut into --rounds windows, the best kept)")
+    parser.add_argument("--context-tokens", type=int, default=2048, help="tokens of the context restored whole")
+    parser.add_argument("--context-rounds", type=int, default=3, help="restores of that context (the best is kept)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.sizes_mib, args.total_mib, args.rounds = [1], min(args.total_mib, 4), 1
         args.trigger_samples, args.budget_s = min(args.trigger_samples, 50), min(args.budget_s, 0.2)
+        args.context_tokens, args.context_rounds = min(args.context_tokens, 128), 1
     return args
 
 
@@ -331,8 +341,17 @@ def rounds_line(t: dict) -> str:
             f"PUT {spread(rounds['put'])}, GET {spread(rounds['get'])}")
 
 
+def context_line(c: dict) -> str:
+    """The whole context's restore: its rate and the ZeroMQ limit beside it, every round's spread."""
+    rounds = " / ".join(f"{v / 1e6:.0f}" for v in sorted(c["rounds_bytes_per_s"]))
+    return (f"context of {c['tokens']} tokens ({c['blocks']} blocks, {c['bytes'] / 1e6:.1f} MB) restored by bulk GET "
+            f"in {c['layer_groups']} layer groups: {c['bytes_per_s'] / 1e6:.0f} MB/s (rounds {rounds}), ZeroMQ "
+            f"loopback {c['zmq_tcp_bytes_per_s'] / 1e6:.0f} MB/s ({c['zmq_message_bytes'] >> 10} KiB messages): "
+            f"{c['vs_zmq']:.2f}")
+
+
 def table(result: dict) -> str:
-    return (f"{trigger.text(result['results']['trigger_to_fire'])}\n"
+    return (f"{trigger.text(result['results']['trigger_to_fire'])}\n{context_line(result['results']['context_restore'])}\n"
             f"{transfers_table(result['results']['transfers'])}\n\n{ratios_text(result['ratios'])}")
 
 
@@ -341,23 +360,27 @@ def run(args: argparse.Namespace) -> dict:
     result = new_result("smartnic", {"sizes_mib": args.sizes_mib, "total_mib": args.total_mib,
                                      "rounds": args.rounds, "trigger_samples": args.trigger_samples,
                                      "budget_s": args.budget_s, "ranges_per_chunk": RANGES_PER_CHUNK,
+                                     "context_tokens": args.context_tokens, "context_rounds": args.context_rounds,
                                      "fsync": True, "smoke": args.smoke})
-    with progress_for(args, 1 + len(args.sizes_mib), "smartnic") as progress, \
+    with progress_for(args, 2 + len(args.sizes_mib), "smartnic") as progress, \
             data_dir(args, "smartnic") as path, \
             agents_beside_storage(path, max(512, args.trigger_samples)) as agents:
         fire = trigger.measure(agents["secure"][0], args.trigger_samples)
         progress.update(note="trigger-to-fire")
+        context = context_restore(agents["secure"][0], args.context_tokens, args.context_rounds, args.budget_s)
+        progress.update(note="context restore")
         rows = []
         for mib in args.sizes_mib:
             rows.append(transfer_beside_limits(agents, mib << 20, args.total_mib << 20,
                                                args.rounds, args.budget_s, path))
             progress.update(note=f"{mib} MiB")
-    result["results"] = {"trigger_to_fire": fire, "transfers": rows}
+    result["results"] = {"trigger_to_fire": fire, "context_restore": context, "transfers": rows}
+    result["ratios"]["context_restore_vs_zmq"] = context["vs_zmq"]
     for op in ("put", "get"):  # the worst over sizes
         result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in rows)
         result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in rows)
     result["ratios"] |= security_ratios(rows)
-    result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "get_vs_limit": FLOOR,
+    result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "context_restore_vs_zmq": RESTORE_FLOOR,
                                                  **SECURITY_FLOORS})
     result["floors"] |= floors(trigger.figures(fire), {}, at_most=trigger.TRIGGER_CEILINGS)
     return result

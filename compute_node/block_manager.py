@@ -161,13 +161,28 @@ class BlockManager:
         return list(seq.restore_blocks)
 
     def restore_done(self, seq: Sequence, covered_tokens: int) -> None:
-        """Tokens [0, covered_tokens) landed: they become computed; blocks past them are to be prefilled."""
+        """Tokens [0, covered_tokens) landed: they become computed; blocks past them are to be prefilled.
+        (After restore_joined: its blocks are unpinned and join the prefix cache now.)"""
         for i in seq.restore_blocks:
             self.unpin(seq.block_table[i])
         covered = min(covered_tokens, seq.num_restore_tokens)
         seq.restore_blocks, seq.num_restore_tokens = [], 0
         if covered > seq.num_computed_tokens:
             self.mark_computed(seq, covered - seq.num_computed_tokens)
+        else:
+            self._register(seq, range(seq.num_cached_tokens // self.block_tokens,
+                                      seq.num_computed_tokens // self.block_tokens))
+
+    def restore_joined(self, seq: Sequence, covered_tokens: int) -> None:
+        """The first layer group of tokens [0, covered_tokens) landed: they count as computed, so seq can
+        run, while the other groups still land: the blocks stay pinned and out of the prefix cache
+        (nobody else may read them) until restore_done."""
+        covered = min(covered_tokens, seq.num_restore_tokens)
+        seq.num_computed_tokens = max(seq.num_computed_tokens, covered)
+
+    def restore_unjoined(self, seq: Sequence) -> None:
+        """A joined restore did not land whole: back to the tokens found in the prefix cache."""
+        seq.num_computed_tokens = seq.num_cached_tokens
 
     def mark_computed(self, seq: Sequence, num_tokens: int) -> list[int]:
         """num_tokens more tokens have KV; register the blocks that became full; return their indexes."""
@@ -175,15 +190,20 @@ class BlockManager:
         seq.num_computed_tokens += num_tokens
         assert seq.num_computed_tokens <= len(seq), "computed past the sequence's tokens"
         filled = list(range(before // self.block_tokens, seq.num_computed_tokens // self.block_tokens))
-        if not filled:
-            return filled
-        hashes = self._hashes(seq, seq.num_computed_tokens // self.block_tokens)
-        for i in filled:
+        self._register(seq, filled)
+        return filled
+
+    def _register(self, seq: Sequence, indexes) -> None:
+        """Full computed blocks of seq become findable by their hash (unless that hash is taken)."""
+        indexes = list(indexes)
+        if not indexes:
+            return
+        hashes = self._hashes(seq, indexes[-1] + 1)
+        for i in indexes:
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and hashes[i] not in self.hash_to_block:
                 block.hash = hashes[i]
                 self.hash_to_block[block.hash] = block.block_id
-        return filled
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the blocks for seq's tokens so far (a decode crossing a block boundary) can be had."""

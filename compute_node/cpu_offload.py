@@ -72,12 +72,10 @@ class CpuStore:
         start = block.index * L.block_tokens
         key = cf.block_key(self.salt, block.hash)
         self.generation = cf.next_generation(self.generation, time.time_ns())
-        header = cf.encode_header(cf.ChunkHeader(
-            block.user, block.context, block.index, start, start + block.token_count, len(kv), block.hash,
-            self.generation, cf.MAC_BYTES if self.mac_key else 0, block.tenant, block.parent, block.shared))
-        frames = [header, ids, kv]
-        if self.mac_key:
-            frames.append(cf.mac_of(self.mac_key, key, self.generation, frames))
+        header = cf.ChunkHeader(block.user, block.context, block.index, start, start + block.token_count, len(kv),
+                                block.hash, self.generation, cf.MAC_BYTES if self.mac_key else 0, block.tenant,
+                                block.parent, block.shared, kv_parts=L.num_layers)
+        frames = cf.sealed(self.mac_key, key, header, [ids], [kv])
         node = place(key, self.nodes)
         self.client(node).store(self.nsid, key, frames, cf.crc32c_of(frames))
         nbytes = sum(len(f) for f in frames)
@@ -106,25 +104,18 @@ class CpuStore:
         try:
             completion = self.client(stored.node).retrieve(self.nsid, stored.key)
             value = completion.payload()  # one frame: no copy
-            header, hlen = cf.decode_header(cf.leading_bytes([value], cf.MAX_HEADER_BYTES))
+            header, layout = cf.check_value(self.mac_key, stored.key, value)  # length and every MAC
             if header.generation != stored.generation:
                 raise ValueError(f"generation {header.generation}, expected {stored.generation} (an older copy)")
-            if cf.value_length(header, hlen) != value.nbytes:
-                raise ValueError(f"a value of {value.nbytes} bytes, its header says {cf.value_length(header, hlen)}")
-            body = value[:value.nbytes - header.mac_bytes]
-            if self.mac_key:
-                if header.mac_bytes != cf.MAC_BYTES or not cf.same_mac(
-                        cf.mac_of(self.mac_key, stored.key, stored.generation, [body]), value[body.nbytes:]):
-                    raise ValueError("MAC mismatch (forged, moved or damaged)")
-            elif cf.crc32c_of([value]) != completion.response.crc32c:
+            if not self.mac_key and cf.crc32c_of([value]) != completion.response.crc32c:
                 raise ValueError("crc32c mismatch")
-            if header.name != block.hash or header.num_tokens != block.token_count:
-                raise ValueError("the stored block is not the one asked for")
             L = pool.layout
             ids_offset, ids_length = L.token_ids_range(block.block_id, block.token_count)
             kv_offset, kv_length = L.block_range(block.block_id)
-            cf.scatter(cf.skip([body], hlen), [pool.region.view(ids_offset, ids_length),
-                                               pool.region.view(kv_offset, kv_length)])
+            if header.name != block.hash or header.num_tokens != block.token_count or layout.kv_bytes != kv_length:
+                raise ValueError("the stored block is not the one asked for")
+            cf.scatter(cf.cut([value], layout.ids_offset, ids_length), [pool.region.view(ids_offset, ids_length)])
+            cf.scatter(cf.cut([value], layout.kv_offset, layout.kv_bytes), [pool.region.view(kv_offset, kv_length)])
             return True
         except Exception as exc:  # noqa: BLE001 - any failure: this block and the rest are recomputed
             logger.warning("cpu restore of block %d failed: %s", block.index, exc)

@@ -4,7 +4,9 @@ Each loop: take new turns in, see which PUTs and restores have landed (by readin
 the region: no RPC), ask the scheduler for the next step, run one forward over every scheduled
 sequence (decode tokens and prefill chunks together), sample, stream the tokens, and store each
 block that filled as the turn's policy says. A sequence whose KV is being restored waits outside
-the batch while the others decode. Service threads only call submit() and snapshot().
+the batch while the others decode, until the first layer group of every block landed; then it
+joins, and the forward waits before each later group's first layer until that group landed
+(compute_node.restore: join, LayerWait). Service threads only call submit() and snapshot().
 """
 from __future__ import annotations
 
@@ -75,8 +77,9 @@ class Engine:
         self.puts: dict[int, tuple[PendingPut, TurnState | None, Sequence | None, bytes]] = {}  # by block id
         self.put_waiters: dict[int, list[TurnState]] = {}  # turns sharing a block whose PUT is in flight
         self.stored_names: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
-        self.restores: dict[int, TurnState] = {}  # restoring sequences by seq id
-        self.late_pins: list[tuple[Sequence, float]] = []  # (seq, give up at) of timed-out GETs
+        self.restores: dict[int, TurnState] = {}  # restoring sequences by seq id (outside the batch)
+        self.joined: dict[int, TurnState] = {}    # sequences in the batch whose later layer groups still land
+        self.late_pins: list[tuple[Sequence, rs.BlockRestore, float]] = []  # (seq, block, give up at): GETs that may still write
         self._poll_cost: list[tuple[TurnState, float]] = []  # this loop's share of polling PUTs, per turn
         self.known: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         self.stats = Stats()
@@ -125,7 +128,8 @@ class Engine:
             sched, bm = self.scheduler, self.bm
             return {"turns": self.stats.turns, "num_requests_running": sched.num_running,
                     "num_requests_waiting": sched.num_waiting + len(self._intake),
-                    "num_requests_restoring": len(sched.restoring), "kv_cache_usage_perc": bm.usage,
+                    "num_requests_restoring": len(sched.restoring), "restores_landing": len(self.joined),
+                    "kv_cache_usage_perc": bm.usage,
                     "preemptions": dict(sched.stats.preemptions), "preempted_tokens": dict(sched.stats.preempted_tokens),
                     "prefix_cache_queries": bm.prefix_cache_queries, "prefix_cache_hits": bm.prefix_cache_hits,
                     "kv_source": dict(self.stats.kv_source), "fallbacks": dict(self.stats.fallbacks),
@@ -152,7 +156,7 @@ class Engine:
             with self.lock:
                 if self._intake or self._stopping:
                     continue
-                busy = self.restores or self.puts or self.late_pins
+                busy = self.restores or self.joined or self.puts or self.late_pins
                 self.lock.wait(idle_sleep if busy else 0.5)
             idle_sleep = min(idle_sleep * 2, 1e-3)
         self._fail_all("UNAVAILABLE", "the compute node is shutting down")
@@ -163,9 +167,10 @@ class Engine:
             self._admit_turn(turn)
         self._drop_cancelled()
         self._poll_cost = []
-        progressed = self._poll_puts() | self._poll_restores() | self._poll_late_pins()
+        progressed = self._poll_puts() | self._poll_restores() | self._poll_joined() | self._poll_late_pins()
         out = self.scheduler.schedule()
         self._swap_out(out)
+        self._drop_joined([seq for seq, _ in out.preempted])
         for request in out.restores:
             self._start_restore(self.states[request.seq.seq_id], request)
         if out.is_empty:
@@ -209,9 +214,9 @@ class Engine:
     def _drop_cancelled(self) -> None:
         for state in [s for s in self.states.values() if s.turn.cancelled.is_set() and not s.finished]:
             self.scheduler.abort(state.seq)
-            self.restores.pop(state.seq.seq_id, None)
-            if state.seq.pinned_blocks:
-                self.late_pins.append((state.seq, time.monotonic() + LATE_PIN_S))
+            in_flight = self.restores.pop(state.seq.seq_id, None) or self.joined.pop(state.seq.seq_id, None)
+            if in_flight is not None:  # its GETs may still write
+                self._late_pin(state.seq, state.restore)
             self._forget(state)
 
     def _forget(self, state: TurnState) -> None:
@@ -241,15 +246,17 @@ class Engine:
             if not state.first_step_perf:
                 self._store_found(state)
             state.scheduled(sizes)
-        logits = self.runner.step(runs)  # [S, vocab]
+        wait = self._layer_wait(out)
+        logits = self.runner.step(runs, wait.before_layer if wait else None)  # [S, vocab]
+        dropped = self._settle_joined(wait)
         rows = [i for i, s in enumerate(out.scheduled) if s.samples]
         sampled = self._sample(logits, rows, [out.scheduled[i].seq for i in rows])
-        finished = self.scheduler.postprocess(out, sampled)
+        finished = self.scheduler.postprocess(out, sampled)  # skips the dropped: no longer running
         self.steps += 1
         now = time.perf_counter()
         for s, (table, computed) in zip(out.scheduled, tables):
             state = self.states.get(s.seq.seq_id)
-            if state is None:
+            if state is None or s.seq.seq_id in dropped:
                 continue
             for index in s.filled_blocks:
                 self._offload(state, index, table[index], bt)
@@ -428,50 +435,140 @@ class Engine:
         done = False
         now = time.monotonic()
         for seq_id, state in list(self.restores.items()):
-            pending = state.restore
-            totals = self.pool.totals(pending.counters)
-            if not pending.landed_ns and bool(np.any(totals > pending.bases)):
+            pending, seq = state.restore, state.seq
+            rows = self.pool.counters[np.asarray(pending.counters, dtype=np.intp)]
+            if not pending.landed_ns and bool(pending.landed(rows).any()):
                 pending.landed_ns = time.time_ns()
-            if not pending.complete(totals) and now < pending.deadline:
+            complete = pending.complete(rows)
+            if not complete and now < pending.deadline:
+                if not pending.whole and pending.landed(rows)[:, 0].all():
+                    done |= self._join(state, rows)
                 continue
             del self.restores[seq_id]
             done = True
-            seq = state.seq
-            outcome = rs.decide(pending, self.pool.read_counter,
-                                lambda b: self.pool.read_token_ids(b.block_id, b.token_count), seq.token_ids)
+            outcome = rs.decide(pending, self.pool.read_counter, self._restored_ids, seq.token_ids)
             state.restored(outcome, self.layout.chunk_payload_bytes)
             for block in pending.blocks[:outcome.blocks_ok]:  # they came from storage: stored there
                 state.stored.add(block.hash)
                 self._stored(state.turn.policy, block.hash)
-            if not pending.complete(totals):  # late GETs may still write: never use those blocks
+            if not complete:  # late GETs may still write: never use those blocks
                 self.scheduler.requeue(seq)
-                self.late_pins.append((seq, now + LATE_PIN_S))
+                self._late_pin(seq, pending)
             else:
                 self.scheduler.restore_done(seq, outcome.covered)
         return done
+
+    def _restored_ids(self, block: rs.BlockRestore) -> np.ndarray:
+        return self.pool.read_token_ids(block.block_id, block.token_count)
+
+    def _join(self, state: TurnState, rows: np.ndarray) -> bool:
+        """Group 0 of every block landed: the sequence joins the batch if they all checked out (else it
+        waits for every counter and is decided as a whole)."""
+        pending, seq = state.restore, state.seq
+        outcome = rs.join(pending, rows, self._restored_ids, seq.token_ids)
+        if outcome is None:
+            pending.whole = True
+            return False
+        pending.joined = True
+        del self.restores[seq.seq_id]
+        self.joined[seq.seq_id] = state
+        for block in pending.blocks:  # stored: a swap-out never stores them again, whatever lands here
+            state.stored.add(block.hash)
+        self.scheduler.restore_joined(seq, outcome.covered)
+        return True
+
+    def _poll_joined(self) -> bool:
+        """Joined restores between steps: landed whole (done), or failed (back to waiting outside the batch)."""
+        done = False
+        now = time.monotonic()
+        for state in list(self.joined.values()):
+            pending = state.restore
+            rows = self.pool.counters[np.asarray(pending.counters, dtype=np.intp)]
+            if pending.errors(rows).any() or (now >= pending.deadline and not pending.complete(rows)):
+                self._unjoin(state, "a layer group failed or had not landed by the deadline")
+                done = True
+            elif pending.complete(rows):
+                self._landed(state)
+                done = True
+        return done
+
+    def _layer_wait(self, out: SchedulerOutput) -> rs.LayerWait | None:
+        """The forward's wait for the layer groups still landing of the joined sequences in this step."""
+        joined = {s.seq.seq_id: self.joined[s.seq.seq_id].restore for s in out.scheduled if s.seq.seq_id in self.joined}
+        if not joined:
+            return None
+        groups = [self.layout.group_layers(g) for g in range(self.layout.layer_groups)]
+        return rs.LayerWait(joined, groups, lambda counters: self.pool.counters[np.asarray(counters, dtype=np.intp)],
+                            self.settings.restore_layer_wait_s)
+
+    def _settle_joined(self, wait: rs.LayerWait | None) -> set[int]:
+        """After a forward: its joined sequences landed whole, or leave the batch (their output unused)."""
+        if wait is None:
+            return set()
+        self.stats.totals["restore_layer_waits"] += wait.waits
+        self.stats.totals["restore_layer_wait_us"] += int(wait.waited_s * 1e6)
+        for seq_id in wait.joined:
+            state = self.joined[seq_id]
+            if seq_id in wait.failed:
+                state.step_dropped()
+                self._unjoin(state, wait.failed[seq_id])
+            else:
+                self._landed(state)
+        return set(wait.failed)
+
+    def _landed(self, state: TurnState) -> None:
+        """Every layer group of a joined restore landed and checked out: done."""
+        del self.joined[state.seq.seq_id]
+        pending = state.restore
+        outcome = rs.decide(pending, self.pool.read_counter, self._restored_ids, state.seq.token_ids)
+        state.restored(outcome, self.layout.chunk_payload_bytes)
+        for block in pending.blocks[:outcome.blocks_ok]:
+            self._stored(state.turn.policy, block.hash)
+        self.scheduler.restore_done(state.seq, outcome.covered)
+
+    def _unjoin(self, state: TurnState, reason: str) -> None:
+        """A joined restore that did not land whole: the sequence waits outside the batch until every
+        counter moved (or the deadline), then keeps the blocks before the first that failed."""
+        del self.joined[state.seq.seq_id]
+        state.restore.whole = True
+        logger.warning("turn %s leaves the batch until its restore ends: %s", state.turn.request_id, reason,
+                       extra={"request_id": state.turn.request_id})
+        self.scheduler.unjoin(state.seq)
+        self.restores[state.seq.seq_id] = state
+
+    def _drop_joined(self, seqs) -> None:
+        """Preempted sequences that were still landing: their restore's pins wait for the GETs to end."""
+        for seq in seqs:
+            state = self.joined.pop(seq.seq_id, None)
+            if state is not None:
+                self._late_pin(seq, state.restore)
+
+    def _late_pin(self, seq: Sequence, pending: rs.PendingRestore) -> None:
+        """Blocks of the restore the sequence still pins (its blocks released) stay out of use until their
+        GETs ended (or LATE_PIN_S passed): a late GET must never write into a block someone else uses."""
+        give_up = time.monotonic() + LATE_PIN_S
+        pinned = list(seq.pinned_blocks)
+        for block in pending.blocks:
+            if block.block_id in pinned:
+                pinned.remove(block.block_id)
+                self.late_pins.append((seq, block, give_up))
 
     def _poll_late_pins(self) -> bool:
         if not self.late_pins:
             return False
         now, keep, done = time.monotonic(), [], False
-        for seq, give_up in self.late_pins:
-            moving = [b for b in seq.pinned_blocks if now < give_up and not self._gets_ended(b)]
-            ended = [b for b in seq.pinned_blocks if b not in moving]
-            if ended:
-                self.scheduler.release_pins(seq, ended)
-                done = True
-            if seq.pinned_blocks:
-                keep.append((seq, give_up))
+        for seq, block, give_up in self.late_pins:
+            if now < give_up and not self._gets_ended(block):
+                keep.append((seq, block, give_up))
+                continue
+            if block.block_id in seq.pinned_blocks:
+                self.scheduler.release_pins(seq, [block.block_id])
+            done = True
         self.late_pins = keep
         return done
 
-    def _gets_ended(self, block_id: int) -> bool:
+    def _gets_ended(self, block: rs.BlockRestore) -> bool:
         """Whether every layer group's GET counter of the block has moved since it was asked for."""
-        state = next((s for s in self.states.values() if s.restore and
-                      any(b.block_id == block_id for b in s.restore.blocks)), None)
-        if state is None:
-            return True
-        block = next(b for b in state.restore.blocks if b.block_id == block_id)
         return all(sum(self.pool.read_counter(c)) > s + e for c, (s, e) in zip(block.counters, block.bases))
 
     # -- the end of a turn

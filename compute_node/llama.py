@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -120,13 +121,18 @@ class Llama:
         return self.workspace[:numel]
 
     @torch.inference_mode()
-    def forward(self, batch: StepInput) -> torch.Tensor:
-        """Write the new tokens' KV into the pool; return the logits of each sequence's last new token: [S, vocab]."""
+    def forward(self, batch: StepInput, before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Write the new tokens' KV into the pool; return the logits of each sequence's last new token: [S, vocab].
+
+        before_layer(layer), if given, runs before each layer reads or writes the pool (a layer-wise
+        restore waits there for the layers still landing)."""
         plan = plan_attention(batch, self.pool.shape, self.device)
         T = batch.input_ids.shape[0]
         cos, sin = self.rotary(batch.positions)
         h = F.embedding(batch.input_ids, self.embed)    # [T, hidden]
         for layer, w in enumerate(self.layers):
+            if before_layer is not None:
+                before_layer(layer)
             x = self.rms_norm(h, w.ln1)
             q = self.rotate(linear(x, w.q).view(T, self.num_heads, self.head_dim), cos, sin)   # [T, Hq, D]
             k = self.rotate(linear(x, w.k).view(T, self.num_kv_heads, self.head_dim), cos, sin)  # [T, Hkv, D]

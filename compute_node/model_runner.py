@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -69,11 +69,13 @@ class ModelRunner:
         self.block_tokens = pool.shape[4]
         self.llama = Llama(model, pool)
 
-    def step(self, batch: StepInput | Sequence[SeqRun]) -> torch.Tensor:
-        """Run one step; return the logits of each sequence's last new token: [S, vocab]."""
+    def step(self, batch: StepInput | Sequence[SeqRun],
+             before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Run one step; return the logits of each sequence's last new token: [S, vocab]. before_layer(layer)
+        runs before each layer (restores still landing wait there)."""
         if not isinstance(batch, StepInput):
             batch = build_step(batch, self.block_tokens, self.device)
-        return self.llama.forward(batch)
+        return self.llama.forward(batch, before_layer)
 
     @staticmethod
     def greedy(logits: torch.Tensor) -> list[int]:

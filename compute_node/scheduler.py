@@ -181,16 +181,39 @@ class Scheduler:
                               seq.num_restore_tokens)
 
     def restore_done(self, seq: Sequence, covered_tokens: int) -> None:
-        """The restore's I/O ended with tokens [0, covered_tokens) in place: seq may join the batch.
+        """The restore's I/O ended with tokens [0, covered_tokens) in place: seq may join the batch (a
+        joined one stays where it is: its blocks are unpinned and shared in the prefix cache now).
 
         For a sequence aborted while restoring, this releases the pins its restore still held.
         """
         if seq.is_finished:
             self.release_pins(seq)
             return
-        assert self.restoring.pop(seq.seq_id, None) is seq, f"sequence {seq.seq_id} is not restoring"
+        if self.restoring.pop(seq.seq_id, None) is not seq:
+            assert seq.status in (WAITING, RUNNING), f"sequence {seq.seq_id} is not restoring"
+            self.bm.restore_done(seq, covered_tokens)  # joined: already ready or running
+            return
         self.bm.restore_done(seq, covered_tokens)
         self._make_ready(seq)
+
+    def restore_joined(self, seq: Sequence, covered_tokens: int) -> None:
+        """The first layer group of tokens [0, covered_tokens) landed in every block: seq may join the
+        batch while the other groups land (the model waits for each; its blocks stay pinned until
+        restore_done, or go back to RESTORING by unjoin)."""
+        assert self.restoring.pop(seq.seq_id, None) is seq, f"sequence {seq.seq_id} is not restoring"
+        self.bm.restore_joined(seq, covered_tokens)
+        self._make_ready(seq)
+
+    def unjoin(self, seq: Sequence) -> None:
+        """A joined restore failed to land (an error, or not in time): seq leaves the batch, or the ready
+        queue, and waits restoring until its I/O ended (then restore_done or requeue)."""
+        if seq in self.ready:
+            self.ready.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.bm.restore_unjoined(seq)
+        seq.status = RESTORING
+        self.restoring[seq.seq_id] = seq
 
     def _make_ready(self, seq: Sequence) -> None:
         if seq.num_preempted_tokens:  # a swapped sequence is back: what storage gave, and what it did not

@@ -46,6 +46,10 @@ class ComputeSettings:
     storage_nsid: int = 1
     key_salt: str = "kvtestbed-default-salt"  # the agent's `salt`: both write the same keys
     restore_timeout_s: float = 10.0   # longer than the agent's GET deadline: by then every GET ended
+    # A forward waits at most this long before a layer group of a restore still landing; past it that
+    # sequence's output of the step is dropped and it waits outside the batch for the rest (the others
+    # go on).
+    restore_layer_wait_s: float = 1.0
     drain_timeout_s: float = 10.0     # a PUT not done by then releases its block anyway
     register_timeout_s: float = 60.0
     queue_bound: int = 256            # turns waiting for the batch; past it RESOURCE_EXHAUSTED
@@ -67,6 +71,7 @@ class ComputeSettings:
             "need 0 < max_num_seqs <= max_num_batched_tokens (a decode per sequence fits a step)"
         assert self.preemption in ("swap", "recompute"), "preemption must be swap or recompute"
         assert self.restore_timeout_s > 0, "restore_timeout_s must be positive"
+        assert self.restore_layer_wait_s > 0, "restore_layer_wait_s must be positive"
         assert self.queue_bound > 0, "queue_bound must be positive"
         assert self.model_dtype == "float32", "only float32 KV is supported (the pool is fp32)"
         assert self.node_name and "/" not in self.node_name, "node_name must be a plain name"

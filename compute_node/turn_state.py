@@ -64,6 +64,11 @@ class TurnState:
         self.batch_sum += batch_size
         self.batch_steps += 1
 
+    def step_dropped(self) -> None:
+        """Its step's output was not used (its restore had not landed): its first step is still to come."""
+        if not self.token_times:
+            self.first_step_perf, self.first_step_ns = 0.0, 0
+
     def token(self, token_id: int, now_perf: float) -> None:
         """A sampled token: stream it."""
         self.token_times.append(now_perf)

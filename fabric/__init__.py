@@ -5,5 +5,5 @@
     nodes.py         StorageNodes: queue pairs to several storage nodes, reconnected in the background
     placement.py     rendezvous hashing of chunks over storage nodes
     auth.py          who may use the fabric: allow list, DH-HMAC-CHAP at Connect, sealed capsules
-chunk_format.py  a stored chunk (header + token ids + KV + MAC) and its key
+    chunk_format.py  a stored chunk (header + token ids + MACs + KV) and its key
 """

@@ -281,10 +281,20 @@ class FabricClient:
             store_only_if_present=only_if_present)
         return self._wait(self.submit(capsule, frames)).raise_for_status()
 
-    def retrieve(self, nsid: int, key: bytes, max_bytes: int = 0) -> Completion:
-        """Fetch key's value (at most max_bytes leading bytes; 0 = all) into completion.frames."""
+    def retrieve(self, nsid: int, key: bytes, max_bytes: int = 0, offset: int = 0) -> Completion:
+        """Fetch key's value from byte `offset` on (at most max_bytes; 0 = to its end) into completion.frames."""
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE,
-                                            namespace_id=nsid, key=key, value_length=max_bytes)
+                                            namespace_id=nsid, key=key, value_length=max_bytes, value_offset=offset)
+        return self._wait(self.submit(capsule)).raise_for_status()
+
+    def retrieve_ranges(self, nsid: int, ranges: Sequence[tuple[bytes, int, int]],
+                        skip_guard_check: bool = False) -> Completion:
+        """Fetch byte ranges (key, offset, length) of values in one command: completion.frames holds the
+        bytes of those that succeeded, in order, and response.range_status each one's status."""
+        capsule = nvmeof_pb2.CommandCapsule(
+            command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE_RANGES, namespace_id=nsid,
+            skip_guard_check=skip_guard_check,
+            ranges=[nvmeof_pb2.ValueRange(key=k, offset=o, length=n) for k, o, n in ranges])
         return self._wait(self.submit(capsule)).raise_for_status()
 
     def delete(self, nsid: int, key: bytes) -> Completion:

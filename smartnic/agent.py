@@ -67,6 +67,7 @@ class Restore:
     done_ns: int = 0
     failed: int = 0
     _left: int = 0
+    finished: threading.Event = dataclasses.field(default_factory=threading.Event)  # set with done_ns
 
 
 class Agent:
@@ -213,7 +214,8 @@ class Agent:
             header = cf.ChunkHeader(d.user, d.context, d.chunk_index, start, start + d.token_count, 0, d.hash,
                                     tenant=d.tenant, parent=d.parent, shared=d.shared)
             self.datapath.put(reg.region, header, cf.block_key(self.settings.salt, d.hash),
-                              L.chunk_runs(block, d.token_count), then)
+                              L.chunk_runs(block, d.token_count), then,
+                              kv_parts=L.num_layers)  # a MAC per layer: a restore checks each group as it lands
         except Exception as exc:  # a bug must end on the counter, not in a lost future
             logger.exception("the standing PUT of %s's block %d failed", d.user, d.chunk_index)
             then(None, DataError("internal", str(exc)))
@@ -307,13 +309,16 @@ class Agent:
 
     def restore_blocks(self, reg: Registered, user_id: str, tenant: str, blocks: Sequence[RestoreBlock],
                        layer_groups: int) -> Restore:
-        """GET each stored block into its pool block; each block's GET-done counters bumped once,
-        the error part for a block not stored under this user's (or, shared, tenant's) name."""
+        """GET each stored block into its pool block, layer group by layer group (steps 6 and 7): each
+        block's GET-done counter of a group is bumped once, as that group lands and checks out, the
+        error part when it failed (a block not stored under this user's, or, shared, tenant's name)."""
         L = reg.layout
         if L is None:
             raise RegionError(f"region {reg.region_id} was registered without a kv_layout")
         if layer_groups != L.layer_groups:
             raise ValueError(f"the restore names {layer_groups} layer groups, the layout has {L.layer_groups}")
+        for b in blocks:
+            L._check_block(b.block)
         found: list[tuple[RestoreBlock, StoredBlock | None]] = []
         with self.lock:
             for b in blocks:
@@ -330,35 +335,43 @@ class Agent:
         restore = Restore(reg.region_id, len(blocks), sum(L.chunk_payload_bytes(b.token_count) for b, s in found if s),
                           time.time_ns(),
                           _left=len(blocks))
+        if not blocks:
+            restore.done_ns = restore.started_ns
+            restore.finished.set()
+        groups = [L.group_layers(g) for g in range(L.layer_groups)]  # KV parts are layers
+        fetched = []
         for b, stored in found:
-            L._check_block(b.block)
-            counters = [L.get_done(b.block, g) for g in range(L.layer_groups)]
             if stored is None:
-                self._restored(reg, restore, counters, None, DataError("not_found", "no such block stored"))
-                continue
-            self.datapath.get(reg.region, stored, L.chunk_runs(b.block, b.token_count),
-                              lambda nbytes, err, s=stored, c=counters: self._restored(reg, restore, c, s, err))
+                error = DataError("not_found", "no such block stored")
+                for g in range(L.layer_groups):
+                    self._group_landed(reg, b, g, error)
+                self._block_ended(restore, None, error)
+            else:
+                fetched.append((b, stored))
+        self.datapath.restore(reg.region, [(s, L.chunk_runs(b.block, b.token_count)) for b, s in fetched], groups,
+                              lambda i, g, err: self._group_landed(reg, fetched[i][0], g, err),
+                              lambda i, err: self._block_ended(restore, fetched[i][1], err))
         return restore
 
-    def _restored(self, reg: Registered, restore: Restore, counters: list[int], stored: StoredBlock | None,
-                  err: DataError | None) -> None:
-        def bump(kind, message) -> None:
-            for counter in counters:
-                reg.add(counter, success=int(kind is None), error=int(kind is not None))
-            with self.lock:
-                restore._left -= 1
-                restore.failed += kind is not None
-                if restore._left == 0:
-                    restore.done_ns = time.time_ns()
+    def _group_landed(self, reg: Registered, block: RestoreBlock, group: int, err: DataError | None) -> None:
+        """Step 7 for one layer group of one block: its completion counter, success or error part."""
+        reg.add(reg.layout.get_done(block.block, group), success=int(err is None), error=int(err is not None))
 
-        if stored is None:
-            self.stats.inc_kind("errors", err.kind)
-            return bump(err.kind, str(err))
-        with self.lock:
-            self.requester.release([stored.hash])
+    def _block_ended(self, restore: Restore, stored: StoredBlock | None, err: DataError | None) -> None:
+        """Every group of a block was reported: release its lease, count it, drop it if it proved bad."""
+        if stored is not None:
+            with self.lock:
+                self.requester.release([stored.hash])
         if err is not None:
             self.stats.inc_kind("errors", err.kind)
-        self._got(stored, err, bump)
+        if stored is not None:
+            self._got(stored, err, lambda kind, message: None)
+        with self.lock:
+            restore._left -= 1
+            restore.failed += err is not None
+            if restore._left == 0 and not restore.done_ns:
+                restore.done_ns = time.time_ns()
+                restore.finished.set()
 
     # -- match-action
     def table(self, name: str = "") -> ma.Table:

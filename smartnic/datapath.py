@@ -1,15 +1,21 @@
 """The data plane: PUT gathers ranges of a region into ZeroMQ frames, GET scatters frames back.
 
-PUT reads the region when it fires and sends [header, payload...] with copy=False: ranges of
-1 MiB or more as views of the region, which it never writes while they are in flight, and
-runs of smaller ones joined by one copy (`hostmem.gather` says why). GET asks for a large
-value in data PDUs of `get_pdu_bytes` (NVMe/TCP's C2HData within a command) and places each
-one as it arrives, so copying one part into the region overlaps receiving the next; it checks
-the value's header on the first, copies the received bytes into the region once and checks
-them as it copies (`hostmem.dma`): their MAC (keyed BLAKE3, `fabric.chunk_format`), made by
-the PUT over the chunk's bytes, key and generation, or, with the KV MAC off, their crc32c; a
-mismatch ends the GET with an error, so the bytes are never used. A GET that has not completed
-by its deadline fails with "timeout" and never writes afterwards.
+PUT reads the region when it fires and sends [header, token ids, MACs, KV...] with copy=False:
+ranges of 1 MiB or more as views of the region, which it never writes while they are in flight,
+and runs of smaller ones joined by one copy (`hostmem.gather` says why); the MACs (keyed BLAKE3,
+`fabric.chunk_format` v4: one over header and token ids, one per KV part: a block's layer) are
+made over those buffers before they go. GET asks for a large value in data PDUs of
+`get_pdu_bytes` (NVMe/TCP's C2HData within a command) and places each one as it arrives
+(`smartnic.landing`), so copying one part into the region overlaps receiving the next; it checks
+the header on the first and every MAC as the bytes are copied (with the KV MAC off, the value's
+crc32c); a mismatch ends the GET with an error, so the bytes are never used.
+
+A restore (`restore`) reads many blocks layer group by layer group: per storage node one
+KV_RETRIEVE_RANGES command per group (a vector of (key, offset, length), the group-0 one with
+each block's head), all submitted at once, group 0 first; each block's group is reported as soon
+as its bytes landed and checked out, so the compute node can start on the first layers while
+the others arrive. A GET that has not completed by its deadline fails with "timeout" and never
+writes afterwards.
 
 Completions run on the fabric client's I/O thread, where the reply arrived: a hand-off to
 another thread per chunk would cost more than the completion (the crc and the copy release
@@ -23,16 +29,19 @@ import dataclasses
 import logging
 import threading
 import time
+import bisect
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from kvtb import crc32c as _crc
 from kvtb_proto import nvmeof_pb2
 from fabric import chunk_format as cf
+from fabric import status as st
 from hostmem import dma, gather
 from fabric.nodes import StorageNodes
 from fabric.placement import place
 from hostmem.region import Region, RegionError
+from smartnic.landing import DataError, Landing
 from smartnic.requester import StoredBlock
 from fabric.client import StorageStatusError
 
@@ -47,14 +56,6 @@ class ChunkRef(NamedTuple):
     chunk_index: int
     token_start: int
     token_end: int
-
-
-class DataError(Exception):
-    """A failed PUT or GET; kind is what the statistics and ReadErrors report."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
 
 
 class Datapath:
@@ -74,36 +75,35 @@ class Datapath:
 
     # -- PUT
     def put(self, region: Region, header: cf.ChunkHeader, key: bytes, runs: Sequence[gather.Run],
-            done: Callable[[StoredBlock | None, DataError | None], None]) -> None:
+            done: Callable[[StoredBlock | None, DataError | None], None], kv_parts: int = 1) -> None:
         """Gather the chunk (token ids, then KV: `runs` of the region) now and Store it under `key`
-        with `header` (its generation and MAC added here); done(block, None) once durable."""
+        with `header` (its generation, MACs and `kv_parts` added here); done(block, None) once durable."""
         try:
             mem = _memory(region)
             _check_span(region, runs)
         except (RegionError, ValueError, TypeError) as exc:  # out of bounds, or the region is closed
             return done(None, DataError("bounds", str(exc)))
-        total = sum(r.nbytes for r in runs)
-        if total < header.token_ids_bytes:
-            return done(None, DataError("bounds", f"runs of {total} bytes cannot hold tokens "
-                                                  f"[{header.token_start}, {header.token_end})"))
+        total, ids_bytes = sum(r.nbytes for r in runs), header.token_ids_bytes
+        if total < ids_bytes or (total - ids_bytes) % kv_parts:
+            return done(None, DataError("bounds", f"runs of {total} bytes do not hold tokens [{header.token_start}, "
+                                                  f"{header.token_end}) and {kv_parts} equal KV parts"))
         generation = self._next_generation()
-        header = dataclasses.replace(header, kv_bytes=total - header.token_ids_bytes, generation=generation,
+        header = dataclasses.replace(header, kv_bytes=total - ids_bytes, generation=generation, kv_parts=kv_parts,
                                      mac_bytes=cf.MAC_BYTES if self.mac_key else 0)
-        encoded = cf.encode_header(header)
-        mac = cf.chunk_mac(self.mac_key, key, generation) if self.mac_key else None
-        if mac is not None:  # the MAC guards the bytes end to end: the node's crc32c serves its media alone
-            mac.update(encoded)
-            payload, crc = dma.frames(mem, runs, None, self.view_min_bytes, mac=mac)
-            frames = [encoded, *payload, mac.digest(cf.MAC_BYTES)]
+        if self.mac_key:  # the MACs guard the bytes end to end: the node's crc32c serves its media alone
+            payload, crc = dma.frames(mem, runs, None, self.view_min_bytes)
+            frames = cf.sealed(self.mac_key, key, header, cf.cut(payload, 0, ids_bytes),
+                               cf.cut(payload, ids_bytes, header.kv_bytes))
         else:
+            encoded = cf.encode_header(header)
             payload, crc = dma.frames(mem, runs, _crc.crc32c(encoded), self.view_min_bytes)
             frames = [encoded, *payload]
         node = place(key, self.nodes.names, self.nodes.up())
         client = self.nodes.client(node) if node else None
         if client is None:
             return done(None, DataError("storage_unavailable", "no storage node is up"))
-        length = cf.value_length(header, len(encoded))
-        block = stored_block(header, node, key, length, crc or 0)
+        length = cf.value_length(header, len(frames[0]))
+        block = stored_block(header, node, key, length, crc or 0, len(frames[0]))
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_STORE,
                                             namespace_id=self.nsid, key=key, value_length=length,
                                             crc32c=crc or 0, has_crc32c=crc is not None)
@@ -130,48 +130,111 @@ class Datapath:
     # -- GET
     def get(self, region: Region, chunk: StoredBlock, runs: Sequence[gather.Run],
             done: Callable[[int, DataError | None], None]) -> None:
-        """Retrieve `chunk` and scatter its token ids and KV into `runs` of the region; done(bytes,
+        """Retrieve `chunk` whole and scatter its token ids and KV into `runs` of the region; done(bytes,
         None) or done(0, error). A GET not answered within get_timeout_s ends with "timeout"; its
         answer, if it comes later, is dropped (nothing is written after the deadline)."""
-        def finish(nbytes: int, error: DataError | None) -> None:
-            try:
-                done(nbytes, error)
-            except Exception:
-                logger.exception("GET completion handler failed")
-
         try:
             mem = _memory(region)  # held until the GET ends, as a DMA target stays pinned
             _check_span(region, runs)
         except (RegionError, ValueError, TypeError) as exc:
-            return finish(0, DataError("bounds", str(exc)))
+            return _call(done, 0, DataError("bounds", str(exc)))
+        landing = Landing(chunk, mem, runs, self.mac_key, None,
+                          lambda _, err: _call(done, 0 if err else landing.placed_bytes, err))
         client = self.nodes.client(chunk.storage_node)
         if client is None:
-            return finish(0, DataError("storage_unavailable", f"storage node {chunk.storage_node} is down"))
+            return landing.fail(DataError("storage_unavailable", f"storage node {chunk.storage_node} is down"))
         # The MAC (or crc32c) is checked here on arrival, end to end, so the node need not check it too.
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE,
                                             namespace_id=self.nsid, key=chunk.key, skip_guard_check=True,
                                             data_pdu_bytes=self.get_pdu_bytes)
-        arrival = Arrival(chunk, mem, runs, self.mac_key)
         try:
-            future = client.submit(capsule, timeout_s=self.get_timeout_s, on_data=arrival.take)
+            future = client.submit(capsule, timeout_s=self.get_timeout_s,
+                                   on_data=lambda offset, frames: landing.take(0, offset, frames))
         except Exception as exc:  # noqa: BLE001
-            return finish(0, DataError("storage_unavailable", str(exc)))
-        future.add_done_callback(lambda f: self._get_done(f, chunk, arrival, finish))
+            return landing.fail(DataError("storage_unavailable", str(exc)))
+        future.add_done_callback(lambda f: self._get_done(f, chunk, landing))
 
-    def _get_done(self, future, chunk: StoredBlock, arrival: Arrival, finish) -> None:
+    def _get_done(self, future, chunk: StoredBlock, landing: Landing) -> None:
         try:
             completion = future.result().raise_for_status()
         except Exception as exc:  # noqa: BLE001
             self.nodes.report_failure(chunk.storage_node, exc)
-            if isinstance(exc, TimeoutError):
-                return finish(0, DataError("timeout", f"GET of chunk {chunk.chunk_index} from "
-                                                      f"{chunk.storage_node}: {exc}"))
-            return finish(0, DataError("storage_status", f"retrieve from {chunk.storage_node}: {exc}"))
-        arrival.take(completion.response.data_offset, completion.frames)
+            return landing.fail(_fetch_error(exc, f"GET of chunk {chunk.chunk_index} from {chunk.storage_node}"))
+        landing.take(0, completion.response.data_offset, completion.frames)
+        landing.end_range(0)
+
+    def restore(self, region: Region, blocks: Sequence[tuple[StoredBlock, Sequence[gather.Run]]],
+                groups: Sequence[tuple[int, int]], on_group: Callable[[int, int, DataError | None], None],
+                on_end: Callable[[int, DataError | None], None]) -> None:
+        """GET each (block, runs) layer group by layer group (groups: [first, end) KV parts, a block's
+        layers): per storage node one range command per group, group 0 first. on_group(i, group, error)
+        reports block i's group once it landed and checked out (or failed: a block that fails reports
+        every group it had not); on_end(i, error) follows block i's last report."""
         try:
-            finish(arrival.end(), None)
-        except DataError as exc:
-            finish(0, exc)
+            mem = _memory(region)
+            for _, runs in blocks:
+                _check_span(region, runs)
+        except (RegionError, ValueError, TypeError) as exc:
+            for i in range(len(blocks)):
+                for g in range(len(groups)):
+                    _call(on_group, i, g, DataError("bounds", str(exc)))
+                _call(on_end, i, DataError("bounds", str(exc)))
+            return
+        landings, by_node = [], {}
+        for i, (chunk, runs) in enumerate(blocks):
+            landing = Landing(chunk, mem, runs, self.mac_key, groups,
+                              lambda g, err, i=i: on_group(i, g, err), lambda err, i=i: on_end(i, err))
+            landings.append(landing)
+            if not landing.usable:
+                landing.fail(DataError("length_mismatch", f"chunk {chunk.chunk_index}: its record cannot describe "
+                                                          f"a value of this pool's layout"))
+                continue
+            by_node.setdefault(chunk.storage_node, []).append(landing)
+        for group in range(len(groups)):
+            for node, members in by_node.items():
+                self._fetch_group(node, group, members)
+
+    def _fetch_group(self, node: str, group: int, members: list[Landing]) -> None:
+        """One range command for `group` of every block of `members` (all on `node`)."""
+        client = self.nodes.client(node)
+        if client is None:
+            for landing in members:
+                landing.fail(DataError("storage_unavailable", f"storage node {node} is down"))
+            return
+        bulk = _Bulk(group, members)
+        # Without MACs only the node can vouch for the bytes: it checks each whole value's crc32c first.
+        capsule = nvmeof_pb2.CommandCapsule(
+            command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE_RANGES, namespace_id=self.nsid,
+            skip_guard_check=self.mac_key is not None, data_pdu_bytes=self.get_pdu_bytes,
+            ranges=[nvmeof_pb2.ValueRange(key=m.chunk.key, offset=o, length=n) for m, (o, n) in zip(members, bulk.ranges)])
+        try:
+            future = client.submit(capsule, timeout_s=self.get_timeout_s, on_data=bulk.take)
+        except Exception as exc:  # noqa: BLE001
+            for landing in members:
+                landing.end_range(group, DataError("storage_unavailable", str(exc)))
+            return
+        future.add_done_callback(lambda f: self._group_done(f, node, bulk))
+
+    def _group_done(self, future, node: str, bulk: _Bulk) -> None:
+        try:
+            completion = future.result().raise_for_status()
+        except Exception as exc:  # noqa: BLE001
+            self.nodes.report_failure(node, exc)
+            error = _fetch_error(exc, f"GET of layer group {bulk.group} from {node}")
+            for landing in bulk.members:
+                landing.end_range(bulk.group, error)
+            return
+        statuses = list(completion.response.range_status)
+        if len(statuses) != len(bulk.members):
+            statuses = [st.INTERNAL_ERROR.sct << 8 | st.INTERNAL_ERROR.sc] * len(bulk.members)
+        bulk.take_frames(statuses, completion.frames)
+        for landing, status in zip(bulk.members, statuses):
+            error = None
+            if status:
+                name = st.status_name(status >> 8, status & 0xFF)
+                error = DataError("storage_status", f"retrieve of chunk {landing.chunk.chunk_index}'s layer group "
+                                                    f"{bulk.group} from {node}: {name}")
+            landing.end_range(bulk.group, error)
 
     # -- housekeeping
     def delete(self, chunk: StoredBlock) -> None:
@@ -190,102 +253,51 @@ class Datapath:
             logger.warning("delete of a chunk on %s failed: %s", chunk.storage_node, exc)
 
 
-class Arrival:
-    """A GET's value as it arrives, whole or in data PDUs, placed into the region piece by piece.
+class _Bulk:
+    """One range command's blocks: maps its data PDUs (offsets in the concatenation of the ranges asked
+    for, none spanning two) to each block's landing."""
 
-    The first piece must hold the header, which must name the chunk asked for, in the generation
-    the requester knows, and fit its ranges; each piece must start where the last ended. The
-    bytes land as they come and are hashed (with mac_key: the chunk's MAC) or checksummed as they
-    are copied (still in cache); the MAC trailer is kept aside. end() says whether all of them
-    came and match the MAC (or the chunk's crc32c). After the first failure nothing more is
-    written. Pieces come on the fabric client's I/O thread, one at a time.
-    """
-
-    def __init__(self, chunk: StoredBlock, mem, targets: Sequence[gather.Run], mac_key: bytes | None = None):
-        self.chunk, self.mem, self.targets = chunk, mem, targets
-        self.mac_key = mac_key
-        self.received = 0          # bytes of the value taken so far
-        self.header_bytes = -1     # known once the first piece came
-        self.body_end = 0          # where the MAC trailer starts
-        self.crc: int | None = 0   # None while a MAC is checked instead
-        self.mac = None
-        self.trailer = bytearray()
-        self.error: DataError | None = None
+    def __init__(self, group: int, members: list[Landing]):
+        self.group, self.members = group, members
+        self.ranges = [m.range(group) for m in members]
+        self.starts = [0]
+        for _, length in self.ranges:
+            self.starts.append(self.starts[-1] + length)
 
     def take(self, offset: int, frames: Sequence) -> None:
-        """Place the piece of the value that starts at `offset` (its frames, in order)."""
-        if self.error is not None:
-            return
-        try:
-            self._take(offset, frames)
-        except DataError as exc:
-            self.error = exc
-        except Exception as exc:  # noqa: BLE001 - a bug must end on the counter, not in a log
-            logger.exception("GET of chunk %d: placing a piece failed", self.chunk.chunk_index)
-            self.error = DataError("internal", f"scatter failed: {exc}")
-
-    def _take(self, offset: int, frames: Sequence) -> None:
-        index = self.chunk.chunk_index
+        """A data PDU at `offset` of the concatenation (on the fabric client's I/O thread)."""
         size = sum(memoryview(f).nbytes for f in frames)
-        if offset != self.received or offset + size > self.chunk.length:
-            raise DataError("length_mismatch", f"chunk {index}: bytes [{offset}, {offset + size}) "
-                                               f"after {self.received} of {self.chunk.length}")
-        pos = offset
-        if self.header_bytes < 0:  # offset 0: the piece starts with the header
-            header, head = _check_header(frames, self.chunk, self.targets, self.mac_key is not None)
-            self.header_bytes, self.crc, pos = len(head), _crc.crc32c(head), len(head)
-            self.body_end = self.chunk.length - header.mac_bytes
-            if self.mac_key is not None:
-                self.mac, self.crc = cf.chunk_mac(self.mac_key, self.chunk.key, header.generation), None
-                self.mac.update(head)
-        for view in cf.skip(frames, pos - offset):
-            body = view[:max(0, self.body_end - pos)]
-            if body.nbytes:
-                runs = gather.cut(self.targets, pos - self.header_bytes, body.nbytes)
-                _, self.crc = dma.scatter(body, self.mem, runs, self.crc, mac=self.mac)
-            self.trailer += view[body.nbytes:]
-            pos += view.nbytes
-        self.received = pos
+        while size:
+            i = bisect.bisect_right(self.starts, offset) - 1
+            if not 0 <= i < len(self.members):
+                logger.warning("layer group %d: %d bytes past the ranges asked for dropped", self.group, size)
+                return
+            n = min(size, self.starts[i + 1] - offset)
+            piece = cf.cut(frames, 0, n)
+            self.members[i].take(self.group, self.ranges[i][0] + offset - self.starts[i], piece)
+            frames, offset, size = cf.skip(frames, n), offset + n, size - n
 
-    def end(self) -> int:
-        """The bytes placed, once the whole value came intact; DataError otherwise."""
-        if self.error is not None:
-            raise self.error
-        if self.received != self.chunk.length:
-            raise DataError("length_mismatch", f"chunk {self.chunk.chunk_index}: got {self.received} "
-                                               f"bytes, expected {self.chunk.length}")
-        if self.mac is not None:
-            if not cf.same_mac(self.mac.digest(cf.MAC_BYTES), self.trailer):
-                raise DataError("mac_mismatch", f"chunk {self.chunk.chunk_index}: MAC mismatch (forged, "
-                                                f"moved or damaged)")
-        elif self.crc != self.chunk.crc32c:
-            raise DataError("crc_mismatch", f"chunk {self.chunk.chunk_index}: crc32c mismatch on arrival")
-        return self.body_end - self.header_bytes
+    def take_frames(self, statuses: list[int], frames: Sequence) -> None:
+        """Bytes that came in the response itself (no data PDUs): the ranges that succeeded, in order."""
+        offset = 0
+        for i, status in enumerate(statuses):
+            if frames and not status:
+                n = self.ranges[i][1]
+                self.take(self.starts[i], cf.cut(frames, offset, n))
+                offset += n
 
 
-def _check_header(frames, chunk: StoredBlock, targets: Sequence[gather.Run],
-                  mac: bool) -> tuple[cf.ChunkHeader, bytes]:
-    """(header, its bytes), once the header names the block asked for (its name, owner and place
-    in the chain), in the generation the requester knows, carries a MAC when one is checked, and
-    fits the ranges."""
+def _fetch_error(exc: Exception, what: str) -> DataError:
+    if isinstance(exc, TimeoutError):
+        return DataError("timeout", f"{what}: {exc}")
+    return DataError("storage_status", f"{what}: {exc}")
+
+
+def _call(callback, *args) -> None:
     try:
-        leading = cf.leading_bytes(frames, cf.MAX_HEADER_BYTES)
-        header, header_len = cf.decode_header(leading)
-    except cf.ChunkFormatError as exc:
-        raise DataError("bad_header", str(exc)) from exc
-    got = (header.name, header.chunk_index, header.num_tokens, header.tenant, header.user_id, header.shared)
-    want = (chunk.hash, chunk.chunk_index, chunk.token_count, chunk.tenant, chunk.user_id, chunk.shared)
-    if got != want:
-        raise DataError("bad_header", f"chunk header names {got[1:]}, expected {want[1:]} (another block)")
-    if mac and header.mac_bytes != cf.MAC_BYTES:
-        raise DataError("mac_mismatch", f"chunk {chunk.chunk_index} carries no MAC: unauthenticated")
-    if header.generation != chunk.generation:
-        raise DataError("stale_generation", f"chunk {chunk.chunk_index} is generation {header.generation}, "
-                                            f"expected {chunk.generation} (an older copy)")
-    if cf.value_length(header, header_len) != chunk.length or \
-            header.token_ids_bytes + header.kv_bytes != _total(targets):
-        raise DataError("length_mismatch", f"chunk {chunk.chunk_index} does not fit its ranges")
-    return header, leading[:header_len]
+        callback(*args)
+    except Exception:
+        logger.exception("GET completion handler failed")
 
 
 def _memory(region: Region):
@@ -301,14 +313,11 @@ def _check_span(region: Region, runs: Sequence[gather.Run]) -> None:
     region.check(lo, hi - lo)
 
 
-def _total(runs: Sequence[gather.Run]) -> int:
-    return sum(r.nbytes for r in runs)
-
-
-def stored_block(header: cf.ChunkHeader, node: str, key: bytes, length: int, crc32c: int) -> StoredBlock:
-    """The requester's record of a chunk with this header at (node, key)."""
+def stored_block(header: cf.ChunkHeader, node: str, key: bytes, length: int, crc32c: int,
+                 header_bytes: int) -> StoredBlock:
+    """The requester's record of a chunk with this header (header_bytes long) at (node, key)."""
     return StoredBlock(header.name, header.parent, header.tenant, header.user_id, header.shared, header.chunk_index,
-                       header.num_tokens, node, key, length, crc32c, header.generation)
+                       header.num_tokens, node, key, length, crc32c, header.generation, header_bytes)
 
 
 def read_headers(client, nsid: int, node: str) -> list[tuple[str, StoredBlock]]:
@@ -320,12 +329,12 @@ def read_headers(client, nsid: int, node: str) -> list[tuple[str, StoredBlock]]:
         for key in keys:
             try:
                 done = client.retrieve(nsid, key, max_bytes=cf.MAX_HEADER_BYTES)
-                header, _ = cf.decode_header(done.payload())
+                header, header_bytes = cf.decode_header(done.payload())
             except (StorageStatusError, cf.ChunkFormatError) as exc:
                 logger.warning("skipping key %s on %s: %s", key.hex(), node, exc)
                 continue
             found.append((header.context_id, stored_block(header, node, key, done.response.value_length,
-                                                          done.response.crc32c)))
+                                                          done.response.crc32c, header_bytes)))
         if len(keys) < 1000:
             return found
         start = keys[-1]

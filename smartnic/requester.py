@@ -32,6 +32,7 @@ class StoredBlock:
     length: int
     crc32c: int
     generation: int = 0     # the version the PUT wrote; a GET refuses another one
+    header_bytes: int = 0   # its header's length: where its token ids, MACs and KV parts lie (range reads)
     last_use: float = 0.0
     leases: int = 0
     contexts: int = 0       # contexts that list it

@@ -61,6 +61,23 @@ def data_pdus(session: bytes, response: pb.ResponseCapsule, value: memoryview, p
     return replies
 
 
+def range_pdus(session: bytes, response: pb.ResponseCapsule, ranges, frames: list, statuses: list[int],
+               pdu: int) -> list[Reply]:
+    """A range Retrieve's answer as data PDUs of at most `pdu` bytes, none spanning two ranges, each at
+    its offset in the concatenation of the ranges asked for; then the response, without data."""
+    replies, start, sent = [], 0, iter(frames)
+    for r, status in zip(ranges, statuses):
+        if status == 0:
+            value = byte_view(next(sent))
+            replies += [Reply(session, pb.ResponseCapsule(command_id=response.command_id, data_pdu=True,
+                                                          data_offset=start + o), [value[o:o + pdu]])
+                        for o in range(0, value.nbytes, pdu)]
+        start += r.length
+    response.data_offset = start
+    replies.append(Reply(session, response, []))
+    return replies
+
+
 class CommandProcessor:
     """Turns received capsules into executions and finished executions into replies.
 
@@ -128,10 +145,12 @@ class CommandProcessor:
             command_id=cmd.capsule.command_id, status_code_type=result.status.sct,
             status_code=result.status.sc, sq_head=cmd.controller.queue.sq_head,
             sq_id=cmd.controller.qid, value_length=result.value_length, crc32c=result.crc32c,
-            keys=result.keys, message=result.message, exists=result.exists)
+            keys=result.keys, message=result.message, exists=result.exists, range_status=result.range_status)
         if not result.status.ok:
             return [Reply(cmd.session, response, [])]
         pdu = cmd.capsule.data_pdu_bytes
+        if cmd.capsule.ranges and pdu:
+            return range_pdus(cmd.session, response, cmd.capsule.ranges, result.frames, result.range_status, pdu)
         if not pdu or len(result.frames) != 1 or byte_view(result.frames[0]).nbytes <= pdu:
             return [Reply(cmd.session, response, result.frames)]
         return data_pdus(cmd.session, response, byte_view(result.frames[0]), pdu)

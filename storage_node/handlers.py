@@ -43,6 +43,7 @@ class Result:
     frames: list = field(default_factory=list)  # sent with copy=False; ZeroMQ holds them until sent
     bytes_written: int = 0
     bytes_read: int = 0
+    range_status: list = field(default_factory=list)  # KV_RETRIEVE_RANGES: (sct << 8) | sc per range
 
 
 Finish = Callable[[Result], None]
@@ -80,6 +81,16 @@ def _check_store(capsule, ns, payload_bytes, max_value) -> None:
                         f"payload of {payload_bytes} bytes, header says {capsule.value_length}")
     if capsule.store_only_if_absent and capsule.store_only_if_present:
         raise NvmeError(st.INVALID_FIELD, "store_only_if_absent and store_only_if_present both set")
+
+
+MAX_RANGES = 4096
+
+
+def _check_ranges(capsule, ns, payload_bytes, max_value) -> None:
+    if not 1 <= len(capsule.ranges) <= MAX_RANGES:
+        raise NvmeError(st.INVALID_FIELD, f"{len(capsule.ranges)} ranges (1..{MAX_RANGES})")
+    for r in capsule.ranges:
+        check_key(r.key)
 
 
 def _check_lbas(capsule, ns, payload_bytes, max_value) -> None:
@@ -125,8 +136,25 @@ def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
 
 def _kv_retrieve(cmd: Command, finish: Finish, env: dict) -> None:
     c = cmd.capsule
-    data, length, crc = cmd.namespace.retrieve(c.key, c.value_length, not c.skip_guard_check)
+    data, length, crc = cmd.namespace.retrieve(c.key, c.value_length, not c.skip_guard_check, c.value_offset)
     finish(Result(value_length=length, crc32c=crc, frames=[data], bytes_read=data.nbytes))
+
+
+def _kv_retrieve_ranges(cmd: Command, finish: Finish, env: dict) -> None:
+    """Each range on its own: its bytes (a view, no copy, for a mapped value) or its status."""
+    ns: KvNamespace = cmd.namespace
+    frames, statuses, failed = [], [], ""
+    for i, r in enumerate(cmd.capsule.ranges):
+        try:
+            data, _, _ = ns.retrieve_range(r.key, r.offset, r.length, not cmd.capsule.skip_guard_check)
+        except NvmeError as exc:
+            statuses.append(exc.status.sct << 8 | exc.status.sc)
+            failed = failed or f"range {i} (key {r.key.hex()}): {exc.message}"
+            continue
+        frames.append(data)
+        statuses.append(0)
+    nbytes = sum(byte_view(f).nbytes for f in frames)
+    finish(Result(message=failed, value_length=nbytes, frames=frames, bytes_read=nbytes, range_status=statuses))
 
 
 def _kv_delete(cmd: Command, finish: Finish, env: dict) -> None:
@@ -173,10 +201,19 @@ def _flush(cmd: Command, finish: Finish, env: dict) -> None:
 
 def _retrieve_bytes(cmd: Command) -> int:
     """Bytes a Retrieve copies or checksums: none for a mapped value the host checks itself."""
+    return _retrieve_bytes_of(cmd, cmd.capsule.key)
+
+
+def _retrieve_bytes_of(cmd: Command, key: bytes) -> int:
     ns: KvNamespace = cmd.namespace
-    if cmd.capsule.skip_guard_check and ns.maps(cmd.capsule.key):
+    if cmd.capsule.skip_guard_check and ns.maps(key):
         return 0
-    return ns.value_length(cmd.capsule.key)
+    return ns.value_length(key)
+
+
+def _ranges_bytes(cmd: Command) -> int:
+    """Bytes a range Retrieve copies or checksums (none for mapped values the host checks itself)."""
+    return sum(_retrieve_bytes_of(cmd, r.key) for r in cmd.capsule.ranges)
 
 
 def _lba_bytes(cmd: Command) -> int:
@@ -188,6 +225,8 @@ OPS: dict[tuple[int, int], OpSpec] = {
                                         carries_payload=True),
     (pb.KEY_VALUE, pb.KV_RETRIEVE): OpSpec("kv_retrieve", KvNamespace, _check_key, _kv_retrieve,
                                            size=_retrieve_bytes),
+    (pb.KEY_VALUE, pb.KV_RETRIEVE_RANGES): OpSpec("kv_retrieve_ranges", KvNamespace, _check_ranges,
+                                                  _kv_retrieve_ranges, size=_ranges_bytes),
     (pb.KEY_VALUE, pb.KV_DELETE): OpSpec("kv_delete", KvNamespace, _check_key, _kv_delete, inline=True),
     (pb.KEY_VALUE, pb.KV_EXIST): OpSpec("kv_exist", KvNamespace, _check_key, _kv_exist, inline=True),
     (pb.KEY_VALUE, pb.KV_LIST): OpSpec("kv_list", KvNamespace, _no_checks, _kv_list, inline=True),

@@ -69,6 +69,26 @@ class PendingDelete:
 Op = PendingStore | PendingDelete
 
 
+def sub_extents(extents: Sequence[Extent], offset: int, length: int) -> list[Extent]:
+    """The extents holding bytes [offset, offset + length) of a value laid over `extents` in order."""
+    out, pos = [], 0
+    for ext in extents:
+        lo, hi = max(offset, pos), min(offset + length, pos + ext.length)
+        if lo < hi:
+            out.append(Extent(ext.offset + lo - pos, hi - lo))
+        pos += ext.length
+    return out
+
+
+def _range_end(value_bytes: int, offset: int, length: int, exact: bool) -> int:
+    """Where a read of `length` bytes from `offset` ends in a value of value_bytes; INVALID_FIELD for a
+    range outside it (exact: the whole range must fit; else it is cut at the end, 0 meaning all)."""
+    if offset > value_bytes or (exact and (length == 0 or offset + length > value_bytes)):
+        raise NvmeError(st.INVALID_FIELD, f"bytes [{offset}, {offset + length}) lie outside the value's "
+                                          f"{value_bytes} bytes")
+    return min(value_bytes, offset + length) if length else value_bytes
+
+
 def check_key(key: bytes) -> None:
     """Raise the KV "invalid key size" status for an empty key or one over 16 bytes."""
     if not 1 <= len(key) <= MAX_KEY_BYTES:
@@ -252,8 +272,10 @@ class KvNamespace(Namespace):
 
     # -- Retrieve, Exist, List ----------------------------------------------------------------
 
-    def retrieve(self, key: bytes, max_bytes: int = 0, check_guard: bool = True) -> tuple[object, int, int]:
-        """(leading bytes, value length, crc32c); UNRECOVERED_READ_ERROR on a crc mismatch.
+    def retrieve(self, key: bytes, max_bytes: int = 0, check_guard: bool = True,
+                 offset: int = 0) -> tuple[object, int, int]:
+        """(bytes from offset on, at most max_bytes (0: to the end), value length, crc32c);
+        UNRECOVERED_READ_ERROR on a crc mismatch, INVALID_FIELD for an offset past the value's end.
 
         check_guard=False skips the crc32c check, for a host that checks it itself on arrival.
 
@@ -261,11 +283,22 @@ class KvNamespace(Namespace):
         its extents stay pinned until that view is freed (a ZeroMQ message holds it until the
         bytes have left). Other values are read into a new buffer.
         """
+        return self._read(key, offset, max_bytes, check_guard, exact=False)
+
+    def retrieve_range(self, key: bytes, offset: int, length: int,
+                       check_guard: bool = True) -> tuple[object, int, int]:
+        """(bytes [offset, offset + length) of the value, value length, crc32c), as retrieve(); the range
+        must lie inside the value (INVALID_FIELD otherwise). With check_guard the whole value's crc32c
+        is checked first: only a whole value can vouch for a part of it."""
+        return self._read(key, offset, length, check_guard, exact=True)
+
+    def _read(self, key: bytes, offset: int, length: int, check_guard: bool, exact: bool) -> tuple[object, int, int]:
         check_key(key)
         with self._lock:
             entry = self._index.get(key)
             if entry is None:
                 raise NvmeError(st.KEY_DOES_NOT_EXIST)
+            end = _range_end(entry.length, offset, length, exact)
             mappable = self._map is not None and self._mappable(entry)
             if mappable:  # a page of the mapping past the file's end is SIGBUS: check first
                 self._check_file()
@@ -273,8 +306,10 @@ class KvNamespace(Namespace):
                 raise NvmeError(st.UNRECOVERED_READ_ERROR, "value lost: the data file was cut short under it")
             entry.pins += 1
         mapped = self._mapped(entry) if mappable else None
+        whole = check_guard or (offset == 0 and end == entry.length)
         try:
-            out = mapped if mapped is not None else self._read_copy(entry)
+            out = mapped if mapped is not None else self._read_copy(entry, 0 if whole else offset,
+                                                                     entry.length if whole else end - offset)
             intact = not check_guard or crc32c(out) == entry.crc32c
         except EOFError as exc:  # a copy read found the file's end: it was cut short
             self._unpin(entry)
@@ -289,10 +324,10 @@ class KvNamespace(Namespace):
             self.integrity_errors += 1
             logger.error("namespace %d: crc32c mismatch for key %s", self.nsid, key.hex())
             raise NvmeError(st.UNRECOVERED_READ_ERROR, "stored value fails its crc32c")
-        n = entry.length if max_bytes == 0 else min(max_bytes, entry.length)
         if mapped is None:
-            return memoryview(out)[:n], entry.length, entry.crc32c
-        view = mapped[:n]
+            view = memoryview(out)
+            return (view[offset:end] if whole else view), entry.length, entry.crc32c
+        view = mapped[offset:end]
         weakref.finalize(view, self._unpin, entry)  # unpinned when the last holder lets go
         return view, entry.length, entry.crc32c
 
@@ -312,9 +347,9 @@ class KvNamespace(Namespace):
             return None
         return np.frombuffer(self._map, np.uint8, entry.length, entry.extents[0].offset)
 
-    def _read_copy(self, entry: IndexEntry) -> np.ndarray:
-        out = new_buffer(entry.length)  # [value length] uint8; all of it, to verify the crc
-        read_extents(self.fd, entry.extents, memoryview(out), past_end="raise")
+    def _read_copy(self, entry: IndexEntry, offset: int, length: int) -> np.ndarray:
+        out = new_buffer(length)  # [length] uint8: bytes [offset, offset + length) of the value
+        read_extents(self.fd, sub_extents(entry.extents, offset, length), memoryview(out), past_end="raise")
         return out
 
     def _unpin(self, entry: IndexEntry) -> None:

@@ -4,8 +4,11 @@ It plays the NIC's part of the contract exactly as the region defines it (hostme
 hostmem.descriptor): it watches every block's PUT trigger counter, reads the block's descriptor,
 keeps the block's token ids and KV bytes under the descriptor's hash and bumps the PUT-done
 counter; it answers a restore event by copying stored blocks back and bumping their GET-done
-counters (the error part for what it does not have, or was told to fail). The real agent is
-tested against the same contract with real processes (tests/smartnic, tests/e2e).
+counters (the error part for what it does not have, or was told to fail). Told to, it lands a
+restore layer group by layer group as the agent does (group 0 with the token ids, each later
+group's layers `group_delay_s` after the one before, garbage in them until then), fails a block
+from a given group on, or never lands some groups. The real agent is tested against the same
+contract with real processes (tests/smartnic, tests/e2e).
 """
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ class FakeNic:
         self.descriptors: list[descriptor.Descriptor] = []
         self.fail: set[bytes] = set()       # hashes whose GET ends with an error
         self.silent: set[bytes] = set()     # hashes whose GET never completes
+        self.group_delay_s = 0.0            # > 0: land layer group by layer group, this long apart
+        self.fail_from: dict[bytes, int] = {}   # hash -> the layer group its GET fails from (layer-wise)
+        self.silent_groups: set[int] = set()    # layer groups that never land (layer-wise)
         self.refused = 0
         self._lock = threading.Lock()
         L = self.layout
@@ -82,6 +88,9 @@ class FakeNic:
 
     def restore(self, event) -> None:
         """Serve a restore event: copy each stored block into its pool block, bump its counters."""
+        if self.group_delay_s:
+            threading.Thread(target=self._restore_by_group, args=(event,), daemon=True).start()
+            return
         L = self.layout
         for b in event.blocks:
             if b.hash in self.silent:
@@ -95,3 +104,27 @@ class FakeNic:
                 self.pool.region.write(L.block_range(b.block)[0], kv)
             for g in range(event.layer_groups):
                 self.pool.region.add_counter(L.get_done(b.block, g), success=int(ok), error=int(not ok))
+
+    def _restore_by_group(self, event) -> None:
+        """Land the blocks layer group by layer group, garbage in each group's layers until it lands."""
+        L, region = self.layout, self.pool.region
+        with self._lock:
+            found = [self.stored.get(b.hash) for b in event.blocks]
+        for b in event.blocks:
+            offset, length = L.block_range(b.block)
+            region.write(offset, np.full(length // 4, 1e4, dtype=np.float32).tobytes())
+        for g in range(event.layer_groups):
+            if g:
+                time.sleep(self.group_delay_s)
+            if g in self.silent_groups:
+                continue
+            for b, hit in zip(event.blocks, found):
+                ok = hit is not None and hit[2] == b.token_count and g < self.fail_from.get(b.hash, g + 1)
+                if ok:
+                    ids, kv, count = hit
+                    if g == 0:
+                        region.write(L.token_ids_range(b.block, count)[0], ids)
+                    offset, length = L.group_range(b.block, g)
+                    start = offset - L.block_range(b.block)[0]
+                    region.write(offset, kv[start:start + length])
+                region.add_counter(L.get_done(b.block, g), success=int(ok), error=int(not ok))

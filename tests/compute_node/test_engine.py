@@ -161,6 +161,67 @@ def test_the_pool_is_the_region_and_its_blocks_are_contiguous(make_node):
     assert pool.kv[block].data_ptr() == pool.kv.data_ptr() + offset
 
 
+def _built(node, ids):
+    """A first turn under `triggered` whose blocks the FakeNic stored: (its reply, the follow-up's ids, the
+    reference reply of the follow-up, recomputed, and the follow-up's block names)."""
+    first, _, _ = run_turn(node, ids, "ctx", "triggered")
+    time.sleep(0.05)
+    follow = ids + first + [7, 8, 9]
+    reference, _, _ = run_turn(node, follow, "ref", "recompute")
+    names = hash_chain(follow, salt_for("default", "u"), node.settings.block_tokens)
+    return follow, reference, names
+
+
+def test_a_restore_joins_after_its_first_layer_group_and_the_forward_waits_for_the_next(make_node):
+    node = make_node(nic=True)
+    follow, reference, _ = _built(node, PROMPTS[5])
+    node.nic.group_delay_s = 0.3  # group 1 lands 0.3 s after group 0 (garbage in its layers until then)
+    before = node.engine.snapshot()
+    tokens, rec, _ = run_turn(node, follow, "ctx", "triggered")
+    after = node.engine.snapshot()
+    assert rec.kv_source == "restored" and not rec.blocks_failed, rec.fallback_reason
+    assert tokens == reference
+    assert after["restore_layer_waits"] > before.get("restore_layer_waits", 0)
+    assert after["restore_layer_wait_us"] - before.get("restore_layer_wait_us", 0) > 100_000  # it did wait
+    assert after["restores_landing"] == 0 and node.engine.bm.num_pinned_blocks == 0
+
+
+def test_a_layer_group_that_fails_keeps_the_blocks_before_its_block(make_node):
+    node = make_node(nic=True)
+    follow, reference, names = _built(node, PROMPTS[5])
+    node.nic.group_delay_s = 0.1
+    node.nic.fail_from[names[2]] = 1  # block 2 lands its first group, then fails
+    tokens, rec, _ = run_turn(node, follow, "ctx", "triggered")
+    bt = node.settings.block_tokens
+    assert rec.kv_source == "partial" and rec.blocks_restored == 2 and rec.blocks_failed >= 1
+    assert rec.tokens_reused == 2 * bt and "block 2" in rec.fallback_reason
+    assert tokens == reference
+    time.sleep(0.2)
+    assert node.engine.bm.num_pinned_blocks == 0 and not node.engine.late_pins
+
+
+def test_a_group_later_than_the_forward_waits_sends_the_sequence_out_until_all_landed(make_node):
+    node = make_node(nic=True, restore_layer_wait_s=0.1)
+    follow, reference, _ = _built(node, PROMPTS[5])
+    node.nic.group_delay_s = 0.5  # past the forward's wait: the others would not wait that long
+    tokens, rec, _ = run_turn(node, follow, "ctx", "triggered")
+    assert rec.kv_source == "restored" and not rec.blocks_failed, rec.fallback_reason  # it all landed, later
+    assert tokens == reference
+
+
+def test_a_group_that_never_lands_is_recomputed_after_the_deadline(make_node):
+    node = make_node(nic=True, restore_timeout_s=1.0, restore_layer_wait_s=0.1)
+    follow, reference, _ = _built(node, PROMPTS[3])
+    node.nic.group_delay_s = 0.05
+    node.nic.silent_groups.add(1)
+    start = time.monotonic()
+    tokens, rec, _ = run_turn(node, follow, "ctx", "triggered")
+    assert rec.kv_source == "recomputed" and "timed out" in rec.fallback_reason
+    assert tokens == reference and time.monotonic() - start < 10
+    # the blocks its late GETs might still write stay out of use until given up on
+    assert node.engine.late_pins and node.engine.bm.num_pinned_blocks > 0
+
+
 def test_turns_sharing_a_block_whose_put_is_in_flight_all_finish(make_node):
     # B starts while A still decodes and A's PUTs of their common blocks are in flight: B waits for
     # those PUTs instead of storing the same pool blocks again (which lost A's PUT and hung A).

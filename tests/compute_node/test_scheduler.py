@@ -240,6 +240,50 @@ def test_a_restoring_sequence_waits_outside_the_batch_while_others_decode():
     assert r.completion_token_ids == solo(range(40, 50), 3)
 
 
+def test_a_joined_restore_runs_with_its_blocks_pinned_and_out_of_the_prefix_cache_until_it_landed():
+    sched = make()
+    r = seq(10, max_new=3, start=40)
+    req = sched.start_restore(r, 8)
+    sched.restore_joined(r, 8)  # group 0 of both blocks landed: r runs while the rest lands
+    assert r.num_computed_tokens == 8 and sched.num_waiting == 1 and not sched.restoring
+    out, _ = step(sched)
+    assert out.admitted == [r] and work(out)[r.seq_id] == (8, 2, True)
+    twin = seq(10, max_new=1, start=40)  # the same prefix: must not share blocks still landing
+    sched.add(twin)
+    assert all(sched.bm.blocks[b].pins == 1 for b in req.block_ids)
+    assert not any(sched.bm.blocks[b].hash for b in req.block_ids)
+    step(sched)
+    assert twin.num_cached_tokens == 0
+    sched.restore_done(r, 8)  # every group landed: unpinned, and registered unless the twin's took the names
+    assert all(sched.bm.blocks[b].pins == 0 for b in req.block_ids)
+    assert set(sched.bm.hashes(r, 2)) <= set(sched.bm.hash_to_block)
+    run_all(sched)
+    assert r.completion_token_ids == solo(range(40, 50), 3)
+
+
+@pytest.mark.parametrize("where", ["ready", "running"])
+def test_an_unjoined_restore_leaves_the_batch_and_keeps_what_landed_when_it_ends(where):
+    sched = make()
+    r = seq(14, max_new=3, start=40)
+    req = sched.start_restore(r, 12)
+    sched.restore_joined(r, 12)
+    if where == "running":
+        out = sched.schedule()  # r is in this step; its output will not be used
+        assert work(out)[r.seq_id] == (12, 2, True)
+    sched.unjoin(r)
+    assert r.status is SequenceStatus.RESTORING and r.num_computed_tokens == 0 and r not in sched.running
+    if where == "running":
+        assert sched.postprocess(out, [model(r)]) == [] and r.num_computed_tokens == 0 and len(r) == 14
+    out, _ = step(sched)
+    assert r.seq_id not in work(out)  # restoring again: outside the batch
+    sched.restore_done(r, 4)  # block 1 failed: block 0 is kept, the rest prefilled
+    assert all(sched.bm.blocks[b].pins == 0 for b in req.block_ids)
+    out, _ = step(sched)
+    assert work(out)[r.seq_id] == (4, 10, True)
+    run_all(sched)
+    assert r.completion_token_ids == solo(range(40, 54), 3)
+
+
 def test_an_abort_during_a_restore_keeps_its_blocks_pinned_until_the_io_ends():
     sched = make(num_blocks=4)
     r = seq(9, max_new=2)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -14,16 +16,17 @@ def header(**kw):
 
 
 def test_header_round_trip_and_partial_read():
-    for h in (header(), header(generation=2**63 + 5, mac_bytes=0)):
+    for h in (header(), header(generation=2**63 + 5, mac_bytes=0), header(kv_bytes=1230, kv_parts=30)):
         raw = cf.encode_header(h)
         decoded, length = cf.decode_header(raw + b"token ids and kv follow")
         assert decoded == h and length == len(raw) <= cf.MAX_HEADER_BYTES
-        assert cf.value_length(decoded, length) == length + 32 * 4 + 1234 + h.mac_bytes
-    with pytest.raises(cf.ChunkFormatError):
-        cf.encode_header(header(mac_bytes=16))
+        assert cf.value_length(decoded, length) == length + 32 * 4 + h.kv_bytes + (1 + h.kv_parts) * h.mac_bytes
+    for bad in ({"mac_bytes": 16}, {"kv_parts": 0}, {"kv_parts": 7}):  # 1234 bytes are not 7 equal parts
+        with pytest.raises(cf.ChunkFormatError):
+            cf.encode_header(header(**bad))
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_an_older_chunk_is_refused_as_untrusted(version):
     old = bytearray(cf.encode_header(header()))
     old[4:6] = version.to_bytes(2, "little")
@@ -39,7 +42,7 @@ def test_a_block_header_names_its_owner_and_its_place_in_the_chain():
     assert cf.decode_header(cf.encode_header(first))[0].parent == b""
 
 
-def test_the_mac_covers_key_generation_and_every_byte():
+def test_the_mac_covers_key_generation_part_and_every_byte():
     key, storage_key = bytes(range(32)), cf.chunk_key("salt", "alice", "ctx-1", 0)
     parts = [cf.encode_header(header(generation=7)), b"ids" * 10, bytes(range(256)) * 40]
     mac = cf.mac_of(key, storage_key, 7, parts)
@@ -52,8 +55,28 @@ def test_the_mac_covers_key_generation_and_every_byte():
     others = {cf.mac_of(bytes(32), storage_key, 7, parts),                        # another key
               cf.mac_of(key, cf.chunk_key("salt", "alice", "ctx-2", 0), 7, parts),  # another place
               cf.mac_of(key, storage_key, 6, parts),                               # another generation
+              cf.mac_of(key, storage_key, 7, parts, 0),                            # a KV part, not the head
               cf.mac_of(key, storage_key, 7, [*parts[:2], bytes(flipped)])}         # another byte
-    assert mac not in others and len(others) == 4
+    assert mac not in others and len(others) == 5
+
+
+def test_a_sealed_value_checks_out_and_any_part_moved_or_changed_does_not():
+    key, storage_key = bytes(range(32)), b"k" * 16
+    h = header(generation=7, kv_bytes=3 * 4096, kv_parts=3)
+    ids, kv = np.arange(64, 96, dtype="<u4").tobytes(), np.random.default_rng(1).bytes(3 * 4096)
+    value = b"".join(bytes(b) for b in cf.sealed(key, storage_key, h, [ids], [kv[:5000], kv[5000:]]))
+    got, layout = cf.check_value(key, storage_key, value)
+    assert got == h and value[layout.kv_offset:] == kv and value[layout.ids_offset:layout.macs_offset] == ids
+    swapped = value[:layout.kv_offset] + kv[4096:8192] + kv[:4096] + kv[8192:]  # two layers swapped
+    for bad in (swapped, value[:-1], value[:layout.macs_offset] + bytes(32) + value[layout.macs_offset + 32:]):
+        with pytest.raises(cf.ChunkFormatError):
+            cf.check_value(key, storage_key, bad)
+    with pytest.raises(cf.ChunkFormatError):
+        cf.check_value(key, b"m" * 16, value)  # moved to another key
+    bare = b"".join(bytes(b) for b in cf.sealed(None, storage_key, dataclasses.replace(h, mac_bytes=0), [ids], [kv]))
+    assert cf.check_value(None, storage_key, bare)[1].macs_bytes == 0
+    with pytest.raises(cf.ChunkFormatError, match="unauthenticated"):
+        cf.check_value(key, storage_key, bare)
 
 
 def test_generations_follow_the_clock_and_never_repeat():

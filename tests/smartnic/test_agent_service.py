@@ -10,7 +10,14 @@ import pytest
 
 from fabric import chunk_format as cf
 from hostmem.block_hash import block_hash, hash_chain, salt_for
-from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
+from kvtb_proto import (
+    compute_pb2,
+    compute_pb2_grpc,
+    smartnic_pb2,
+    smartnic_pb2_grpc,
+    storage_admin_pb2,
+    storage_admin_pb2_grpc,
+)
 from tests.conftest import CREDENTIALS, fabric_client, secure_channel
 from tests.smartnic.helpers import KEY, LAYOUT, PlainPool, agent_env
 
@@ -36,15 +43,16 @@ def test_a_block_leaves_by_its_descriptor_and_comes_back_bit_identical(compute, 
     found = pool.stub.Lookup(smartnic_pb2.ContextRef(user_id=USER, context_id=CTX))
     assert [c.chunk_index for c in found.chunks] == [0, 1, 2, 3] and [c.hash for c in found.chunks] == names
     assert [c.token_end - c.token_start for c in found.chunks] == [16, 16, 16, 12]
-    # the stored value: header, the block's token ids, its whole KV extent, the MAC
+    # the stored value: header, the block's token ids, its MACs (the head's, one per layer), its whole KV extent
     with fabric_client(storage[0][1].addresses["fabric"]) as client:
         value = bytes(client.retrieve(1, found.chunks[1].key).payload())
     header, n = cf.decode_header(value)
+    layout = cf.value_layout(header, n)
     assert (header.user_id, header.tenant, header.chunk_index, header.name) == (USER, "default", 1, names[1])
     assert header.parent == names[0] and value[n:n + 64] == np.asarray(IDS[16:32], "<u4").tobytes()
-    assert value[n + 64:-cf.MAC_BYTES] == pool.kv(1).tobytes()
+    assert header.kv_parts == LAYOUT.num_layers and value[layout.kv_offset:] == pool.kv(1).tobytes()
     mac_key = (CREDENTIALS / "kv-mac.key").read_bytes()
-    assert value[-cf.MAC_BYTES:] == cf.mac_of(mac_key, found.chunks[1].key, header.generation, [value[:-cf.MAC_BYTES]])
+    assert cf.check_value(mac_key, found.chunks[1].key, value)[0] == header
     # a follow-up: step 5 finds the stored prefix by content, the stream asks, the GETs land in blocks 4..7
     follow = IDS + [7, 8, 9]
     events = turn(channel, follow)
@@ -55,6 +63,11 @@ def test_a_block_leaves_by_its_descriptor_and_comes_back_bit_identical(compute, 
         assert np.array_equal(pool.token_ids(target), pool.token_ids(source))
     record = events[-1].record
     assert record.kv_source == "restored" and {s.step for s in record.steps} >= {5, 6, 8}
+    # one bulk GET per layer group for all four blocks, no GET per block
+    admin = storage_admin_pb2_grpc.StorageAdminStub(secure_channel(storage[0][1].addresses["admin"], peer="storage"))
+    commands = {(c.opcode, c.status): c.count for c in admin.Stats(storage_admin_pb2.StatsRequest()).commands}
+    assert commands[("kv_retrieve_ranges", "success")] == LAYOUT.layer_groups
+    assert commands.get(("kv_retrieve", "success"), 0) == 1  # the test's own read of the value above
     s = stats(pool)
     assert s.hits == 1 and s.chunks == 4 and s.bytes_got == s.bytes_put > 0 and s.triggered_fired >= 4
 

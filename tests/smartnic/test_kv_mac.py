@@ -79,7 +79,7 @@ def test_a_block_forged_with_the_same_crc32c_falls_back(compute, storage):
     client = fabric(storage[0][1], AGENT_NQN)
     value = bytes(client.retrieve(1, key).payload())
     header, n = cf.decode_header(value)
-    kv = slice(n + header.token_ids_bytes, len(value) - cf.MAC_BYTES)
+    kv = slice(cf.value_layout(header, n).kv_offset, len(value))
     client.store(1, key, [forge_same_crc(value, kv)])  # the node takes it: its crc32c checks out
     client.close()
     restore_fails(compute, IDS, "mac_mismatch", 0)

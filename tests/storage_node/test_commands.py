@@ -194,3 +194,46 @@ def test_a_retrieve_asked_in_data_pdus_sends_them_in_order_then_the_response(har
         (reply,) = harness.replies(capsule.SerializeToString())
         assert not reply.capsule.data_pdu and reply.capsule.data_offset == 0
     assert_still_serving(harness)
+
+
+def test_ranges_of_several_values_in_one_command_each_succeed_or_fail_on_their_own(harness):
+    h = harness
+    h.connect()
+    values = {b"a": bytes(range(256)) * 40, b"b": bytes(range(255, -1, -1)) * 9000}  # copied, and mapped
+    for key, value in values.items():
+        assert status(store(h, key, value)) == st.SUCCESS
+    ranges = [pb.ValueRange(key=b"a", offset=10, length=100), pb.ValueRange(key=b"nope", offset=0, length=5),
+              pb.ValueRange(key=b"b", offset=5000, length=300_000), pb.ValueRange(key=b"a", offset=10_000, length=241),
+              pb.ValueRange(key=b"b", offset=0, length=7)]
+    rsp, frames = h.command(command_set=KV, opcode=pb.KV_RETRIEVE_RANGES, namespace_id=1, ranges=ranges,
+                            skip_guard_check=True)
+    assert status(rsp) == st.SUCCESS
+    assert [st.Status(s >> 8, s & 0xFF) for s in rsp.range_status] == [
+        st.SUCCESS, st.KEY_DOES_NOT_EXIST, st.SUCCESS, st.INVALID_FIELD, st.SUCCESS]
+    assert "range 1" in rsp.message
+    want = [values[r.key][r.offset:r.offset + r.length] for r in ranges if r.key != b"nope" and r.length != 241]
+    assert [bytes(f) for f in frames] == want
+    # in data PDUs: none spans two ranges, each at its offset in the ranges asked for, back to back
+    h.next_cid += 1
+    replies = h.replies(pb.CommandCapsule(command_id=h.next_cid, command_set=KV, opcode=pb.KV_RETRIEVE_RANGES,
+                                          namespace_id=1, ranges=ranges, data_pdu_bytes=65536).SerializeToString())
+    *pdus, last = replies
+    assert all(p.capsule.data_pdu for p in pdus) and not last.capsule.data_pdu and not last.frames
+    starts = [sum(r.length for r in ranges[:i]) for i in range(len(ranges))]
+    got = {}
+    for p in pdus:
+        i = max(k for k, s in enumerate(starts) if s <= p.capsule.data_offset)
+        assert p.capsule.data_offset + len(bytes(p.frames[0])) <= starts[i] + ranges[i].length
+        got[i] = got.get(i, b"") + bytes(p.frames[0])
+    assert [got[i] for i in sorted(got)] == want and sorted(got) == [0, 2, 4]
+    assert last.capsule.data_offset == sum(r.length for r in ranges)
+    assert_still_serving(h)
+
+
+@pytest.mark.parametrize("ranges", [[], [pb.ValueRange(key=b"", offset=0, length=1)],
+                                    [pb.ValueRange(key=b"k" * 17, offset=0, length=1)]])
+def test_a_malformed_range_command_is_refused_whole(harness, ranges):
+    harness.connect()
+    rsp, _ = harness.command(command_set=KV, opcode=pb.KV_RETRIEVE_RANGES, namespace_id=1, ranges=ranges)
+    assert status(rsp) in (st.INVALID_FIELD, st.INVALID_KEY_SIZE)
+    assert_still_serving(harness)

@@ -277,7 +277,7 @@ def test_a_copy_read_that_finds_the_file_cut_short_answers_a_media_error(tmp_pat
     store(ns, b"w", b"y" * 100_000)
     os.truncate(path, 4096)
     with pytest.raises(EOFError):
-        ns._read_copy(ns._index[b"v"])
+        ns._read_copy(ns._index[b"v"], 0, 100_000)
     assert read(ns, b"v") is None and ns.values_lost == 2  # both are past the cut
     assert os.path.getsize(path) == 32 * MIB
     assert read(ns, b"w") is None

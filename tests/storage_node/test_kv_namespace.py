@@ -144,3 +144,37 @@ def test_a_large_value_is_served_from_the_mapping_and_stays_pinned_until_sent(tm
         ns.retrieve(b"big")
     assert err.value.status == st.UNRECOVERED_READ_ERROR
     assert ns._index[b"big"].pins == 0
+
+
+def test_a_range_read_gives_its_bytes_and_refuses_a_range_outside_the_value(ns):
+    small, large = os.urandom(5000), os.urandom(MIB + 4096)  # a copied value and a mapped one
+    assert put(ns, b"s", small) == put(ns, b"l", large) == st.SUCCESS
+    for key, value in ((b"s", small), (b"l", large)):
+        for check in (True, False):
+            for offset, length in ((0, 10), (100, 900), (len(value) - 7, 7), (0, len(value))):
+                got, total, crc = ns.retrieve_range(key, offset, length, check)
+                assert bytes(got) == value[offset:offset + length] and total == len(value) and crc == crc32c(value)
+            for offset, length in ((len(value) - 6, 7), (len(value) + 1, 1), (5, 0)):
+                with pytest.raises(NvmeError) as err:
+                    ns.retrieve_range(key, offset, length, check)
+                assert err.value.status == st.INVALID_FIELD and "outside the value" in err.value.message
+        assert bytes(ns.retrieve(key, 0, True, 4000)[0]) == value[4000:]  # Retrieve from an offset
+        assert bytes(ns.retrieve(key, 50, False, 10)[0]) == value[10:60]
+        with pytest.raises(NvmeError):
+            ns.retrieve(key, 0, True, len(value) + 1)
+    with pytest.raises(NvmeError) as err:
+        ns.retrieve_range(b"missing", 0, 1)
+    assert err.value.status == st.KEY_DOES_NOT_EXIST
+
+
+def test_a_range_read_with_the_guard_check_checks_the_whole_value(tmp_path, ns):
+    value = os.urandom(20_000)
+    put(ns, b"v", value)
+    entry = ns._index[b"v"]
+    with open(ns.path, "r+b") as f:  # damage a byte far from the range asked for
+        f.seek(entry.extents[0].offset + 15_000)
+        f.write(bytes([value[15_000] ^ 1]))
+    with pytest.raises(NvmeError) as err:
+        ns.retrieve_range(b"v", 0, 100, check_guard=True)
+    assert err.value.status == st.UNRECOVERED_READ_ERROR
+    assert bytes(ns.retrieve_range(b"v", 0, 100, check_guard=False)[0]) == value[:100]
