@@ -114,7 +114,8 @@ def stack_config(args) -> dict:
 
 
 def storage_figures(stack: Stack) -> dict:
-    """The agent's and the storage nodes' counters: bytes put and stored, evictions, hits."""
+    """The agent's and the storage nodes' counters: bytes put and stored, evictions, hits, and the
+    agent's trigger-to-fire percentiles so far (over every standing PUT this stack fired)."""
     a = stack.agent_stats()
     used = 0
     for proc in [p for p in stack.deployment.procs if p.name.startswith("storage-")]:
@@ -125,7 +126,9 @@ def storage_figures(stack: Stack) -> dict:
     c = stack.compute_stats()
     return {"bytes_put": a.bytes_put, "bytes_stored": a.bytes_stored, "chunks": a.chunks,
             "storage_used_bytes": used, "evictions": dict(a.evictions_by_reason), "hits": a.hits,
-            "misses": a.misses, "kv_source": dict(c.kv_source_counts)}
+            "misses": a.misses, "kv_source": dict(c.kv_source_counts),
+            "trigger_to_fire_us": {"p50": a.trigger_to_fire_p50_us, "p99": a.trigger_to_fire_p99_us,
+                                   "fired": a.triggered_fired}}
 
 
 def delta(before: dict, after: dict) -> dict:
@@ -133,7 +136,7 @@ def delta(before: dict, after: dict) -> dict:
     out = dict(after)
     for key in ("bytes_put", "hits", "misses"):
         out[key] = after[key] - before[key]
-    for key in ("evictions", "kv_source"):
+    for key in ("evictions", "kv_source"):  # (trigger_to_fire_us: the agent's percentiles at the end)
         out[key] = {k: v - before[key].get(k, 0) for k, v in after[key].items() if v - before[key].get(k, 0)}
     out["evicted"] = sum(out["evictions"].values())
     return out
@@ -299,6 +302,15 @@ def plot(result: dict, out: Path) -> list:
     return drawn
 
 
+def trigger_line(storage: dict) -> str:
+    """The agent's trigger-to-fire latency under the replay's load (its whole run so far)."""
+    t = storage.get("trigger_to_fire_us")
+    if not t:
+        return "trigger-to-fire: not reported"
+    return (f"trigger-to-fire under this load (the agent, over its {t['fired']} fired PUTs): "
+            f"p50 {t['p50']:.0f} µs, p99 {t['p99']:.0f} µs")
+
+
 def sources(counts: dict) -> str:
     """'restored 8, none 4': where the turns' prefix KV came from (the compute node's counts)."""
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
@@ -337,7 +349,8 @@ def table(result: dict) -> str:
             f"TTFT p50 {(t['ttft_s'] or {'p50': 0})['p50'] * 1e3:.1f} ms, sent late p99 "
             f"{t['late_s']['p99'] * 1e3:.1f} ms; kv source {sources(t['storage']['kv_source'])}; bytes put "
             f"{format_bytes(t['storage']['bytes_put'])}, stored {format_bytes(t['storage']['bytes_stored'])}, "
-            f"evictions {t['storage']['evicted']}; prompts not matching their blocks: {len(t['prompt_mismatches'])}")
+            f"evictions {t['storage']['evicted']}; prompts not matching their blocks: {len(t['prompt_mismatches'])}\n"
+            + trigger_line(t["storage"]))
     parts.append(ratios_text(result["ratios"]))
     return "\n\n".join(parts)
 

@@ -188,6 +188,12 @@ def test_qa_ratios_put_recompute_over_restore_and_compare_replies():
     assert "prefix_hit_vs_ideal" not in result["floors"]
 
 
+def test_trigger_line_reports_the_agents_percentiles():
+    line = replay.trigger_line({"trigger_to_fire_us": {"p50": 120.4, "p99": 900.0, "fired": 7}})
+    assert "7 fired" in line and "p50 120 µs" in line and "p99 900 µs" in line
+    assert replay.trigger_line({}) == "trigger-to-fire: not reported"
+
+
 def test_multiround_texts_are_seeded_and_messages_resend_the_history():
     w = multiround.QaWorkload(users=2, rounds=3, context_words=40, system_words=8)
     assert multiround.first_message(w, 0) == multiround.first_message(w, 0) != multiround.first_message(w, 1)
@@ -257,5 +263,7 @@ def test_replay_smoke(tmp_path):
     assert qa["triggered"]["followup_cached_share"] > 0.5 and qa["recompute"]["cached_share"] == 0
     assert qa["triggered"]["storage"]["bytes_put"] > 0 and qa["recompute"]["storage"]["bytes_put"] == 0
     assert trace["prompt_mismatches"] == [] and trace["ideal_tokens"] > 0
+    fire = trace["storage"]["trigger_to_fire_us"]  # the agent's latency under the replay's load
+    assert fire["fired"] > 0 and 0 < fire["p50"] <= fire["p99"]
     assert 0 < trace["hit_over_ideal_tokens"] == trace["hit_tokens"]  # never more than the trace allows
     assert {"followup_ttft_recompute_vs_restore", "prefix_hit_vs_ideal"} <= set(result["ratios"])
