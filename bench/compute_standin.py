@@ -11,7 +11,6 @@ completion counter reaches its total, waiting with `hostmem.counters.wait_counte
 from __future__ import annotations
 
 import multiprocessing
-import random
 import time
 
 from hostmem.counters import wait_counter
@@ -102,17 +101,3 @@ def _fire(region: Region, trigger: int, value: int, done: int, total: int, timeo
         return "timeout", f"counter {done} stuck at {region.read_counter(done)}, wanted {total}"
     return "ok", time.perf_counter() - start
 
-
-def store_at_random_gaps(name: str, size: int, counter_offset: int, counters: int, trigger: int,
-                         n: int, seed: int, queue) -> None:
-    """Child process: store 1..n into counter `trigger` at random gaps, timestamping each store
-    (CLOCK_MONOTONIC, as the agent's watcher stamps its firing)."""
-    region = Region.attach(name, size, counter_offset, counters)
-    rng = random.Random(seed)
-    stamps = []
-    for i in range(1, n + 1):
-        time.sleep(rng.uniform(0.0002, 0.003))
-        stamps.append(time.monotonic_ns())
-        region.store_counter(trigger, i)
-    queue.put(stamps)
-    region.close()
