@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,9 +17,10 @@ from typing import Any
 import grpc
 import yaml
 
-from fabric.auth import AGENT_NQN, COMPUTE_NQN, FabricSecurity
+from fabric.auth import FabricSecurity
 from fabric.client import FabricClient
 from kvtb import credentials
+from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb.rpc import OPERATOR, Security, channel
 from kvtb.up import Deployment

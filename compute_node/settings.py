@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from fabric.auth import COMPUTE_NQN
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
+from kvtb.credentials import COMPUTE_NQN
 
 POLICIES = ("triggered", "cpu", "resident", "recompute")
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import blake3
 
-from kvtb.credentials import AGENT_NQN, COMPUTE_NQN, Credentials, host_key, resolve_dir  # noqa: F401 (re-exported)
+from kvtb.credentials import Credentials, host_key, resolve_dir
 
 MODES = ("auth", "curve", "off")
 NEGOTIATE, CHALLENGE, REPLY, SUCCESS1, SUCCESS2 = 1, 2, 3, 4, 5

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from fabric.auth import AGENT_NQN
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
+from kvtb.credentials import AGENT_NQN
 
 EVICTION_POLICIES = ("lru", "timer", "both")
 ADMISSIONS = ("always", "on_reuse")  # smartnic.admission: which blocks a standing PUT keeps

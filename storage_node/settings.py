@@ -7,8 +7,8 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from fabric.auth import AGENT_NQN, COMPUTE_NQN
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
+from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
 
 WILDCARD = "*"
 COMMAND_SETS = ("key_value", "nvm")

@@ -8,14 +8,14 @@ import uuid
 import grpc
 import numpy as np
 
-from fabric.auth import AGENT_NQN
 from hostmem import descriptor
 from hostmem.block_hash import Salts, block_hash, hash_chain
+from hostmem.kv_layout import KvLayout
 from hostmem.layout_proto import layout_to_proto
+from hostmem.region import Region
+from kvtb.credentials import AGENT_NQN
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 from tests.conftest import TEST_HOST
-from hostmem.kv_layout import KvLayout
-from hostmem.region import Region
 
 LAYOUT = KvLayout(num_blocks=8, num_layers=2, num_kv_heads=2, block_tokens=16, head_dim=8, layer_groups=2)
 KEY = "secret"

@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 
 from fabric import chunk_format as cf
-from fabric.auth import AGENT_NQN
 from kvtb.crc32c import crc32c
+from kvtb.credentials import AGENT_NQN
 from kvtb_proto import smartnic_pb2
 from tests.smartnic.test_agent_failures import fabric
 from tests.smartnic.test_agent_service import CTX, IDS, USER, turn

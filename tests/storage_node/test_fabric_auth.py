@@ -9,10 +9,11 @@ import pytest
 
 from fabric import auth
 from fabric import status as st
-from fabric.auth import AGENT_NQN, FabricSecurity
+from fabric.auth import FabricSecurity
 from fabric.client import FabricClient, FabricError
 from kvtb import credentials
 from kvtb.crc32c import crc32c
+from kvtb.credentials import AGENT_NQN
 from kvtb_proto import nvmeof_pb2 as pb
 from tests.conftest import fabric_client, fabric_security
 from tests.fabric.raw_host import RawHost

@@ -2,7 +2,7 @@
 import pytest
 
 from compute_node.settings import ComputeSettings
-from fabric.auth import AGENT_NQN, COMPUTE_NQN
+from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
 from kvtb.settings import SettingsError, load_settings
 from smartnic.settings import SmartNicSettings
 from storage_node.settings import WILDCARD, StorageSettings
