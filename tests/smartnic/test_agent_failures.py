@@ -75,7 +75,7 @@ def test_idle_blocks_are_evicted_and_deleted_on_storage(start_service, tmp_path)
 def test_blocks_spread_over_two_nodes_and_lru_capacity(start_service, tmp_path):
     block_bytes = LAYOUT.chunk_payload_bytes(16) + 400
     _, agent = start(start_service, tmp_path, nodes=("s0", "s1"), eviction_policy="lru",
-                     capacity_high_bytes=10 * block_bytes, capacity_low_bytes=8 * block_bytes,
+                     capacity_high_bytes=11 * block_bytes, capacity_low_bytes=8 * block_bytes,
                      eviction_interval_s=0.1)
     with compute_beside(agent.addresses["grpc"]) as (pool, fake, channel):
         ids = {c: [hash(c) % 1000 + i for i in range(64)] for c in ("c-a", "c-b", "c-c")}
@@ -84,8 +84,8 @@ def test_blocks_spread_over_two_nodes_and_lru_capacity(start_service, tmp_path):
         s = stats(pool)
         assert set(s.bytes_by_storage_node) == {"s0", "s1"} and s.chunks == 8
         turn(channel, ids["c-a"] + [7], context="c-a")  # c-a's blocks are now the most recently used
-        # past 10 blocks (the 11th, or the 12th if it lands before the pass the 11th woke): evict down
-        # to 8, least recently used first
+        # past 11 blocks (only the 12th crosses it, so one pass whenever it runs): evict down to 8,
+        # least recently used first: c-b's 4
         pool.offload(ids["c-c"], USER, "c-c")
         deadline = time.monotonic() + 5
         while stats(pool).chunks > 9 and time.monotonic() < deadline:
