@@ -33,6 +33,7 @@ import numpy as np
 
 from bench.stats import percentile
 from hostmem import descriptor
+from hostmem.bell import Bell
 from hostmem.block_hash import block_hash, salt_for
 from hostmem.kv_layout import KvLayout
 from hostmem.layout_proto import layout_to_proto
@@ -60,7 +61,7 @@ def _compute(name: str, size: int, scene: Scene, context: str, seed: int, queue)
     """Child process: the compute node's side of `scene`; puts [(block, generation, stamp ns)] on queue."""
     L = LAYOUT
     region = Region.attach(name, size, L.counter_offset, L.counter_count)
-    writer, rng = descriptor.Writer(region.buffer), random.Random(seed)
+    writer, rng, bell = descriptor.Writer(region.buffer), random.Random(seed), Bell(L, region.counters)
     counters, salt, ids = region.counters, salt_for(TENANT, USER), np.zeros(L.block_tokens, dtype="<u4")
     a = np.random.default_rng(seed).standard_normal((384, 384), dtype=np.float32)
     token_ids = np.frombuffer(region.buffer, dtype="<u4", count=L.num_blocks * L.block_tokens,
@@ -82,6 +83,7 @@ def _compute(name: str, size: int, scene: Scene, context: str, seed: int, queue)
                      context)
         writer.stamp(record)
         counters[L.put_trigger(block), 0] = generation  # the flag write
+        bell.ring()
         stamps.append((block, generation, struct.unpack_from("<Q", region.buffer, record + descriptor.STAMP_OFFSET)[0]))
         done_at[block] += 1
         n, block = n + 1, (block + 1) % L.num_blocks
@@ -148,20 +150,21 @@ def thread_cpu_ns(native_id: int) -> int:
 
 def watcher_cpu(agent: Agent, window_s: float = 1.0) -> dict:
     """The watcher thread's share of one core, warm (right after a store) and idle (past warm_ms)."""
-    thread: threading.Thread = agent.engine._thread
-    if not Path(f"/proc/self/task/{thread.native_id}/schedstat").exists():
+    threads = [agent.engine._thread.native_id]
+    if not all(Path(f"/proc/self/task/{tid}/schedstat").exists() for tid in threads):
         return {}
     warm_s = agent.engine.warm_s
 
     def share() -> float:
-        start, t0 = thread_cpu_ns(thread.native_id), time.perf_counter()
+        start, t0 = sum(map(thread_cpu_ns, threads)), time.perf_counter()
         time.sleep(window_s)
-        return (thread_cpu_ns(thread.native_id) - start) / 1e9 / (time.perf_counter() - t0)
+        return (sum(map(thread_cpu_ns, threads)) - start) / 1e9 / (time.perf_counter() - t0)
 
     warm = share() if window_s < warm_s else None  # called right after a scene's last store
     time.sleep(max(0.0, warm_s - window_s) + 0.2)
     return {"warm_core_share": warm, "idle_core_share": share(), "warm_s": warm_s,
-            "poll_us": agent.engine.poll_s * 1e6, "max_sleep_us": agent.engine.max_sleep_s * 1e6}
+            "poll_us": agent.engine.poll_s * 1e6, "max_sleep_us": agent.engine.max_sleep_s * 1e6,
+            "compiled": any(reg.standing.poller is not None for reg in agent.regions.all() if reg.standing)}
 
 
 def measure(agent: Agent, samples: int, step_ms: float = 20.0, burst: int = 4) -> dict:
@@ -193,5 +196,7 @@ def text(t: dict) -> str:
                        f"({t[s]['stores']} stores)" for s in ("idle", "load"))
     cpu = t.get("watcher_cpu") or {}
     share = lambda key: "-" if cpu.get(key) is None else f"{cpu[key] * 100:.1f}%"
+    kind = "compiled poller, doorbell" if cpu.get("compiled") else "Python poll"
     return (f"trigger-to-fire (counter store -> PUT issued): {scenes}\n"
-            f"watcher CPU, share of a core: warm {share('warm_core_share')}, idle {share('idle_core_share')}")
+            f"watcher CPU ({kind}), share of a core: warm {share('warm_core_share')}, "
+            f"idle {share('idle_core_share')}")

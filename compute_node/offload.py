@@ -2,8 +2,9 @@
 
 - triggered (the paper's design): the agent armed one standing PUT per block at registration
   (step 1). Here the engine only writes the block's descriptor into the region and stores its
-  generation into the block's PUT trigger counter: no RPC, no syscall, no copy. The block stays
-  pinned until the agent's PUT-done counter moves.
+  generation into the block's PUT trigger counter: no RPC, no copy, and no syscall unless the
+  agent's watcher went to sleep since the last burst of stores (then one, to ring its doorbell:
+  hostmem.bell). The block stays pinned until the agent's PUT-done counter moves.
 - cpu (the CPU-centric baseline): the compute process copies the block out and stores it through
   the fabric itself, waiting for the acknowledgement before it goes on (compute_node.cpu_offload).
 - resident and recompute: nothing leaves.
@@ -19,6 +20,7 @@ import time
 from typing import NamedTuple
 
 from compute_node.kv_pool import KvPool
+from hostmem.bell import Bell
 from hostmem.descriptor import Writer
 from hostmem.kv_layout import DESCRIPTOR_BYTES, TOKEN_ID_BYTES
 
@@ -88,6 +90,7 @@ class TriggeredOffload:
         self.drain_timeout_s = drain_timeout_s
         self.counters = pool.counters  # [counter, success|error] uint64: the region's own array
         self.writer = Writer(pool.region.buffer)
+        self.bell = Bell(L, pool.counters)
         self._per_block = L.counters_per_block
         self._descriptors = L.descriptor_offset
         self._block_bytes = L.block_bytes
@@ -106,6 +109,7 @@ class TriggeredOffload:
                           block.user, block.context, block.shared)
         self.writer.stamp(record)  # trigger-to-fire is timed from here
         counters[trigger, 0] = generation  # the flag write (one aligned 8-byte store): the agent's entry fires
+        self.bell.ring()  # a read; a wake-up only when the watcher sleeps
         nbytes = block.token_count * TOKEN_ID_BYTES + self._block_bytes  # KvLayout.chunk_payload_bytes
         stats.chunks += 1
         stats.bytes += nbytes

@@ -16,7 +16,8 @@ layers is a contiguous byte range too (a layer-wise restore reads one per group)
 Counters per block: the PUT trigger (the compute node stores the block's descriptor generation
 there: the standing triggered PUT fires), the PUT completion (the agent), and one GET completion
 per layer group (the agent bumps all of a block's when its GET ends; a restore that lands group
-by group would bump each as it lands).
+by group would bump each as it lands). After them the extra counters, then the watcher's doorbell
+(`bell_counter`: hostmem.bell).
 """
 from __future__ import annotations
 
@@ -96,6 +97,11 @@ class KvLayout:
 
     @property
     def counter_count(self) -> int:
+        return self.num_blocks * self.counters_per_block + self.extra_counters + 1  # + the doorbell
+
+    @property
+    def bell_counter(self) -> int:
+        """The counter whose first 4 bytes are the agent's watcher's doorbell (hostmem.bell)."""
         return self.num_blocks * self.counters_per_block + self.extra_counters
 
     @property

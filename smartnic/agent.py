@@ -95,7 +95,9 @@ class Agent:
         self.engine = TriggerEngine(self.regions, self.stats, self._handle_data, settings.queue_bound,
                                     settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6,
                                     fire_block=self.block_put, poll_s=settings.watcher_poll_us * 1e-6,
-                                    warm_s=settings.watcher_warm_ms * 1e-3, realtime=settings.watcher_realtime)
+                                    warm_s=settings.watcher_warm_ms * 1e-3, realtime=settings.watcher_realtime,
+                                    compiled=settings.watcher_compiled,
+                                    bell_timeout_s=settings.watcher_bell_timeout_ms * 1e-3)
         # a standing PUT's data work (gather, MAC, submit) runs here, so the watcher goes on firing
         self._put_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="standing-put")
         self._stop = threading.Event()

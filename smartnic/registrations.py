@@ -100,6 +100,8 @@ class Registrations:
             self._regions.pop(region_id, None)
             self.version += 1
         reg.closed = True
+        if reg.standing is not None:
+            reg.standing.close()  # its poller reads the region: stopped first
         reg.region.close()
         logger.info("deregistered region %d", region_id)
         return reg
@@ -119,4 +121,6 @@ class Registrations:
     def close(self) -> None:
         for reg in self.all():
             reg.closed = True
+            if reg.standing is not None:
+                reg.standing.close()
             reg.region.close()

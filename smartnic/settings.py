@@ -75,6 +75,8 @@ class SmartNicSettings:
     watcher_warm_ms: float = 2000.0
     watcher_max_sleep_us: float = 400.0
     watcher_realtime: bool = True          # the watcher thread as SCHED_FIFO 1, where the OS permits it
+    watcher_compiled: bool = True          # the compiled poller and the pool's doorbell, where built ...
+    watcher_bell_timeout_ms: float = 5.0   # ... whose sleep ends at the doorbell or after this long
     datapath_workers: int = 1             # threads that submit Deletes (completions need none)
     view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
     get_pdu_bytes: int = 2 << 20           # GET asks for larger values in data PDUs of this size (0: whole)
@@ -91,8 +93,8 @@ class SmartNicSettings:
         assert self.salt, "salt must not be empty"
         assert self.queue_bound > 0, "queue_bound must be positive"
         assert self.view_min_bytes > 0, "view_min_bytes must be positive"
-        assert min(self.watcher_spin_us, self.watcher_poll_us, self.watcher_warm_ms, self.watcher_max_sleep_us) >= 0, \
-            "watcher_*: not negative"
+        assert min(self.watcher_spin_us, self.watcher_poll_us, self.watcher_warm_ms, self.watcher_max_sleep_us,
+                   self.watcher_bell_timeout_ms) >= 0, "watcher_*: not negative"
         # the storage node refuses smaller PDUs (storage_node.commands.MIN_DATA_PDU_BYTES), so every
         # GET would fail: refused here, at start, instead (not imported: settings stay free of protobuf)
         assert self.get_pdu_bytes == 0 or self.get_pdu_bytes >= 4096, "get_pdu_bytes: 0 or at least 4096"

@@ -1,5 +1,5 @@
 """Step 1's standing triggered PUTs: one per block of a registered pool, armed once, re-armed by the
-NIC itself (pure: numpy over the region's counter array; no threads or I/O).
+NIC itself.
 
 A block's entry fires when its PUT trigger counter holds a generation past the one it last fired
 at (the compute node stores generations in increasing order, one store per block that filled);
@@ -9,18 +9,32 @@ of the counter array, read as one bytes snapshot. A poll that finds it unchanged
 microsecond; one that finds it changed locates the changed counters with integer operations on
 the snapshots (their XOR's highest set bit, word by word), with no numpy call: between the rare
 stores numpy's code leaves the CPU's caches, and a handful of cold numpy calls cost tens of µs.
+
+That poll is the watcher's, from Python (`due`). Where the compiled poller was built
+(smartnic/_poller.c), `start_compiled` hands the arming to it: `fired` is then its poll, and `wait`
+polls back to back for a moment and then sleeps on the pool's doorbell (hostmem.bell) until the
+compute node rings it, all without the GIL, so that between bursts of stores the watcher costs
+neither a core nor a timer wake-up every few tens of microseconds.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from hostmem.kv_layout import KvLayout
+from hostmem.kv_layout import COUNTER_BYTES, KvLayout
+
+try:
+    from smartnic import _poller
+except ImportError:  # not built (no C compiler, or not Linux): the watcher polls from Python
+    _poller = None
 
 _WORD_BITS = 64
 
 
 class StandingPuts:
-    """The standing PUT entries of one registered pool. Used by the watcher thread only."""
+    """The standing PUT entries of one registered pool. Used by the watcher thread only (interrupt() and
+    close() from any thread)."""
 
     def __init__(self, layout: KvLayout, counters: np.ndarray):
         self.layout = layout
@@ -31,12 +45,64 @@ class StandingPuts:
         self._seen = self.triggers.tobytes()  # the triggers at the last call
         self._last = int.from_bytes(self._seen, "little")
         self.armed_at = memoryview(bytearray(self._seen)).cast("Q")  # [block]: fire when the trigger passes this
+        self.poller = None  # the compiled poller, once started: it holds the arming from then on
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self.armed_at)
 
+    def start_compiled(self) -> bool:
+        """Hand the arming to the compiled poller, armed where this object's entries are armed now (a
+        store made since the last `due` fires from it); False when it was not built."""
+        if _poller is None or self.poller is not None or self.closed:
+            return self.poller is not None
+        L = self.layout
+        self.poller = _poller.Poller(self.counters, 0, L.counters_per_block * COUNTER_BYTES, L.num_blocks,
+                                     L.bell_counter * COUNTER_BYTES, self.armed_at)
+        return True
+
+    def wait(self, spin_s: float, timeout_s: float) -> list[tuple[int, int, int]]:
+        """(compiled only) Without the GIL: poll back to back for spin_s, then sleep on the doorbell until
+        the compute node rings it, interrupt() or timeout_s; what fired (block, generation, seen ns)."""
+        return self.poller.wait(int(spin_s * 1e9), int(timeout_s * 1e9))
+
+    def interrupt(self) -> None:
+        """End a wait() now (any thread)."""
+        poller = self.poller
+        if poller is not None:
+            poller.interrupt()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Release the compiled poller, if any, once no wait() runs on it (the region may go away after
+        this); nothing fires after. Any thread."""
+        self.closed = True
+        poller, self.poller = self.poller, None
+        if poller is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            poller.interrupt()
+            try:
+                return poller.close()
+            except RuntimeError:  # the watcher is in wait(): it returns at the interrupt
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.0005)
+
     def due(self) -> list[tuple[int, int]]:
         """(block, generation) of every entry whose trigger moved past its arming; re-armed there."""
+        return [(block, generation) for block, generation, _ in self.fired()]
+
+    def fired(self) -> list[tuple[int, int, int | None]]:
+        """(block, generation, seen ns or None) of every entry whose trigger moved past its arming."""
+        poller = self.poller
+        if poller is not None:
+            return poller.poll()
+        if self.closed:
+            return []
+        return [(block, generation, None) for block, generation in self._poll()]
+
+    def _poll(self) -> list[tuple[int, int]]:
         seen = self.triggers.tobytes()
         if seen == self._seen:  # nothing stored since the last call: nothing newly due
             return []

@@ -24,7 +24,9 @@ def test_text_gives_both_scenes_and_the_watchers_cpu():
     first, second = trigger.text(RESULT).splitlines()
     assert "idle p50 12 µs, p99 80 µs, max 160 µs (100 stores)" in first
     assert "load p50 30 µs, p99 900 µs" in first
-    assert second == "watcher CPU, share of a core: warm 25.0%, idle 0.4%"
+    assert second == "watcher CPU (Python poll), share of a core: warm 25.0%, idle 0.4%"
+    compiled = {**RESULT, "watcher_cpu": {**RESULT["watcher_cpu"], "compiled": True}}
+    assert trigger.text(compiled).splitlines()[1].startswith("watcher CPU (compiled poller, doorbell)")
     assert trigger.text({**RESULT, "watcher_cpu": {}}).splitlines()[1].endswith("warm -, idle -")
 
 

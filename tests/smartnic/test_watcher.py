@@ -10,8 +10,10 @@ import uuid
 
 import pytest
 
+from hostmem.bell import SLEEPING, Bell
 from hostmem.kv_layout import KvLayout
 from hostmem.layout_proto import layout_to_proto
+from smartnic import standing
 from smartnic.datapath import ChunkRef
 from smartnic.watcher import TIMER_SLACK_NS, CounterWork, DataWork, TriggerEngine, fine_timer_slack, realtime
 from hostmem.region import Region, RegionError
@@ -97,10 +99,12 @@ def test_cancel_fires_what_is_already_due_and_drops_the_rest(engine):
 POOL = KvLayout(num_blocks=6, num_layers=1, num_kv_heads=1, block_tokens=4, head_dim=2)
 
 
-@pytest.fixture
-def pool_engine():
+@pytest.fixture(params=["python", pytest.param("compiled", marks=pytest.mark.skipif(
+        standing._poller is None, reason="the compiled poller was not built"))])
+def pool_engine(request):
     """A watcher over one registered pool whose standing PUTs go to `answers` (block -> what the
-    agent's block_put would answer: a stamp, None for refused, or an exception to raise)."""
+    agent's block_put would answer: a stamp, None for refused, or an exception to raise); the pool
+    polled from Python or by a compiled poller."""
     region = Region.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", POOL.region_bytes, POOL.counter_offset,
                            POOL.counter_count)
     regions = Registrations()
@@ -114,7 +118,7 @@ def pool_engine():
         return answer() if callable(answer) else answer
 
     eng = TriggerEngine(regions, Stats(), lambda *a: None, fire_block=fire, spin_s=0, poll_s=50e-6, warm_s=0.01,
-                        max_sleep_s=0.002)
+                        max_sleep_s=0.002, compiled=request.param == "compiled")
     eng.on_block_fire.append(lambda reg, block, gen, store_ns, fire_ns: timed.append((block, gen, store_ns, fire_ns)))
     eng.start()
     yield eng, regions, region, answers, fired, timed
@@ -156,6 +160,11 @@ def test_standing_puts_fire_once_per_store_and_are_timed_from_the_store(pool_eng
         assert time.monotonic() < deadline + 5, fired
         time.sleep(0.001)
     assert fired.count((5, 1)) == 1 and reg.standing is not None
+    compiled = eng.compiled and standing._poller is not None
+    assert (reg.standing.poller is not None) == compiled
+    poller = reg.standing.poller
+    regions.deregister(reg.region_id, "k")  # the poller lets go of the region first (the watcher may wait in it)
+    assert reg.standing.poller is None and (poller is None or poller.closed)
 
 
 def test_a_fine_timer_slack_is_the_calling_threads_alone():
@@ -187,3 +196,39 @@ def test_real_time_scheduling_is_the_watcher_threads_alone_where_permitted():
     thread.join()
     assert seen["policy"] == (os.SCHED_FIFO if seen["granted"] else os.SCHED_OTHER)
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # this thread is left as it was
+
+
+@pytest.mark.skipif(standing._poller is None, reason="the compiled poller was not built")
+def test_the_watcher_sleeps_on_the_doorbell_and_a_registration_ends_its_wait():
+    regions, fired = Registrations(), []
+    eng = TriggerEngine(regions, Stats(), lambda *a: None, fire_block=lambda reg, b, g: fired.append((reg.region_id, b, g)),
+                        spin_s=0, poll_s=50e-6, warm_s=0.01, max_sleep_s=0.002, bell_timeout_s=30.0)
+    pools = [Region.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", POOL.region_bytes, POOL.counter_offset,
+                           POOL.counter_count) for _ in range(2)]
+    eng.start()
+    try:
+        first = regions.register(pools[0].name, POOL.region_bytes, "k", POOL.counter_offset, POOL.counter_count,
+                                 layout_to_proto(POOL))
+        eng.wake()
+        bell, deadline = Bell(POOL, pools[0].counters), time.monotonic() + 10
+        while bell.word[0] != SLEEPING:  # one pool, nothing else: it sleeps on the pool's doorbell
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        pools[0].store_counter(POOL.put_trigger(1), 1)
+        assert bell.ring()  # the compute node's side: woken, not after the 30 s timeout
+        while (first.region_id, 1, 1) not in fired:
+            assert time.monotonic() < deadline, fired
+            time.sleep(0.001)
+        assert first.standing.poller.rings >= 1
+        second = regions.register(pools[1].name, POOL.region_bytes, "k", POOL.counter_offset, POOL.counter_count,
+                                  layout_to_proto(POOL))
+        eng.wake()  # two pools: the wait ends, and the watcher polls both (no doorbell rung below)
+        pools[1].store_counter(POOL.put_trigger(2), 1)
+        while (second.region_id, 2, 1) not in fired:
+            assert time.monotonic() < deadline, fired
+            time.sleep(0.001)
+    finally:
+        eng.stop()
+        regions.close()
+        for region in pools:
+            region.close()
