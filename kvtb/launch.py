@@ -27,6 +27,22 @@ logger = logging.getLogger(__name__)
 READY_PREFIX = "KVTB_READY "
 
 
+def _stopped(pid: int) -> bool:
+    """Whether every thread of the process is stopped (True where /proc cannot tell)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] not in "Tt":
+            return False
+    return True
+
+
 def announce_ready(service: str, addresses: dict[str, str], **extra: Any) -> None:
     """Print the ready line on stdout (the only line a service prints there)."""
     record = {"service": service, "addresses": addresses, "pid": os.getpid(), **extra}
@@ -119,8 +135,15 @@ class ServiceProcess:
             assert self.proc
             os.kill(self.proc.pid, sig)
 
-    def pause(self) -> None:
+    def pause(self, timeout_s: float = 5.0) -> None:
+        """SIGSTOP, and wait until every thread of the process has stopped: a thread inside a system
+        call (an fsync) stops only when it returns, and until then the process may still answer."""
         self.signal(signal.SIGSTOP)
+        if self.proc is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not _stopped(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def resume(self) -> None:
         self.signal(signal.SIGCONT)
