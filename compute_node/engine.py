@@ -344,8 +344,8 @@ class Engine:
         if not self.puts:
             return False
         start = time.perf_counter()
-        blocks = list(self.puts)
-        rows = self.pool.counters[np.asarray([self.puts[b][0].counter for b in blocks], dtype=np.intp)].tolist()
+        blocks, words = list(self.puts), self.pool.words
+        rows = [(words[2 * c], words[2 * c + 1]) for c in (self.puts[b][0].counter for b in blocks)]
         now = time.monotonic()
         ended = [(b, s, e) for b, (s, e) in zip(blocks, rows)
                  if self.puts[b][0].ended(s, e) or now >= self.puts[b][0].deadline]

@@ -52,6 +52,10 @@ class KvPool:
                                        offset=L.token_ids_offset).reshape(L.num_blocks, L.block_tokens)
         # counters: [counter, success|error] uint64, the region's own array
         self.counters = region.counters
+        # words: [counter * 2 + (0 success | 1 error)] u64, the same counters as a flat memoryview: the
+        # engine's few-counter reads and stores between steps, where numpy's indexing costs tens of µs
+        # with its code out of the CPU's caches after a forward
+        self.words = region.buffer[L.counter_offset:L.counter_offset + L.counter_count * 16].cast("Q")
 
     @classmethod
     def create(cls, name: str, layout: KvLayout) -> "KvPool":
@@ -95,4 +99,7 @@ class KvPool:
     def close(self) -> None:
         """Drop the views and unmap (and unlink, as the owner)."""
         self.kv = self.token_ids = self.counters = None
+        if self.words is not None:
+            self.words.release()
+            self.words = None
         self.region.close()

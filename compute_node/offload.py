@@ -88,7 +88,7 @@ class TriggeredOffload:
         self.pool = pool
         self.layout = L = pool.layout
         self.drain_timeout_s = drain_timeout_s
-        self.counters = pool.counters  # [counter, success|error] uint64: the region's own array
+        self.words = pool.words  # [counter * 2 + success|error] u64: the region's counters
         self.writer = Writer(pool.region.buffer)
         self.bell = Bell(L, pool.counters)
         self._per_block = L.counters_per_block
@@ -97,18 +97,18 @@ class TriggeredOffload:
 
     def store(self, block: Block, stats: OffloadStats) -> PendingPut:
         """Describe the block and trigger its standing PUT; the PUT to wait for before the block is reused."""
-        counters, block_id = self.counters, block.block_id
+        words, block_id = self.words, block.block_id
         if not 0 <= block_id < self.layout.num_blocks:
             raise ValueError(f"block {block_id} out of range [0, {self.layout.num_blocks})")
         trigger = block_id * self._per_block  # KvLayout.put_trigger and put_done
         done = trigger + 1
-        generation = int(counters[trigger, 0]) + 1
-        base = (int(counters[done, 0]), int(counters[done, 1]))
+        generation = words[2 * trigger] + 1
+        base = (words[2 * done], words[2 * done + 1])
         record = self._descriptors + block_id * DESCRIPTOR_BYTES
         self.writer.write(record, generation, block.index, block.token_count, block.hash, block.parent, block.tenant,
                           block.user, block.context, block.shared)
         self.writer.stamp(record)  # trigger-to-fire is timed from here
-        counters[trigger, 0] = generation  # the flag write (one aligned 8-byte store): the agent's entry fires
+        words[2 * trigger] = generation  # the flag write (one aligned 8-byte store): the agent's entry fires
         self.bell.ring()  # a read; a wake-up only when the watcher sleeps
         nbytes = block.token_count * TOKEN_ID_BYTES + self._block_bytes  # KvLayout.chunk_payload_bytes
         stats.chunks += 1

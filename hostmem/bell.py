@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from hostmem.kv_layout import KvLayout
+from hostmem.kv_layout import COUNTER_BYTES, KvLayout
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ def _futex_wake():
     """libc's syscall(SYS_futex, addr, FUTEX_WAKE, 1, ...) as a callable of the address, or None."""
     if not sys.platform.startswith("linux") or _SYS_FUTEX is None:
         return None
-    try:
-        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    try:  # PyDLL: the call keeps the GIL (a wake does not block; released, the engine could wait ms to get it back)
+        syscall = ctypes.PyDLL(None, use_errno=True).syscall
     except (OSError, AttributeError):
         return None
     syscall.restype = ctypes.c_long
@@ -50,9 +50,10 @@ class Bell:
     """The doorbell of one pool, rung by its compute node (one thread: the engine's)."""
 
     def __init__(self, layout: KvLayout, counters: np.ndarray):
-        """counters: the region's [counter, success|error] uint64 array."""
-        self.word = counters[layout.bell_counter].view(np.uint32)[:1]  # [1] uint32: the futex word, in place
-        self.address = self.word.ctypes.data
+        """counters: the region's [counter, success|error] uint64 array (writable)."""
+        at = layout.bell_counter * COUNTER_BYTES
+        self.word = memoryview(counters).cast("B")[at:at + 4].cast("I")  # [1] u32: the futex word, in place
+        self.address = ctypes.addressof(ctypes.c_uint32.from_buffer(self.word))
         self.rings = 0
 
     def ring(self) -> bool:

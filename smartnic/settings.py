@@ -70,7 +70,7 @@ class SmartNicSettings:
     compute_address: str = ""              # where turns go when no region named a compute node
     # the counter watcher's adaptive polling (smartnic.watcher): back to back for spin_us after a fire,
     # every poll_us for warm_ms after it, then sleeps doubling up to max_sleep_us
-    watcher_spin_us: float = 200.0
+    watcher_spin_us: float = 50.0          # (a spinning SCHED_FIFO watcher takes its core from the forward)
     watcher_poll_us: float = 30.0
     watcher_warm_ms: float = 2000.0
     watcher_max_sleep_us: float = 400.0

@@ -1,0 +1,31 @@
+"""The triggered offload's part on the compute node: a descriptor, one counter store, a doorbell rung only
+when the agent's watcher sleeps (a real region; no agent)."""
+import uuid
+
+from compute_node.kv_pool import KvPool
+from compute_node.offload import Block, OffloadStats, TriggeredOffload
+from hostmem import descriptor
+from hostmem.bell import AWAKE, SLEEPING
+from hostmem.kv_layout import KvLayout
+
+L = KvLayout(num_blocks=4, num_layers=2, num_kv_heads=1, block_tokens=4, head_dim=2, layer_groups=2)
+
+
+def test_a_store_writes_the_descriptor_then_the_generation_and_rings_only_a_sleeping_watcher():
+    pool = KvPool.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", L)
+    try:
+        offload, stats = TriggeredOffload(pool, drain_timeout_s=5.0), OffloadStats()
+        pool.region.add_counter(L.put_done(2), success=3)
+        block = Block(2, 1, 4, b"h" * 16, b"p" * 16, "default", "alice", "c1")
+        put = offload.store(block, stats)
+        assert pool.read_counter(L.put_trigger(2)) == (1, 0) and put.base == (3, 0)
+        d = descriptor.decode(pool.region.view(*L.descriptor_range(2)), L.block_tokens)
+        assert (d.generation, d.chunk_index, d.user, d.context, d.hash) == (1, 1, "alice", "c1", b"h" * 16)
+        assert offload.bell.rings == 0 and stats.chunks == 1  # the watcher was not asleep: no system call
+        offload.bell.word[0] = SLEEPING  # as the agent's watcher says before it sleeps
+        offload.store(block, stats)
+        assert pool.read_counter(L.put_trigger(2)) == (2, 0)
+        assert offload.bell.rings == 1 and offload.bell.word[0] == AWAKE
+        assert pool.region.counters[L.bell_counter, 0] == AWAKE  # the word is that counter's, in the region
+    finally:
+        pool.close()
