@@ -376,6 +376,8 @@ def run(args: argparse.Namespace) -> dict:
             progress.update(note=f"{mib} MiB")
     result["results"] = {"trigger_to_fire": fire, "context_restore": context, "transfers": rows}
     result["ratios"]["context_restore_vs_zmq"] = context["vs_zmq"]
+    if (watcher := trigger.cpu_ratio(fire)) is not None:
+        result["ratios"]["watcher_cpu_python_vs_compiled"] = watcher
     for op in ("put", "get"):  # the worst over sizes
         result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in rows)
         result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in rows)

@@ -167,8 +167,9 @@ def watcher_cpu(agent: Agent, window_s: float = 1.0) -> dict:
             "compiled": any(reg.standing.poller is not None for reg in agent.regions.all() if reg.standing)}
 
 
-def measure(agent: Agent, samples: int, step_ms: float = 20.0, burst: int = 4) -> dict:
-    """Both scenes over one registered pool, then the watcher's CPU; figures in µs."""
+def measure_watcher(agent: Agent, samples: int, step_ms: float = 20.0, burst: int = 4) -> dict:
+    """Both scenes over one registered pool, then the watcher's CPU, with the agent's watcher as it is set
+    now (agent.engine.compiled); figures in µs."""
     L = LAYOUT
     region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", L.region_bytes, L.counter_offset, L.counter_count)
     reg = agent.register(region.name, region.size, KEY, L.counter_offset, L.counter_count, layout_to_proto(L),
@@ -184,6 +185,28 @@ def measure(agent: Agent, samples: int, step_ms: float = 20.0, burst: int = 4) -
             "block_bytes": L.block_bytes, "p50_us": idle["p50_us"], "p99_us": idle["p99_us"]}
 
 
+def measure(agent: Agent, samples: int, step_ms: float = 20.0, burst: int = 4) -> dict:
+    """measure_watcher() with the agent's watcher as configured (the figures), and, when that is the
+    compiled poller, again with the Python poll beside it (`python_poll`): what the doorbell changes."""
+    result = measure_watcher(agent, samples, step_ms, burst)
+    if (result["watcher_cpu"] or {}).get("compiled"):
+        agent.engine.compiled = False
+        try:
+            result["python_poll"] = measure_watcher(agent, samples, step_ms, burst)
+        finally:
+            agent.engine.compiled = True
+    return result
+
+
+def cpu_ratio(t: dict) -> float | None:
+    """The Python poll's warm CPU / the compiled poller's, measured in the same run (None: not both)."""
+    python = (t.get("python_poll") or {}).get("watcher_cpu") or {}
+    compiled = (t.get("watcher_cpu") or {}).get("warm_core_share")
+    if not python.get("warm_core_share") or not compiled:
+        return None
+    return python["warm_core_share"] / compiled
+
+
 def figures(t: dict) -> dict[str, float]:
     """The figures the ceilings apply to: trigger_to_fire_{idle,load}_{p50,p99}_us."""
     return {f"trigger_to_fire_{scene}_{p}_us": t[scene][f"{p}_us"] for scene in ("idle", "load")
@@ -191,12 +214,20 @@ def figures(t: dict) -> dict[str, float]:
 
 
 def text(t: dict) -> str:
-    """Two lines: each scene's percentiles, and the watcher's CPU."""
+    """Each scene's percentiles and the watcher's CPU (and the same with the Python poll, when measured)."""
     scenes = "; ".join(f"{s} p50 {t[s]['p50_us']:.0f} µs, p99 {t[s]['p99_us']:.0f} µs, max {t[s]['max_us']:.0f} µs "
                        f"({t[s]['stores']} stores)" for s in ("idle", "load"))
     cpu = t.get("watcher_cpu") or {}
-    share = lambda key: "-" if cpu.get(key) is None else f"{cpu[key] * 100:.1f}%"
+    share = lambda key, c=cpu: "-" if c.get(key) is None else f"{c[key] * 100:.1f}%"
     kind = "compiled poller, doorbell" if cpu.get("compiled") else "Python poll"
-    return (f"trigger-to-fire (counter store -> PUT issued): {scenes}\n"
-            f"watcher CPU ({kind}), share of a core: warm {share('warm_core_share')}, "
-            f"idle {share('idle_core_share')}")
+    out = (f"trigger-to-fire (counter store -> PUT issued): {scenes}\n"
+           f"watcher CPU ({kind}), share of a core: warm {share('warm_core_share')}, "
+           f"idle {share('idle_core_share')}")
+    python = t.get("python_poll")
+    if python:
+        pc = python.get("watcher_cpu") or {}
+        out += (f"\nthe same with the Python poll: idle p50 {python['idle']['p50_us']:.0f} µs, "
+                f"p99 {python['idle']['p99_us']:.0f} µs; load p50 {python['load']['p50_us']:.0f} µs, "
+                f"p99 {python['load']['p99_us']:.0f} µs; CPU warm {share('warm_core_share', pc)}, "
+                f"idle {share('idle_core_share', pc)}")
+    return out

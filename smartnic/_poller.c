@@ -1,9 +1,10 @@
 /* smartnic._poller: a pool's standing PUT triggers, polled and waited on outside the interpreter.
  *
  * The NIC's deferred work queue watches its counters in hardware. Here the agent's watcher thread
- * does, and on this kind of machine its cost is the wake-up, not the poll: a virtual machine's
- * timer costs about 20 µs of CPU per sleep, so polling every 30 µs takes a third of a core (from
- * Python or from C alike) that the compute node's forward needs. So the watcher polls only while
+ * does, and on this kind of machine its cost is the wake-up, not the poll: on a virtual machine a
+ * timer wake-up costs far more CPU than a poll, so polling every 30 µs takes a large share of a core
+ * (from Python or from C alike) that the compute node's forward needs (`kvtb bench smartnic` puts
+ * the Python poll's CPU beside this poller's). So the watcher polls only while
  * stores are arriving (back to back, for `spin_ns` after a fire: the blocks of one engine step
  * are stored microseconds apart), and between bursts it sleeps on a doorbell in the region (a
  * futex word, io_uring's SQPOLL "need wakeup" flag): it sets the word to SLEEPING, polls once more,

@@ -26,9 +26,10 @@ With `compiled` (setting `watcher_compiled`) and the compiled poller built (smar
 registered pool's triggers are polled by C code without the GIL, and the warm polling goes: while
 the watcher has nothing else to poll (one pool, no one-off entries) it waits in C, polling back to
 back for `spin_s` after a fire and then sleeping on the pool's doorbell (hostmem.bell) until the
-compute node rings it after a store, or `bell_timeout_s` passes. On a virtual machine every timer
-wake-up costs about 20 µs of CPU, so polling every 30 µs took a third of a core from the compute
-node's forward; the doorbell costs the compute node one system call per burst of stores instead.
+compute node rings it after a store, or `bell_timeout_s` passes. On a virtual machine a timer
+wake-up costs far more CPU than a poll, so polling every 30 µs took a large share of a core from
+the compute node's forward (`kvtb bench smartnic`: `watcher_cpu_python_vs_compiled`); the doorbell
+costs the compute node one system call per burst of stores instead.
 """
 from __future__ import annotations
 

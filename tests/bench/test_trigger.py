@@ -34,3 +34,15 @@ def test_the_suite_headline_gives_both_scenes():
     from bench.suite import _trigger_to_fire
     assert _trigger_to_fire({"results": {"trigger_to_fire": RESULT}}) == "idle p50 12 µs, p99 80 µs; load p50 30 µs, p99 900 µs"
     assert _trigger_to_fire({"results": {}}) is None
+
+
+def test_the_python_poll_beside_the_compiled_poller_gives_a_third_line_and_the_cpu_ratio():
+    compiled = {**RESULT, "watcher_cpu": {"warm_core_share": 0.005, "idle_core_share": 0.007, "compiled": True}}
+    both = {**compiled, "python_poll": {**RESULT, "idle": scene(110.0, 900.0)}}
+    lines = trigger.text(both).splitlines()
+    assert len(lines) == 3 and lines[1].startswith("watcher CPU (compiled poller, doorbell)")
+    assert lines[2] == ("the same with the Python poll: idle p50 110 µs, p99 900 µs; load p50 30 µs, p99 900 µs; "
+                        "CPU warm 25.0%, idle 0.4%")
+    assert trigger.cpu_ratio(both) == 0.25 / 0.005
+    assert trigger.cpu_ratio(compiled) is None and trigger.cpu_ratio(RESULT) is None
+    assert len(trigger.text(compiled).splitlines()) == 2
