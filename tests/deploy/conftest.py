@@ -75,7 +75,8 @@ class Deployment:
     def logs(self, service: str) -> str:
         return self.compose("logs", "--no-color", "--tail", "60", service, check=False).stdout
 
-    def chat(self, *messages: str, context: str | None = None, timeout: float = 300) -> list[dict]:
+    def chat(self, *messages: str, context: str | None = None, timeout: float = 300,
+             token: str | None = None) -> list[dict]:
         """Chat from the host through the published port; one JSON record per turn."""
         script = ROOT / "var" / f"compose-script-{os.getpid()}-{time.monotonic_ns()}.txt"
         script.parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +85,8 @@ class Deployment:
                "--script", str(script), "--json", "--max-new-tokens", "32"]
         if context:
             cmd += ["--context", context]
+        if token:
+            cmd += ["--token", token]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         script.unlink()
         assert result.returncode == 0, f"chat failed: {result.stderr}"
