@@ -19,8 +19,9 @@ class Doorbell:
         self._rung = False
 
     def ring(self) -> None:
-        """Wake the loop, unless it was rung since it last answered. Call after queuing the work."""
-        if self._rung:
+        """Wake the loop, unless it was rung since it last answered (or the bell is closed). Call after
+        queuing the work."""
+        if self._rung or self.fd < 0:
             return
         self._rung = True
         try:
@@ -36,9 +37,12 @@ class Doorbell:
         """
         try:
             os.eventfd_read(self.fd)
-        except BlockingIOError:
+        except (BlockingIOError, OSError):  # OSError: closed meanwhile
             pass
         self._rung = False
 
     def close(self) -> None:
-        os.close(self.fd)
+        """Close the eventfd; later rings do nothing (its number may belong to another file by then)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)

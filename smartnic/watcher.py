@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from hostmem import gather
+from kvtb.doorbell import Doorbell
 from smartnic.datapath import ChunkRef
 from hostmem.region import RegionError
 from smartnic.registrations import Registrations, Registered, UnknownRegion
@@ -138,7 +139,7 @@ class TriggerEngine:
         self.bell_timeout_s = bell_timeout_s
         self._dwq = DeferredWorkQueue(bound)
         self._lock = threading.Lock()
-        self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # ends the watcher's sleeps: wake(), stop()
+        self._wakeup = Doorbell()  # ends the watcher's sleeps: wake(), stop()
         self._woken = False  # wake() since the watcher last looked: back off afresh
         self._waiting: StandingPuts | None = None  # the pool the watcher waits on in C, if any
         self._stop = threading.Event()
@@ -159,30 +160,21 @@ class TriggerEngine:
         self._ring()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        if not self._thread.is_alive() and self._wakeup >= 0:
-            wakeup, self._wakeup = self._wakeup, -1
-            os.close(wakeup)
+        if not self._thread.is_alive():
+            self._wakeup.close()
 
     def _ring(self) -> None:
         """End the watcher's sleep, or its wait on a pool's doorbell."""
         waiting = self._waiting
         if waiting is not None:
             waiting.interrupt()
-        if self._wakeup < 0:  # stopped
-            return
-        try:
-            os.eventfd_write(self._wakeup, 1)
-        except OSError:
-            pass
+        self._wakeup.ring()
 
     def _sleep(self, timeout_s: float) -> None:
         """Sleep until the timeout, wake() or stop(), whichever comes first."""
-        if timeout_s > 0 and not select.select([self._wakeup], [], [], timeout_s)[0]:
-            return
-        try:
-            os.eventfd_read(self._wakeup)
-        except BlockingIOError:
-            pass
+        fd = self._wakeup.fd
+        if fd >= 0 and (timeout_s <= 0 or select.select([fd], [], [], timeout_s)[0]):
+            self._wakeup.answer()
 
     @property
     def depth(self) -> int:
