@@ -45,7 +45,8 @@ def run(node: Node) -> int:
         return 1
     announce_ready(node.service, node.addresses, **node.ready_extra())
     logger.info("%s serving: %s", node.service, node.addresses)
-    stop.wait()
+    while not stop.wait(0.5):  # a signal the kernel hands to another thread does not end a wait without
+        pass                    # a timeout: Python runs handlers on the main thread once it wakes
     logger.info("%s stopping", node.service)
     node.stop()
     return 0
