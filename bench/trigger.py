@@ -150,15 +150,15 @@ def thread_cpu_ns(native_id: int) -> int:
 
 def watcher_cpu(agent: Agent, window_s: float = 1.0) -> dict:
     """The watcher thread's share of one core, warm (right after a store) and idle (past warm_ms)."""
-    threads = [agent.engine._thread.native_id]
-    if not all(Path(f"/proc/self/task/{tid}/schedstat").exists() for tid in threads):
+    thread: threading.Thread = agent.engine._thread  # the compiled poller's waits run on it too
+    if not Path(f"/proc/self/task/{thread.native_id}/schedstat").exists():
         return {}
     warm_s = agent.engine.warm_s
 
     def share() -> float:
-        start, t0 = sum(map(thread_cpu_ns, threads)), time.perf_counter()
+        start, t0 = thread_cpu_ns(thread.native_id), time.perf_counter()
         time.sleep(window_s)
-        return (sum(map(thread_cpu_ns, threads)) - start) / 1e9 / (time.perf_counter() - t0)
+        return (thread_cpu_ns(thread.native_id) - start) / 1e9 / (time.perf_counter() - t0)
 
     warm = share() if window_s < warm_s else None  # called right after a scene's last store
     time.sleep(max(0.0, warm_s - window_s) + 0.2)

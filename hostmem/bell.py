@@ -10,20 +10,18 @@ hardware, a thread on a virtual machine's shared cores cannot afford to.
 
 The word is read right after the store without a fence, so a store can race the watcher going to
 sleep and go unrung; the watcher then sees it when its sleep times out (its wait is bounded), late
-but never lost. Where futex is not there (not Linux, or an unknown architecture) ring() only reads.
+but never lost. Where futex is not there (not Linux, or an unknown architecture) ring() resets the
+word and wakes no one: the watcher polls at its timeout.
 """
 from __future__ import annotations
 
 import ctypes
-import logging
 import platform
 import sys
 
 import numpy as np
 
 from hostmem.kv_layout import COUNTER_BYTES, KvLayout
-
-logger = logging.getLogger(__name__)
 
 AWAKE, SLEEPING = 0, 1
 _FUTEX_WAKE = 1
