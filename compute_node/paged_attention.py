@@ -50,7 +50,8 @@ class Decode:
     first: int                  # their first and past-the-last index among the step's decode tokens
     end: int
     gather: Gather
-    mask: torch.Tensor | None   # [seqs, 1, 1, length] bool, True where a key is visible; None: all lengths match
+    mask: torch.Tensor | None   # [seqs, 1, 1, length] bool, True where a key is visible (to every
+                                # query of the sequence); None: all lengths match
 
 
 @dataclasses.dataclass
@@ -93,15 +94,23 @@ class AttentionPlan:
         return out
 
     def _decode(self, llama, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """q: [Sd, Hq, D] -> [Sd, Hq, D]."""
+        """q: [Sd, Hq, D] -> [Sd, Hq, D].
+
+        The query heads that share a KV head attend as that head's queries: q viewed as
+        [seqs, Hkv, Hq / Hkv, D], one call over keys [seqs, Hkv, L, D]. Each KV head is then read
+        once for its group (enable_gqa reads it once per query head: 1.8x slower at 32 sequences here).
+        """
         out = None if len(self.decodes) == 1 else torch.empty_like(q)
+        heads, dim = q.shape[1], q.shape[2]
         for d in self.decodes:
             keys, values = d.gather.read(llama, layer)  # [seqs, Hkv, L, D]
-            o = F.scaled_dot_product_attention(q[d.first:d.end].unsqueeze(2), keys, values, attn_mask=d.mask,
-                                               enable_gqa=True)  # [seqs, Hq, 1, D]
+            seqs, kv_heads = keys.shape[0], keys.shape[1]
+            grouped = q[d.first:d.end].reshape(seqs, kv_heads, heads // kv_heads, dim)
+            # [seqs, Hkv, Hq / Hkv, D]
+            o = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=d.mask)
             if out is None:
-                return o.squeeze(2)
-            out[d.first:d.end] = o.squeeze(2)
+                return o.reshape(seqs, heads, dim)
+            out[d.first:d.end] = o.reshape(seqs, heads, dim)
         return out
 
     @staticmethod
