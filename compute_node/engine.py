@@ -6,7 +6,10 @@ sequence (decode tokens and prefill chunks together), sample, stream the tokens,
 block that filled as the turn's policy says. A sequence whose KV is being restored waits outside
 the batch while the others decode, until the first layer group of every block landed; then it
 joins, and the forward waits before each later group's first layer until that group landed
-(compute_node.restore: join, LayerWait). Service threads only call submit() and snapshot().
+(compute_node.restore: join, LayerWait). Between layers, every few ms, the forward also takes new
+turns in and settles ended PUTs and restores (_housekeeping), so that a follow-up's restore starts
+and a finished turn's record leaves without waiting for the step to end. Service threads only call
+submit() and snapshot().
 """
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ logger = logging.getLogger(__name__)
 MAX_KNOWN_CONTEXTS = 100_000
 MAX_STORED_NAMES = 1_000_000
 LATE_PIN_S = 300.0  # how long a block a timed-out GET may still write stays out of use
+# How often a forward stops between two layers to take new turns in and settle ended PUTs and
+# restores (Engine._housekeeping): at 32 sequences a step takes ~120 ms here, and a follow-up
+# waited for the step's end before its restore was even asked for.
+HOUSEKEEPING_S = 0.005
 
 
 class Stats:
@@ -247,7 +254,7 @@ class Engine:
                 self._store_found(state)
             state.scheduled(sizes)
         wait = self._layer_wait(out)
-        logits = self.runner.step(runs, wait.before_layer if wait else None)  # [S, vocab]
+        logits = self.runner.step(runs, self._between_layers(wait))  # [S, vocab]
         dropped = self._settle_joined(wait)
         rows = [i for i, s in enumerate(out.scheduled) if s.samples]
         sampled = self._sample(logits, rows, [out.scheduled[i].seq for i in rows])
@@ -266,6 +273,46 @@ class Engine:
             state = self.states[seq.seq_id]
             table, computed = tables[[x.seq for x in out.scheduled].index(seq)]
             self._finish(state, table, computed)
+
+    def _between_layers(self, wait: rs.LayerWait | None):
+        """The forward's before_layer: the joined restores' layer waits, and at most every HOUSEKEEPING_S
+        the work that need not wait for the step to end (_housekeeping)."""
+        last = time.perf_counter()
+
+        def before_layer(layer: int) -> None:
+            nonlocal last
+            if wait is not None:
+                wait.before_layer(layer)
+            now = time.perf_counter()
+            if now - last >= HOUSEKEEPING_S:
+                last = now
+                self._housekeeping()
+        return before_layer
+
+    def _housekeeping(self) -> None:
+        """Between two layers of a forward: new turns come in (a follow-up's blocks are allocated and its
+        restore asked for at once, not a step later), ended PUTs release their blocks and their turns'
+        records go out, ended restores wait for the next step in the ready queue.
+
+        Safe inside a forward because none of it touches a block the step uses: it allocates free blocks
+        only, and frees only blocks of sequences outside the step (finished, swapped out, restoring).
+        Cancellations, joined restores and scheduling wait for the step's end.
+        """
+        with self.lock:
+            new = list(self._intake)
+            self._intake.clear()
+        for turn in new:
+            self._admit_turn(turn)
+        self._poll_cost = []
+        # only the PUTs something waits for: a finished turn's record, a swap-out's pins (a running
+        # turn's own PUTs are read once per step, as before: reading them more often would only add
+        # to its offload stall)
+        self._poll_puts([b for b, (_, state, owner, _) in self.puts.items()
+                         if owner is not None or state is None or state.finished_ns])
+        self._poll_restores()
+        for state, seconds in self._poll_cost:  # polled during a step: engine time the step waits for
+            state.offload.stall_s += seconds
+        self._poll_cost = []
 
     def _write_token_ids(self, seq: Sequence, start: int, ids: list[int]) -> None:
         """The token ids of positions [start, start + len(ids)) into their blocks' rows of the pool."""
@@ -337,14 +384,16 @@ class Engine:
         state.storing[index] = block_id
         self.puts[block_id] = (put, state, owner, block.hash)
 
-    def _poll_puts(self) -> bool:
-        """Release the blocks whose PUT ended (or timed out). Each ended PUT's bookkeeping is its turn's
-        offload stall; reading the counters is shared by the turns whose PUTs were read (`_poll_cost`,
-        charged when a step follows: a poll while the engine has nothing else to do stalls nothing)."""
-        if not self.puts:
+    def _poll_puts(self, blocks: list[int] | None = None) -> bool:
+        """Release the blocks (default: all in flight) whose PUT ended (or timed out). Each ended PUT's
+        bookkeeping is its turn's offload stall; reading the counters is shared by the turns whose PUTs
+        were read (`_poll_cost`, charged when a step follows: a poll while the engine has nothing else
+        to do stalls nothing)."""
+        blocks = list(self.puts) if blocks is None else blocks
+        if not blocks:
             return False
         start = time.perf_counter()
-        blocks, words = list(self.puts), self.pool.words
+        words = self.pool.words
         rows = [(words[2 * c], words[2 * c + 1]) for c in (self.puts[b][0].counter for b in blocks)]
         now = time.monotonic()
         ended = [(b, s, e) for b, (s, e) in zip(blocks, rows)

@@ -237,3 +237,47 @@ def test_turns_sharing_a_block_whose_put_is_in_flight_all_finish(make_node):
     assert rec_a.tokens_out == 150 and rec_b.tokens_out == 4
     assert node.nic.refused == 0  # no descriptor rewritten under a PUT in flight
     assert node.engine.snapshot()["num_requests_running"] == 0 and not node.engine.puts
+
+
+def test_between_layers_a_follow_up_starts_its_restore_and_a_finished_turn_sends_its_record(make_node):
+    # A long turn keeps the engine in slow forwards (each layer 30 ms). B, a follow-up with stored KV,
+    # arrives meanwhile: its restore is asked for inside a forward, not after it, and B's record (its
+    # tail's PUT ended while A's forward ran) leaves inside one too. B's reply is still right.
+    node = make_node(nic=True)
+    follow, reference, _ = _built(node, PROMPTS[5])
+    engine = node.engine
+    in_forward, seen = [False], {"restore": [], "record": []}
+    step, start_restore, maybe_record = engine.runner.step, engine._start_restore, engine._maybe_record
+
+    def slow_step(batch, before_layer=None):
+        def layer(i):
+            time.sleep(0.03)
+            before_layer(i)
+        in_forward[0] = True
+        try:
+            return step(batch, layer)
+        finally:
+            in_forward[0] = False
+
+    def note_restore(state, request):
+        seen["restore"].append(in_forward[0])
+        return start_restore(state, request)
+
+    def note_record(state):
+        recorded = state.recorded
+        maybe_record(state)
+        if state.turn.request_id == "r-ctx" and state.recorded and not recorded:
+            seen["record"].append(in_forward[0])
+
+    engine.runner.step, engine._start_restore, engine._maybe_record = slow_step, note_restore, note_record
+    node.nic.put_delay_s = 0.02
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        a = pool.submit(run_turn, node, PROMPTS[0], "a", "resident", 60)
+        time.sleep(0.5)
+        tokens, rec, _ = run_turn(node, follow, "ctx", "triggered", 4)
+        assert not a.done(), "A ended before B: no forward ran beside B, the test tests nothing"
+        a.result(timeout=60)
+    assert rec.kv_source == "restored", rec.fallback_reason
+    assert tokens == reference[:4]
+    assert seen["restore"] == [True]
+    assert seen["record"] == [True]
