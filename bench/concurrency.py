@@ -3,7 +3,11 @@
 Every service runs as a process (`kvtb up`'s wiring) under `triggered`: the compute node batches
 every session's turns continuously over its paged pool, and each turn's KV leaves for storage,
 so follow-ups restore it. First each distinct conversation runs alone (the reference); then, per
-level, that many sessions start together, each its own user and context, turns back to back. Per
+level, that many sessions start together and work through a queue of conversations, each
+conversation a new user's, its turns back to back, a session taking the next conversation as soon
+as its last one ended (ScaleLLM sends 20 requests per concurrent one, AIPerf likewise keeps its
+concurrency busy). Every level's queue holds the same mix of the distinct conversations, at least
+--conversations-per-session per session: one session runs each once, one after the other. Per
 level: TTFT and TBT (mean, p50, p99, from the frontend's turn summaries), output tokens per second,
 gateway and engine time, the share of follow-ups restored, preemptions, and the share of replies
 identical to the same conversation alone (greedy; batched float math may differ from batch 1 in
@@ -15,7 +19,7 @@ import argparse
 import collections
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from bench import sessions
@@ -32,7 +36,7 @@ from bench.results import (
     services_dir,
     setup_logging,
 )
-from bench.stack import Stack, bench_config
+from bench.stack import Stack, bench_config, bench_users
 from bench.stats import hit_rate, mean, ratio, summarize
 
 logger = logging.getLogger(__name__)
@@ -47,6 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--levels", type=int, nargs="+", help=f"concurrent sessions (default {LEVELS})")
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens per reply (default 32)")
+    parser.add_argument("--conversations-per-session", type=int, default=3,
+                        help="conversations in a level's queue per session (default 3; ScaleLLM sends "
+                             "20 requests per concurrent one): the queue keeps every session busy until its end")
     parser.add_argument("--pool-tokens", type=int, default=32768,
                         help="the compute node's KV pool in tokens (default 32768: no preemption at 32 sessions)")
     parser.add_argument("--torch-threads", type=int, default=0,
@@ -54,14 +61,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.levels = args.levels or list(SMOKE_LEVELS if args.smoke else LEVELS)
     if args.smoke:
-        args.turns, args.max_new_tokens = 2, min(args.max_new_tokens, 4)
+        args.turns, args.max_new_tokens, args.conversations_per_session = 2, min(args.max_new_tokens, 4), 1
+    if args.conversations_per_session < 1:
+        parser.error("--conversations-per-session must be at least 1")
     return args
 
 
-def level_figures(outcomes: list[list], wall_s: float, compute_before, compute_after) -> dict:
-    """One level's Table-1 figures from every session's turns (and the compute node's counters)."""
-    turns = [t for session in outcomes for t in session]
-    follow = [t for session in outcomes for t in session[1:]]
+def level_figures(conversations: list[list], wall_s: float, compute_before, compute_after) -> dict:
+    """One level's Table-1 figures from every conversation's turns (and the compute node's counters)."""
+    turns = [t for conversation in conversations for t in conversation]
+    follow = [t for conversation in conversations for t in conversation[1:]]
     sources = collections.Counter(t.summary.kv_source for t in follow)
     tbt = [t.summary.tbt_ms for t in turns if t.summary.tokens_out > 1]
     tokens = sum(t.summary.tokens_out for t in turns)
@@ -77,6 +86,17 @@ def level_figures(outcomes: list[list], wall_s: float, compute_before, compute_a
             "restore_hit_rate": hit_rate(sources.get("restored", 0), len(follow)),
             "preemptions": {kind: compute_after.preemptions[kind] - compute_before.preemptions.get(kind, 0)
                             for kind in compute_after.preemptions}}
+
+
+def cpu_cores(before: Mapping[str, float], after: Mapping[str, float], wall_s: float) -> dict[str, float]:
+    """Cores each process kept busy on average during a level (CPU seconds over wall seconds)."""
+    return {name: ratio(after[name] - before.get(name, 0.0), wall_s) for name in after}
+
+
+def outside_compute(cores: Mapping[str, float], machine_cores: int) -> float:
+    """The share of the machine's cores that everything but the compute node used (frontend, agent,
+    storage nodes, the benchmark's clients): CPU the forward could not have on a machine this size."""
+    return sum(v for name, v in cores.items() if name != "compute") / machine_cores
 
 
 def first_difference(expected: Mapping[str, Sequence[str]], got: Mapping[str, Sequence[str]]) -> list[str]:
@@ -96,28 +116,40 @@ def replies(outcomes: list) -> list[str]:
     return [t.reply for t in outcomes]
 
 
-def run_level(stack: Stack, n: int, args, reference: dict[str, list[str]]) -> tuple[dict, list[str]]:
-    """n sessions at once; their figures and the conversations whose replies differ."""
-    users = [f"u{i}" for i in range(n)]
-    scripts = [sessions.script(i, args.turns) for i in range(n)]
-    before = stack.compute_stats()
-    outcomes, wall_s = sessions.run_concurrent(stack.frontend, [stack.token(u) for u in users], scripts,
-                                               args.max_new_tokens)
-    failed = [f"session {i} ({users[i]}): {o}" for i, o in enumerate(outcomes) if isinstance(o, Exception)]
+def workload(n: int, distinct: int, per_session: int) -> list[int]:
+    """The conversations (as sessions.script indexes) that n sessions work through: each of the
+    `distinct` ones ceil(n * per_session / distinct) times, interleaved, so that every level runs
+    the same mix (one session runs each conversation once, one after the other)."""
+    return list(range(distinct)) * -(-n * per_session // distinct)
+
+
+def run_level(stack: Stack, n: int, args, reference: dict[str, list[str]],
+              users: Iterator[str]) -> tuple[dict, list[str]]:
+    """n sessions at once through the level's queue of conversations (each a new user's); their
+    figures and the conversations whose replies differ."""
+    queue = [(k, next(users)) for k in workload(n, len(reference), args.conversations_per_session)]
+    before, cpu_before = stack.compute_stats(), stack.cpu_seconds()
+    outcomes, wall_s = sessions.run_concurrent(
+        stack.frontend, [(stack.token(user), sessions.script(k, args.turns)) for k, user in queue], n,
+        args.max_new_tokens)
+    failed = [f"conversation {q} ({user}): {o}" for q, ((_, user), o) in enumerate(zip(queue, outcomes))
+              if isinstance(o, Exception)]
     if failed:
         return {"errors": failed}, failed
-    got = {f"session {i} (conversation {i % len(sessions.TOPICS)})": replies(o)
-           for i, o in enumerate(outcomes)}
-    want = {k: reference[k.split("conversation ")[1].rstrip(")")] for k in got}
+    got = {f"conversation {q} of {user} (topic {k})": replies(o)
+           for q, ((k, user), o) in enumerate(zip(queue, outcomes))}
+    want = {name: reference[name.split("topic ")[1].rstrip(")")] for name in got}
     differences = first_difference(want, got)
     figures = level_figures(outcomes, wall_s, before, stack.compute_stats())
-    figures["replies_identical_to_alone"] = ratio(n - len(differences), n)
+    figures["conversations"] = len(queue)
+    figures["cpu_cores"] = cpu_cores(cpu_before, stack.cpu_seconds(), wall_s)
+    figures["replies_identical_to_alone"] = ratio(len(queue) - len(differences), len(queue))
     return figures, differences
 
 
 def table(result: dict) -> str:
     head = ["sessions", "TTFT mean", "TTFT p50", "TTFT p99", "TBT mean", "TBT p50", "TBT p99",
-            "tok/s", "gateway ms", "engine ms", "restored", "preempted", "same as alone"]
+            "tok/s", "gateway ms", "engine ms", "restored", "preempted", "same as alone", "CPU not compute"]
     rows = []
     for n, f in result["results"]["levels"].items():
         if "errors" in f:
@@ -128,11 +160,15 @@ def table(result: dict) -> str:
                                                tbt["mean"], tbt["p50"], tbt["p99"])),
                      f"{f['output_tokens_per_s']:.1f}", f"{f['gateway_ms_mean']:.1f}",
                      f"{f['engine_ms_mean']:.1f}", f"{f['restore_hit_rate']:.2f}",
-                     str(sum(f["preemptions"].values())), f"{f['replies_identical_to_alone']:.2f}"])
+                     str(sum(f["preemptions"].values())), f"{f['replies_identical_to_alone']:.2f}",
+                     f"{outside_compute(f.get('cpu_cores', {}), result['machine']['cores']):.0%}"])
     s = result["settings"]
-    return (f"{s['turns']} turns of {s['max_new_tokens']} tokens per session, a pool of {s['pool_tokens']} "
+    return (f"conversations of {s['turns']} turns of {s['max_new_tokens']} tokens, "
+            f"{s.get('conversations_per_session', 1)} or more per session, a pool of {s['pool_tokens']} "
             "tokens, "
-            f"times in ms (frontend's turn summaries)\n{format_table(head, rows)}\n\n"
+            "times in ms (frontend's turn summaries); CPU not compute: the share of the machine's "
+            f"{result['machine']['cores']} cores the other services and the clients used\n"
+            f"{format_table(head, rows)}\n\n"
             f"{ratios_text(result['ratios'])}")
 
 
@@ -150,25 +186,28 @@ def plot(result: dict, out) -> Path | None:
 
 def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
     settings = {"levels": args.levels, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
+                "conversations_per_session": args.conversations_per_session,
                 "pool_tokens": args.pool_tokens, "policy": "triggered", "torch_threads": args.torch_threads,
                 "smoke": args.smoke}
     result = new_result("concurrency", settings)
     distinct = min(max(args.levels), len(sessions.TOPICS))
-    config = bench_config(pool_tokens=args.pool_tokens, max_context_tokens=1024, users=max(args.levels),
+    count = distinct + sum(len(workload(n, distinct, args.conversations_per_session)) for n in args.levels)
+    users = iter(bench_users(count))  # one per conversation: nothing stored by one is another's
+    config = bench_config(pool_tokens=args.pool_tokens, max_context_tokens=1024, users=count,
                           max_new_tokens=args.max_new_tokens, compute={"torch_threads": args.torch_threads})
     differences: list[str] = []
     with Stack(services_dir(args, "concurrency"), config, keep_data=args.keep_data) as stack, \
             progress_for(args, distinct + len(args.levels), "concurrency") as progress:
         reference = {}
         for i in range(distinct):
-            alone = sessions.run_session(stack.frontend, stack.token(f"u{i}"), sessions.script(i, args.turns),
-                                         args.max_new_tokens)
+            alone = sessions.run_session(stack.frontend, stack.token(next(users)),
+                                         sessions.script(i, args.turns), args.max_new_tokens)
             reference[str(i)] = replies(alone)
             progress.update(note=f"reference {i}")
         result["results"]["reference_replies"] = reference
         result["results"]["levels"] = {}
         for n in args.levels:
-            figures, diff = run_level(stack, n, args, reference)
+            figures, diff = run_level(stack, n, args, reference, users)
             result["results"]["levels"][str(n)] = figures
             differences += [f"{n} sessions: {d}" for d in diff]
             progress.update(note=f"{n} sessions")

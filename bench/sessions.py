@@ -57,19 +57,31 @@ def run_session(address: str, token: str, messages: Sequence[str], max_new_token
     return out
 
 
-def run_concurrent(address: str, tokens: Sequence[str], scripts: Sequence[Sequence[str]],
+def run_concurrent(address: str, conversations: Sequence[tuple[str, Sequence[str]]], sessions: int,
                    max_new_tokens: int) -> tuple[list[list[TurnOutcome] | Exception], float]:
-    """All sessions at once (released together); their outcomes (or errors) and the wall time (s)."""
-    results: list = [None] * len(scripts)
-    barrier = threading.Barrier(len(scripts) + 1)
+    """`sessions` concurrent sessions working through a queue of conversations ((token, messages),
+    each its own user's), as ScaleLLM's and AIPerf's clients do: every session takes the next
+    conversation as soon as its last one ended, until none is left. Per conversation its outcomes
+    (or its error), and the wall time (s) from the common start to the last conversation's end."""
+    results: list = [None] * len(conversations)
+    taken = iter(range(len(conversations)))
+    lock = threading.Lock()
+    barrier = threading.Barrier(sessions + 1)
 
-    def worker(i: int) -> None:
-        try:
-            results[i] = run_session(address, tokens[i], scripts[i], max_new_tokens, barrier)
-        except Exception as exc:  # noqa: BLE001 - reported per session by the caller
-            results[i] = exc
+    def worker() -> None:
+        barrier.wait()
+        while True:
+            with lock:
+                k = next(taken, None)
+            if k is None:
+                return
+            token, messages = conversations[k]
+            try:
+                results[k] = run_session(address, token, messages, max_new_tokens)
+            except Exception as exc:  # noqa: BLE001 - reported per conversation by the caller
+                results[k] = exc
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(len(scripts))]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(sessions)]
     for t in threads:
         t.start()
     barrier.wait()

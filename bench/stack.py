@@ -10,6 +10,7 @@ import copy
 import json
 import logging
 import os
+import resource
 import shutil
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,16 @@ def start_storage(data_dir: Path, name: str, **settings: object) -> ServiceProce
 def bench_client(address: str, mode: str = "auth", **kwargs) -> FabricClient:
     """A fabric client of the benchmarks' own host, authenticating as `mode` says (not connected yet)."""
     return FabricClient(address, BENCH_NQN, security=FabricSecurity.for_host(mode, "", BENCH_NQN), **kwargs)
+
+
+def cpu_seconds_of(pid: int) -> float | None:
+    """A process's CPU time so far (user + system, s), from /proc (None if it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_users(count: int) -> dict[str, str]:
@@ -167,6 +178,15 @@ class Stack:
         """The agent's counters (hits, misses, evictions, bytes stored)."""
         with self.agent_channel() as ch:
             return smartnic_pb2_grpc.SmartNicStub(ch).Stats(smartnic_pb2.StatsRequest(), timeout=10)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system, s) each service process has used so far, and this process's as
+        "client" (the benchmark's own load): Linux's /proc; {} elsewhere."""
+        out = {proc.name: cpu_seconds_of(proc.proc.pid)
+               for proc in self.deployment.procs if proc.proc is not None}
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        out["client"] = usage.ru_utime + usage.ru_stime
+        return {name: seconds for name, seconds in out.items() if seconds is not None}
 
     def compute_stats(self) -> compute_pb2.ComputeStatsResponse:
         with self.agent_channel() as ch:
