@@ -67,16 +67,6 @@ def bench_client(address: str, mode: str = "auth", **kwargs) -> FabricClient:
     return FabricClient(address, BENCH_NQN, security=FabricSecurity.for_host(mode, "", BENCH_NQN), **kwargs)
 
 
-def cpu_seconds_of(pid: int) -> float | None:
-    """A process's CPU time so far (user + system, s), from /proc (None if it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def bench_users(count: int) -> dict[str, str]:
     """user name -> bearer token for `count` benchmark users (u0, u1, ...)."""
     return {f"u{i}": f"u{i}-token" for i in range(count)}
@@ -182,8 +172,7 @@ class Stack:
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system, s) each service process has used so far, and this process's as
         "client" (the benchmark's own load): Linux's /proc; {} elsewhere."""
-        out = {proc.name: cpu_seconds_of(proc.proc.pid)
-               for proc in self.deployment.procs if proc.proc is not None}
+        out = {proc.name: proc.cpu_seconds() for proc in self.deployment.procs}
         usage = resource.getrusage(resource.RUSAGE_SELF)
         out["client"] = usage.ru_utime + usage.ru_stime
         return {name: seconds for name, seconds in out.items() if seconds is not None}

@@ -182,8 +182,7 @@ class Engine:
             self._start_restore(self.states[request.seq.seq_id], request)
         if out.is_empty:
             return progressed or bool(new)
-        for state, seconds in self._poll_cost:
-            state.offload.stall_s += seconds
+        self._charge_poll_cost()
         self._step(out)
         return True
 
@@ -303,16 +302,13 @@ class Engine:
             self._intake.clear()
         for turn in new:
             self._admit_turn(turn)
-        self._poll_cost = []
         # only the PUTs something waits for: a finished turn's record, a swap-out's pins (a running
         # turn's own PUTs are read once per step, as before: reading them more often would only add
         # to its offload stall)
         self._poll_puts([b for b, (_, state, owner, _) in self.puts.items()
                          if owner is not None or state is None or state.finished_ns])
         self._poll_restores()
-        for state, seconds in self._poll_cost:  # polled during a step: engine time the step waits for
-            state.offload.stall_s += seconds
-        self._poll_cost = []
+        self._charge_poll_cost()  # polled during a step: engine time the step waits for
 
     def _write_token_ids(self, seq: Sequence, start: int, ids: list[int]) -> None:
         """The token ids of positions [start, start + len(ids)) into their blocks' rows of the pool."""
@@ -421,6 +417,12 @@ class Engine:
                 state.offload.stall_s += time.perf_counter() - start
                 self._maybe_record(state)
         return bool(ended)
+
+    def _charge_poll_cost(self) -> None:
+        """The last PUT poll's reading time, to the turns whose PUTs it read: a step waits for it."""
+        for state, seconds in self._poll_cost:
+            state.offload.stall_s += seconds
+        self._poll_cost = []
 
     def _wake_waiters(self, block_id: int, name: bytes, stored: bool) -> None:
         """The turns that waited for another turn's PUT of this block: it ended."""

@@ -43,6 +43,17 @@ def _stopped(pid: int) -> bool:
     return True
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time a process has used so far (user + system, all its threads, s); None where /proc
+    cannot tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def announce_ready(service: str, addresses: dict[str, str], **extra: Any) -> None:
     """Print the ready line on stdout (the only line a service prints there)."""
     record = {"service": service, "addresses": addresses, "pid": os.getpid(), **extra}
@@ -134,6 +145,10 @@ class ServiceProcess:
         if self.alive():
             assert self.proc
             os.kill(self.proc.pid, sig)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time the process has used so far (s); None before start or where /proc cannot tell."""
+        return None if self.proc is None else cpu_seconds(self.proc.pid)
 
     def pause(self, timeout_s: float = 5.0) -> None:
         """SIGSTOP, and wait until every thread of the process has stopped: a thread inside a system

@@ -1,4 +1,4 @@
-"""kvtb.launch's pause: it returns once every thread of the process has stopped."""
+"""kvtb.launch's pause (it returns once every thread of the process has stopped) and CPU time."""
 import signal
 import subprocess
 import sys
@@ -27,3 +27,20 @@ def test_a_paused_process_has_every_thread_stopped_and_a_resumed_one_none():
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert launch._stopped(proc.pid)  # gone: nothing left running
+
+BUSY = "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"
+
+
+def test_cpu_seconds_counts_a_busy_process_and_not_a_sleeping_one():
+    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    service, sleeper = (launch.ServiceProcess(name, [], "/dev/null") for name in ("busy", "idle"))
+    assert service.cpu_seconds() is None  # not started
+    service.proc, sleeper.proc = busy, idle
+    time.sleep(0.8)
+    try:
+        assert service.cpu_seconds() > 0.4
+        assert sleeper.cpu_seconds() < 0.2
+    finally:
+        busy.wait()
+        idle.wait()
