@@ -10,7 +10,7 @@ microsecond; one that finds it changed locates the changed counters with integer
 the snapshots (their XOR's highest set bit, word by word), with no numpy call: between the rare
 stores numpy's code leaves the CPU's caches, and a handful of cold numpy calls cost tens of µs.
 
-That poll is the watcher's, from Python (`due`). Where the compiled poller was built
+That poll is the watcher's, from Python (`fired`). Where the compiled poller was built
 (smartnic/_poller.c), `start_compiled` hands the arming to it: `fired` is then its poll, and `wait`
 polls back to back for a moment and then sleeps on the pool's doorbell (hostmem.bell) until the
 compute node rings it, all without the GIL, so that between bursts of stores the watcher costs
@@ -53,7 +53,7 @@ class StandingPuts:
 
     def start_compiled(self) -> bool:
         """Hand the arming to the compiled poller, armed where this object's entries are armed now (a
-        store made since the last `due` fires from it); False when it was not built."""
+        store made since the last `fired` fires from it); False when it was not built."""
         if _poller is None or self.poller is not None or self.closed:
             return self.poller is not None
         L = self.layout
@@ -88,10 +88,6 @@ class StandingPuts:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.0005)
-
-    def due(self) -> list[tuple[int, int]]:
-        """(block, generation) of every entry whose trigger moved past its arming; re-armed there."""
-        return [(block, generation) for block, generation, _ in self.fired()]
 
     def fired(self) -> list[tuple[int, int, int | None]]:
         """(block, generation, seen ns or None) of every entry whose trigger moved past its arming."""
