@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from compute_node.paged_attention import plan_attention
+from compute_node.paged_attention import kernel_built, plan_attention
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Llama:
     Not thread-safe: one step at a time (it keeps a gather workspace between steps).
     """
 
-    def __init__(self, model, pool: torch.Tensor):
+    def __init__(self, model, pool: torch.Tensor, attention_kernel: bool = True):
         config = model.config
         assert config.hidden_act == "silu", f"hidden_act {config.hidden_act!r} is not SwiGLU"
         rope = model.model.rotary_emb
@@ -85,6 +85,8 @@ class Llama:
         self.pool = pool
         self.block_tokens = pool.shape[4]
         self.device = pool.device
+        # decodes and short chunks attended by the compiled kernel, straight from the pool (paged_attention)
+        self.kernel = attention_kernel and kernel_built() and self.device.type == "cpu"
         # inv_freq and attention_scaling as transformers derived them from the config's rope parameters
         # (rope_theta and any static scaling), so positions rotate exactly as in the reference.
         self.inv_freq = rope.inv_freq                   # [head_dim / 2] fp32
@@ -126,7 +128,7 @@ class Llama:
 
         before_layer(layer), if given, runs before each layer reads or writes the pool (a layer-wise
         restore waits there for the layers still landing)."""
-        plan = plan_attention(batch, self.pool.shape, self.device)
+        plan = plan_attention(batch, self.pool.shape, self.device, self.kernel)
         T = batch.input_ids.shape[0]
         cos, sin = self.rotary(batch.positions)
         h = F.embedding(batch.input_ids, self.embed)    # [T, hidden]

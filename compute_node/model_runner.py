@@ -60,14 +60,14 @@ class ModelRunner:
     Not thread-safe: the engine thread calls step() once per step.
     """
 
-    def __init__(self, model, pool: torch.Tensor, device="cpu"):
+    def __init__(self, model, pool: torch.Tensor, device="cpu", attention_kernel: bool = True):
         device = torch.device(device)
         if pool.device != device or model.device != device:
             raise ValueError(f"pool on {pool.device} and model on {model.device}; the runner's device is {device}")
         self.device = device
         self.pool = pool
         self.block_tokens = pool.shape[4]
-        self.llama = Llama(model, pool)
+        self.llama = Llama(model, pool, attention_kernel)
 
     def step(self, batch: StepInput | Sequence[SeqRun],
              before_layer: Callable[[int], None] | None = None) -> torch.Tensor:

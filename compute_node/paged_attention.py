@@ -12,6 +12,12 @@ scaled_dot_product_attention over them, a length mask hiding each sequence's key
 (no mask when all lengths match: the keys are sliced). A prefill chunk attends alone: causally over its own new K/V when nothing precedes it,
 else over its gathered blocks with a mask that is causal inside the chunk. Padding entries (-1)
 of a block table read block 0 behind the mask; pool memory only ever holds finite KV values.
+
+With the compiled kernel (compute_node._attention, built by setup.py; a plan with kernel=True),
+every decode token and every token of a chunk of at most KERNEL_MAX_CHUNK new tokens is instead
+attended by the kernel, straight from the pool: each token over the first `position + 1` keys of
+its sequence, through its block table, with no gather, no padding and no mask. Longer chunks (a
+long prompt's) keep torch's attention, whose matrix products beat a token-by-token read there.
 """
 from __future__ import annotations
 
@@ -21,8 +27,14 @@ import logging
 import torch
 import torch.nn.functional as F
 
+try:  # built by setup.py as an optional extension; without it the torch path serves
+    from compute_node import _attention
+except ImportError:  # pragma: no cover - depends on the install
+    _attention = None
+
 logger = logging.getLogger(__name__)
 
+KERNEL_MAX_CHUNK = 64  # new tokens up to which a sequence's step is attended by the kernel
 GATHER_BYTES = 4 << 20  # gathered K and V per attention call of the decode batch
 
 
@@ -41,6 +53,32 @@ class Gather:
         torch.index_select(pool_rows, 0, (self.rows + layer * 2 * heads).view(-1), out=out)
         kv = out.view(2, seqs, heads, blocks * llama.block_tokens, llama.head_dim)
         return kv[0, :, :, :self.length], kv[1, :, :, :self.length]
+
+
+def kernel_built() -> bool:
+    """Whether the compiled attention kernel can be used."""
+    return _attention is not None
+
+
+@dataclasses.dataclass
+class KernelTokens:
+    """Tokens the compiled kernel attends straight from the pool, each over its sequence's first `lens` keys."""
+
+    tokens: torch.Tensor | None  # [N] their indices among the step's tokens (None: every token, in order)
+    tables: torch.Tensor         # [N, width] int32: each token's sequence's block table, padded with -1
+    lens: torch.Tensor           # [N] int64: keys each token sees (its position + 1)
+
+    def attend(self, pool: torch.Tensor, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q: [N, Hq, D] -> [N, Hq, D]. The kernel checks every length and block id it reads against
+        the tables and the pool (ValueError) before reading."""
+        num_blocks, num_layers, _, kv_heads, block_tokens, head_dim = pool.shape
+        q = q.contiguous()
+        assert q.dtype == torch.float32 and q.device.type == "cpu" and q.shape[0] == self.lens.shape[0]
+        out = torch.empty_like(q)
+        _attention.decode(pool.data_ptr(), num_blocks, num_layers, kv_heads, block_tokens, head_dim, layer,
+                          q.data_ptr(), q.shape[1], out.data_ptr(), self.tables.data_ptr(), self.tables.shape[1],
+                          self.lens.data_ptr(), q.shape[0], head_dim ** -0.5)
+        return out
 
 
 @dataclasses.dataclass
@@ -74,6 +112,8 @@ class AttentionPlan:
     decodes: list[Decode]
     prefills: list[Prefill]
     last_tokens: torch.Tensor       # [S] index of each sequence's last new token
+    kernel: KernelTokens | None = None  # the tokens the compiled kernel attends (then none of them is in
+                                        # decodes or prefills)
 
     def write(self, pool: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [T, num_kv_heads, head_dim] into their blocks' rows of this layer."""
@@ -84,9 +124,14 @@ class AttentionPlan:
 
     def attend(self, llama, layer: int, q, k, v) -> torch.Tensor:
         """Attention output [T, Hq, D] for q [T, Hq, D] (k, v: this step's [T, Hkv, D], already in the pool)."""
-        if self.decode_tokens is None and not self.prefills:
+        kernel = self.kernel
+        if kernel is not None and kernel.tokens is None:
+            return kernel.attend(llama.pool, layer, q)
+        if kernel is None and self.decode_tokens is None and not self.prefills:
             return self._decode(llama, layer, q)
         out = torch.empty_like(q)
+        if kernel is not None:
+            out.index_copy_(0, kernel.tokens, kernel.attend(llama.pool, layer, q.index_select(0, kernel.tokens)))
         if self.decodes:
             out.index_copy_(0, self.decode_tokens, self._decode(llama, layer, q.index_select(0, self.decode_tokens)))
         for p in self.prefills:
@@ -133,8 +178,9 @@ def block_rows(block_ids: torch.Tensor, num_layers: int, num_kv_heads: int) -> t
     return base[None, :, None, :] + kind + head
 
 
-def plan_attention(batch, pool_shape, device) -> AttentionPlan:
-    """The plan of one step (StepInput `batch`) over a pool of `pool_shape`."""
+def plan_attention(batch, pool_shape, device, kernel: bool = False) -> AttentionPlan:
+    """The plan of one step (StepInput `batch`) over a pool of `pool_shape`; kernel: the compiled kernel
+    attends the decodes and the short chunks (kernel_built() must be true)."""
     _, num_layers, _, num_kv_heads, block_tokens, _ = pool_shape
     qlens, ctxs = batch.query_lens.tolist(), batch.context_lens.tolist()
     ends = torch.cumsum(batch.query_lens, 0)
@@ -146,6 +192,18 @@ def plan_attention(batch, pool_shape, device) -> AttentionPlan:
     head = torch.arange(num_kv_heads, device=device) * block_tokens
     kind = torch.arange(2, device=device).view(2, 1, 1) * (num_kv_heads * block_tokens)
     write_rows = (row0[None, :, None] + head[None, None, :] + kind).view(2, -1)
+    kernel_tokens = None
+    if kernel:
+        short = [n <= KERNEL_MAX_CHUNK for n in qlens]
+        tokens = None
+        if not all(short):
+            tokens = torch.nonzero(torch.tensor(short, device=device)[seq_of_token]).view(-1)
+        picked = seq_of_token if tokens is None else seq_of_token[tokens]
+        lens = pos + 1 if tokens is None else pos[tokens] + 1
+        if picked.numel():
+            kernel_tokens = KernelTokens(tokens, batch.block_tables.index_select(0, picked).contiguous(),
+                                         lens.contiguous())
+        qlens = [0 if s else n for s, n in zip(short, qlens)]  # what is left for the torch path
     decode_seqs = [s for s, n in enumerate(qlens) if n == 1]
     decode_tokens = None
     if decode_seqs and len(decode_seqs) < len(qlens):
@@ -153,8 +211,8 @@ def plan_attention(batch, pool_shape, device) -> AttentionPlan:
     decodes = plan_decodes(batch, decode_seqs, ctxs, pool_shape, device)
     prefills = []
     start = 0
-    for s, (n, ctx) in enumerate(zip(qlens, ctxs)):
-        if n > 1:
+    for s, (n, ctx) in enumerate(zip(batch.query_lens.tolist(), ctxs)):
+        if qlens[s] > 1:
             cached = ctx - n
             gather = mask = None
             if cached > 0:
@@ -164,7 +222,8 @@ def plan_attention(batch, pool_shape, device) -> AttentionPlan:
                 mask = torch.arange(ctx, device=device)[None, :] <= queries[:, None]
             prefills.append(Prefill(start, start + n, gather, mask))
         start += n
-    return AttentionPlan(write_rows, num_kv_heads * 2 * block_tokens, decode_tokens, decodes, prefills, ends - 1)
+    return AttentionPlan(write_rows, num_kv_heads * 2 * block_tokens, decode_tokens, decodes, prefills, ends - 1,
+                         kernel_tokens)
 
 
 def plan_decodes(batch, seqs: list[int], ctxs: list[int], pool_shape, device) -> list[Decode]:

@@ -31,6 +31,9 @@ class ComputeSettings:
     max_num_batched_tokens: int = 512
     preemption: str = "swap"          # swap (store its KV, restore it later) or recompute
     device: str = "cpu"
+    # Decode attention (and chunks of a few tokens) read straight from the pool by the compiled kernel
+    # (compute_node._attention) when the install built it; false: gather, then torch's attention.
+    attention_kernel: bool = True
     listen_address: str = "127.0.0.1:50071"
     metrics_address: str = "127.0.0.1:9102"  # Prometheus /metrics
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials

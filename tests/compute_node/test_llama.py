@@ -37,11 +37,26 @@ def model(request):
     return LlamaForCausalLM(config).eval()
 
 
-def new_runner(model) -> ModelRunner:
-    """A runner over a pool full of large finite garbage: whatever a mask fails to hide shows up."""
+needs_kernel = pytest.mark.skipif(not paged_attention.kernel_built(), reason="the attention kernel was not built")
+
+
+@pytest.fixture(params=["torch", pytest.param("kernel", marks=needs_kernel),
+                        pytest.param("kernel+torch", marks=needs_kernel)])
+def attention(request, monkeypatch) -> bool:
+    """Whether the compiled kernel attends; kernel+torch: only chunks of up to 8 new tokens, longer ones go
+    to torch in the same step."""
+    if request.param == "kernel+torch":
+        monkeypatch.setattr(paged_attention, "KERNEL_MAX_CHUNK", 8)
+    return request.param != "torch"
+
+
+def new_runner(model, kernel: bool) -> ModelRunner:
+    """A runner over a pool full of large finite garbage: whatever a mask or a length fails to hide shows up."""
     generator = torch.Generator().manual_seed(1)
     pool = torch.randn(pool_shape(model.config, NUM_BLOCKS, BLOCK_TOKENS), generator=generator) * 50
-    return ModelRunner(model, pool)
+    runner = ModelRunner(model, pool, attention_kernel=kernel)
+    assert runner.llama.kernel == kernel
+    return runner
 
 
 def tables(count: int, blocks: int = 8, seed: int = 2) -> list[list[int]]:
@@ -66,22 +81,22 @@ def close(a: torch.Tensor, b: torch.Tensor) -> float:
     return diff
 
 
-def test_prefill_matches_transformers(model):
-    runner, ids, table = new_runner(model), prompt(45, 0), tables(1)[0]
+def test_prefill_matches_transformers(model, attention):
+    runner, ids, table = new_runner(model, attention), prompt(45, 0), tables(1)[0]
     logits = runner.step([SeqRun(ids, 0, table)])
     assert logits.shape == (1, VOCAB)
     close(logits[0], reference(model, ids)[-1])
 
 
-def test_prefill_in_two_chunks_matches_transformers(model):
-    runner, ids, table = new_runner(model), prompt(45, 1), tables(1)[0]
+def test_prefill_in_two_chunks_matches_transformers(model, attention):
+    runner, ids, table = new_runner(model, attention), prompt(45, 1), tables(1)[0]
     ref = reference(model, ids)
     close(runner.step([SeqRun(ids[:21], 0, table)])[0], ref[20])  # the chunk ends inside a block
     close(runner.step([SeqRun(ids[21:], 21, table)])[0], ref[44])
 
 
-def test_decode_steps_after_a_prefill_match_transformers(model):
-    runner, ids, table = new_runner(model), prompt(40, 2), tables(1)[0]
+def test_decode_steps_after_a_prefill_match_transformers(model, attention):
+    runner, ids, table = new_runner(model, attention), prompt(40, 2), tables(1)[0]
     ref = reference(model, ids)
     runner.step([SeqRun(ids[:24], 0, table)])
     for p in range(24, 40):  # crosses two block boundaries
@@ -89,8 +104,8 @@ def test_decode_steps_after_a_prefill_match_transformers(model):
 
 
 @torch.inference_mode()
-def test_kv_in_the_pool_equals_transformers_cache(model):
-    runner, ids, table = new_runner(model), prompt(30, 3), tables(1)[0]
+def test_kv_in_the_pool_equals_transformers_cache(model, attention):
+    runner, ids, table = new_runner(model, attention), prompt(30, 3), tables(1)[0]
     runner.step([SeqRun(ids[:13], 0, table)])
     runner.step([SeqRun(ids[13:27], 13, table)])
     for p in range(27, 30):
@@ -107,17 +122,17 @@ def test_kv_in_the_pool_equals_transformers_cache(model):
         torch.testing.assert_close(ours_v, kv.values[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
 
 
-def run_alone(model, script: list[list[SeqRun]]) -> list[list[torch.Tensor]]:
+def run_alone(model, attention, script: list[list[SeqRun]]) -> list[list[torch.Tensor]]:
     """Each sequence's logits per step when it runs by itself: script[step][seq] (None: not scheduled)."""
-    runner = new_runner(model)
+    runner = new_runner(model, attention)
     out = []
     for step in script:
         out.append([None if r is None else runner.step([r])[0] for r in step])
     return out
 
 
-def run_batched(model, script: list[list[SeqRun]]) -> list[list[torch.Tensor]]:
-    runner = new_runner(model)
+def run_batched(model, attention, script: list[list[SeqRun]]) -> list[list[torch.Tensor]]:
+    runner = new_runner(model, attention)
     out = []
     for step in script:
         runs = [r for r in step if r is not None]
@@ -148,9 +163,9 @@ def mixed_script() -> tuple[list[list[int]], list[list[SeqRun]]]:
     return ids, script
 
 
-def test_a_mixed_batch_equals_each_sequence_alone_and_transformers(model):
+def test_a_mixed_batch_equals_each_sequence_alone_and_transformers(model, attention):
     ids, script = mixed_script()
-    alone, batched = run_alone(model, script), run_batched(model, script)
+    alone, batched = run_alone(model, attention, script), run_batched(model, attention, script)
     checked = 0
     for step, runs in enumerate(script):
         for s, r in enumerate(runs):
@@ -163,13 +178,13 @@ def test_a_mixed_batch_equals_each_sequence_alone_and_transformers(model):
     assert checked == 15
 
 
-def test_decodes_of_equal_length_and_in_several_gathers(model, monkeypatch):
+def test_decodes_of_equal_length_and_in_several_gathers(model, attention, monkeypatch):
     """Equal lengths take the unmasked path; a tiny gather budget splits the batch into runs of one."""
     seqs = [prompt(19, 30 + i) for i in range(5)]
     ts = tables(5, blocks=4)
     for budget in (paged_attention.GATHER_BYTES, 1):
         monkeypatch.setattr(paged_attention, "GATHER_BYTES", budget)
-        runner = new_runner(model)
+        runner = new_runner(model, attention)
         for seq, table in zip(seqs, ts):
             runner.step([SeqRun(seq[:17], 0, table)])
         for p in (17, 18):
@@ -178,8 +193,8 @@ def test_decodes_of_equal_length_and_in_several_gathers(model, monkeypatch):
                 close(logits[s], reference(model, seq[:p + 1])[-1])
 
 
-def test_the_weights_and_the_pool_are_shared_not_copied(model):
-    runner = new_runner(model)
+def test_the_weights_and_the_pool_are_shared_not_copied(model, attention):
+    runner = new_runner(model, attention)
     llama, layer = runner.llama, model.model.layers[1]
     assert llama.layers[1].q.weight.data_ptr() == layer.self_attn.q_proj.weight.data_ptr()
     assert llama.layers[1].down.weight.data_ptr() == layer.mlp.down_proj.weight.data_ptr()
