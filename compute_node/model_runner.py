@@ -11,6 +11,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from compute_node.llama import Llama, StepInput
@@ -43,15 +44,17 @@ def build_step(runs: Sequence[SeqRun], block_tokens: int, device="cpu") -> StepI
         positions.extend(range(r.start, r.start + n))
         qlens.append(n)
         ctxs.append(r.start + n)
+    # Built in numpy, then shared with torch: a torch operator per row would release the GIL each time
+    # (to the threads streaming the last step's tokens) and wait to get it back.
     width = max(len(r.block_table) for r in runs)
-    tables = torch.full((len(runs), width), -1, dtype=torch.int32)
+    tables = np.full((len(runs), width), -1, dtype=np.int32)
     for s, r in enumerate(runs):
-        tables[s, :len(r.block_table)] = torch.as_tensor(list(r.block_table), dtype=torch.int32)
+        tables[s, :len(r.block_table)] = r.block_table
 
     def tensor(values):
-        return torch.tensor(values, dtype=torch.int64, device=device)
+        return torch.from_numpy(np.asarray(values, dtype=np.int64)).to(device)
 
-    return StepInput(tensor(ids), tensor(positions), tensor(qlens), tensor(ctxs), tables.to(device))
+    return StepInput(tensor(ids), tensor(positions), tensor(qlens), tensor(ctxs), torch.from_numpy(tables).to(device))
 
 
 class ModelRunner:

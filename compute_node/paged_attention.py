@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -180,38 +181,46 @@ def block_rows(block_ids: torch.Tensor, num_layers: int, num_kv_heads: int) -> t
 
 def plan_attention(batch, pool_shape, device, kernel: bool = False) -> AttentionPlan:
     """The plan of one step (StepInput `batch`) over a pool of `pool_shape`; kernel: the compiled kernel
-    attends the decodes and the short chunks (kernel_built() must be true)."""
+    attends the decodes and the short chunks (kernel_built() must be true).
+
+    The index arithmetic runs in numpy on the host: a few dozen integers, where each small torch
+    operator would release the GIL (to the threads streaming the last step's tokens) and wait to
+    get it back, and might wake torch's worker threads."""
     _, num_layers, _, num_kv_heads, block_tokens, _ = pool_shape
-    qlens, ctxs = batch.query_lens.tolist(), batch.context_lens.tolist()
-    ends = torch.cumsum(batch.query_lens, 0)
+    query_lens = batch.query_lens.cpu().numpy()
+    pos = batch.positions.cpu().numpy()
+    tables = batch.block_tables.cpu().numpy()
+    qlens, ctxs = query_lens.tolist(), batch.context_lens.tolist()
+    ends = np.cumsum(query_lens)
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
     # where each new token's K/V goes: block table entry p // block_tokens, offset p % block_tokens
-    seq_of_token = torch.repeat_interleave(torch.arange(len(qlens), device=device), batch.query_lens)
-    pos = batch.positions
-    blocks = batch.block_tables[seq_of_token, pos // block_tokens].long()  # [T]
+    seq_of_token = np.repeat(np.arange(len(qlens)), query_lens)
+    blocks = tables[seq_of_token, pos // block_tokens].astype(np.int64)  # [T]
     row0 = blocks * (num_layers * 2 * num_kv_heads * block_tokens) + pos % block_tokens
-    head = torch.arange(num_kv_heads, device=device) * block_tokens
-    kind = torch.arange(2, device=device).view(2, 1, 1) * (num_kv_heads * block_tokens)
-    write_rows = (row0[None, :, None] + head[None, None, :] + kind).view(2, -1)
+    head = np.arange(num_kv_heads) * block_tokens
+    kind = np.arange(2).reshape(2, 1, 1) * (num_kv_heads * block_tokens)
+    write_rows = (row0[None, :, None] + head[None, None, :] + kind).reshape(2, -1)
     kernel_tokens = None
     if kernel:
-        short = [n <= KERNEL_MAX_CHUNK for n in qlens]
-        tokens = None
-        if not all(short):
-            tokens = torch.nonzero(torch.tensor(short, device=device)[seq_of_token]).view(-1)
+        short = query_lens <= KERNEL_MAX_CHUNK
+        tokens = None if short.all() else np.nonzero(short[seq_of_token])[0]
         picked = seq_of_token if tokens is None else seq_of_token[tokens]
-        lens = pos + 1 if tokens is None else pos[tokens] + 1
-        if picked.numel():
-            kernel_tokens = KernelTokens(tokens, batch.block_tables.index_select(0, picked).contiguous(),
-                                         lens.contiguous())
-        qlens = [0 if s else n for s, n in zip(short, qlens)]  # what is left for the torch path
+        if picked.size:
+            lens = pos + 1 if tokens is None else pos[tokens] + 1
+            kernel_tokens = KernelTokens(None if tokens is None else tensor(tokens), tensor(tables[picked]),
+                                         tensor(lens.astype(np.int64)))
+        qlens = [0 if s else n for s, n in zip(short.tolist(), qlens)]  # what is left for the torch path
     decode_seqs = [s for s, n in enumerate(qlens) if n == 1]
     decode_tokens = None
     if decode_seqs and len(decode_seqs) < len(qlens):
-        decode_tokens = (ends[decode_seqs] - 1).to(device)
+        decode_tokens = tensor(ends[decode_seqs] - 1)
     decodes = plan_decodes(batch, decode_seqs, ctxs, pool_shape, device)
     prefills = []
     start = 0
-    for s, (n, ctx) in enumerate(zip(batch.query_lens.tolist(), ctxs)):
+    for s, (n, ctx) in enumerate(zip(query_lens.tolist(), ctxs)):
         if qlens[s] > 1:
             cached = ctx - n
             gather = mask = None
@@ -222,8 +231,8 @@ def plan_attention(batch, pool_shape, device, kernel: bool = False) -> Attention
                 mask = torch.arange(ctx, device=device)[None, :] <= queries[:, None]
             prefills.append(Prefill(start, start + n, gather, mask))
         start += n
-    return AttentionPlan(write_rows, num_kv_heads * 2 * block_tokens, decode_tokens, decodes, prefills, ends - 1,
-                         kernel_tokens)
+    return AttentionPlan(tensor(write_rows), num_kv_heads * 2 * block_tokens, decode_tokens, decodes, prefills,
+                         tensor(ends - 1), kernel_tokens)
 
 
 def plan_decodes(batch, seqs: list[int], ctxs: list[int], pool_shape, device) -> list[Decode]:
