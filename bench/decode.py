@@ -7,7 +7,9 @@ the same length, so the batch needs no padding). Then --rounds rounds each time 
 steps of one, then of the other, every step one forward over the whole batch: the two run side by
 side, under the same load. Reports tokens/s (best round, median beside it) per batch size, the
 ratio to the first batch size of each, and the share of sequences whose greedy tokens equal
-transformers' (batched float math may differ in the last bits).
+transformers' (batched float math may differ in the last bits). Where the compiled attention kernel
+is built (compute_node._attention), a second paged runner over its own pool attends with torch
+over gathered blocks instead, in the same rounds: paged_vs_paged_torch is what the kernel gives.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 TEXT = ("The history of bread begins with wild grains ground between stones, mixed with water "
         "and baked on hot embers; over centuries bakers learned to keep a sourdough starter. ")
-KINDS = ("paged", "transformers")
+KINDS = ("paged", "paged_torch", "transformers")  # paged_torch: only when the kernel is built
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -100,19 +102,21 @@ class TransformersDecode:
         return time.perf_counter() - start
 
 
-def measure(runner, model, ids: list[list[int]], args, blocks_per_seq: int, progress) -> dict:
-    """Both decoders over one batch, their timed rounds interleaved."""
-    decoders = {"paged": PagedDecode(runner, ids, blocks_per_seq), "transformers": TransformersDecode(model, ids)}
+def measure(runners: dict, model, ids: list[list[int]], args, blocks_per_seq: int, progress) -> dict:
+    """Every decoder over one batch (the paged runners by name, and transformers), their timed rounds
+    interleaved."""
+    decoders = {kind: PagedDecode(runner, ids, blocks_per_seq) for kind, runner in runners.items()}
+    decoders["transformers"] = TransformersDecode(model, ids)
     for d in decoders.values():
         d.steps(args.warmup_steps)
-    rates = {k: [] for k in KINDS}
+    rates = {k: [] for k in decoders}
     for _ in range(args.rounds):
         for kind, d in decoders.items():
             rates[kind].append(len(ids) * args.steps / d.steps(args.steps))
             progress.update(1)
     same = sum(a == b for a, b in zip(decoders["paged"].out, decoders["transformers"].out)) / len(ids)
     row = {"identical_to_transformers": same}
-    for kind in KINDS:
+    for kind in decoders:
         row |= {f"{kind}_tokens_per_s": max(rates[kind]), f"{kind}_tokens_per_s_median": stats.median(rates[kind]),
                 f"{kind}_rounds_tokens_per_s": rates[kind]}
     return row
@@ -125,6 +129,7 @@ def main(argv: list[str]) -> int:
     from compute_node.llama import pool_shape
     from compute_node.model_loader import load_model
     from compute_node.model_runner import ModelRunner
+    from compute_node.paged_attention import kernel_built
     from compute_node.settings import ComputeSettings
     from hostmem.region import Region
 
@@ -134,24 +139,29 @@ def main(argv: list[str]) -> int:
     per_seq = -(-(args.context_tokens + args.warmup_steps + args.rounds * args.steps) // args.block_tokens)
     shape = pool_shape(model.config, max(args.batches) * per_seq, args.block_tokens)
     kv_bytes = 4 * torch.Size(shape).numel()
-    region = Region.create(f"kvtb-bench-decode-{os.getpid()}-{uuid.uuid4().hex[:6]}", kv_bytes + 16, kv_bytes, 1)
-    progress = progress_for(args, 2 * args.rounds * len(args.batches), "decode")
+    attention = ("kernel", "torch") if kernel_built() else ("torch",)
+    regions = [Region.create(f"kvtb-bench-decode-{os.getpid()}-{uuid.uuid4().hex[:6]}", kv_bytes + 16, kv_bytes, 1)
+               for _ in attention]
+    progress = progress_for(args, (1 + len(attention)) * args.rounds * len(args.batches), "decode")
     started = time.monotonic()
     rows = {}
     try:
-        # pool: [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32, in the region
-        pool = torch.frombuffer(region.buffer, dtype=torch.float32, count=kv_bytes // 4).view(shape)
-        runner = ModelRunner(model, pool)
+        # pool: [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32, in a region
+        pools = [torch.frombuffer(r.buffer, dtype=torch.float32, count=kv_bytes // 4).view(shape) for r in regions]
+        runners = {("paged" if a == attention[0] else "paged_torch"): ModelRunner(model, p, attention_kernel=a == "kernel")
+                   for a, p in zip(attention, pools)}
         for batch in args.batches:
-            rows[batch] = measure(runner, model, prompts(tokenizer, batch, args.context_tokens), args, per_seq,
+            rows[batch] = measure(runners, model, prompts(tokenizer, batch, args.context_tokens), args, per_seq,
                                   progress)
-        del pool, runner
+        del pools, runners
     finally:
         progress.close()
-        region.close()
+        for r in regions:
+            r.close()
     result = new_result("decode", {"batches": args.batches, "context_tokens": args.context_tokens,
                                    "steps": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup_steps,
-                                   "block_tokens": args.block_tokens, "torch_threads": threads})
+                                   "block_tokens": args.block_tokens, "torch_threads": threads,
+                                   "attention": attention[0]})
     result["results"] = {"batches": {str(b): r for b, r in rows.items()}, "seconds": time.monotonic() - started}
     result["ratios"] = ratios(rows)
     finish(args, result, render(result))
@@ -163,12 +173,15 @@ def ratios(rows: dict[int, dict]) -> dict[str, float]:
     first = min(rows)
     out = {}
     for b, r in rows.items():
-        for kind in KINDS:
+        for kind in (k for k in KINDS if f"{k}_tokens_per_s" in r):
             r[f"{kind}_vs_first"] = stats.ratio(r[f"{kind}_tokens_per_s"], rows[first][f"{kind}_tokens_per_s"])
             if b != first:
                 out[f"{kind}_tokens_per_s_{b}_vs_{first}"] = r[f"{kind}_vs_first"]
         r["paged_vs_transformers"] = stats.ratio(r["paged_tokens_per_s"], r["transformers_tokens_per_s"])
         out[f"paged_vs_transformers_{b}"] = r["paged_vs_transformers"]
+        if "paged_torch_tokens_per_s" in r:
+            r["paged_vs_paged_torch"] = stats.ratio(r["paged_tokens_per_s"], r["paged_torch_tokens_per_s"])
+            out[f"paged_vs_paged_torch_{b}"] = r["paged_vs_paged_torch"]
     return out
 
 
@@ -178,14 +191,18 @@ def render(result: dict) -> str:
     rows = [[b, round(r["paged_tokens_per_s"], 1), round(r["paged_tokens_per_s_median"], 1),
              round(r["paged_vs_first"], 2), round(r["transformers_tokens_per_s"], 1),
              round(r["transformers_tokens_per_s_median"], 1), round(r["transformers_vs_first"], 2),
-             round(r["paged_vs_transformers"], 2), round(r["identical_to_transformers"], 2)]
+             round(r["paged_vs_transformers"], 2), round(r["identical_to_transformers"], 2),
+             round(r["paged_torch_tokens_per_s"], 1) if "paged_torch_tokens_per_s" in r else "-",
+             round(r["paged_vs_paged_torch"], 2) if "paged_vs_paged_torch" in r else "-"]
             for b, r in result["results"]["batches"].items()]
     title = (f"greedy decode after {s['context_tokens']}-token contexts, {s['rounds']} rounds of {s['steps']} steps "
-             f"(tokens/s: best round, median), blocks of {s['block_tokens']} tokens, {s['torch_threads']} torch threads:")
+             f"(tokens/s: best round, median), blocks of {s['block_tokens']} tokens, {s['torch_threads']} torch threads, "
+             f"paged attention by {s.get('attention', 'torch')}:")
     return "\n".join([
         title,
         format_table(["batch", "paged tok/s", "median", "x first", "transformers tok/s", "median", "x first",
-                             "paged/transformers", "identical"], rows)])
+                             "paged/transformers", "identical", "paged, torch attention tok/s",
+                             "paged/torch attention"], rows)])
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import math
@@ -98,6 +99,9 @@ def machine_info() -> dict[str, Any]:
             "python": platform.python_version(),
             **{name: _version(name) for name in ("torch", "numpy", "pyzmq")},
             "dma_engine": dma.ENGINE,  # the data path's copy engine: "compiled" or "numpy"
+            # the compute node's decode attention: the compiled kernel when built (unless a setting
+            # turns it off), else torch over gathered blocks; found without importing torch
+            "attention_kernel": importlib.util.find_spec("compute_node._attention") is not None,
             "git_commit": _git_commit(),
             "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}

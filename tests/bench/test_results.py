@@ -22,6 +22,7 @@ def test_common_args_and_result():
     assert result["settings"] == {"chunk_bytes": 1024}
     machine = result["machine"]
     assert machine["cores"] >= 1 and machine["python"] and machine["dma_engine"] in ("compiled", "numpy")
+    assert isinstance(machine["attention_kernel"], bool)
 
 
 def test_write_and_emit_json(tmp_path):
