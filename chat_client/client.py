@@ -9,6 +9,7 @@ from typing import Iterator
 
 import grpc
 
+from kvtb.rpc import READ_STREAMS_ON_CALLER
 from kvtb.settings import SettingsError, read_config_file
 from kvtb_proto import compute_pb2, frontend_pb2, frontend_pb2_grpc
 
@@ -57,7 +58,7 @@ class FrontendClient:
         self.address = address
         self.timeout_s = timeout_s
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._channel = grpc.insecure_channel(address)
+        self._channel = grpc.insecure_channel(address, options=[READ_STREAMS_ON_CALLER])
         self._stub = frontend_pb2_grpc.ChatFrontendStub(self._channel)
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ import grpc
 from kvtb import steps
 from kvtb.logs import request_context
 from kvtb.rpc import Security
+from kvtb.rpc import READ_STREAMS_ON_CALLER
 from kvtb.rpc import channel as channel_to
 from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc
@@ -67,7 +68,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
     def _stub(self, address: str) -> compute_pb2_grpc.ComputeNodeStub:
         with self._lock:
             if address not in self._stubs:
-                channel = channel_to(address, self.security, peer="compute")
+                channel = channel_to(address, self.security, peer="compute", options=[READ_STREAMS_ON_CALLER])
                 self._channels.append(channel)
                 self._stubs[address] = compute_pb2_grpc.ComputeNodeStub(channel)
             return self._stubs[address]
