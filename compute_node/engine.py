@@ -322,8 +322,8 @@ class Engine:
     def _sample(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int]:
         if not rows:
             return []
-        picked = logits[rows]  # [n, vocab]
-        greedy = picked.argmax(dim=-1).tolist()
+        picked = logits if len(rows) == logits.shape[0] else logits[rows]  # [n, vocab]; no copy when all sample
+        greedy = self.runner.greedy(picked)
         out = []
         for k, seq in enumerate(seqs):
             state = self.states[seq.seq_id]

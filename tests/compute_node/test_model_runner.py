@@ -39,6 +39,8 @@ def test_build_step_refuses_what_cannot_run(runs, message):
 def test_choice_helpers_pick_per_row():
     logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 1.0]])
     assert ModelRunner.greedy(logits) == [1, 0]
+    ties = torch.tensor([[1.0, 4.0, 4.0, 2.0], [7.0, 7.0, float("nan"), float("nan")], [2.0] * 4])
+    assert ModelRunner.greedy(ties) == torch.argmax(ties, dim=-1).tolist() == [1, 2, 0]
     samplers = [Sampler(SamplingParams()), Sampler(SamplingParams(temperature=1.0, seed=3))]
     picks = ModelRunner.sample(torch.tensor([[0.0, 9.0, 0.0], [-1e9, -1e9, 0.0]]), samplers)
     assert picks == [1, 2]
