@@ -12,14 +12,17 @@
  *   decode(pool, num_blocks, num_layers, num_kv_heads, block_tokens, head_dim, layer,
  *          q, num_heads, out, tables, table_width, lens, seqs, scale)
  *
- * Pointers are addresses (torch's data_ptr()): q and out [seqs, num_heads, head_dim] fp32,
- * tables [seqs, table_width] int32 block ids, lens [seqs] int64 keys per sequence. Every length
- * must lie in [1, table_width * block_tokens] and every block id it covers in [0, num_blocks),
- * or ValueError is raised before anything is read. Work is split between (sequence, KV head)
- * pairs over OpenMP's threads: imported after torch, this module shares torch's OpenMP runtime
- * (libgomp.so.1 is already loaded), hence its threads and their count. The GIL is kept, as torch's
- * own operators keep it: the call is short and the engine would otherwise queue behind the gRPC
- * threads to get it back.
+ * Each "sequence" here is one query token with its own table row and key count: a decode, or one
+ * token of a short prefill chunk (the chunk's tokens share their sequence's table, and each sees
+ * the keys up to its own position). Pointers are addresses (torch's data_ptr()): q and out
+ * [seqs, num_heads, head_dim] fp32, tables [seqs, table_width] int32 block ids, lens [seqs] int64
+ * keys per query. Every length must lie in [1, table_width * block_tokens] and every block id it
+ * covers in [0, num_blocks), or ValueError is raised before anything is read.
+ *
+ * Work is split between (sequence, KV head) pairs over OpenMP's threads: imported after torch,
+ * this module shares torch's OpenMP runtime (libgomp.so.1 is already loaded), hence its threads
+ * and their count. The GIL is kept while it runs (torch's operators release it): the call is
+ * short, and the engine would otherwise queue behind the gRPC threads to get the GIL back.
  *
  * Built by setuptools as an optional extension; without a C compiler, compute_node.paged_attention
  * gathers and uses torch.
