@@ -139,20 +139,23 @@ def main(argv: list[str]) -> int:
     per_seq = -(-(args.context_tokens + args.warmup_steps + args.rounds * args.steps) // args.block_tokens)
     shape = pool_shape(model.config, max(args.batches) * per_seq, args.block_tokens)
     kv_bytes = 4 * torch.Size(shape).numel()
-    attention = ("kernel", "torch") if kernel_built() else ("torch",)
+    # the paged runners, each over its own pool: "paged" as the compute node runs (the kernel where it
+    # is built), and beside it "paged_torch" with torch's attention when the kernel is there
+    kernels = {"paged": True, **({"paged_torch": False} if kernel_built() else {})}
     regions = [Region.create(f"kvtb-bench-decode-{os.getpid()}-{uuid.uuid4().hex[:6]}", kv_bytes + 16, kv_bytes, 1)
-               for _ in attention]
-    progress = progress_for(args, (1 + len(attention)) * args.rounds * len(args.batches), "decode")
+               for _ in kernels]
+    progress = progress_for(args, (1 + len(kernels)) * args.rounds * len(args.batches), "decode")
     started = time.monotonic()
     rows = {}
     try:
         # pool: [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32, in a region
-        pools = [torch.frombuffer(r.buffer, dtype=torch.float32, count=kv_bytes // 4).view(shape) for r in regions]
-        runners = {("paged" if a == attention[0] else "paged_torch"): ModelRunner(model, p, attention_kernel=a == "kernel")
-                   for a, p in zip(attention, pools)}
+        pools = [torch.frombuffer(r.buffer, dtype=torch.float32, count=kv_bytes // 4).view(shape)
+                 for r in regions]
+        runners = {kind: ModelRunner(model, pool, attention_kernel=kernel)
+                   for (kind, kernel), pool in zip(kernels.items(), pools)}
         for batch in args.batches:
-            rows[batch] = measure(runners, model, prompts(tokenizer, batch, args.context_tokens), args, per_seq,
-                                  progress)
+            ids = prompts(tokenizer, batch, args.context_tokens)
+            rows[batch] = measure(runners, model, ids, args, per_seq, progress)
         del pools, runners
     finally:
         progress.close()
@@ -161,7 +164,7 @@ def main(argv: list[str]) -> int:
     result = new_result("decode", {"batches": args.batches, "context_tokens": args.context_tokens,
                                    "steps": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup_steps,
                                    "block_tokens": args.block_tokens, "torch_threads": threads,
-                                   "attention": attention[0]})
+                                   "attention": "kernel" if kernel_built() else "torch"})
     result["results"] = {"batches": {str(b): r for b, r in rows.items()}, "seconds": time.monotonic() - started}
     result["ratios"] = ratios(rows)
     finish(args, result, render(result))

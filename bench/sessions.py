@@ -29,15 +29,12 @@ class TurnOutcome:
     summary: object
 
 
-def run_session(address: str, token: str, messages: Sequence[str], max_new_tokens: int,
-                start: threading.Barrier | None = None) -> list[TurnOutcome]:
+def run_session(address: str, token: str, messages: Sequence[str], max_new_tokens: int) -> list[TurnOutcome]:
     """One conversation, its turns back to back; raises on the first failed turn."""
     client = FrontendClient(address, token)
     out: list[TurnOutcome] = []
     context = ""
     try:
-        if start is not None:
-            start.wait()
         for message in messages:
             begin = time.perf_counter()
             first_ms, texts, summary = None, [], None

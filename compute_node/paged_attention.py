@@ -69,6 +69,12 @@ class KernelTokens:
     tables: torch.Tensor         # [N, width] int32: each token's sequence's block table, padded with -1
     lens: torch.Tensor           # [N] int64: keys each token sees (its position + 1)
 
+    def __post_init__(self):
+        # the kernel reads them as raw int32 / int64 arrays: the wrong type would be read as other ids
+        tables, lens = self.tables, self.lens
+        assert tables.dtype == torch.int32 and tables.is_contiguous() and tables.device.type == "cpu"
+        assert lens.dtype == torch.int64 and lens.is_contiguous() and lens.shape == tables.shape[:1]
+
     def attend(self, pool: torch.Tensor, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q: [N, Hq, D] -> [N, Hq, D]. The kernel checks every length and block id it reads against
         the tables and the pool (ValueError) before reading."""

@@ -19,8 +19,7 @@ import grpc
 
 from kvtb import steps
 from kvtb.logs import request_context
-from kvtb.rpc import Security
-from kvtb.rpc import READ_STREAMS_ON_CALLER
+from kvtb.rpc import READ_STREAMS_ON_CALLER, Security
 from kvtb.rpc import channel as channel_to
 from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc

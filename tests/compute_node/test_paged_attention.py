@@ -45,6 +45,14 @@ def test_each_token_attends_its_own_blocks_up_to_its_own_length():
     ([3, 4], 0, "has 0 keys"),
 ])
 def test_a_length_or_block_outside_the_table_or_pool_is_refused(table, length, message):
+    """Checked in C before anything is read."""
     tokens = KernelTokens(None, torch.tensor([table], dtype=torch.int32), torch.tensor([length]))
     with pytest.raises(ValueError, match=message):
         tokens.attend(pool(), 0, torch.zeros(1, HEADS, HEAD_DIM))
+
+
+def test_tables_or_lengths_of_another_type_are_refused_before_the_kernel_reads_them():
+    with pytest.raises(AssertionError):  # int64 ids would be read as pairs of int32 ones
+        KernelTokens(None, torch.tensor([[3, 4]], dtype=torch.int64), torch.tensor([9]))
+    with pytest.raises(AssertionError):
+        KernelTokens(None, torch.tensor([[3, 4]], dtype=torch.int32), torch.tensor([9], dtype=torch.int32))

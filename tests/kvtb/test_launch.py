@@ -28,6 +28,7 @@ def test_a_paused_process_has_every_thread_stopped_and_a_resumed_one_none():
         proc.wait()
     assert launch._stopped(proc.pid)  # gone: nothing left running
 
+
 BUSY = "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"
 
 
