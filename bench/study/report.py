@@ -1,0 +1,169 @@
+"""What every study shares: its options, its JSON contract, its claims, its failures and its page.
+
+A study's result is one JSON object: `study`, `mode` (full, quick or smoke), `machine`,
+`settings`, `results`, `claims` (a list of {figure, claim, measured, agrees, why}), `ratios`
+(figures measured side by side in the same run), `plots`, `failed` (a part that raised: its name
+and error, never left out silently) and `elapsed_s`. `finish` writes OUT/results.json and
+OUT/README.md (the page: the seed's claims beside ours, the ratios, the plots, the failures) and
+prints the result as one JSON line (--json) or as the page's text.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.results import emit_json, machine_info, setup_logging, write_json
+
+logger = logging.getLogger(__name__)
+
+MODES = ("full", "quick", "smoke")
+
+
+def add_study_args(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """--json, --out DIR (default out/study/NAME), --quick, --smoke and --keep-data."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the page")
+    parser.add_argument("--out", type=Path, default=Path("out") / "study" / name,
+                        help=f"output directory (default out/study/{name})")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="fewer points and repeats (about 15 minutes here)")
+    mode.add_argument("--smoke", action="store_true", help="a tiny random model and tiny sizes: seconds")
+    parser.add_argument("--keep-data", action="store_true",
+                        help="keep the services' data and logs in OUT/services (default: a temp dir)")
+    return parser
+
+
+def mode_of(args: argparse.Namespace) -> str:
+    return "smoke" if getattr(args, "smoke", False) else "quick" if getattr(args, "quick", False) else "full"
+
+
+def new_study(name: str, args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    """The skeleton of a study's JSON, to fill in."""
+    return {"study": name, "mode": mode_of(args), "machine": machine_info(), "settings": dict(settings),
+            "results": {}, "claims": [], "ratios": {}, "plots": [], "failed": [],
+            "_started": time.monotonic()}
+
+
+def claim(study: dict, figure: str, text: str, measured: str, agrees: bool | None, why: str) -> None:
+    """One of the seed's claims beside our measurement. agrees=None: not measured in this run (then
+    `measured` says why, e.g. the part failed)."""
+    if not measured:
+        raise ValueError(f"claim {figure!r}: every claim needs its measurement (or why it has none)")
+    study["claims"].append({"figure": figure, "claim": text, "measured": measured,
+                            "agrees": agrees, "why": why})
+
+
+def fail(study: dict, part: str, exc: BaseException) -> None:
+    """Record a part that failed: its error is reported, never dropped."""
+    logger.error("study %s: %s failed: %s", study["study"], part, exc)
+    study["failed"].append({"part": part, "error": f"{type(exc).__name__}: {exc}",
+                            "traceback": traceback.format_exc(limit=8)})
+
+
+def run_part(study: dict, part: str, fn: Callable[[], Any]) -> Any:
+    """fn(), or None after recording its failure (KeyboardInterrupt and SystemExit go on up)."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a failed part is reported with its error
+        fail(study, part, exc)
+        return None
+
+
+def unmeasured(study: dict, part: str) -> str:
+    """The `measured` text of a claim whose part failed or did not run."""
+    errors = [f["error"] for f in study["failed"] if f["part"] == part]
+    return f"not measured: {part} failed ({errors[0]})" if errors else f"not measured: {part} did not run"
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises SystemExit in the main thread, so that every `with` that started services
+    stops them (a study killed by `timeout` leaves nothing running)."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# -- the page ------------------------------------------------------------------------------------------
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def claims_table(claims: list[dict]) -> str:
+    """The seed's claims beside ours, as a Markdown table."""
+    mark = {True: "yes", False: "no", None: "not measured"}
+    rows = ["| figure | the seed's claim | measured here | agrees | why |", "| --- | --- | --- | --- | --- |"]
+    rows += [f"| {_cell(c['figure'])} | {_cell(c['claim'])} | {_cell(c['measured'])} | {mark[c['agrees']]} "
+             f"| {_cell(c['why'])} |" for c in claims]
+    return "\n".join(rows)
+
+
+def page(study: dict, title: str, intro: str, body: str = "") -> str:
+    """The study's Markdown page: what it is, where and how it ran, the claims, ratios, plots, failures."""
+    m = study["machine"]
+    lines = [f"# {title}", "", intro.strip(), "",
+             f"Run: `{study.get('command', 'kvtb study ' + study['study'])}` ({study['mode']} mode), commit "
+             f"`{(m.get('git_commit') or 'unknown')[:12]}`, {m.get('time_utc')}, on {m.get('cores')} cores of "
+             f"{m.get('cpu_model')} (load average {m.get('load_average_1m')}), torch {m.get('torch')}; "
+             f"{study.get('elapsed_s', 0):.0f} s.", "",
+             "## The seed's claims beside ours", "", claims_table(study["claims"]), ""]
+    if study["ratios"]:
+        lines += ["## Ratios (measured side by side in this run)", "", "| ratio | value |", "| --- | --- |"]
+        lines += [f"| `{k}` | {v:.3g} |" if isinstance(v, float) else f"| `{k}` | {v} |"
+                  for k, v in study["ratios"].items()]
+        lines.append("")
+    if body.strip():
+        lines += [body.strip(), ""]
+    if study["plots"]:
+        lines += ["## Plots", ""]
+        lines += [f"![{Path(p).stem}]({Path(p).name})" for p in study["plots"]]
+        lines.append("")
+    if study["failed"]:
+        lines += ["## Failed", ""]
+        lines += [f"- **{f['part']}**: {_cell(f['error'])}" for f in study["failed"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def finish(args: argparse.Namespace, study: dict, title: str, intro: str, body: str = "") -> int:
+    """Write OUT/results.json and OUT/README.md; print one JSON line (--json) or the page.
+    Exit status 1 when a part failed (the result still says everything that was measured)."""
+    study["elapsed_s"] = time.monotonic() - study.pop("_started", time.monotonic())
+    study["plots"] = [str(p) for p in study["plots"] if p]
+    study["page"] = str(Path(args.out) / "README.md")
+    write_json(args.out, "results.json", study)
+    text = page(study, title, intro, body)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "README.md").write_text(text)
+    if args.json:
+        emit_json(study)
+    else:
+        print(text)
+        print(f"\nraw results: {Path(args.out) / 'results.json'}\npage: {study['page']}")
+    return 1 if study["failed"] else 0
+
+
+def main_of(parse_args: Callable[[list[str]], argparse.Namespace],
+            run: Callable[[argparse.Namespace], tuple[dict, str, str, str]]) -> Callable[[list[str] | None], int]:
+    """A study's main: parse, log, run under stop_on_sigterm, finish. `run` returns
+    (study, title, intro, body)."""
+    def main(argv: list[str] | None = None) -> int:
+        import sys
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        setup_logging(args)
+        with stop_on_sigterm():
+            study, title, intro, body = run(args)
+        study["command"] = " ".join(["kvtb", "study", study["study"], *(sys.argv[1:] if argv is None else argv)])
+        return finish(args, study, title, intro, body)
+    return main
