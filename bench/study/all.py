@@ -1,0 +1,266 @@
+"""`kvtb study all`: every study on today's code, one report, and the README's headline table.
+
+Each study runs as its own process (`kvtb study NAME --json --out OUT/NAME`), one after the other,
+so one's services never share the cores with another's; then `kvtb bench ttft` answers the
+testbed's first question (a follow-up's KV restored against recomputed). OUT/README.md links
+each study's page and sets every claims table side by side; OUT/all.json holds every result.
+`--readme FILE` writes the headline table between FILE's summary markers: every figure in it
+comes from this one run, whose commit and command the block names. A study that fails is
+reported with its error (its rows say `failed`), never left out.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import logging
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.results import emit_json, machine_info, progress_for, setup_logging, write_json
+from bench.study.report import claims_table, stop_on_sigterm
+from kvtb.launch import kvtb_argv
+
+logger = logging.getLogger(__name__)
+
+START = "<!-- kvtb study all: summary start -->"
+END = "<!-- kvtb study all: summary end -->"
+TIMEOUT_S = {"full": 6 * 3600, "quick": 30 * 60, "smoke": 10 * 60}
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One study (or benchmark): its command words, its title, and the extra arguments per mode."""
+
+    name: str
+    words: tuple[str, ...]
+    title: str
+    extra: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def argv(self, mode: str, out: Path, keep_data: bool = False) -> list[str]:
+        flag = {"full": (), "quick": ("--quick",), "smoke": ("--smoke",)}[mode]
+        if self.words[0] == "bench" and mode == "quick":
+            flag = ()  # the benchmarks' own quick arguments are in `extra`
+        return kvtb_argv(*self.words, "--json", "--out", str(out / self.name), *flag,
+                         *self.extra.get(mode, ()), *(("--keep-data",) if keep_data else ()))
+
+
+STEPS = (
+    Step("poster", ("study", "poster"), "Recompute against swap (the poster's Figs 2-6)"),
+    Step("scalellm", ("study", "scalellm"), "Latency against concurrency (ScaleLLM's Table 1, Figs 6-7)"),
+    Step("paper", ("study", "paper"), "KV transfer, CPU-centric against triggered (the paper's Figs 2, 5-7)"),
+    Step("eviction", ("study", "eviction"), "Eviction on a conversation trace, against Belady's bound"),
+    Step("ttft", ("bench", "ttft"), "A follow-up's KV restored against recomputed",
+         {"quick": ("--sizes", "512", "2048", "--reps", "2")}),
+)
+NAMES = tuple(s.name for s in STEPS)
+
+
+# -- running ---------------------------------------------------------------------------------------------
+
+def _communicate(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """Run argv to its end; on a timeout, SIGTERM or Ctrl-C, end it with SIGTERM first (so that it stops
+    the services it started), SIGKILL only if it has not ended 30 s later."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def run_step(step: Step, argv: list[str], timeout_s: float) -> dict:
+    """Run one step; {name, argv, exit_code, seconds, result (its JSON) or error}."""
+    start = time.monotonic()
+    logger.info("running %s: %s", step.name, shlex.join(argv))
+    try:
+        done = _communicate(argv, timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"name": step.name, "argv": argv, "exit_code": None, "seconds": timeout_s,
+                "error": f"timed out after {timeout_s:.0f} s"}
+    entry = {"name": step.name, "argv": argv, "exit_code": done.returncode, "seconds": time.monotonic() - start}
+    lines = done.stdout.strip().splitlines()
+    try:
+        entry["result"] = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        entry["result"] = None
+    if entry["result"] is None:
+        entry["error"] = f"exit code {done.returncode}: {done.stderr.strip()[-1500:]}"
+    elif done.returncode != 0:
+        failed = entry["result"].get("failed") or []
+        entry["error"] = "; ".join(f"{f.get('part')}: {f.get('error')}" if isinstance(f, dict) else str(f)
+                                   for f in failed) or f"exit code {done.returncode}: {done.stderr.strip()[-800:]}"
+    return entry
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict:
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    out = Path(args.out).resolve()
+    steps = [s for s in STEPS if (not args.only or s.name in args.only) and s.name not in args.skip]
+    start = time.monotonic()
+    entries = []
+    with progress_for(args, len(steps), "study all") as progress:
+        for step in steps:
+            progress.update(0, note=step.name)
+            entries.append(run_step(step, step.argv(mode, out, args.keep_data), TIMEOUT_S[mode]))
+            progress.update(note=f"{step.name} {'failed' if entries[-1].get('error') else 'done'}")
+    return {"study": "all", "mode": mode, "command": shlex.join(["kvtb", "study", "all", *argv]),
+            "machine": machine_info(), "seconds": time.monotonic() - start, "steps": entries,
+            "ratios": {f"{e['name']}.{k}": v for e in entries if e.get("result")
+                       for k, v in (e["result"].get("ratios") or {}).items()},
+            "failed": [{"part": e["name"], "error": e["error"]} for e in entries if e.get("error")]}
+
+
+# -- the headline table ---------------------------------------------------------------------------------
+
+def _rows_of(entry: dict) -> list[dict]:
+    """A step's headline rows (question, measured, target), from its own module."""
+    name, result = entry["name"], entry.get("result")
+    if name == "ttft":
+        from bench import suite
+        rows = [{"question": q, "measured": v, "target": t}
+                for q, v, t, _ in suite.headline_rows({"ttft": result})] if result else []
+        if not rows:
+            rows = [{"question": h.question, "measured": "", "target": h.target}
+                    for h in suite.HEADLINES if h.bench == "ttft"]
+    else:
+        module = importlib.import_module(f"bench.study.{name}")
+        try:
+            rows = module.headline_rows(result) if result else []
+        except Exception as exc:  # noqa: BLE001 - a study whose result lacks a figure still gets its row
+            logger.warning("no headline rows for %s: %s", name, exc)
+            rows = [{"question": f"{name} study", "measured": f"failed: no headline ({exc})", "target": "-"}]
+        rows = rows or [{"question": f"{name} study", "measured": "", "target": "-"}]
+    if entry.get("error"):
+        for row in rows:
+            if not row["measured"] or entry.get("result") is None:
+                row["measured"] = f"failed: {entry['error'][:300]}"
+    return rows
+
+
+def _command(entry: dict) -> str:
+    words = [Path(entry["argv"][0]).name if entry["argv"][0].endswith("kvtb") else "kvtb"]
+    argv = entry["argv"]
+    rest = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]
+    keep, skip = [], False
+    for word in rest:  # the command as a user types it, without the run's own output options
+        if skip:
+            skip = False
+            continue
+        if word == "--out":
+            skip = True
+            continue
+        if word != "--json":
+            keep.append(word)
+    return "`" + shlex.join(["kvtb", *keep]) + "`"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def headline_table(report: dict) -> str:
+    """One row per headline figure of every step, with the command that measured it."""
+    lines = ["| question | measured | the seed's figure, floor or goal | by |", "| --- | --- | --- | --- |"]
+    for entry in report["steps"]:
+        for row in _rows_of(entry):
+            lines.append(f"| {_cell(row['question'])} | {_cell(row['measured'] or 'not measured')} "
+                         f"| {_cell(row['target'])} | {_command(entry)} |")
+    return "\n".join(lines)
+
+
+def readme_block(report: dict, report_path: str) -> str:
+    """The headline table and the line that says which run, commit and command it comes from."""
+    m = report["machine"]
+    return (f"{headline_table(report)}\n\nEvery figure above comes from one run: `{report['command']}` "
+            f"({report['mode']} mode, {report['seconds'] / 60:.0f} min) of commit "
+            f"{(m.get('git_commit') or 'unknown')[:12]}, {m.get('time_utc', '')[:10]}, on {m.get('cores')} "
+            f"cores of an {m.get('cpu_model')}; each study's page, claims and plots: `{report_path}`.")
+
+
+def splice(text: str, block: str) -> str:
+    """text with everything between the START and END markers replaced by block (ValueError without them)."""
+    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"no {START!r} ... {END!r} block to replace")
+    return pattern.sub(lambda _: f"{START}\n{block}\n{END}", text, count=1)
+
+
+# -- the report -------------------------------------------------------------------------------------------
+
+def render(report: dict) -> str:
+    """OUT/README.md: the headline table, then each study's claims beside the seed's, linking its page."""
+    lines = ["# kvtestbed: the studies", "",
+             f"Generated by `{report['command']}` ({report['mode']} mode) in {report['seconds'] / 60:.1f} min. "
+             "Every figure was measured in this run; every ratio compares figures measured side by side.", "",
+             "## Headline", "", headline_table(report), ""]
+    if report["failed"]:
+        lines += ["**Failed:** " + "; ".join(f"{f['part']}: {_cell(f['error'][:300])}" for f in report["failed"]), ""]
+    for entry in report["steps"]:
+        step = next(s for s in STEPS if s.name == entry["name"])
+        result = entry.get("result") or {}
+        lines += [f"## {step.title}", "",
+                  f"{_command(entry)}: {entry['seconds'] / 60:.1f} min, exit code {entry['exit_code']}. "
+                  + (f"Page: [{step.name}/README.md]({step.name}/README.md)." if step.words[0] == "study"
+                     else f"Raw results: `{step.name}/results.json`."), ""]
+        if entry.get("error"):
+            lines += [f"**Failed:** {_cell(entry['error'][:600])}", ""]
+        if result.get("claims"):
+            lines += [claims_table(result["claims"]), ""]
+        lines += [f"![{Path(p).stem}]({step.name}/{Path(p).name})" for p in result.get("plots", [])[:3]]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvtb study all", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    parser.add_argument("--out", type=Path, default=Path("out") / "study",
+                        help="output directory (default out/study; docs/results holds a committed run)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="every study's --quick (about 45 minutes here)")
+    mode.add_argument("--smoke", action="store_true", help="every study's --smoke (a tiny model: minutes)")
+    parser.add_argument("--keep-data", action="store_true", help="keep the services' data and logs")
+    parser.add_argument("--only", nargs="+", choices=NAMES, help="run only these")
+    parser.add_argument("--skip", nargs="+", choices=NAMES, default=[], help="leave these out")
+    parser.add_argument("--readme", type=Path, metavar="FILE",
+                        help="also write the headline table into FILE, between its summary markers")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    setup_logging(args)
+    if args.readme is not None:
+        splice(args.readme.read_text(), "")  # no markers: say so before an hour of work, not after
+    with stop_on_sigterm():
+        report = run(args, argv)
+    out = Path(args.out).resolve()
+    write_json(out, "all.json", report)
+    readme = out / "README.md"
+    readme.write_text(render(report))
+    if args.readme:
+        args.readme.write_text(splice(args.readme.read_text(), readme_block(report, str(args.out / "README.md"))))
+    if args.json:
+        emit_json({k: v for k, v in report.items() if k != "steps"} | {"report": str(readme)})
+    else:
+        print(f"report: {readme}")
+        for entry in report["steps"]:
+            status = "failed" if entry.get("error") else "ok"
+            print(f"  {entry['name']:<10} {status:<7} {entry['seconds'] / 60:.1f} min")
+    for failure in report["failed"]:
+        print(f"kvtb study all: {failure['part']} failed: {failure['error'][:500]}", file=sys.stderr)
+    return 1 if report["failed"] else 0

@@ -1,0 +1,73 @@
+"""kvtb study all: the headline table from one run, failures shown, the README block spliced."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.study import all as study_all
+from kvtb.launch import kvtb_argv
+
+
+def entry(name, result=None, error=None):
+    step = next(s for s in study_all.STEPS if s.name == name)
+    out = {"name": name, "argv": step.argv("quick", study_all.Path("/tmp/o")), "exit_code": 0 if not error else 1,
+           "seconds": 60.0, "result": result}
+    if error:
+        out["error"] = error
+    return out
+
+
+def report(*entries):
+    return {"study": "all", "mode": "quick", "command": "kvtb study all --quick", "seconds": 120.0,
+            "machine": {"git_commit": "abcdef1234567890", "time_utc": "2026-11-27T12:00:00", "cores": 2,
+                        "cpu_model": "a CPU"}, "steps": list(entries), "failed": []}
+
+
+def test_a_failed_step_keeps_its_rows_and_says_failed():
+    table = study_all.headline_table(report(entry("ttft", None, "exit code 1: boom")))
+    rows = [line for line in table.splitlines()[2:]]
+    assert rows and all("failed: exit code 1: boom" in row for row in rows)
+    assert all("`kvtb bench ttft --sizes 512 2048 --reps 2`" in row for row in rows)
+
+
+def test_a_measured_ratio_lands_in_its_row():
+    result = {"ratios": {"recompute_vs_restore_2048": 7.5, "restore_vs_resident_2048": 1.25}}
+    table = study_all.headline_table(report(entry("ttft", result)))
+    assert "| 7.5x |" in table and "| 1.25 |" in table
+
+
+def test_the_readme_block_names_the_run_and_replaces_only_its_block():
+    text = f"# x\nbefore\n{study_all.START}\nold row\n{study_all.END}\nafter\n"
+    block = study_all.readme_block(report(entry("ttft", None, "boom")), "docs/results/README.md")
+    new = study_all.splice(text, block)
+    assert "old row" not in new and "before" in new and "after" in new
+    assert "`kvtb study all --quick`" in new and "abcdef123456" in new
+    with pytest.raises(ValueError):
+        study_all.splice("no markers", block)
+
+
+def test_a_step_that_prints_no_json_is_a_failure(tmp_path):
+    step = study_all.Step("ttft", ("bench", "ttft"), "t")
+    got = study_all.run_step(step, [sys.executable, "-c", "import sys; sys.exit(3)"], timeout_s=30)
+    assert got["exit_code"] == 3 and "exit code 3" in got["error"]
+    got = study_all.run_step(step, [sys.executable, "-c", "import time; time.sleep(5)"], timeout_s=0.5)
+    assert got["exit_code"] is None and "timed out" in got["error"]
+
+
+@pytest.mark.slow
+def test_smoke_writes_the_report_and_the_readme_table(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{study_all.START}\nold\n{study_all.END}\n")
+    out = tmp_path / "out"
+    done = subprocess.run(kvtb_argv("study", "all", "--smoke", "--only", "eviction", "--json", "--out", str(out),
+                                    "--readme", str(readme)), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["failed"] == [] and summary["mode"] == "smoke"
+    assert (out / "eviction" / "README.md").exists() and (out / "all.json").exists()
+    text = readme.read_text()
+    assert "old" not in text and "`kvtb study eviction --smoke`" in text
+    assert "| figure | the seed's claim |" in (out / "README.md").read_text()
