@@ -1,9 +1,15 @@
 """Where every benchmark's result goes: its options, its JSON, its tables and plots, its output.
 
 A result is one JSON object: `bench`, `machine` (where it ran), `settings`, `results`, `ratios`
-(each comparing figures measured side by side in the same run), `plots` and, where a benchmark
-sets one, `floors`. `finish` writes it to OUT/results.json and prints it as one JSON line
-(--json) or as the benchmark's own tables. Plots need matplotlib, the optional `bench` extra.
+(each comparing figures measured side by side in the same run), `failed` (each part, such as a
+level or a size, that raised: {part, error}, never dropped silently), `plots` and, where a
+benchmark sets one, `floors`. `finish` writes it to OUT/results.json and prints it as one JSON line
+(--json) or as the benchmark's own tables with the failures under them. Plots need matplotlib, the
+optional `bench` extra.
+
+A benchmark stopped by SIGTERM (`timeout`, a supervisor) stops every service it started:
+`run_bench` runs it under `stop_on_sigterm` (SIGTERM raises SystemExit, so every `with` block
+that started services stops them), and `run_child` passes the termination on to a child process.
 """
 from __future__ import annotations
 
@@ -18,9 +24,11 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -48,7 +56,35 @@ def add_common_args(parser: argparse.ArgumentParser, bench_name: str) -> argpars
 def new_result(bench_name: str, settings: dict[str, Any]) -> dict[str, Any]:
     """The skeleton of a benchmark's JSON: bench, machine, settings, results and ratios to fill in."""
     return {"bench": bench_name, "machine": machine_info(), "settings": dict(settings),
-            "results": {}, "ratios": {}}
+            "results": {}, "ratios": {}, "failed": []}
+
+
+def fail(result: dict[str, Any], part: str, exc: BaseException) -> dict[str, str]:
+    """Record that `part` (a level, a size, a workload) failed: {part, error} in result["failed"]."""
+    entry = {"part": part, "error": f"{type(exc).__name__}: {exc}"}
+    logger.error("%s: %s failed: %s", result.get("bench", "bench"), part, entry["error"])
+    result.setdefault("failed", []).append(entry)
+    return entry
+
+
+def run_part(result: dict[str, Any], part: str, fn: Callable[[], Any]) -> Any:
+    """fn(), or None after recording its failure in result["failed"] (an Exception only:
+    KeyboardInterrupt and SystemExit, a SIGTERM under stop_on_sigterm, go on up)."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a failed part is reported with its error, never dropped
+        fail(result, part, exc)
+        return None
+
+
+def failure_of(result: dict[str, Any], part: str) -> str | None:
+    """The error recorded for `part`, or None."""
+    return next((f["error"] for f in result.get("failed") or [] if f["part"] == part), None)
+
+
+def failed_text(result: dict[str, Any]) -> str:
+    """The failed parts, one line each ('' when none failed)."""
+    return "\n".join(f"FAILED {f['part']}: {f['error']}" for f in result.get("failed") or [])
 
 
 def floors(ratios: dict[str, float], wanted: dict[str, float],
@@ -276,12 +312,15 @@ def setup_logging(args: argparse.Namespace) -> None:
 
 
 def finish(args: argparse.Namespace, result: dict[str, Any], text: str) -> Path:
-    """Write OUT/results.json; print the result as one JSON line (--json) or the text tables."""
+    """Write OUT/results.json; print the result as one JSON line (--json) or the text tables, with
+    the failed parts under them."""
     path = write_json(args.out, "results.json", result)
     if args.json:
         emit_json(result)
     else:
         print(text)
+        if result.get("failed"):
+            print(f"\n{failed_text(result)}")
         print(f"\nraw results: {path}")
         for plot in result.get("plots", []):
             print(f"plot: {plot}")
@@ -289,9 +328,59 @@ def finish(args: argparse.Namespace, result: dict[str, Any], text: str) -> Path:
 
 
 def run_bench(argv: list[str], parse_args: Callable, run: Callable, table: Callable) -> int:
-    """The body of a benchmark's main: parse, set up logging, run, write and print."""
+    """The body of a benchmark's main: parse, set up logging, run (SIGTERM stops its services),
+    write and print. Exit status 1 when a part failed (the result says which, with its error)."""
     args = parse_args(argv)
     setup_logging(args)
-    result = run(args)
+    with stop_on_sigterm():
+        result = run(args)
     finish(args, result, table(result))
-    return 0
+    return 1 if result.get("failed") else 0
+
+
+# -- stopping: SIGTERM stops the services, and children are told --------------------------------------
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within it SIGTERM raises SystemExit(128 + 15) in the main thread, so that every `with` (and
+    `finally`) that started services stops them: a benchmark killed by `timeout` leaves nothing
+    running. (The services run in sessions of their own, so the signal reaches them only so.)
+    Outside the main thread (where no handler can be set) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_child(argv: list[str], timeout_s: float, stop_timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+    """Run argv to its end, its stdout and stderr captured (text), as subprocess.run does; but when
+    it times out (subprocess.TimeoutExpired) or this process is stopped (SystemExit from SIGTERM,
+    KeyboardInterrupt), the child gets SIGTERM, so that it stops its own services, and is waited
+    for (SIGKILL after stop_timeout_s) before the exception goes on."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        terminate(proc, stop_timeout_s)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def terminate(proc: subprocess.Popen, timeout_s: float) -> int | None:
+    """SIGTERM to a child still running, then wait (SIGKILL after timeout_s); its exit code."""
+    if proc.poll() is None:
+        logger.warning("stopping child %d (%s)", proc.pid, " ".join(map(str, proc.args[:4])))
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode
