@@ -1,7 +1,12 @@
-"""`kvtb bench offload`'s options and readable output (its run is in test_smoke.py)."""
+"""`kvtb bench offload`'s options, its sampling (warm-up, order, failed stores) and readable output
+(its run is in test_smoke.py)."""
 from __future__ import annotations
 
-from bench.offload import BLOCK_TOKENS, parse_args, table
+import types
+
+from bench import offload
+from bench.offload import BLOCK_TOKENS, POLICIES, parse_args, table
+from kvtb_proto import compute_pb2
 
 
 def test_the_block_sizes_default_to_the_sweep_and_smoke_is_tiny():
@@ -11,16 +16,79 @@ def test_the_block_sizes_default_to_the_sweep_and_smoke_is_tiny():
     assert parse_args(["--block-tokens", "32", "--decode-tokens", "256"]).block_tokens == [32]
 
 
-def test_table_shows_every_block_size_policy_and_ratio():
-    decode = {"prompt_tokens": 43, **{p: {"tbt_ms": t, "stall_per_block_ms": s, "blocks_per_turn": 10.0}
-                                      for p, t, s in (("resident", 70.0, 0.0), ("triggered", 71.0, 0.5),
-                                                      ("cpu", 90.0, 12.0))}}
-    result = {"settings": {"decode_tokens": 256}, "results": {"blocks": {"8": decode, "32": decode}},
+def test_a_sample_holds_more_blocks_than_one_short_turn():
+    assert parse_args([]).decode_tokens >= 256
+    assert offload.turns_per_sample(20, 256, 8) == 1          # 34 blocks in one turn
+    assert offload.turns_per_sample(20, 256, 32) == 2         # 8 blocks a turn: two for 16
+    assert offload.turns_per_sample(20, 256, 128) == 3        # 2 a turn: at most 3 turns
+    assert offload.turns_per_sample(5, 2, 128) == 3           # no full block at all
+
+
+def test_the_policy_order_rotates_so_each_goes_first():
+    firsts = {offload.policy_order(r)[0] for r in range(3)}
+    assert firsts == set(POLICIES)
+    assert all(sorted(offload.policy_order(r)) == sorted(POLICIES) for r in range(5))
+
+
+def test_failed_stores_add_no_block_and_are_counted_not_averaged_in():
+    samples = [{"turns": 2, "tbt_ms": 70.0, "stall_ms": 10.0, "blocks": 20, "failed_stores": 0},
+               {"turns": 2, "tbt_ms": 72.0, "stall_ms": 500.0, "blocks": 18, "failed_stores": 2},
+               {"turns": 2, "tbt_ms": 71.0, "stall_ms": 14.0, "blocks": 20, "failed_stores": 0}]
+    f = offload.sample_figures(samples)
+    assert f["stall_per_block_ms"] == 24.0 / 40  # per stored block, the sample with failures left out
+    assert f["failed_stores"] == 2 and f["samples_with_failed_stores"] == 1
+    assert f["blocks_per_sample"] == 58 / 3 and f["blocks_per_turn"] == 58 / 6
+
+
+class FakeStub:
+    """EncodeChat and Generate as the agent serves them: every turn's policy recorded; a turn under
+    an offloading policy stores (prompt + tokens) // block blocks, the first `cpu` one slowly."""
+
+    def __init__(self, block: int):
+        self.block, self.turns = block, []
+
+    def EncodeChat(self, request, timeout):  # noqa: N802 - gRPC's name
+        return types.SimpleNamespace(token_ids=list(range(20)))
+
+    def Generate(self, request, timeout):  # noqa: N802
+        policy = request.policy
+        blocks = 0 if policy == "resident" else (len(request.token_ids) + request.max_new_tokens) // self.block
+        first_cpu = policy == "cpu" and not any(p == "cpu" for p, _ in self.turns)
+        self.turns.append((policy, blocks))
+        for i in range(request.max_new_tokens):
+            yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=i))
+        stall = 0.01 * blocks + (1000.0 if first_cpu else 0.0)  # the handshake of the first cpu block
+        yield compute_pb2.TurnEvent(record=compute_pb2.TurnRecord(
+            tbt_ms=70.0, offload_stall_ms=stall, chunks_offloaded=blocks))
+
+
+def test_every_policy_is_warmed_up_with_a_block_before_the_clock_runs():
+    stub = FakeStub(block=32)
+    d = offload.measure_decode(stub, 32, decode_tokens=40, repeats=3, turns=1)
+    warm = stub.turns[:3]
+    assert [p for p, _ in warm] == list(POLICIES)
+    assert all(blocks >= 1 for p, blocks in warm if p != "resident")  # the connection is made here
+    assert d["cpu"]["stall_per_block_ms"] < 1.0  # the handshake's second stays in the warm-up
+    assert [o[0] for o in d["order"]] == ["resident", "triggered", "cpu"]
+
+
+def test_table_shows_every_block_size_policy_failure_and_ratio():
+    def figures(t, s):
+        return {"tbt_ms": t, "stall_per_block_ms": s, "blocks_per_turn": 10.0, "blocks_per_sample": 20.0,
+                "failed_stores": 0}
+    decode = {"prompt_tokens": 43, **{p: figures(t, s) for p, t, s in (("resident", 70.0, 0.0),
+                                                                         ("triggered", 71.0, 0.5),
+                                                                         ("cpu", 90.0, 12.0))}}
+    result = {"settings": {"decode_tokens": 256, "repeats": 3, "block_tokens": [8, 32, 128]},
+              "results": {"blocks": {"8": decode, "32": decode}},
+              "failed": [{"part": "128 tokens", "error": "RuntimeError: offload with blocks of 128 failed"}],
               "ratios": {"cpu_stall_vs_triggered_32": 24.0},
               "floors": {"cpu_stall_vs_triggered_32": {"floor": 100.0, "value": 24.0, "met": False},
                          "triggered_stall_us_32": {"ceiling": 20.0, "value": 12.5, "met": True}}}
     lines = table(result).splitlines()
-    assert lines[0] == "decode of 256 tokens"
-    assert lines[3].split() == ["8", "70.00", "71.00", "90.00", "500.0", "12000.0"]
-    assert lines[4].split()[0] == "32" and lines[-3].split() == ["cpu_stall_vs_triggered_32", "24"]
+    assert lines[0].startswith("decode of 256 tokens")
+    assert lines[3].split() == ["8", "70.00", "71.00", "90.00", "500.0", "12000.0", "20.0", "0/0"]
+    assert lines[4].split()[0] == "32"
+    assert lines[5].split()[:3] == ["128", "failed:", "RuntimeError:"]
+    assert lines[-3].split() == ["cpu_stall_vs_triggered_32", "24"]
     assert lines[-2:] == ["cpu_stall_vs_triggered_32 >= 100: 24 (NOT met)", "triggered_stall_us_32 <= 20: 12.5 (met)"]
