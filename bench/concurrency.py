@@ -11,7 +11,8 @@ concurrency busy). Every level's queue holds the same mix of the distinct conver
 level: TTFT and TBT (mean, p50, p99, from the frontend's turn summaries), output tokens per second,
 gateway and engine time, the share of follow-ups restored, preemptions, and the share of replies
 identical to the same conversation alone (greedy; batched float math may differ from batch 1 in
-the last bits, so this is reported, not required).
+the last bits, so this is reported, not required). A level whose run raised or whose
+conversations failed is reported failed (in `failed` and its row), never left out silently.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from pathlib import Path
 from bench import sessions
 from bench.results import (
     add_common_args,
+    fail,
+    failure_of,
     finish,
     floors,
     format_table,
@@ -35,6 +38,7 @@ from bench.results import (
     ratios_text,
     services_dir,
     setup_logging,
+    stop_on_sigterm,
 )
 from bench.stack import Stack, bench_config, bench_users
 from bench.stats import hit_rate, mean, ratio, summarize
@@ -152,8 +156,10 @@ def table(result: dict) -> str:
             "tok/s", "gateway ms", "engine ms", "restored", "preempted", "same as alone", "CPU not compute"]
     rows = []
     for n, f in result["results"]["levels"].items():
-        if "errors" in f:
-            rows.append([n, *["error"] * (len(head) - 1)])
+        if "errors" in f or "failed" in f:
+            error = failure_of(result, f"{n} sessions") or f.get("failed") or "; ".join(f.get("errors", []))
+            rows.append([n, f"failed: {error.splitlines()[0][:160] if error else 'unknown'}",
+                         *[""] * (len(head) - 2)])
             continue
         tbt = f["tbt_ms"] or {"mean": 0.0, "p50": 0.0, "p99": 0.0}
         rows.append([n, *(f"{v:.1f}" for v in (f["ttft_ms"]["mean"], f["ttft_ms"]["p50"], f["ttft_ms"]["p99"],
@@ -173,7 +179,7 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, out) -> Path | None:
-    levels = {int(n): f for n, f in result["results"]["levels"].items() if "errors" not in f}
+    levels = {int(n): f for n, f in result["results"]["levels"].items() if measured(f)}
     xs = sorted(levels)
     series = {"TTFT p50": (xs, [levels[n]["ttft_ms"]["p50"] for n in xs]),
               "TTFT p99": (xs, [levels[n]["ttft_ms"]["p99"] for n in xs]),
@@ -207,7 +213,16 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         result["results"]["reference_replies"] = reference
         result["results"]["levels"] = {}
         for n in args.levels:
-            figures, diff = run_level(stack, n, args, reference, users)
+            try:
+                figures, diff = run_level(stack, n, args, reference, users)
+            except Exception as exc:  # noqa: BLE001 - a failed level is reported with its error
+                entry = fail(result, f"{n} sessions", exc)
+                figures, diff = {"failed": entry["error"]}, []
+            else:
+                if "errors" in figures:
+                    fail(result, f"{n} sessions", RuntimeError(
+                        f"{len(figures['errors'])} conversations failed; the first: {figures['errors'][0]}"))
+                    diff = []
             result["results"]["levels"][str(n)] = figures
             differences += [f"{n} sessions: {d}" for d in diff]
             progress.update(note=f"{n} sessions")
@@ -224,9 +239,15 @@ FLOORS = {"tokens_per_s_32_vs_1": 6.0}    # issue 21: at least (goal 8)
 CEILINGS = {"ttft_p50_8_vs_1": 4.0}        # at most
 
 
+def measured(figures: dict) -> bool:
+    """A level that ran to its end (not failed, no conversation failed)."""
+    return "errors" not in figures and "failed" not in figures
+
+
 def add_ratios(result: dict) -> None:
-    """Throughput and TTFT at each level against one session, measured in the same run."""
-    levels = {int(n): f for n, f in result["results"]["levels"].items() if "errors" not in f}
+    """Throughput and TTFT at each level against one session, measured in the same run (a failed
+    level has no ratio: it is in result["failed"], and so is level 1's failure for every ratio)."""
+    levels = {int(n): f for n, f in result["results"]["levels"].items() if measured(f)}
     if 1 not in levels:
         return
     for n in sorted(levels):
@@ -243,10 +264,11 @@ def add_ratios(result: dict) -> None:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     setup_logging(args)
-    result, differences = run(args)
+    with stop_on_sigterm():  # a SIGTERM stops the stack's services
+        result, differences = run(args)
     finish(args, result, table(result))
     if differences:  # batched float math may differ from batch 1 in the last bits: reported, not fatal
         print("kvtb bench concurrency: replies that differ from the same conversation alone:", file=sys.stderr)
         for line in differences:
             print(f"  {line}", file=sys.stderr)
-    return 0
+    return 1 if result["failed"] else 0

@@ -6,6 +6,11 @@ machine and with what settings it ran, gives the headline table (one row per que
 testbed answers, with the floor, goal or paper's figure beside it) and each benchmark's table,
 ratios and plots; OUT/all.json holds every raw result. `--readme FILE` writes the headline
 table between the summary markers of FILE, so that figures there come from a run.
+
+A benchmark that fails, or a part of one (a level, a size), is reported failed with its error:
+in all.json's `failed` ({part, error} each), in the report, and as "failed: <error>" in the
+headline rows it would have filled, never as a missing row. A SIGTERM stops the running
+benchmark (it is sent SIGTERM and stops its services) and then this command.
 """
 from __future__ import annotations
 
@@ -29,7 +34,9 @@ from bench.results import (
     format_bytes,
     machine_info,
     progress_for,
+    run_child,
     setup_logging,
+    stop_on_sigterm,
     write_json,
 )
 from kvtb.launch import kvtb_argv
@@ -169,21 +176,47 @@ HEADLINES = (
 )
 
 
-def headline_rows(results: dict[str, dict]) -> list[tuple[str, str, str, str]]:
-    """(question, measured, target, command) for each headline whose benchmark ran."""
+def headline_rows(results: dict[str, dict], failures: dict[str, str] | None = None
+                  ) -> list[tuple[str, str, str, str]]:
+    """(question, measured, target, command) for each headline whose benchmark ran. A headline its
+    benchmark could not give shows "failed: <error>": the benchmark's (failures: name -> error,
+    for one that failed as a whole) or its failed parts' (result["failed"]); a headline whose
+    benchmark did not run is left out."""
+    failures = failures or {}
     out = []
     for h in HEADLINES:
         value = h.value(results[h.bench]) if h.bench in results else None
-        if value is not None:
-            out.append((h.question, value, h.target,
-                        "`kvtb simulate`" if h.bench == "simulate" else f"`kvtb bench {h.bench}`"))
+        if value is None:
+            error = _short(failures[h.bench]) if failures.get(h.bench) else _parts_failed(results.get(h.bench))
+            if error is None:
+                if h.bench not in results:
+                    continue  # not run: no row, no made-up value
+                error = "not measured in this run"
+            value = f"failed: {error}"
+        out.append((h.question, value, h.target,
+                    "`kvtb simulate`" if h.bench == "simulate" else f"`kvtb bench {h.bench}`"))
     return out
 
 
-def headline_table(results: dict[str, dict]) -> str:
-    """The headline rows as a Markdown table."""
+def _parts_failed(result: dict | None) -> str | None:
+    """A benchmark's failed parts, in one short line (None when none failed)."""
+    failed = (result or {}).get("failed") or []
+    return "; ".join(f"{f['part']}: {_short(f['error'])}" for f in failed) or None
+
+
+def _short(error: str, limit: int = 160) -> str:
+    """An error's last meaningful line, cut (a traceback's last line says what went wrong)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    line = next((ln for ln in reversed(lines) if re.match(r"^[A-Za-z_.]+(Error|Exception|Expired|Exit)\b", ln)),
+                lines[0] if lines else "unknown error")
+    line = line.replace("|", "\\|")
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def headline_table(results: dict[str, dict], failures: dict[str, str] | None = None) -> str:
+    """The headline rows as a Markdown table (failures: name -> error of a benchmark that failed)."""
     lines = ["| question | measured | floor, goal or reference | by |", "| --- | --- | --- | --- |"]
-    return "\n".join(lines + [f"| {q} | {v} | {t} | {b} |" for q, v, t, b in headline_rows(results)])
+    return "\n".join(lines + [f"| {q} | {v} | {t} | {b} |" for q, v, t, b in headline_rows(results, failures)])
 
 
 def splice(text: str, block: str) -> str:
@@ -197,11 +230,12 @@ def splice(text: str, block: str) -> str:
 # -- running ---------------------------------------------------------------------------------------------
 
 def run_command(name: str, argv: list[str], timeout_s: float = 3600) -> dict:
-    """Run one benchmark; {name, argv, exit_code, seconds, result (its JSON) or error}."""
+    """Run one benchmark; {name, argv, exit_code, seconds, result (its JSON) or error}. Timed out,
+    or this command stopped: the benchmark is sent SIGTERM (it stops its services) first."""
     start = time.monotonic()
     logger.info("running %s: %s", name, " ".join(argv))
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        done = run_child(argv, timeout_s)
     except subprocess.TimeoutExpired:
         return {"name": name, "argv": argv, "exit_code": None, "seconds": timeout_s,
                 "error": f"timed out after {timeout_s:.0f} s"}
@@ -215,6 +249,23 @@ def run_command(name: str, argv: list[str], timeout_s: float = 3600) -> dict:
     if entry["result"] is None or done.returncode != 0:
         entry["error"] = f"exit code {done.returncode}: {done.stderr[-1500:]}"
     return entry
+
+
+def failed_parts(entries: list[dict]) -> list[dict[str, str]]:
+    """Every failure of a run, {part, error}: a benchmark that failed as a whole (no result), and
+    each failed part of one that gave a result (`bench.part`)."""
+    out = []
+    for e in entries:
+        parts = (e.get("result") or {}).get("failed") or []
+        out += [{"part": f"{e['name']}: {f['part']}", "error": f["error"]} for f in parts]
+        if e.get("error") and not parts:
+            out.append({"part": e["name"], "error": _short(e["error"])})
+    return out
+
+
+def step_failures(report: dict) -> dict[str, str]:
+    """name -> error of each benchmark that failed without a result (its headlines say so)."""
+    return {e["name"]: _short(e["error"]) for e in report.get("steps", []) if e.get("error") and not e.get("result")}
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
@@ -237,7 +288,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             "machine": machine_info(), "seconds": time.monotonic() - start, "steps": entries,
             "ratios": {f"{e['name']}.{k}": v for e in entries if e.get("result")
                        for k, v in (e["result"].get("ratios") or {}).items()},
-            "failed": [e["name"] for e in entries if e.get("error")]}
+            "failed": failed_parts(entries)}
 
 
 # -- the report ------------------------------------------------------------------------------------------
@@ -276,17 +327,24 @@ def render(report: dict, out: Path) -> str:
              "side in the same run.", "", "## Machine", "", "| | |", "| --- | --- |",
              *(f"| {k} | {format_bytes(v) if k == 'memory_bytes' and v else v} |" for k, v in m.items()), ""]
     if report["failed"]:
-        lines += [f"**Failed:** {', '.join(report['failed'])}", ""]
-    lines += ["## Summary", "", headline_table(results_of(report)), ""]
+        lines += ["**Failed:**", ""] + [f"- {_failure_line(f)}" for f in report["failed"]] + [""]
+    lines += ["## Summary", "", headline_table(results_of(report), step_failures(report)), ""]
     for entry in report["steps"]:
         lines += _step_section(entry, out)
     return "\n".join(lines) + "\n"
 
 
+def _failure_line(failure: dict | str) -> str:
+    """'part: error' of a report's failure (an older report lists names alone)."""
+    if isinstance(failure, str):
+        return failure
+    return f"{failure['part']}: {_short(failure['error'], 300)}"
+
+
 def readme_block(report: dict, report_path: Path) -> str:
     """The headline table and the line that says where and by what it was measured."""
     m = report["machine"]
-    return (f"{headline_table(results_of(report))}\n\nMeasured by `{report['command']}` on {m.get('cores')} "
+    return (f"{headline_table(results_of(report), step_failures(report))}\n\nMeasured by `{report['command']}` on {m.get('cores')} "
             f"cores of an {m.get('cpu_model')} ({m.get('time_utc', '')[:10]}, commit "
             f"{(m.get('git_commit') or '')[:12]}); the whole report with tables and plots: `{report_path}`.")
 
@@ -309,7 +367,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     setup_logging(args)
-    report = run(args, argv)
+    with stop_on_sigterm():  # SIGTERM: the running benchmark is sent it too (run_child), then we stop
+        report = run(args, argv)
     out = Path(args.out).resolve()
     write_json(out, "all.json", report)
     readme = out / "README.md"
@@ -324,7 +383,9 @@ def main(argv: list[str]) -> int:
         for entry in report["steps"]:
             status = "failed" if entry.get("error") else "ok"
             print(f"  {entry['name']:<12} {status:<7} {entry['seconds']:.0f} s")
+        for failure in report["failed"]:
+            print(f"  FAILED {_failure_line(failure)}")
     if report["failed"]:
-        print(f"kvtb bench all: failed: {', '.join(report['failed'])}", file=sys.stderr)
+        print(f"kvtb bench all: failed: {', '.join(_failure_line(f) for f in report['failed'])}", file=sys.stderr)
         return 1
     return 0

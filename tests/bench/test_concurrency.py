@@ -25,3 +25,43 @@ def test_every_level_works_through_the_same_mix_of_conversations():
     assert workload(32, 8, 3) == list(range(8)) * 12  # at least three per session
     assert workload(3, 8, 1) == list(range(8))
     assert workload(2, 2, 1) == [0, 1]
+
+
+def _figures(tokens_per_s: float) -> dict:
+    return {"ttft_ms": {"mean": 100.0, "p50": 90.0, "p99": 200.0}, "tbt_ms": {"mean": 50.0, "p50": 50.0, "p99": 60.0},
+            "output_tokens_per_s": tokens_per_s, "gateway_ms_mean": 5.0, "engine_ms_mean": 100.0,
+            "restore_hit_rate": 1.0, "preemptions": {}, "replies_identical_to_alone": 1.0,
+            "cpu_cores": {"compute": 1.0}}
+
+
+def test_a_failed_level_is_reported_with_its_error_not_dropped(monkeypatch, tmp_path):
+    import contextlib
+    import types
+
+    from bench import concurrency, sessions
+
+    @contextlib.contextmanager
+    def fake_stack(*args, **kwargs):
+        yield types.SimpleNamespace(frontend="x", token=lambda user: user,
+                                    agent_stats=lambda: types.SimpleNamespace(hits=0, misses=0))
+
+    def fake_level(stack, n, args, reference, users):
+        if n == 4:
+            raise TimeoutError("the frontend did not answer")
+        if n == 8:
+            return {"errors": ["conversation 3 (u9): ChatFailed: 503"]}, ["conversation 3 (u9): ChatFailed: 503"]
+        return _figures(10.0 * n), []
+
+    monkeypatch.setattr(concurrency, "Stack", fake_stack)
+    monkeypatch.setattr(concurrency, "run_level", fake_level)
+    monkeypatch.setattr(concurrency, "plot", lambda result, out: None)
+    monkeypatch.setattr(sessions, "run_session", lambda *a, **k: [types.SimpleNamespace(reply="hi")])
+    args = concurrency.parse_args(["--levels", "1", "2", "4", "8", "--out", str(tmp_path)])
+    result, _ = concurrency.run(args)
+    assert [f["part"] for f in result["failed"]] == ["4 sessions", "8 sessions"]
+    assert result["failed"][0]["error"] == "TimeoutError: the frontend did not answer"
+    assert result["results"]["levels"]["4"] == {"failed": "TimeoutError: the frontend did not answer"}
+    assert set(result["ratios"]) >= {"tokens_per_s_2_vs_1"} and "tokens_per_s_4_vs_1" not in result["ratios"]
+    rows = {line.split()[0]: line for line in concurrency.table(result).splitlines()[3:7]}
+    assert "failed: TimeoutError: the frontend did not answer" in rows["4"]
+    assert "failed: RuntimeError: 1 conversations failed" in rows["8"]

@@ -67,11 +67,33 @@ def test_report_embeds_tables_plots_ratios_and_failures(tmp_path):
     bad = {"name": "ttft", "argv": ["python"], "exit_code": 1, "seconds": 1.0, "result": None,
            "error": "exit code 1: boom"}
     report = {"command": "kvtb bench all --quick", "mode": "quick", "seconds": 4.0, "machine": machine_info(),
-              "steps": [ok, bad], "failed": ["ttft"]}
+              "steps": [ok, bad], "failed": suite.failed_parts([ok, bad])}
+    assert report["failed"] == [{"part": "ttft", "error": "exit code 1: boom"}]
     text = suite.render(report, tmp_path)
     assert "![datapath](datapath/datapath.png)" in text and "`python -m kvtb.cli`" in text
     assert "put_vs_limit  0.6" in text and "16 MiB rounds, MB/s" in text  # the benchmark's own table
-    assert "**Failed:** ttft" in text and "boom" in text
+    assert "**Failed:**" in text and "- ttft: exit code 1: boom" in text
+    assert "| Follow-up TTFT, recomputed / restored, 2,048-token context | failed: exit code 1: boom |" in text
     assert "| cores |" in text and '"stack"' not in text
     block = suite.readme_block(report, Path("out/report/README.md"))
     assert block.startswith("| question |") and "`kvtb bench all --quick`" in block
+
+
+def test_a_failed_benchmark_or_part_shows_failed_with_its_error_in_the_headlines():
+    results = {**RESULTS, "concurrency": {"ratios": {}, "failed": [
+        {"part": "8 sessions", "error": "TimeoutError: the frontend did not answer"}]}}
+    rows = {q: v for q, v, _, _ in suite.headline_rows(
+        results, {"offload": "Traceback (most recent call last):\n  File x\nRuntimeError: no model"})}
+    assert rows["Output tokens/s, most sessions / one session (continuous batching)"] == (
+        "failed: 8 sessions: TimeoutError: the frontend did not answer")
+    assert rows["Compute stall per offloaded block, CPU-centric / triggered (32-token blocks)"] == (
+        "failed: RuntimeError: no model")
+    assert rows["KV GET with the default security / none (fabric auth + KV MAC), 16 MiB chunks"] == (
+        "failed: not measured in this run")  # datapath ran, but gave no such ratio
+    assert not any("Agent" in q for q in rows)  # smartnic did not run: still no row
+
+
+def test_failed_parts_of_a_benchmark_with_a_result_are_named_with_it():
+    entries = [{"name": "concurrency", "error": "exit code 1: ...", "result": {"failed": [
+        {"part": "8 sessions", "error": "TimeoutError: x"}]}}, {"name": "storage", "result": {"failed": []}}]
+    assert suite.failed_parts(entries) == [{"part": "concurrency: 8 sessions", "error": "TimeoutError: x"}]
