@@ -11,7 +11,9 @@ turns with the transfer's rounds (see `bench.smartnic`). PUT limit = min(zmq, pw
 GET limit = min(zmq, pread). Every size runs in each security mode side by side, in turns
 (`bench.smartnic.SECURITY`): the default (fabric authentication and the KV MAC), none, and CURVE
 encryption on top; `put_secure_vs_open` and `get_secure_vs_open` at 16 MiB say what the default
-costs (floor 0.75, goal 0.9).
+costs (floor 0.75, goal 0.9). Chunks are stored as the product stores a block, a MAC per layer
+of the real model (30 KV parts; `bench.smartnic.LayerParts`); the chunk format's version and
+kv_parts are in the settings. A size that fails is reported failed with its error.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from bench import smartnic
 from bench.results import (
     add_common_args,
     data_dir,
+    failed_text,
     floors,
     format_bytes,
     new_result,
@@ -59,16 +62,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def measure(args: argparse.Namespace, directory: Path, progress) -> list[dict]:
-    """Per chunk size: the whole path beside the storage node alone and the raw limits."""
+def measure(args: argparse.Namespace, directory: Path, progress, result: dict) -> list[dict]:
+    """Per chunk size: the whole path beside the storage node alone and the raw limits (a size
+    that fails is recorded in result["failed"])."""
     most_chunks = max(max(2, (args.total_mib << 20) // size) for size in args.sizes)
-    rows = []
     with smartnic.agents_beside_storage(directory, max(512, most_chunks)) as agents:
-        for size in args.sizes:
-            rows.append(smartnic.transfer_beside_limits(agents, size, args.total_mib << 20,
-                                                        args.rounds, args.budget_s, directory))
-            progress.update(note=format_bytes(size))
-    return rows
+        return smartnic.transfers_by_size(result, agents, args.sizes, args.total_mib << 20, args.rounds,
+                                          args.budget_s, directory, progress)
 
 
 def calibration_transfers(rows: list[dict]) -> list[dict]:
@@ -86,7 +86,9 @@ def calibration_transfers(rows: list[dict]) -> list[dict]:
 
 
 def table(result: dict) -> str:
-    return f"{smartnic.transfers_table(result['results']['chunks'])}\n\n{ratios_text(result['ratios'])}"
+    failed = failed_text(result)
+    return (f"{smartnic.chunks_line(result)}\n{smartnic.transfers_table(result['results']['chunks'])}\n\n"
+            f"{ratios_text(result['ratios'])}" + (f"\n\n{failed}" if failed else ""))
 
 
 def plot(result: dict, out: Path) -> Path | None:
@@ -104,9 +106,9 @@ def run(args: argparse.Namespace) -> dict:
     keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up, first
     result = new_result("datapath", {"sizes_bytes": args.sizes, "total_mib": args.total_mib,
                                      "rounds": args.rounds, "budget_s": args.budget_s, "fsync": True,
-                                     "ranges_per_chunk": smartnic.RANGES_PER_CHUNK, "smoke": args.smoke})
+                                     **smartnic.chunk_format_settings(), "smoke": args.smoke})
     with progress_for(args, len(args.sizes), "datapath") as progress, data_dir(args, "datapath") as path:
-        rows = measure(args, path, progress)
+        rows = measure(args, path, progress, result)
     result["results"]["chunks"] = rows
     result["transfers"] = calibration_transfers(rows)
     for t in rows:

@@ -319,7 +319,7 @@ def finish(args: argparse.Namespace, result: dict[str, Any], text: str) -> Path:
         emit_json(result)
     else:
         print(text)
-        if result.get("failed"):
+        if result.get("failed") and failed_text(result) not in text:  # unless the table shows them
             print(f"\n{failed_text(result)}")
         print(f"\nraw results: {path}")
         for plot in result.get("plots", []):

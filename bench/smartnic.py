@@ -23,12 +23,22 @@ and agent, and the modes' rounds take turns. "secure" is the default (fabric aut
 sealed capsules, and the KV MAC): the whole path's figures are its. "open" has both off;
 "curve" adds ZeroMQ CURVE encryption to "secure". Ratios `put_secure_vs_open` and
 `get_secure_vs_open` (at 16 MiB, floor SECURITY_FLOOR) say what the default security costs.
+
+Chunks are stored as the product stores a block (`fabric.chunk_format`, version recorded in the
+settings): its KV in KV_PARTS equal parts, each with its own MAC, KV_PARTS being the real model's
+layers (SmolLM2-135M: 30; the agent's standing PUTs and the `cpu` policy MAC a block per layer).
+The agent's one-off PUT of a plain chunk would store one part (one MAC), so the benchmark's agents
+store every plain chunk in KV_PARTS parts (`LayerParts`). A chunk of a nominal size (the label,
+e.g. 16 MiB) holds the largest KV that splits into KV_PARTS parts and RANGES_PER_CHUNK rows
+(`kv_bytes`: 256 bytes short of 64 KiB or 16 MiB); rates are of the bytes really moved. A size
+whose transfer raised is reported failed with its error (`failed`), the other sizes still run.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,11 +49,13 @@ import numpy as np
 
 from bench import trigger
 from bench.compute_standin import ComputeStandIn
-from bench.context_restore import context_restore
+from bench.context_restore import context_restore, smollm2_layout
 from bench.rawlimits import Sampler, path_meters, put_get_limits
 from bench.results import (
     add_common_args,
     data_dir,
+    fail,
+    failed_text,
     floors,
     format_bytes,
     format_table,
@@ -65,6 +77,7 @@ from smartnic.watcher import DataWork
 logger = logging.getLogger(__name__)
 
 RANGES_PER_CHUNK = 128  # one [layer, K|V, kv_head] row of the chunk's tokens each, as in a KV pool
+KV_PARTS = smollm2_layout(1).num_layers  # a block's KV is MACed per layer: the real model's 30
 PUT_TRIGGER, PUT_DONE, GET_DONE, GET_TRIGGER = 0, 1, 2, 3  # counters of a transfer's region
 FLOOR = 0.5
 RESTORE_FLOOR = 0.7  # a whole context restored by bulk GET / ZeroMQ loopback
@@ -85,6 +98,36 @@ def strided_ranges(base: int, index: int, count: int, chunk_bytes: int,
     if row == 0 or rest:
         raise ValueError(f"a chunk of {chunk_bytes} bytes does not split into {ranges_per_chunk} equal rows")
     return tuple((base + (k * count + index) * row, row) for k in range(ranges_per_chunk))
+
+
+def kv_bytes_of(chunk_bytes: int, kv_parts: int = KV_PARTS, ranges: int = RANGES_PER_CHUNK) -> int:
+    """The KV a chunk of nominal size chunk_bytes holds: the most bytes, at most chunk_bytes, that
+    split into kv_parts equal parts (one MAC each) and `ranges` equal rows (ValueError when none)."""
+    unit = math.lcm(kv_parts, ranges)
+    if chunk_bytes < unit:
+        raise ValueError(f"a chunk of {chunk_bytes} bytes holds no {kv_parts} parts of {ranges} rows")
+    return chunk_bytes - chunk_bytes % unit
+
+
+class LayerParts:
+    """An agent's Datapath whose PUTs store the KV in kv_parts parts, each with its own MAC, as the
+    product stores a block (the agent's standing PUT passes the layout's layers; its one-off PUT of
+    a plain chunk, which the benchmark's transfers use, would pass 1). Everything else is the
+    Datapath's own."""
+
+    def __init__(self, datapath, kv_parts: int = KV_PARTS):
+        self._datapath, self.kv_parts = datapath, kv_parts
+
+    def put(self, region, header, key, runs, done, kv_parts: int = 1) -> None:
+        return self._datapath.put(region, header, key, runs, done, kv_parts=max(kv_parts, self.kv_parts))
+
+    def __getattr__(self, name: str):
+        return getattr(self._datapath, name)
+
+
+def chunk_format_settings() -> dict:
+    """What a result records of how its chunks were stored."""
+    return {"chunk_format_version": cf.VERSION, "kv_parts": KV_PARTS, "ranges_per_chunk": RANGES_PER_CHUNK}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -116,6 +159,7 @@ def agent_beside_storage(directory: Path, queue_bound: int, security: str = "sec
         node = StorageNodeRef("bench", storage.addresses["admin"], storage.addresses["fabric"])
         agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,),
                                        queue_bound=queue_bound, eviction_policy="timer", **mode))
+        agent.datapath = LayerParts(agent.datapath)  # a MAC per layer, as a block's
         try:
             agent.start()
             yield agent, node.fabric_address
@@ -152,9 +196,10 @@ class Transfer:
     """
 
     def __init__(self, agent: Agent, chunk_bytes: int, total_bytes: int):
-        self.agent, self.chunk_bytes = agent, chunk_bytes
+        self.agent, self.chunk_bytes = agent, chunk_bytes  # the nominal size: the label
+        self.kv_bytes = kv_bytes_of(chunk_bytes)          # what a chunk really holds and moves
         self.count = count = max(2, total_bytes // chunk_bytes)
-        self.area = area = count * chunk_bytes
+        self.area = area = count * self.kv_bytes
         size = 2 * area + 4096
         self.region = Region.create(f"kvtb-bench-{uuid.uuid4().hex[:8]}", size, size - 4096, 4)
         self.region.array[:area] = np.random.default_rng(0).integers(0, 256, area, dtype=np.uint8)
@@ -180,21 +225,23 @@ class Transfer:
 
     def round(self, r: int) -> None:
         """Round r (1, 2, ...): PUT every chunk, GET them back into the region's other half, check them."""
-        agent, count, area, chunk_bytes = self.agent, self.count, self.area, self.chunk_bytes
+        agent, count, area, chunk_bytes = self.agent, self.count, self.area, self.kv_bytes
         refs = [ChunkRef("bench", f"{chunk_bytes}-{r}", i, 0, 0) for i in range(count)]
         puts = [DataWork("put", ref, strided_ranges(0, i, count, chunk_bytes), (0, 0)) for i, ref in enumerate(refs)]
         self.put_s.append(self._fire(PUT_TRIGGER, puts, PUT_DONE, r))
         gets = [DataWork("get", ref, strided_ranges(area, i, count, chunk_bytes), (0, 0)) for i, ref in enumerate(refs)]
         self.get_s.append(self._fire(GET_TRIGGER, gets, GET_DONE, r))
         failed = self.region.read_counter(PUT_DONE)[1] + self.region.read_counter(GET_DONE)[1]
-        assert failed == 0, f"{failed} transfers failed"
-        assert bytes(self.region.view(area, area)) == bytes(self.region.view(0, area)), "GET gave other bytes"
+        if failed:
+            raise RuntimeError(f"{failed} transfers of {format_bytes(self.chunk_bytes)} chunks failed in round {r}")
+        if bytes(self.region.view(area, area)) != bytes(self.region.view(0, area)):
+            raise RuntimeError(f"GET of {format_bytes(self.chunk_bytes)} chunks gave other bytes than were PUT")
         agent.drop_context("bench", refs[0].context_id)
 
     def result(self) -> dict:
         area = self.area
-        return {"chunk_bytes": self.chunk_bytes, "chunks": self.count, "ranges_per_chunk": RANGES_PER_CHUNK,
-                "rounds": len(self.put_s),
+        return {"chunk_bytes": self.chunk_bytes, "kv_bytes": self.kv_bytes, "kv_parts": KV_PARTS,
+                "chunks": self.count, "ranges_per_chunk": RANGES_PER_CHUNK, "rounds": len(self.put_s),
                 "put_bytes_per_s": area / min(self.put_s), "get_bytes_per_s": area / min(self.get_s),
                 "rounds_bytes_per_s": {"put": [area / s for s in self.put_s], "get": [area / s for s in self.get_s]}}
 
@@ -234,6 +281,7 @@ def direct(fabric_address: str, chunk_bytes: int, total_bytes: int, rounds: int)
     bare FabricClient (authenticated, its capsules sealed, as the agent's are) that copies and checks
     nothing itself (its Retrieves skip the node's guard check, as the agent's do); the best of `rounds`."""
     count = max(2, total_bytes // chunk_bytes)
+    chunk_bytes = kv_bytes_of(chunk_bytes)  # the values the agent stores
     view = memoryview(np.random.default_rng(1).integers(0, 256, count * chunk_bytes, dtype=np.uint8))
     client = bench_client(fabric_address)
     client.connect()
@@ -350,16 +398,39 @@ def context_line(c: dict) -> str:
             f"{c['vs_zmq']:.2f}")
 
 
+def transfers_by_size(result: dict, agents, sizes: list[int], total_bytes: int, rounds: int, budget_s: float,
+                      directory: Path, progress) -> list[dict]:
+    """transfer_beside_limits() of each chunk size; a size that raises is recorded in
+    result["failed"] (part "<size> chunks") and the others still run."""
+    rows = []
+    for size in sizes:
+        try:
+            rows.append(transfer_beside_limits(agents, size, total_bytes, rounds, budget_s, directory))
+        except Exception as exc:  # noqa: BLE001 - a failed size is reported with its error
+            fail(result, f"{format_bytes(size)} chunks", exc)
+        progress.update(note=format_bytes(size))
+    return rows
+
+
+def chunks_line(result: dict) -> str:
+    """How the chunks were stored: the format version and the MACed parts per chunk."""
+    s = result["settings"]
+    return (f"chunks in format v{s.get('chunk_format_version', '?')}, {s.get('kv_parts', 1)} KV parts (a MAC each, "
+            f"as a block of the real model's layers), gathered from {s.get('ranges_per_chunk')} ranges")
+
+
 def table(result: dict) -> str:
+    failed = failed_text(result)
     return (f"{trigger.text(result['results']['trigger_to_fire'])}\n{context_line(result['results']['context_restore'])}\n"
-            f"{transfers_table(result['results']['transfers'])}\n\n{ratios_text(result['ratios'])}")
+            f"{chunks_line(result)}\n{transfers_table(result['results']['transfers'])}\n\n{ratios_text(result['ratios'])}"
+            + (f"\n\n{failed}" if failed else ""))
 
 
 def run(args: argparse.Namespace) -> dict:
     keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up, first
     result = new_result("smartnic", {"sizes_mib": args.sizes_mib, "total_mib": args.total_mib,
                                      "rounds": args.rounds, "trigger_samples": args.trigger_samples,
-                                     "budget_s": args.budget_s, "ranges_per_chunk": RANGES_PER_CHUNK,
+                                     "budget_s": args.budget_s, **chunk_format_settings(),
                                      "context_tokens": args.context_tokens, "context_rounds": args.context_rounds,
                                      "fsync": True, "smoke": args.smoke})
     with progress_for(args, 2 + len(args.sizes_mib), "smartnic") as progress, \
@@ -369,18 +440,16 @@ def run(args: argparse.Namespace) -> dict:
         progress.update(note="trigger-to-fire")
         context = context_restore(agents["secure"][0], args.context_tokens, args.context_rounds, args.budget_s)
         progress.update(note="context restore")
-        rows = []
-        for mib in args.sizes_mib:
-            rows.append(transfer_beside_limits(agents, mib << 20, args.total_mib << 20,
-                                               args.rounds, args.budget_s, path))
-            progress.update(note=f"{mib} MiB")
+        rows = transfers_by_size(result, agents, [mib << 20 for mib in args.sizes_mib], args.total_mib << 20,
+                                 args.rounds, args.budget_s, path, progress)
     result["results"] = {"trigger_to_fire": fire, "context_restore": context, "transfers": rows}
     result["ratios"]["context_restore_vs_zmq"] = context["vs_zmq"]
     if (watcher := trigger.cpu_ratio(fire)) is not None:
         result["ratios"]["watcher_cpu_python_vs_compiled"] = watcher
-    for op in ("put", "get"):  # the worst over sizes
-        result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in rows)
-        result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in rows)
+    for op in ("put", "get"):  # the worst over the sizes measured (a failed size is in `failed`)
+        if rows:
+            result["ratios"][f"{op}_vs_limit"] = min(t[f"{op}_vs_limit"] for t in rows)
+            result["ratios"][f"{op}_vs_storage_node_alone"] = min(t[f"{op}_vs_direct"] for t in rows)
     result["ratios"] |= security_ratios(rows)
     result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "context_restore_vs_zmq": RESTORE_FLOOR,
                                                  **SECURITY_FLOORS})

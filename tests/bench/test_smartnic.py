@@ -65,3 +65,50 @@ def test_the_security_line_gives_every_mode_beside_open():
     assert line == ("1 MiB by security, MB/s (vs open): PUT secure 600 (0.75), open 800, curve 300 (0.38); "
                     "GET secure 400 (0.80), open 500, curve 100 (0.20)")
     assert transfers_table([with_security(TRANSFER, 800e6, 500e6, 300e6, 100e6)]).splitlines()[-1] == line
+
+
+def test_chunks_are_stored_with_a_mac_per_layer_of_the_real_model():
+    from bench import smartnic
+    from fabric import chunk_format as cf
+    assert smartnic.KV_PARTS == 30  # SmolLM2-135M's layers: the product MACs a block per layer
+    assert smartnic.chunk_format_settings() == {"chunk_format_version": cf.VERSION, "kv_parts": 30,
+                                                "ranges_per_chunk": smartnic.RANGES_PER_CHUNK}
+    for nominal in (64 << 10, 1 << 20, 16 << 20, 64 << 20):
+        kv = smartnic.kv_bytes_of(nominal)
+        assert nominal - 1920 < kv <= nominal and kv % 30 == 0 and kv % smartnic.RANGES_PER_CHUNK == 0
+    with pytest.raises(ValueError):
+        smartnic.kv_bytes_of(1000)
+
+
+def test_the_benchmarks_agents_put_plain_chunks_in_kv_parts():
+    from bench.smartnic import LayerParts
+
+    class Datapath:
+        def __init__(self):
+            self.puts, self.nsid = [], 1
+
+        def put(self, region, header, key, runs, done, kv_parts=1):
+            self.puts.append(kv_parts)
+
+    inner = Datapath()
+    wrapped = LayerParts(inner)
+    wrapped.put("region", "header", b"key", [], None)          # the agent's plain chunk: no kv_parts
+    wrapped.put("region", "header", b"key", [], None, kv_parts=30)  # a standing PUT's block
+    assert inner.puts == [30, 30] and wrapped.nsid == 1
+
+
+def test_a_failed_size_is_recorded_and_the_others_still_run(monkeypatch):
+    from bench import smartnic
+    from bench.progress import Progress
+
+    def transfer(agents, size, *args):
+        if size == 1 << 20:
+            raise RuntimeError("3 transfers of 1 MiB chunks failed in round 1")
+        return {**TRANSFER, "chunk_bytes": size}
+    monkeypatch.setattr(smartnic, "transfer_beside_limits", transfer)
+    result = {"bench": "datapath", "failed": []}
+    rows = smartnic.transfers_by_size(result, {}, [64 << 10, 1 << 20, 16 << 20], 1, 1, 0.1, None,
+                                      Progress(3, "x", enabled=False))
+    assert [t["chunk_bytes"] for t in rows] == [64 << 10, 16 << 20]
+    assert result["failed"] == [{"part": "1 MiB chunks",
+                                 "error": "RuntimeError: 3 transfers of 1 MiB chunks failed in round 1"}]
