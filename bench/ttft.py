@@ -8,6 +8,16 @@ another), so the three are measured side by side; each repetition builds the con
 A `triggered` follow-up is prefetched by the agent from storage (steps 5-7); a `recompute`
 follow-up prefills the whole transcript again. TTFT is timed by the client from the call to the
 first token.
+
+Resident and restored do the same work: each context (the first message, chat template included)
+is a whole number of blocks (`whole_blocks_prompt`: the size rounded to blocks of the compute
+node's block_tokens, filler text padded to it), so the first turn leaves only full blocks, which
+the pool keeps (`resident`) and storage brings back (`triggered`); a partial tail block, which
+the pool does not keep for reuse but a restore brings back, would have `resident` re-prefill
+it. Both follow-ups' reused tokens are recorded (`tokens_reused`) and compared (`same_reuse`).
+Every follow-up's `kv_source` is checked in every run: `restored` under triggered, `resident`
+under resident, `recomputed` under recompute; a size with a mismatch (or one that raised) is
+reported failed with its error (`failed`, and its row), and gives no ratio.
 """
 from __future__ import annotations
 
@@ -18,6 +28,9 @@ from pathlib import Path
 
 from bench.results import (
     add_common_args,
+    fail,
+    failed_text,
+    failure_of,
     floors,
     format_table,
     new_result,
@@ -30,7 +43,8 @@ from bench.results import (
 )
 from bench.stack import Stack, bench_config
 from bench.stats import crossover, ratio, summarize
-from bench.turns import context_prompt, follow_up_ids, generate
+from bench.turns import FILLER, context_prompt, encode, follow_up_ids, generate
+from compute_node.settings import ComputeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +57,53 @@ CEILINGS = {"restore_vs_resident_2048": 1.1}        # a layer-wise restore hides
 # One user per policy: blocks are named by (tenant, user) and content, so two policies of one user
 # would share the pool's cached blocks (and `triggered` releasing its blocks would drop `resident`'s).
 USERS = {policy: f"u{i}" for i, policy in enumerate(POLICIES)}
+# where each policy's follow-up KV must come from (recompute: nothing reused; its context is new to
+# the node, which then says "none", or known, "recomputed")
+EXPECTED_SOURCE = {"resident": ("resident",), "triggered": ("restored",), "recompute": ("none", "recomputed")}
+BLOCK_TOKENS = ComputeSettings().block_tokens  # the compute node's (the stack's config keeps the default)
+
+
+class KvSourceMismatch(RuntimeError):
+    """A follow-up's KV did not come from where its policy says it must."""
+
+
+def whole_blocks(tokens: int, block_tokens: int) -> int:
+    """tokens rounded to the nearest whole number of blocks (at least one)."""
+    return max(1, round(tokens / block_tokens)) * block_tokens
+
+
+def whole_blocks_prompt(encode_text, tokens: int, block_tokens: int) -> list[int]:
+    """A first message of exactly whole_blocks(tokens) tokens, template included: the most filler
+    words that fit (by bisection), then one-token words to fill up. encode_text(text) -> ids.
+    ValueError when it cannot be hit (the template alone is longer, or padding will not land)."""
+    target = whole_blocks(tokens, block_tokens)
+    words = FILLER.split()
+
+    def text(n: int, pad: int = 0) -> str:
+        return " ".join([*(words[i % len(words)] for i in range(n)), *["ok"] * pad])
+
+    lo, hi = 0, 2 * target
+    while lo < hi:  # the most filler words whose message is at most target tokens
+        mid = (lo + hi + 1) // 2
+        if len(encode_text(text(mid))) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    ids, pad = encode_text(text(lo)), 0
+    for _ in range(8):
+        if len(ids) == target:
+            return ids
+        pad = max(0, pad + target - len(ids))
+        ids = encode_text(text(lo, pad))
+    raise ValueError(f"no first message of exactly {target} tokens (got {len(ids)}): blocks of "
+                     f"{block_tokens} tokens cannot be filled whole")
+
+
+def source_mismatches(kv_sources: dict[str, list[str]]) -> list[str]:
+    """Follow-ups whose kv_source is not their policy's (EXPECTED_SOURCE): 'policy run i: got x'."""
+    return [f"{policy} follow-up {i + 1}: kv_source {got!r}, expected {' or '.join(map(repr, EXPECTED_SOURCE[policy]))}"
+            for policy, sources in kv_sources.items() for i, got in enumerate(sources)
+            if got not in EXPECTED_SOURCE[policy]]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -60,15 +121,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def run_size(stub, size: int, reps: int, max_new: int, progress) -> dict:
-    """Every policy's follow-ups after a context of about `size` tokens.
+def run_size(stub, size: int, reps: int, max_new: int, progress, block_tokens: int = BLOCK_TOKENS) -> dict:
+    """Every policy's follow-ups after a context of `size` tokens rounded to whole blocks.
 
     Each repetition builds the context anew under `resident` and under `triggered` (untimed),
     then times one follow-up per policy that continues it exactly (the context, its reply, a
     new short message), as a returning user's turn does: so every follow-up sees a context of
-    the same length, and whatever a policy kept of the first turn is all reusable.
+    the same length, and whatever a policy kept of the first turn is all reusable. The row's
+    `mismatches` lists follow-ups whose kv_source is not their policy's.
     """
-    prompt = context_prompt(stub, size)
+    prompt = whole_blocks_prompt(lambda text: encode(stub, text, False), size, block_tokens)
     turns: dict[str, list] = {p: [] for p in POLICIES}
     for rep in range(reps):
         firsts = {p: generate(stub, USERS[p], f"{p}-{size}-{rep}", prompt, 1, p) for p in BUILT}
@@ -80,8 +142,28 @@ def run_size(stub, size: int, reps: int, max_new: int, progress) -> dict:
             context = f"{policy}-{size}-{rep}"
             turns[policy].append(generate(stub, USERS[policy], context, asked[policy], max_new, policy))
             progress.update(note=f"{size} tokens {policy}")
-    return {"context_tokens": len(prompt), "follow_up_tokens": len(asked["triggered"]),
-            "policies": {p: summarize_turns(turns[p]) for p in POLICIES}}
+    policies = {p: summarize_turns(turns[p]) for p in POLICIES}
+    reused = {p: policies[p]["tokens_reused"] for p in BUILT}
+    return {"context_tokens": len(prompt), "whole_blocks": len(prompt) % block_tokens == 0,
+            "block_tokens": block_tokens, "follow_up_tokens": len(asked["triggered"]), "policies": policies,
+            "same_reuse": reused["resident"] == reused["triggered"],
+            "mismatches": source_mismatches({p: policies[p]["kv_source"] for p in POLICIES})}
+
+
+def run_sizes(result: dict, stub, sizes: list[int], reps: int, max_new: int, progress) -> dict:
+    """run_size() of each size; a size that raises or whose kv_source does not match its policy is
+    recorded in result["failed"] (part "<size> tokens") and has `failed` in its row."""
+    rows = {}
+    for n in sizes:
+        try:
+            row = run_size(stub, n, reps, max_new, progress)
+        except Exception as exc:  # noqa: BLE001 - a failed size is reported with its error
+            rows[str(n)] = {"failed": fail(result, f"{n} tokens", exc)["error"]}
+            continue
+        if row["mismatches"]:
+            row["failed"] = fail(result, f"{n} tokens", KvSourceMismatch("; ".join(row["mismatches"])))["error"]
+        rows[str(n)] = row
+    return rows
 
 
 def warm_up(stub) -> None:
@@ -108,40 +190,54 @@ def add_ratios(result: dict) -> None:
     """recompute_vs_restore_<n>, restore_vs_resident_<n>, the crossover and the floors."""
     sizes, rec, res = [], [], []
     for size, row in result["results"]["sizes"].items():
+        if "failed" in row:  # in result["failed"]: no ratio from a size whose runs are not what they claim
+            continue
         med = {p: row["policies"][p]["ttft_s"]["p50"] for p in POLICIES}
         result["ratios"][f"recompute_vs_restore_{size}"] = ratio(med["recompute"], med["triggered"])
         result["ratios"][f"restore_vs_resident_{size}"] = ratio(med["triggered"], med["resident"])
         sizes.append(row["context_tokens"])  # what the context really holds, template included
         rec.append(med["recompute"])
         res.append(med["triggered"])
-    result["results"]["crossover"] = crossover(sizes, rec, res)
+    result["results"]["crossover"] = (crossover(sizes, rec, res) if sizes
+                                      else {"tokens": None, "where": "not_measured"})
     result["floors"] = floors(result["ratios"], FLOORS, CEILINGS)
 
 
 def table(result: dict) -> str:
     rows = []
     for size, row in result["results"]["sizes"].items():
+        if "policies" not in row or f"recompute_vs_restore_{size}" not in result["ratios"]:
+            error = failure_of(result, f"{size} tokens") or row.get("failed") or "not measured"
+            rows.append([size, row.get("context_tokens", "-"), f"failed: {error[:200]}", *[""] * 6])
+            continue
         med = {p: row["policies"][p]["ttft_s"]["p50"] * 1e3 for p in POLICIES}
-        sources = "/".join(sorted(set(row["policies"]["triggered"]["kv_source"])))
+        reused = "/".join(str(round(sum(row["policies"][p]["tokens_reused"]) / len(row["policies"][p]["tokens_reused"])))
+                          for p in BUILT)
         rows.append([size, row["context_tokens"], f"{med['resident']:.1f}", f"{med['triggered']:.1f}",
                      f"{med['recompute']:.1f}", f"{result['ratios'][f'recompute_vs_restore_{size}']:.2f}",
-                     f"{result['ratios'][f'restore_vs_resident_{size}']:.2f}", sources])
+                     f"{result['ratios'][f'restore_vs_resident_{size}']:.2f}", reused, "ok"])
     head = ["size", "tokens", "resident ms", "restored ms", "recompute ms", "recompute/restore",
-            "restore/resident", "triggered kv"]
+            "restore/resident", "reused res/restored", "kv source"]
     cross = result["results"]["crossover"]
     where = (f"{cross['tokens']:.0f} tokens" if cross["tokens"] else
              {"below_smallest": f"below the smallest size measured ({cross.get('smallest')})",
-              "above_largest": f"above the largest size measured ({cross.get('largest')})"}[cross["where"]])
-    return (f"follow-up TTFT, median of {result['settings']['reps']} (client side)\n"
+              "above_largest": f"above the largest size measured ({cross.get('largest')})",
+              "not_measured": "not measured (every size failed)"}[cross["where"]])
+    failed = failed_text(result)
+    return (f"follow-up TTFT, median of {result['settings']['reps']} (client side); contexts of whole blocks; "
+            f"every follow-up's kv_source checked\n"
             f"{format_table(head, rows)}\n\ncrossover (recomputing as fast as restoring): {where}\n\n"
-            f"{ratios_text(result['ratios'])}")
+            f"{ratios_text(result['ratios'])}" + (f"\n\n{failed}" if failed else ""))
 
 
 def plot(result: dict, out) -> Path | None:
     series = {}
+    measured = [row for row in result["results"]["sizes"].values() if "failed" not in row]
+    if not measured:
+        return None
     for policy in POLICIES:
-        xs = [row["context_tokens"] for row in result["results"]["sizes"].values()]
-        ys = [row["policies"][policy]["ttft_s"]["p50"] * 1e3 for row in result["results"]["sizes"].values()]
+        xs = [row["context_tokens"] for row in measured]
+        ys = [row["policies"][policy]["ttft_s"]["p50"] * 1e3 for row in measured]
         series["restored (triggered)" if policy == "triggered" else policy] = (xs, ys)
     return plot_lines(out / "ttft.png", series, title="Follow-up TTFT after a context",
                       xlabel="context tokens", ylabel="TTFT (ms, median)", logx=True, logy=True)
@@ -149,8 +245,9 @@ def plot(result: dict, out) -> Path | None:
 
 def run(args: argparse.Namespace) -> dict:
     settings = {"sizes": args.sizes, "reps": args.reps, "max_new_tokens": args.max_new_tokens,
-                "torch_threads": args.torch_threads,
-                "policies": list(POLICIES), "smoke": args.smoke}
+                "torch_threads": args.torch_threads, "block_tokens": BLOCK_TOKENS,
+                "contexts": "whole blocks (size rounded to block_tokens)",
+                "kv_source_checked": EXPECTED_SOURCE, "policies": list(POLICIES), "smoke": args.smoke}
     result = new_result("ttft", settings)
     config = bench_config(pool_tokens=32768, max_context_tokens=max(4096, max(args.sizes) + 256), users=3,
                           compute={"torch_threads": args.torch_threads})
@@ -160,8 +257,8 @@ def run(args: argparse.Namespace) -> dict:
         with stack.agent_channel() as channel:
             stub = stack.compute_stub(channel)
             warm_up(stub)
-            result["results"]["sizes"] = {str(n): run_size(stub, n, args.reps, args.max_new_tokens, progress)
-                                          for n in args.sizes}
+            result["results"]["sizes"] = run_sizes(result, stub, args.sizes, args.reps, args.max_new_tokens,
+                                                   progress)
         result["results"]["agent_stats"] = {"hits": stack.agent_stats().hits,
                                             "misses": stack.agent_stats().misses}
     add_ratios(result)

@@ -50,8 +50,12 @@ def test_smoke(name, tmp_path):
 
 def test_ttft_smoke_restores_from_storage(tmp_path):
     result = bench(tmp_path, "ttft", "--sizes", "96", "--reps", "1")
-    row = result["results"]["sizes"]["96"]["policies"]
+    size = result["results"]["sizes"]["96"]
+    row = size["policies"]
     assert row["triggered"]["kv_source"] == ["restored"] and row["resident"]["kv_source"] == ["resident"]
+    assert size["context_tokens"] == 96 and size["whole_blocks"] and size["mismatches"] == []
+    assert size["same_reuse"], (row["resident"]["tokens_reused"], row["triggered"]["tokens_reused"])
+    assert result["failed"] == []
     assert set(result["ratios"]) == {"recompute_vs_restore_96", "restore_vs_resident_96"}
 
 
