@@ -27,6 +27,7 @@ from bench.results import (
     progress_for,
     ratios_text,
     run_bench,
+    run_part,
     services_dir,
 )
 from bench.stack import Stack, bench_config
@@ -176,6 +177,9 @@ def table(result: dict) -> str:
         rows.append([policy, fraction, f["follow_ups"], f"{f['hit_rate']:.2f}",
                      f"{f['ttft_mean_s'] * 1e3:.1f}", f"{f['agent']['capacity_high_bytes'] / 1e6:.1f}",
                      f"{f['agent']['ttl_s']:.2f}", evictions])
+    for f in result.get("failed") or []:
+        policy, fraction = f["part"].rsplit("_", 1) if "_" in f["part"] else (f["part"], "")
+        rows.append([policy, fraction, f"failed: {f['error'].splitlines()[0][:160]}", "", "", "", "", ""])
     head = ["policy", "capacity", "follow-ups", "hit rate", "TTFT ms", "high MB", "ttl s", "evictions"]
     r = result["results"]
     return (f"{result['settings']['users']} users, {result['settings']['visits']} visits (Zipf "
@@ -204,9 +208,11 @@ def run(args: argparse.Namespace) -> dict:
     total = len(args.policies) * len(args.fractions) * args.visits
     with progress_for(args, total, "eviction") as progress:
         for fraction in args.fractions:
-            for policy in args.policies:
-                figures = run_config(args, policy, fraction, p, progress)
-                result["results"]["runs"][f"{policy}_{fraction}"] = figures
+            for policy in args.policies:  # a run that fails is in result["failed"], the others still run
+                figures = run_part(result, f"{policy}_{fraction}",
+                                   lambda: run_config(args, policy, fraction, p, progress))
+                if figures is not None:
+                    result["results"]["runs"][f"{policy}_{fraction}"] = figures
     add_ratios(result)
     result["plots"] = plots(plot(result, args.out))
     return result

@@ -33,3 +33,22 @@ def test_agent_settings_scale_capacity_and_ttl():
     s = agent_settings("both", 0.5, {"working_set_bytes": 1000, "mean_revisit_s": 4.0})
     assert s == {"eviction_policy": "both", "capacity_high_bytes": 500, "capacity_low_bytes": 400,
                  "ttl_s": 2.0, "eviction_interval_s": 0.05}
+
+
+def test_a_failed_policy_and_fraction_is_reported_and_the_others_still_run(monkeypatch, tmp_path):
+    from bench import eviction
+
+    def fake_run_config(args, policy, fraction, p, progress):
+        if (policy, fraction) == ("timer", 0.5):
+            raise RuntimeError("the agent exited")
+        return {"follow_ups": 4, "hits": 2, "hit_rate": 0.5, "ttft_mean_s": 0.1, "evictions_by_reason": {},
+                "agent": {"capacity_high_bytes": 1e6, "ttl_s": 1.0}}
+    monkeypatch.setattr(eviction, "make_plan", lambda args: {"working_set_bytes": 1e6, "mean_revisit_s": 1.0,
+                                                              "schedule": []})
+    monkeypatch.setattr(eviction, "run_config", fake_run_config)
+    monkeypatch.setattr(eviction, "plot", lambda result, out: None)
+    args = eviction.parse_args(["--policies", "lru", "timer", "--fractions", "0.5", "1.0", "--out", str(tmp_path)])
+    result = eviction.run(args)
+    assert result["failed"] == [{"part": "timer_0.5", "error": "RuntimeError: the agent exited"}]
+    assert set(result["results"]["runs"]) == {"lru_0.5", "lru_1.0", "timer_1.0"}
+    assert "failed: RuntimeError: the agent exited" in eviction.table(result)
