@@ -28,6 +28,7 @@ from bench.results import (
     progress_for,
     ratios_text,
     run_bench,
+    run_part,
 )
 from bench.stack import bench_client, start_storage
 from fabric.client import FabricClient
@@ -129,6 +130,8 @@ def table(result: dict) -> str:
             for size, r in result["results"]["sizes"].items()]
     head = ["size", "store MB/s", "retrieve MB/s", "store limit", "retrieve limit", "store/limit",
             "retrieve/limit"]
+    rows += [[f["part"], f"failed: {f['error'].splitlines()[0][:160]}", "", "", "", "", ""]
+             for f in result.get("failed") or []]
     s = result["settings"]
     return (f"{s['concurrency']} commands in flight, best of {s['rounds']} rounds; limit = min(file, zmq)\n"
             f"{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}")
@@ -149,14 +152,16 @@ def run(args: argparse.Namespace) -> dict:
                 node_throughput(client, np.zeros(max(args.sizes), np.uint8), 4, args.concurrency, b"warm")
                 for i in range(4):  # the warm-up: sockets, files, page cache
                     client.delete(1, b"warm" + i.to_bytes(4, "big"))
-                for size in args.sizes:
-                    sizes[str(size)] = measure_size(client, path, size, total, args.concurrency, args.rounds,
-                                                    args.budget_s)
+                for size in args.sizes:  # a size that fails is in result["failed"], the others still run
+                    got = run_part(result, f"{format_bytes(size)} values", lambda: measure_size(
+                        client, path, size, total, args.concurrency, args.rounds, args.budget_s))
+                    if got is not None:
+                        sizes[str(size)] = got
                     progress.update(note=format_bytes(size))
         finally:
             node.stop()
-    top = sizes[str(max(args.sizes))]
-    result["ratios"] = {k: top[k] for k in ("store_vs_limit", "retrieve_vs_limit")}
+    top = sizes.get(str(max(args.sizes)))  # the largest size's, unless it failed (then in `failed`)
+    result["ratios"] = {k: top[k] for k in ("store_vs_limit", "retrieve_vs_limit")} if top else {}
     result["floors"] = floors(result["ratios"], {"store_vs_limit": FLOOR, "retrieve_vs_limit": FLOOR})
     return result
 
