@@ -15,6 +15,11 @@ from compute_node.sampling import SamplingParams, check_sampling
 from compute_node.scheduler import NeverFits, QueueFull
 from compute_node.turn import Turn, TurnRecordData
 
+# snapshot() keys that ComputeStatsResponse carries under the same name
+STATS_FIELDS = ("preempt_recompute_s", "preempt_recompute_tokens", "preempt_swap_s", "preempt_swap_out_s",
+                "preempt_swap_in_s", "preempt_swap_wait_s", "swap_host_bytes_out", "swap_host_bytes_in",
+                "swap_host_fallbacks", "swap_host_used_bytes", "swap_host_capacity_bytes")
+
 logger = logging.getLogger(__name__)
 
 
@@ -174,4 +179,5 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
             tokens_reused=snap.get("tokens_reused", 0), tokens_out=snap.get("tokens_out", 0),
             kv_cache_usage_perc=snap["kv_cache_usage_perc"], preemptions=snap["preemptions"],
             preempted_tokens=snap["preempted_tokens"], prefix_cache_queries=snap["prefix_cache_queries"],
-            prefix_cache_hits=snap["prefix_cache_hits"], num_requests_restoring=snap["num_requests_restoring"])
+            prefix_cache_hits=snap["prefix_cache_hits"], num_requests_restoring=snap["num_requests_restoring"],
+            **{name: snap[name] for name in STATS_FIELDS})

@@ -24,10 +24,12 @@ import torch
 
 from compute_node import restore as rs
 from compute_node.block_manager import BlockManager
+from compute_node.host_swap import HostSwapStore, capacity_bytes
 from compute_node.model_runner import ModelRunner, SeqRun
 from compute_node.offload import Block, PendingPut
-from compute_node.scheduler import NeverFits, QueueFull, RestoreRequest, Scheduler, SchedulerOutput
-from compute_node.sequence import Sequence
+from compute_node.preemption_cost import PreemptionCost, restore_wait
+from compute_node.scheduler import NeverFits, QueueFull, RestoreRequest, Scheduler, SchedulerOutput, SwapOut
+from compute_node.sequence import Sequence, SequenceStatus
 from compute_node.settings import ComputeSettings
 from compute_node.turn import RestoreBlockEvent, StepSpan, Turn
 from compute_node.turn_state import TurnState
@@ -80,6 +82,12 @@ class Engine:
         self.scheduler = Scheduler(self.bm, settings.max_num_seqs, settings.max_num_batched_tokens,
                                    settings.preemption, settings.queue_bound, self.stop_token_ids)
         self.runner = ModelRunner(model, pool.kv, settings.device)
+        # preemption swap-host: the host swap tier (vLLM's CPU swap space)
+        self.host_swap = (HostSwapStore(self.layout, pool.region.array,
+                                        capacity_bytes(self.layout, settings.swap_space_blocks * self.layout.block_tokens))
+                          if settings.preemption == "swap-host" else None)
+        self.cost = PreemptionCost()  # the engine's own time in preemption work
+        self._swap_waits: dict[int, float] = {}  # swapped sequences restoring from storage: seq id -> start
         self.states: dict[int, TurnState] = {}
         self.puts: dict[int, tuple[PendingPut, TurnState | None, Sequence | None, bytes]] = {}  # by block id
         self.put_waiters: dict[int, list[TurnState]] = {}  # turns sharing a block whose PUT is in flight
@@ -140,7 +148,14 @@ class Engine:
                     "preemptions": dict(sched.stats.preemptions), "preempted_tokens": dict(sched.stats.preempted_tokens),
                     "prefix_cache_queries": bm.prefix_cache_queries, "prefix_cache_hits": bm.prefix_cache_hits,
                     "kv_source": dict(self.stats.kv_source), "fallbacks": dict(self.stats.fallbacks),
-                    "steps": self.steps, **self.stats.totals}
+                    "steps": self.steps, **self.stats.totals, **self.cost.as_dict(), **self._host_swap_snapshot()}
+
+    def _host_swap_snapshot(self) -> dict:
+        if self.host_swap is not None:
+            return self.host_swap.snapshot()
+        return {"swap_host_bytes_out": 0, "swap_host_bytes_in": 0, "swap_host_blocks_out": 0,
+                "swap_host_blocks_in": 0, "swap_host_fallbacks": 0, "swap_host_full": 0, "swap_host_used_bytes": 0,
+                "swap_host_capacity_bytes": 0, "swap_host_sequences": 0}
 
     # -- the engine thread
     def _loop(self) -> None:
@@ -179,7 +194,12 @@ class Engine:
         self._swap_out(out)
         self._drop_joined([seq for seq, _ in out.preempted])
         for request in out.restores:
-            self._start_restore(self.states[request.seq.seq_id], request)
+            if self.host_swap is not None and request.seq.seq_id in self.host_swap:
+                self._swap_in(request)
+            else:
+                self._start_restore(self.states[request.seq.seq_id], request)
+        if self.host_swap is not None and len(self.host_swap):
+            self._drop_unused_copies()
         if out.is_empty:
             return progressed or bool(new)
         self._charge_poll_cost()
@@ -228,6 +248,9 @@ class Engine:
     def _forget(self, state: TurnState) -> None:
         state.finished = True
         self.states.pop(state.seq.seq_id, None)
+        self._swap_waits.pop(state.seq.seq_id, None)
+        if self.host_swap is not None:
+            self.host_swap.discard(state.seq.seq_id)
 
     def _fail_all(self, code: str, message: str) -> None:
         for state in list(self.states.values()):
@@ -253,7 +276,9 @@ class Engine:
                 self._store_found(state)
             state.scheduled(sizes)
         wait = self._layer_wait(out)
+        start = time.perf_counter()
         logits = self.runner.step(runs, self._between_layers(wait))  # [S, vocab]
+        self.cost.add_step(time.perf_counter() - start, [(s.start, s.num_tokens, s.seq.kv_mark) for s in out.scheduled])
         dropped = self._settle_joined(wait)
         rows = [i for i, s in enumerate(out.scheduled) if s.samples]
         sampled = self._sample(logits, rows, [out.scheduled[i].seq for i in rows])
@@ -442,10 +467,17 @@ class Engine:
             self.stored_names.popitem(last=False)
 
     def _swap_out(self, out: SchedulerOutput) -> None:
-        """Store what each swap victim has not stored yet; its pins go once all of it is stored."""
+        """Store what each swap victim has not stored yet (its pins go once all of it is stored), or copy
+        a swap-host victim's blocks into the host swap tier."""
         bt = self.layout.block_tokens
         for swap in out.swapped_out:
+            start = time.perf_counter()
             state = self.states[swap.seq.seq_id]
+            if swap.kind == "swap-host":
+                self._swap_out_host(swap)
+                state.preemptions += 1
+                self.cost.swap_out_s += time.perf_counter() - start
+                continue
             for index, block_id in enumerate(swap.block_ids):
                 tokens = min(bt, swap.num_tokens - index * bt)
                 if self._describe(state, index, block_id, tokens).hash in state.stored:
@@ -458,6 +490,40 @@ class Engine:
                     if index not in state.storing:  # stored synchronously, or not at all
                         self.scheduler.release_pins(swap.seq, [block_id])
             state.preemptions += 1
+            self.cost.swap_out_s += time.perf_counter() - start
+
+    def _swap_out_host(self, swap: SwapOut) -> None:
+        """Copy the victim's blocks into the host tier now, before the step's forward writes any of them;
+        recompute it instead when they do not fit, or when its KV is still landing (a joined restore)."""
+        seq, store = swap.seq, self.host_swap
+        if store is None:
+            raise RuntimeError("a swap-host preemption without the host swap tier")
+        if seq.seq_id in self.joined:  # later layer groups may not be there: never keep doubtful KV
+            store.fallback()
+            self.scheduler.swap_failed(seq)
+        elif store.swap_out(seq.seq_id, swap.block_ids) is None:  # the tier is full (counted there)
+            self.scheduler.swap_failed(seq)
+
+    def _swap_in(self, request: RestoreRequest) -> None:
+        """Copy a swap-host sequence's blocks back from the host tier into the blocks its restore got; what
+        did not come back (a missing or doubtful copy) is prefilled again."""
+        start = time.perf_counter()
+        seq = request.seq
+        got = self.host_swap.swap_in(seq.seq_id, seq.token_ids, request.first_token, request.num_tokens,
+                                     request.block_indexes, request.block_ids)
+        if got.reason:
+            logger.warning("sequence %s: swap-in stopped at token %d of %d (%s); the rest is prefilled again",
+                           seq.seq_id, got.covered, request.num_tokens, got.reason)
+        self.scheduler.restore_done(seq, got.covered)
+        self.cost.swap_in_s += time.perf_counter() - start
+
+    def _drop_unused_copies(self) -> None:
+        """Host copies of sequences that are no longer swapped out (found their KV in the prefix cache, fell
+        back to recompute, ended): they will never be copied back."""
+        for seq_id in list(self.host_swap.swapped):
+            state = self.states.get(seq_id)
+            if state is None or state.seq.status is not SequenceStatus.SWAPPED:
+                self.host_swap.discard(seq_id)
 
     # -- restores
     def _start_restore(self, state: TurnState, request: RestoreRequest) -> None:
@@ -473,6 +539,8 @@ class Engine:
         pending = rs.PendingRestore(blocks, request.first_token, request.num_tokens, time.time_ns(),
                                     time.monotonic() + self.settings.restore_timeout_s)
         state.restore = pending
+        if seq.num_preempted_tokens:  # a swapped sequence comes back from storage: preemption work
+            self._swap_waits[seq.seq_id] = time.perf_counter()
         if state.turn.policy == "cpu" and self.cpu_store is not None:
             self.cpu_store.restore(self.pool, seq, pending)  # synchronous: the CPU-centric cost
         else:
@@ -502,6 +570,7 @@ class Engine:
             for block in pending.blocks[:outcome.blocks_ok]:  # they came from storage: stored there
                 state.stored.add(block.hash)
                 self._stored(state.turn.policy, block.hash)
+            self._swap_waited(seq)
             if not complete:  # late GETs may still write: never use those blocks
                 self.scheduler.requeue(seq)
                 self._late_pin(seq, pending)
@@ -525,8 +594,15 @@ class Engine:
         self.joined[seq.seq_id] = state
         for block in pending.blocks:  # stored: a swap-out never stores them again, whatever lands here
             state.stored.add(block.hash)
+        self._swap_waited(seq)
         self.scheduler.restore_joined(seq, outcome.covered)
         return True
+
+    def _swap_waited(self, seq: Sequence) -> None:
+        """A swapped sequence's restore from storage ended (or it may join the batch): its wait is over."""
+        started = self._swap_waits.pop(seq.seq_id, None)
+        if started is not None:
+            self.cost.swap_wait_s += restore_wait(started, time.perf_counter())
 
     def _poll_joined(self) -> bool:
         """Joined restores between steps: landed whole (done), or failed (back to waiting outside the batch)."""

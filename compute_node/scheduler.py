@@ -4,8 +4,11 @@ One step runs every running decode (1 token each), the running prefills' next ch
 admits waiting sequences in order while max_num_seqs, the token budget and free blocks allow
 (chunked prefill mixed with the decodes). When a decode cannot get a block, the most
 recently admitted running sequence is preempted: by recompute (its blocks are freed, it
-prefills again later, finding its full blocks in the prefix cache if they are still there)
-or by swap (its KV blocks are pinned until the engine has stored them, then it is restored).
+prefills again later, finding its full blocks in the prefix cache if they are still there),
+by swap (its KV blocks are pinned until the engine has stored them, then it is restored; a
+sequence whose policy stores nothing is recomputed) or by swap-host (its blocks are freed at
+once: the engine copies them into its host swap tier before the step's forward writes
+anything, and copies them back into the blocks of its restore; any policy).
 The engine drives it: schedule() -> run the model -> postprocess(); restores and swap-outs
 go through the block pins and restore_done().
 """
@@ -22,7 +25,7 @@ from compute_node.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger(__name__)
 
-PREEMPTION_MODES = ("swap", "recompute")
+PREEMPTION_MODES = ("swap", "swap-host", "recompute")
 WAITING, RESTORING, RUNNING = SequenceStatus.WAITING, SequenceStatus.RESTORING, SequenceStatus.RUNNING
 SWAPPED, FINISHED = SequenceStatus.SWAPPED, SequenceStatus.FINISHED
 
@@ -53,11 +56,17 @@ class ScheduledSeq:
 
 @dataclasses.dataclass
 class SwapOut:
-    """A swap victim: block_ids hold its KV tokens [0, num_tokens), each pinned once; unpin once stored."""
+    """A swap victim: block_ids hold its KV tokens [0, num_tokens).
+
+    kind "swap": each block is pinned once; unpin once stored. kind "swap-host": the blocks are free
+    already; the engine must copy them out before this step's forward (nothing writes them before),
+    or call swap_failed.
+    """
 
     seq: Sequence
     block_ids: list[int]
     num_tokens: int
+    kind: str = "swap"
 
 
 @dataclasses.dataclass
@@ -224,6 +233,13 @@ class Scheduler:
         seq.status = WAITING
         self.ready.append(seq)
 
+    def swap_failed(self, seq: Sequence) -> None:
+        """A swap-host victim whose KV the engine did not keep (its tier was full, or the copy was
+        doubtful): it waits where it is, to be prefilled again on admission (preemption by recompute)."""
+        if seq.status is not SWAPPED:
+            raise ValueError(f"sequence {seq.seq_id} is not swapped out")
+        seq.status = WAITING
+
     def release_pins(self, seq: Sequence, block_ids: Iterable[int] | None = None) -> None:
         """The I/O on these of seq.pinned_blocks (default: all) ended: unpin them."""
         for block_id in list(seq.pinned_blocks if block_ids is None else block_ids):
@@ -323,15 +339,21 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
-        kind = self.preemption if seq.can_swap else "recompute"
+        kind = self.preemption if seq.can_swap or self.preemption == "swap-host" else "recompute"
         tokens = seq.num_computed_tokens
         self.stats.preemptions[kind] += 1
         self.stats.preempted_tokens[kind] += tokens
         seq.num_preemptions += 1
         seq.num_preempted_tokens = tokens
+        seq.kv_mark = max(seq.kv_mark, tokens)
         if kind == "swap" and tokens:
             block_ids = self.bm.deallocate(seq, pin=True)
             out.swapped_out.append(SwapOut(seq, block_ids, tokens))
+            seq.status = SWAPPED
+        elif kind == "swap-host" and tokens:
+            block_ids = seq.block_table[:-(-tokens // self.bm.block_tokens)]
+            self.bm.deallocate(seq)
+            out.swapped_out.append(SwapOut(seq, block_ids, tokens, kind))
             seq.status = SWAPPED
         else:
             self.bm.deallocate(seq)

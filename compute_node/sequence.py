@@ -22,7 +22,7 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # in the wait queue, or restored and waiting for a place in the batch
     RESTORING = "restoring"  # blocks allocated, being filled from storage; outside the batch
     RUNNING = "running"  # in the batch
-    SWAPPED = "swapped"  # preempted by swap: its KV is (being) stored; waits to be restored
+    SWAPPED = "swapped"  # preempted by swap: its KV is (being) stored, or in the host swap tier; waits to be restored
     FINISHED = "finished"
 
 
@@ -54,6 +54,8 @@ class Sequence:
     block_hashes: list[bytes] = dataclasses.field(default_factory=list)
     num_preemptions: int = 0
     num_preempted_tokens: int = 0  # KV tokens held at the last preemption, until re-admitted
+    kv_mark: int = 0  # the most KV tokens it held at any preemption: a token below it computed again is
+    #                   preemption work (compute_node.preemption_cost)
     restore_blocks: list[int] = dataclasses.field(default_factory=list)  # block indexes being filled
     num_restore_tokens: int = 0  # the restore in flight brings tokens [0, this) (with the cached ones)
     pinned_blocks: list[int] = dataclasses.field(default_factory=list)  # block ids pinned for our I/O

@@ -8,6 +8,7 @@ from fabric.auth import MODES as FABRIC_SECURITY_MODES
 from kvtb.credentials import COMPUTE_NQN
 
 POLICIES = ("triggered", "cpu", "resident", "recompute")
+PREEMPTIONS = ("swap", "swap-host", "recompute")
 
 
 def _default_cache_dir() -> str:
@@ -29,7 +30,13 @@ class ComputeSettings:
     # chunked prefills together), and how a sequence is preempted when blocks run out.
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
-    preemption: str = "swap"          # swap (store its KV, restore it later) or recompute
+    # How a sequence is preempted: swap (its KV stored by the turn's policy, restored later; under a
+    # policy that stores nothing it is recomputed), swap-host (its KV blocks copied into the host swap
+    # tier below and back: vLLM's CPU swap space; any policy) or recompute.
+    preemption: str = "swap"
+    # The host swap tier's size in tokens (whole blocks), for preemption swap-host: 0 means as large as
+    # the pool. A victim that does not fit is recomputed (counted in swap_host_fallbacks).
+    swap_space_tokens: int = 0
     device: str = "cpu"
     # Decode attention (and chunks of a few tokens) read straight from the pool by the compiled kernel
     # (compute_node._attention) when the install built it; false: gather, then torch's attention.
@@ -72,7 +79,15 @@ class ComputeSettings:
         assert self.layer_groups > 0, "layer_groups must be positive"
         assert 0 < self.max_num_seqs <= self.max_num_batched_tokens, \
             "need 0 < max_num_seqs <= max_num_batched_tokens (a decode per sequence fits a step)"
-        assert self.preemption in ("swap", "recompute"), "preemption must be swap or recompute"
+        if self.preemption not in PREEMPTIONS:
+            raise ValueError(f"preemption must be one of {PREEMPTIONS}, got {self.preemption!r}")
+        if isinstance(self.swap_space_tokens, bool) or not isinstance(self.swap_space_tokens, int) \
+                or self.swap_space_tokens < 0:
+            raise ValueError(f"swap_space_tokens must be a whole number >= 0 (0: the pool's size), "
+                             f"got {self.swap_space_tokens!r}")
+        if 0 < self.swap_space_tokens < self.block_tokens:
+            raise ValueError(f"swap_space_tokens {self.swap_space_tokens} holds no block of "
+                             f"{self.block_tokens} tokens (0: the pool's size)")
         assert self.restore_timeout_s > 0, "restore_timeout_s must be positive"
         assert self.restore_layer_wait_s > 0, "restore_layer_wait_s must be positive"
         assert self.queue_bound > 0, "queue_bound must be positive"
@@ -84,6 +99,11 @@ class ComputeSettings:
     def shm_name(self) -> str:
         """The region's /dev/shm name, unique per node name and process."""
         return f"kvtb-{self.node_name}-{os.getpid()}"
+
+    @property
+    def swap_space_blocks(self) -> int:
+        """Blocks the host swap tier holds (swap_space_tokens, or the pool's size when 0)."""
+        return (self.swap_space_tokens or self.pool_tokens) // self.block_tokens
 
     @property
     def num_blocks(self) -> int:
