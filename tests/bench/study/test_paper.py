@@ -186,6 +186,11 @@ def test_headline_rows():
     assert all("19-23x" in h["target"] for h in head)
     failed = paper.headline_rows(study(failed=[{"part": "transfers", "error": "TimeoutError: slow"}]))
     assert failed and failed[0]["measured"] == "failed: TimeoutError: slow"
+    # every size failed: the first size's error, not the summary's
+    failed = paper.headline_rows(study(failed=[
+        {"part": "transfer 32 KiB", "error": "OSError: disk"},
+        {"part": "transfers", "error": "RuntimeError: no size was measured"}]))
+    assert failed[0]["measured"] == "failed: OSError: disk"
 
 
 # -- the whole study, smoke --------------------------------------------------------------------------------
