@@ -6,9 +6,13 @@ traces; the last block may be partial). Equal ids are equal blocks; Mooncake's i
 hashes, so an id names its block and everything before it. Nothing else in a line is read.
 
 The ideal a block-granular prefix cache can reach: a request's longest leading run of full blocks
-whose whole prefix (the ids up to and including that block) appeared in an earlier request, never
-all of the prompt (one token must be computed to produce the first output). All requests are one
-user's here (`kvtb bench replay` sends the whole trace as one user), so any earlier request counts.
+whose whole prefix (the ids up to and including that block) appeared in an earlier request of the
+same user, never all of the prompt (one token must be computed to produce the first output). KV is
+salted per user, so users share nothing. `kvtb bench replay` sends a trace as several users
+(`users_of`: the requests that begin with the same block, a synthetic trace's group, are one
+user's; such groups are dealt round-robin to the users), so no prefix is shared across users and
+the ideal per user is the trace's own. A request's ideal assumes a cache of unbounded capacity
+that has stored every block of every earlier request by the time the request arrives.
 """
 from __future__ import annotations
 
@@ -133,17 +137,32 @@ def scale(requests: Sequence[TraceRequest], source_block_tokens: int, block_toke
     return out
 
 
-def ideal_blocks(requests: Sequence[TraceRequest], block_tokens: int) -> list[int]:
-    """Per request, its leading full blocks whose prefix an earlier request had (see the module doc)."""
-    seen: set[tuple[int, ...]] = set()
+def users_of(requests: Sequence[TraceRequest], users: int = 0) -> list[int]:
+    """Per request, its user (0 .. users-1): the requests whose first block is the same (a group
+    sharing a prefix) are one user's, the groups dealt round-robin in order of first appearance;
+    users=0: a user per group. Prefixes never cross users."""
+    groups: dict[int, int] = {}
     out = []
     for r in requests:
+        g = groups.setdefault(r.hash_ids[0], len(groups))
+        out.append(g % users if users > 0 else g)
+    return out
+
+
+def ideal_blocks(requests: Sequence[TraceRequest], block_tokens: int,
+                 users: Sequence[int] | None = None) -> list[int]:
+    """Per request, its leading full blocks whose prefix an earlier request of the same user had
+    (see the module doc); users: each request's user (default: all one user's)."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    out = []
+    for i, r in enumerate(requests):
+        user = users[i] if users is not None else 0
         usable = (r.input_length - 1) // block_tokens  # full blocks, and a token left to compute
         k = 0
-        while k < min(usable, len(r.hash_ids)) and r.hash_ids[:k + 1] in seen:
+        while k < min(usable, len(r.hash_ids)) and (user, r.hash_ids[:k + 1]) in seen:
             k += 1
         out.append(k)
-        seen.update(r.hash_ids[:i + 1] for i in range(len(r.hash_ids)))
+        seen.update((user, r.hash_ids[:j + 1]) for j in range(len(r.hash_ids)))
     return out
 
 

@@ -10,11 +10,17 @@ follow-up TTFT p50/p99 (client side, to the first token), the share of prompt to
 were cached, storage bytes and evictions, and whether both policies gave the same replies.
 
 (b) A trace in the Mooncake FAST'25 format (`--trace FILE.jsonl`, or `--synthetic N` requests in
-groups sharing 3-8 leading blocks), its blocks scaled to the engine's (`--trace-block-tokens`,
-default 32), replayed at its timestamps (divided by `--speedup`) by one user on the `triggered`
-stack, prompts built so that equal hash ids are equal text (bench.trace_prompts, checked against
-the compute node's chat template). Reported: hit tokens against the trace's ideal, storage bytes,
-evictions.
+`--trace-users` groups sharing 3-8 leading blocks), its blocks scaled to the engine's
+(`--trace-block-tokens`, default 32), replayed at its timestamps (divided by `--speedup`) by
+`--trace-users` users (bench.mooncake.users_of: a group's requests are one user's, and users share
+no prefix, as KV is salted per user) on a `triggered` stack of its own whose pool
+(`--trace-pool-tokens`) holds a fraction of the users' working set, so that reuse needs the
+storage tier (and `--trace-capacity-mib` may bound that too); prompts are built so that equal hash
+ids are equal text (bench.trace_prompts, checked against the compute node's chat template).
+Reported: hit tokens against the trace's ideal per user (bench.mooncake.ideal_blocks; each
+request's hit counted at most up to its own ideal, what it could have reused), what the ideal is
+and why a cache could miss it (`ideal`), the working set against the pool, storage bytes,
+evictions. A workload that fails is reported failed with its error (`failed`).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from bench import mooncake, multiround, trace_replay
 from bench.openai_client import chat, messages_of, model_name
 from bench.results import (
     add_common_args,
+    failed_text,
     floors,
     format_bytes,
     format_table,
@@ -39,6 +46,7 @@ from bench.results import (
     progress_for,
     ratios_text,
     run_bench,
+    run_part,
     services_dir,
 )
 from bench.stack import Stack, bench_config
@@ -68,7 +76,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="runs per policy, alternating (new users and notes each time; default 2)")
     tr = p.add_argument_group("Mooncake trace")
     tr.add_argument("--trace", type=Path, metavar="FILE.jsonl", help="a trace in Mooncake's format")
-    tr.add_argument("--synthetic", type=int, default=30, metavar="N", help="else N synthetic requests (default 30)")
+    tr.add_argument("--synthetic", type=int, default=160, metavar="N",
+                    help="else N synthetic requests (default 160)")
+    tr.add_argument("--trace-users", type=int, default=16,
+                    help="users replaying the trace: the synthetic trace's groups, or a real trace's groups "
+                         "(requests with the same first block) dealt among them (default 16)")
+    tr.add_argument("--trace-pool-tokens", type=int, default=4096,
+                    help="the trace stack's KV pool (default 4096: a fraction of the users' working set)")
+    tr.add_argument("--trace-capacity-mib", type=int, default=0,
+                    help="the agent's storage capacity for the trace (0: the default, beyond the working set)")
     tr.add_argument("--write-trace", type=Path, metavar="FILE.jsonl", help="also save the trace replayed (unscaled)")
     tr.add_argument("--source-block-tokens", type=int, default=mooncake.MOONCAKE_BLOCK_TOKENS,
                     help="tokens per hash id in the trace (Mooncake: 512)")
@@ -83,6 +99,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.users, args.rounds, args.context_words, args.system_words = 2, 2, 48, 16
         args.think_s, args.max_new_tokens, args.synthetic, args.reps = 0.2, 4, min(args.synthetic, 8), 1
         args.speedup, args.trace_max_new_tokens, args.pool_tokens = max(args.speedup, 4.0), 2, 4096
+        args.synthetic, args.trace_users, args.trace_pool_tokens = min(args.synthetic, 12), min(args.trace_users, 3), 1024
+    if args.trace_users < 1:
+        p.error("--trace-users must be at least 1")
     return args
 
 
@@ -96,8 +115,9 @@ def qa_users(args, rep: int) -> list[str]:
     return [f"u{rep * args.users + u}" for u in range(args.users)]
 
 
-def trace_user(args) -> str:
-    return f"u{args.reps * args.users}"
+def trace_users(args) -> list[str]:
+    """The trace stack's users, one per trace user (its warm-up user is the next one)."""
+    return [f"u{k}" for k in range(args.trace_users)]
 
 
 def warm_up_user(args) -> str:
@@ -111,6 +131,16 @@ def stack_config(args) -> dict:
     frontend = {"message_max_chars": 200_000, **({"shared_system_prompts": {"default": system}} if system else {})}
     return bench_config(pool_tokens=args.pool_tokens, max_context_tokens=4096, users=args.reps * args.users + 2,
                         max_new_tokens=args.max_new_tokens, frontend=frontend)
+
+
+def trace_stack_config(args) -> dict:
+    """The trace's own stack: its users, a pool of --trace-pool-tokens, the agent's capacity if bounded."""
+    smartnic = ({"capacity_high_bytes": args.trace_capacity_mib << 20,
+                 "capacity_low_bytes": int(0.8 * (args.trace_capacity_mib << 20))}
+                if args.trace_capacity_mib else {})
+    return bench_config(pool_tokens=args.trace_pool_tokens, max_context_tokens=4096, users=args.trace_users + 1,
+                        max_new_tokens=args.trace_max_new_tokens, smartnic=smartnic,
+                        frontend={"message_max_chars": 200_000})
 
 
 def storage_figures(stack: Stack) -> dict:
@@ -146,11 +176,11 @@ def base_url(stack: Stack) -> str:
     return "http://" + stack.address("frontend", "http")
 
 
-def warm_up(stack: Stack, args) -> str:
-    """One short untimed chat (first calls are slow); the model's name."""
+def warm_up(stack: Stack, user: str) -> str:
+    """One short untimed chat of `user` (first calls are slow); the model's name."""
     async def go() -> str:
         async with aiohttp.ClientSession() as session:
-            token = stack.token(warm_up_user(args))
+            token = stack.token(user)
             model = await model_name(session, base_url(stack), token)
             await chat(session, base_url(stack), token, model, messages_of(None, [], "Hello!"), 4)
             return model
@@ -190,8 +220,10 @@ def load_requests(args) -> tuple[list[mooncake.TraceRequest], str]:
     if args.trace:
         requests, source = mooncake.load_trace(args.trace), str(args.trace)
     else:
-        requests = mooncake.synthetic_trace(args.synthetic, args.seed, block_tokens=args.source_block_tokens)
-        source = f"synthetic: {args.synthetic} requests, seed {args.seed}"
+        requests = mooncake.synthetic_trace(args.synthetic, args.seed, groups=args.trace_users,
+                                            block_tokens=args.source_block_tokens)
+        source = (f"synthetic: {args.synthetic} requests in {args.trace_users} groups (one user's each), "
+                  f"seed {args.seed}")
     mooncake.check_blocks(requests, args.source_block_tokens)
     if args.write_trace:
         args.write_trace.write_text(mooncake.dump_trace(requests))
@@ -208,9 +240,18 @@ def tokenizer(stack: Stack):
     return tok, (lambda text: tok.encode(text, add_special_tokens=False).ids)
 
 
+def working_set(plan: trace_replay.TracePlan) -> dict:
+    """The distinct blocks the trace's users send (each user's heads and prefixes), in tokens."""
+    blocks = {(plan.user(i), r.hash_ids[:k + 1]) for i, r in enumerate(plan.requests) for k in range(len(r.hash_ids))}
+    users = len(set(plan.users)) if plan.users else 1
+    tokens = len(blocks) * plan.block_tokens + users * plan.head_tokens
+    return {"blocks": len(blocks) + users * plan.head_tokens // plan.block_tokens, "tokens": tokens}
+
+
 def run_trace(stack: Stack, args, model: str) -> dict:
     requests, source = load_requests(args)
     scaled = mooncake.scale(requests, args.source_block_tokens, args.trace_block_tokens)
+    users = mooncake.users_of(scaled, args.trace_users)
     tok, encode = tokenizer(stack)
     text = BlockText(single_token_words(tok.get_vocab(), encode), args.trace_block_tokens, args.seed)
     with stack.agent_channel() as ch:
@@ -221,11 +262,15 @@ def run_trace(stack: Stack, args, model: str) -> dict:
                     compute_pb2.ChatMessage(role="user", content=user)]
             return list(stub.EncodeChat(compute_pb2.EncodeChatRequest(messages=msgs, add_generation_prompt=True),
                                         timeout=60).token_ids)
-        plan = trace_replay.prepare(scaled, text, encode, encode_chat)
+        plan = trace_replay.prepare(scaled, text, encode, encode_chat, users)
     before = storage_figures(stack)
-    sent, wall_s = asyncio.run(trace_replay.replay(base_url(stack), stack.token(trace_user(args)), model, plan,
+    tokens = [stack.token(u) for u in trace_users(args)]
+    sent, wall_s = asyncio.run(trace_replay.replay(base_url(stack), tokens, model, plan,
                                                    args.speedup, args.trace_max_new_tokens))
-    return {"source": source, "wall_s": wall_s, "sharing": "one user for the whole trace",
+    return {"source": source, "wall_s": wall_s,
+            "sharing": f"{len(set(users))} users, no prefix shared across users (KV is salted per user)",
+            "working_set": working_set(plan), "pool_tokens": args.trace_pool_tokens,
+            "capacity_mib": args.trace_capacity_mib or None,
             **trace_replay.figures(plan, sent), "storage": delta(before, storage_figures(stack))}
 
 
@@ -233,24 +278,40 @@ def run(args: argparse.Namespace) -> dict:
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "out", "keep_data")}
     result = new_result("replay", {**settings, "trace": str(args.trace or ""),
                                    "write_trace": str(args.write_trace or "")})
-    qa = "qa" in args.workloads
-    policies = POLICIES if qa else ("triggered",)
-    steps = len(policies) * (1 + qa * args.reps) + ("trace" in args.workloads)
-    with progress_for(args, steps, "replay") as progress, contextlib.ExitStack() as up:
-        stacks, models = {}, {}
-        for policy in policies:  # both up at once: the repetitions alternate between them
-            stacks[policy] = up.enter_context(Stack(services_dir(args, f"replay-{policy}"), stack_config(args),
-                                                    policy=policy, keep_data=args.keep_data))
-            models[policy] = warm_up(stacks[policy], args)
-            progress.update(note=f"{policy} stack up")
+    qa, trace = "qa" in args.workloads, "trace" in args.workloads
+    steps = qa * len(POLICIES) * (1 + args.reps) + trace * 2
+    with progress_for(args, steps, "replay") as progress:
         if qa:
-            result["results"]["qa"] = run_qa_reps(args, stacks, models, progress)
-        if "trace" in args.workloads:
-            result["results"]["trace"] = run_trace(stacks["triggered"], args, models["triggered"])
-            progress.update(note="trace")
+            result["results"]["qa"] = run_part(result, "qa", lambda: run_qa_stacks(args, progress))
+        if trace:
+            result["results"]["trace"] = run_part(result, "trace", lambda: run_trace_stack(args, progress))
+    result["results"] = {k: v for k, v in result["results"].items() if v is not None}
     add_ratios(result)
     result["plots"] = plots(*plot(result, Path(args.out)))
     return result
+
+
+def run_qa_stacks(args, progress) -> dict:
+    """The QA on a stack per policy, both up at once (the repetitions alternate between them)."""
+    with contextlib.ExitStack() as up:
+        stacks, models = {}, {}
+        for policy in POLICIES:
+            stacks[policy] = up.enter_context(Stack(services_dir(args, f"replay-{policy}"), stack_config(args),
+                                                    policy=policy, keep_data=args.keep_data))
+            models[policy] = warm_up(stacks[policy], warm_up_user(args))
+            progress.update(note=f"{policy} stack up")
+        return run_qa_reps(args, stacks, models, progress)
+
+
+def run_trace_stack(args, progress) -> dict:
+    """The trace on a `triggered` stack of its own (its pool and capacity, its users)."""
+    with Stack(services_dir(args, "replay-trace"), trace_stack_config(args), policy="triggered",
+               keep_data=args.keep_data) as stack:
+        model = warm_up(stack, f"u{args.trace_users}")
+        progress.update(note="trace stack up")
+        out = run_trace(stack, args, model)
+        progress.update(note="trace")
+        return out
 
 
 def run_qa_reps(args, stacks: dict[str, Stack], models: dict[str, str], progress) -> dict:
@@ -341,17 +402,25 @@ def table(result: dict) -> str:
                      f"{qa.get('replies_identical_across_policies', float('nan')):.2f}")
     t = result["results"].get("trace")
     if t:
+        ws = t.get("working_set") or {"tokens": 0}
         parts.append(
             f"trace ({t['source']}; {t['sharing']}): {t['requests']} requests, {t['failed']} failed, blocks of "
-            f"{s['trace_block_tokens']} tokens, speedup {s['speedup']}\n"
+            f"{s['trace_block_tokens']} tokens, speedup {s['speedup']}; working set {ws['tokens']} tokens, "
+            f"pool {t.get('pool_tokens')} tokens"
+            + (f", storage capacity {t['capacity_mib']} MiB" if t.get("capacity_mib") else "") + "\n"
             f"ideal prefix share {t['ideal_share']:.3f}, served from cache {t['hit_share']:.3f} "
-            f"(hit/ideal {t['prefix_hit_vs_ideal']:.3f}); trace's own reused-id share {t['seen_id_share']:.3f}\n"
+            f"(hit/ideal {t['prefix_hit_vs_ideal']:.3f}, each request capped at its own ideal; "
+            f"{t.get('requests_below_ideal', 0)} requests below it, {t.get('hit_beyond_ideal_tokens', 0)} tokens "
+            f"beyond it); trace's own reused-id share {t['seen_id_share']:.3f}\n"
+            f"{t.get('ideal', '')}\n"
             f"TTFT p50 {(t['ttft_s'] or {'p50': 0})['p50'] * 1e3:.1f} ms, sent late p99 "
             f"{t['late_s']['p99'] * 1e3:.1f} ms; kv source {sources(t['storage']['kv_source'])}; bytes put "
             f"{format_bytes(t['storage']['bytes_put'])}, stored {format_bytes(t['storage']['bytes_stored'])}, "
             f"evictions {t['storage']['evicted']}; prompts not matching their blocks: {len(t['prompt_mismatches'])}\n"
             + trigger_line(t["storage"]))
     parts.append(ratios_text(result["ratios"]))
+    if result.get("failed"):
+        parts.append(failed_text(result))
     return "\n\n".join(parts)
 
 

@@ -1,11 +1,13 @@
 """Replaying a Mooncake-format trace through the OpenAI API: the prompts, checked, and the replay at the trace's times.
 
-Every request is one user's single-turn chat (no session header): a system message padded so that
-the chat template's head is whole blocks, then the request's blocks as text (bench.trace_prompts).
+Every request is a single-turn chat (no session header) of its user (`TracePlan.users`, from
+bench.mooncake.users_of: users share no prefix): a system message padded so that the chat
+template's head is whole blocks, then the request's blocks as text (bench.trace_prompts).
 Before the replay each prompt is encoded by the compute node's own chat template (EncodeChat) and
 compared with its blocks' ids, so a hit measured is a trace prefix. The cached tokens the API
 reports, less the head's, are the trace's blocks served from the cache; the ideal is
-bench.mooncake.ideal_blocks.
+bench.mooncake.ideal_blocks per user. Each request's hit counts at most its own ideal (what it
+could have reused) in `prefix_hit_vs_ideal`; hits beyond it are reported apart.
 """
 from __future__ import annotations
 
@@ -27,6 +29,12 @@ logger = logging.getLogger(__name__)
 
 SYSTEM = "Repeat the list of words."
 EncodeChat = Callable[[str, str], list[int]]  # (system, user message) -> the template's ids
+IDEAL = ("the trace's ideal: per request, its leading full blocks whose whole prefix an earlier request of the "
+         "same user sent (users share nothing: KV is salted per user), never the whole prompt; reached by a "
+         "cache of unbounded capacity that has stored every earlier block when the request arrives. A cache "
+         "misses below it when the pool and storage hold less than the users' working set (blocks evicted), "
+         "when a request arrives before the blocks it reuses were stored (requests overlap), or when a "
+         "restore fails (recomputed). Each request's hit counts at most its own ideal.")
 
 
 @dataclasses.dataclass
@@ -40,11 +48,16 @@ class TracePlan:
     prompts: list[str]
     ideal_blocks: list[int]
     mismatches: list[str]
+    users: list[int] = dataclasses.field(default_factory=list)  # each request's user (empty: all one user's)
+
+    def user(self, i: int) -> int:
+        return self.users[i] if self.users else 0
 
 
 def prepare(requests: Sequence[TraceRequest], text: BlockText, encode: Callable[[str], list[int]],
-            encode_chat: EncodeChat) -> TracePlan:
-    """The prompts, the system message that makes the head whole blocks, and each prompt checked."""
+            encode_chat: EncodeChat, users: Sequence[int] | None = None) -> TracePlan:
+    """The prompts, the system message that makes the head whole blocks, and each prompt checked;
+    users: each request's user (default: all one user's), the ideal reckoned per user."""
     bt = text.block_tokens
     marker_text = text.block(-1)
     marker = encode(marker_text)
@@ -59,8 +72,9 @@ def prepare(requests: Sequence[TraceRequest], text: BlockText, encode: Callable[
         wrong = check_prompt(encode_chat(system, prompts[-1]), head, text.expected_ids(r, encode), tail)
         if wrong:
             mismatches.append(f"request {i}: {wrong}")
+    users = list(users) if users is not None else []
     return TracePlan(list(requests), bt, system, len(head), prompts,
-                     mooncake.ideal_blocks(requests, bt), mismatches)
+                     mooncake.ideal_blocks(requests, bt, users or None), mismatches, users)
 
 
 @dataclasses.dataclass
@@ -90,15 +104,18 @@ async def _one(session, base_url: str, token: str, model: str, plan: TracePlan, 
     return sent
 
 
-async def replay(base_url: str, token: str, model: str, plan: TracePlan, speedup: float,
+async def replay(base_url: str, token: str | Sequence[str], model: str, plan: TracePlan, speedup: float,
                  max_new_tokens: int) -> tuple[list[Sent], float]:
-    """Every request at its timestamp (from the first, divided by speedup); outcomes and wall time (s)."""
+    """Every request at its timestamp (from the first, divided by speedup), as its user (token: one
+    for all, or the bearer token of each user of plan.users); outcomes and wall time (s)."""
     t0 = plan.requests[0].timestamp_ms if plan.requests else 0.0
+    tokens = [token] if isinstance(token, str) else list(token)
     begin = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         sent = await asyncio.gather(*(
-            _one(session, base_url, token, model, plan, i, (r.timestamp_ms - t0) / 1e3 / speedup, begin,
-                 max_new_tokens) for i, r in enumerate(plan.requests)))
+            _one(session, base_url, tokens[plan.user(i) % len(tokens)], model, plan, i,
+                 (r.timestamp_ms - t0) / 1e3 / speedup, begin, max_new_tokens)
+            for i, r in enumerate(plan.requests)))
     return list(sent), time.perf_counter() - begin
 
 
@@ -108,19 +125,22 @@ def figures(plan: TracePlan, sent: Sequence[Sent]) -> dict:
     for s in sent:
         r, rep = plan.requests[s.index], s.reply
         hit = max(0, rep.cached_tokens - plan.head_tokens) if rep else 0
-        rows.append({"index": s.index, "blocks": len(r.hash_ids), "input_tokens": r.input_length,
-                     "ideal_tokens": plan.ideal_blocks[s.index] * bt, "hit_tokens": hit,
+        rows.append({"index": s.index, "user": plan.user(s.index), "blocks": len(r.hash_ids),
+                     "input_tokens": r.input_length, "ideal_tokens": plan.ideal_blocks[s.index] * bt, "hit_tokens": hit,
                      "cached_tokens": rep.cached_tokens if rep else 0,
                      "prompt_tokens": rep.prompt_tokens if rep else 0,
                      "ttft_s": rep.ttft_s if rep else None, "late_s": s.sent_s - s.due_s, "error": s.error})
     ok = [row for row in rows if not row["error"]]
     ideal, hit = sum(r["ideal_tokens"] for r in ok), sum(r["hit_tokens"] for r in ok)
+    capped = sum(min(r["hit_tokens"], r["ideal_tokens"]) for r in ok)  # each request: at most what it could reuse
     prompt = sum(r["prompt_tokens"] for r in ok)
-    return {"requests": len(rows), "failed": len(rows) - len(ok), "ideal_tokens": ideal, "hit_tokens": hit,
-            "hit_over_ideal_tokens": sum(min(r["hit_tokens"], r["ideal_tokens"]) for r in ok),
-            "prefix_hit_vs_ideal": ratio(hit, ideal), "trace_tokens": sum(r["input_tokens"] for r in ok),
+    return {"requests": len(rows), "failed": len(rows) - len(ok), "users": len({r["user"] for r in rows}),
+            "ideal": IDEAL, "ideal_tokens": ideal, "hit_tokens": hit,
+            "hit_over_ideal_tokens": capped, "hit_beyond_ideal_tokens": hit - capped,
+            "requests_below_ideal": sum(1 for r in ok if r["hit_tokens"] < r["ideal_tokens"]),
+            "prefix_hit_vs_ideal": ratio(capped, ideal), "trace_tokens": sum(r["input_tokens"] for r in ok),
             "ideal_share": ratio(ideal, sum(r["input_tokens"] for r in ok)),
-            "hit_share": ratio(hit, sum(r["input_tokens"] for r in ok)),
+            "hit_share": ratio(capped, sum(r["input_tokens"] for r in ok)),
             "cached_share_of_prompt": ratio(sum(r["cached_tokens"] for r in ok), prompt),
             "seen_id_share": mooncake.seen_id_share(plan.requests),
             "ttft_s": summarize([r["ttft_s"] for r in ok]) if ok else None,

@@ -160,6 +160,48 @@ def reply(cached, prompt=100, ttft=0.1, text="x"):
     return Reply(text, ttft, ttft * 2, prompt, cached, 4, "stop")
 
 
+def test_users_are_the_groups_dealt_round_robin_and_share_no_prefix():
+    trace = mooncake.synthetic_trace(40, seed=3, groups=8)
+    users = mooncake.users_of(trace, 4)
+    assert set(users) == {0, 1, 2, 3} and mooncake.users_of(trace) == mooncake.users_of(trace, 8)
+    by_first = {}
+    for r, u in zip(trace, users):  # a group (its first block) is one user's
+        assert by_first.setdefault(r.hash_ids[0], u) == u
+    blocks = {}
+    for r, u in zip(trace, users):  # no prefix is sent by two users
+        for k in range(len(r.hash_ids)):
+            assert blocks.setdefault(r.hash_ids[:k + 1], u) == u
+
+
+def test_the_ideal_is_per_user_a_prefix_of_another_user_is_no_hit():
+    trace = [req([1, 2, 3]), req([1, 2, 4]), req([1, 2, 5])]
+    assert mooncake.ideal_blocks(trace, 4) == [0, 2, 2]
+    assert mooncake.ideal_blocks(trace, 4, [0, 1, 0]) == [0, 0, 2]  # request 1's user never sent [1, 2]
+
+
+def test_a_multi_user_trace_leaves_room_below_the_ideal():
+    """Several users whose groups recur: a cache must keep many users' prefixes to reach the ideal."""
+    trace = mooncake.scale(mooncake.synthetic_trace(160, seed=0, groups=16), 512, 32)
+    users = mooncake.users_of(trace, 16)
+    ideal = mooncake.ideal_blocks(trace, 32, users)
+    assert len(set(users)) == 16 and sum(ideal) > 0 and ideal.count(0) >= 16  # each user's first request
+    distinct = {(u, r.hash_ids[:k + 1]) for r, u in zip(trace, users) for k in range(len(r.hash_ids))}
+    assert len(distinct) * 32 > 3 * replay.parse_args([]).trace_pool_tokens  # the pool holds a third at most
+
+
+def test_trace_figures_cap_each_requests_hit_at_its_own_ideal():
+    plan = trace_replay.TracePlan([req([1, 2, 3]), req([1, 2, 4]), req([1, 2, 5])], 4, "sys", 8,
+                                  ["", "", ""], [0, 1, 2], [], [0, 0, 0])
+    sent = [trace_replay.Sent(0, 0.0, 0.01, reply(8 + 4)), trace_replay.Sent(1, 1.0, 1.0, reply(8 + 8)),
+            trace_replay.Sent(2, 2.0, 2.0, reply(8 + 4))]
+    f = trace_replay.figures(plan, sent)
+    # request 0 could reuse nothing and request 1 one block: their extra hits must not make up for
+    # request 2's missed block
+    assert (f["ideal_tokens"], f["hit_tokens"], f["hit_over_ideal_tokens"]) == (12, 16, 8)
+    assert f["prefix_hit_vs_ideal"] == 8 / 12 and f["hit_beyond_ideal_tokens"] == 8
+    assert f["requests_below_ideal"] == 1 and "same user" in f["ideal"] and f["users"] == 1
+
+
 def test_trace_figures_count_hits_past_the_head_against_the_ideal():
     plan = trace_replay.TracePlan([req([1, 2, 3]), req([1, 2, 4]), req([1, 2, 5])], 4, "sys", 8,
                                   ["", "", ""], [0, 2, 2], [])
@@ -265,5 +307,6 @@ def test_replay_smoke(tmp_path):
     assert trace["prompt_mismatches"] == [] and trace["ideal_tokens"] > 0
     fire = trace["storage"]["trigger_to_fire_us"]  # the agent's latency under the replay's load
     assert fire["fired"] > 0 and 0 < fire["p50"] <= fire["p99"]
-    assert 0 < trace["hit_over_ideal_tokens"] == trace["hit_tokens"]  # never more than the trace allows
+    assert 0 < trace["hit_over_ideal_tokens"] <= trace["hit_tokens"]  # capped per request at its ideal
+    assert trace["users"] > 1 and "ideal" in trace and result["failed"] == []
     assert {"followup_ttft_recompute_vs_restore", "prefix_hit_vs_ideal"} <= set(result["ratios"])
