@@ -62,17 +62,19 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.slow
-def test_sigterm_stops_the_services_a_benchmark_started(tmp_path):
-    """`kvtb bench storage` (a real storage node process) killed by SIGTERM, as `timeout` does,
-    while it runs: afterwards none of the processes it started is alive."""
-    argv = kvtb_argv("bench", "storage", "--json", "--out", str(tmp_path / "out"), "--rounds", "50")
+def terminate_when_serving(argv: list[str], tmp_path: Path, services: int, timeout_s: float) -> None:
+    """Run a benchmark; once `services` of its descendants serve, SIGTERM it (as `timeout` does)
+    and assert that it exits 143 and that none of the processes below it is alive afterwards."""
     bench = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              env={**os.environ, "TMPDIR": str(tmp_path)})
+
+    def serving() -> dict[int, str] | None:
+        found = descendants(bench.pid)
+        return found if sum("serve" in c for c in found.values()) >= services else None
     try:
-        services = wait_for(lambda: {p: c for p, c in descendants(bench.pid).items() if "serve" in c},
-                            60, "the storage node to start")
+        wait_for(serving, timeout_s, "the services to start")
         time.sleep(1.0)  # in the middle of its work
+        services = descendants(bench.pid)
         bench.send_signal(signal.SIGTERM)
         code = bench.wait(60)
     finally:
@@ -84,6 +86,21 @@ def test_sigterm_stops_the_services_a_benchmark_started(tmp_path):
         os.kill(pid, signal.SIGKILL)
     assert left == {}, f"still running after SIGTERM: {left}"
     assert code == 128 + signal.SIGTERM, bench.stderr.read()[-2000:]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_services_a_benchmark_started(tmp_path):
+    """`kvtb bench storage` (a real storage node process) killed while it runs."""
+    terminate_when_serving(kvtb_argv("bench", "storage", "--json", "--out", str(tmp_path / "out"), "--rounds", "50"),
+                           tmp_path, services=1, timeout_s=60)
+
+
+@pytest.mark.slow
+def test_sigterm_reaches_bench_offloads_child_and_its_services(tmp_path):
+    """`kvtb bench offload` (a child process per block size, which starts a storage node and the
+    agent) killed as `timeout` killed it: its child and their services all stop."""
+    terminate_when_serving(kvtb_argv("bench", "offload", "--smoke", "--json", "--out", str(tmp_path / "out")),
+                           tmp_path, services=2, timeout_s=300)
 
 
 CHILD = textwrap.dedent("""
