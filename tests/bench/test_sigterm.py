@@ -74,14 +74,14 @@ def terminate_when_serving(argv: list[str], tmp_path: Path, services: int, timeo
     try:
         wait_for(serving, timeout_s, "the services to start")
         time.sleep(1.0)  # in the middle of its work
-        services = descendants(bench.pid)
+        started = descendants(bench.pid)  # the services, and any child between them and the benchmark
         bench.send_signal(signal.SIGTERM)
         code = bench.wait(60)
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait()
-    left = {p: c for p, c in services.items() if alive(p, c)}
+    left = {p: c for p, c in started.items() if alive(p, c)}
     for pid in left:  # leave nothing behind, whatever the outcome
         os.kill(pid, signal.SIGKILL)
     assert left == {}, f"still running after SIGTERM: {left}"
