@@ -167,6 +167,18 @@ def test_every_figure_has_a_measured_claim():
     assert by["Fig. 7 (shape)"]["agrees"] is True    # 2.5x at 32 KiB against 2x at 8 MiB
 
 
+def test_claims_with_only_sizes_beyond_fig5():
+    s = study()
+    rows = paper.summarize([sample(2 * GIB, "cpu", 0, 20.0, 20.0, 4.0),
+                            sample(2 * GIB, "triggered", 0, 8.0, 0.1, 0.01)])
+    s["ratios"] |= paper.transfer_ratios(rows, None)
+    paper.add_claims(s, rows, None, None)
+    fig5 = next(c for c in s["claims"] if c["figure"] == "Fig. 5")
+    assert "2.5x" in fig5["measured"] and "2 GiB" in fig5["measured"]
+    shape = next(c for c in s["claims"] if c["figure"] == "Fig. 7 (shape)")
+    assert shape["agrees"] is None and "one size" in shape["measured"]
+
+
 def test_claims_of_parts_that_failed_say_so():
     s = study(failed=[{"part": "transfers", "error": "RuntimeError: boom"}])
     paper.add_claims(s, [], None, None)
