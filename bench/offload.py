@@ -144,7 +144,8 @@ def measure_decode(stub, block_tokens: int, decode_tokens: int, repeats: int, tu
         for policy in policy_order(round_):  # a user of its own each time: nothing of another turn is reused
             before = failed_stores(policy)
             recs = [generate(stub, f"bench-{policy}-{round_}", f"{policy}-{uuid.uuid4().hex[:8]}", prompt,
-                             decode_tokens, policy, timeout_s=900, ignore_eos=True).record for _ in range(turns)]
+                             decode_tokens, policy, timeout_s=900, ignore_eos=True).record
+                    for _ in range(turns)]
             samples[policy].append({"turns": turns, "tbt_ms": mean(r.tbt_ms for r in recs),
                                     "stall_ms": sum(r.offload_stall_ms for r in recs),
                                     "blocks": sum(r.chunks_offloaded for r in recs),
@@ -249,7 +250,8 @@ def plot(result: dict, out: Path) -> Path | None:
 
 def run(args: argparse.Namespace) -> dict:
     result = new_result("offload", {"block_tokens": args.block_tokens, "decode_tokens": args.decode_tokens,
-                                    "repeats": args.repeats, "turns_per_sample": args.turns_per_sample or "auto",
+                                    "repeats": args.repeats,
+                                    "turns_per_sample": args.turns_per_sample or "auto",
                                     "min_blocks_per_sample": MIN_BLOCKS_PER_SAMPLE,
                                     "warm_up": "every policy", "order": "rotating",
                                     "storage_fsync": True, "smoke": args.smoke})

@@ -84,7 +84,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     tr.add_argument("--trace-pool-tokens", type=int, default=4096,
                     help="the trace stack's KV pool (default 4096: a fraction of the users' working set)")
     tr.add_argument("--trace-capacity-mib", type=int, default=0,
-                    help="the agent's storage capacity for the trace (0: the default, beyond the working set)")
+                    help="the agent's storage capacity for the trace (0: the default, beyond the "
+                         "working set)")
     tr.add_argument("--write-trace", type=Path, metavar="FILE.jsonl", help="also save the trace replayed (unscaled)")
     tr.add_argument("--source-block-tokens", type=int, default=mooncake.MOONCAKE_BLOCK_TOKENS,
                     help="tokens per hash id in the trace (Mooncake: 512)")
@@ -99,7 +100,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.users, args.rounds, args.context_words, args.system_words = 2, 2, 48, 16
         args.think_s, args.max_new_tokens, args.synthetic, args.reps = 0.2, 4, min(args.synthetic, 8), 1
         args.speedup, args.trace_max_new_tokens, args.pool_tokens = max(args.speedup, 4.0), 2, 4096
-        args.synthetic, args.trace_users, args.trace_pool_tokens = min(args.synthetic, 12), min(args.trace_users, 3), 1024
+        args.synthetic, args.trace_users = min(args.synthetic, 12), min(args.trace_users, 3)
+        args.trace_pool_tokens = 1024
     if args.trace_users < 1:
         p.error("--trace-users must be at least 1")
     return args
@@ -138,8 +140,9 @@ def trace_stack_config(args) -> dict:
     smartnic = ({"capacity_high_bytes": args.trace_capacity_mib << 20,
                  "capacity_low_bytes": int(0.8 * (args.trace_capacity_mib << 20))}
                 if args.trace_capacity_mib else {})
-    return bench_config(pool_tokens=args.trace_pool_tokens, max_context_tokens=4096, users=args.trace_users + 1,
-                        max_new_tokens=args.trace_max_new_tokens, smartnic=smartnic,
+    return bench_config(pool_tokens=args.trace_pool_tokens, max_context_tokens=4096,
+                        users=args.trace_users + 1, max_new_tokens=args.trace_max_new_tokens,
+                        smartnic=smartnic,
                         frontend={"message_max_chars": 200_000})
 
 
@@ -242,7 +245,8 @@ def tokenizer(stack: Stack):
 
 def working_set(plan: trace_replay.TracePlan) -> dict:
     """The distinct blocks the trace's users send (each user's heads and prefixes), in tokens."""
-    blocks = {(plan.user(i), r.hash_ids[:k + 1]) for i, r in enumerate(plan.requests) for k in range(len(r.hash_ids))}
+    blocks = {(plan.user(i), r.hash_ids[:k + 1])
+              for i, r in enumerate(plan.requests) for k in range(len(r.hash_ids))}
     users = len(set(plan.users)) if plan.users else 1
     tokens = len(blocks) * plan.block_tokens + users * plan.head_tokens
     return {"blocks": len(blocks) + users * plan.head_tokens // plan.block_tokens, "tokens": tokens}
@@ -296,8 +300,9 @@ def run_qa_stacks(args, progress) -> dict:
     with contextlib.ExitStack() as up:
         stacks, models = {}, {}
         for policy in POLICIES:
-            stacks[policy] = up.enter_context(Stack(services_dir(args, f"replay-{policy}"), stack_config(args),
-                                                    policy=policy, keep_data=args.keep_data))
+            stack = Stack(services_dir(args, f"replay-{policy}"), stack_config(args), policy=policy,
+                          keep_data=args.keep_data)
+            stacks[policy] = up.enter_context(stack)
             models[policy] = warm_up(stacks[policy], warm_up_user(args))
             progress.update(note=f"{policy} stack up")
         return run_qa_reps(args, stacks, models, progress)
@@ -410,8 +415,9 @@ def table(result: dict) -> str:
             + (f", storage capacity {t['capacity_mib']} MiB" if t.get("capacity_mib") else "") + "\n"
             f"ideal prefix share {t['ideal_share']:.3f}, served from cache {t['hit_share']:.3f} "
             f"(hit/ideal {t['prefix_hit_vs_ideal']:.3f}, each request capped at its own ideal; "
-            f"{t.get('requests_below_ideal', 0)} requests below it, {t.get('hit_beyond_ideal_tokens', 0)} tokens "
-            f"beyond it); trace's own reused-id share {t['seen_id_share']:.3f}\n"
+            f"{t.get('requests_below_ideal', 0)} requests below it, "
+            f"{t.get('hit_beyond_ideal_tokens', 0)} tokens beyond it); "
+            f"trace's own reused-id share {t['seen_id_share']:.3f}\n"
             f"{t.get('ideal', '')}\n"
             f"TTFT p50 {(t['ttft_s'] or {'p50': 0})['p50'] * 1e3:.1f} ms, sent late p99 "
             f"{t['late_s']['p99'] * 1e3:.1f} ms; kv source {sources(t['storage']['kv_source'])}; bytes put "

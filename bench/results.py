@@ -359,7 +359,8 @@ def stop_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_child(argv: list[str], timeout_s: float, stop_timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+def run_child(argv: list[str], timeout_s: float,
+              stop_timeout_s: float = 120.0) -> subprocess.CompletedProcess:
     """Run argv to its end, its stdout and stderr captured (text), as subprocess.run does; but when
     it times out (subprocess.TimeoutExpired) or this process is stopped (SystemExit from SIGTERM,
     KeyboardInterrupt), the child gets SIGTERM, so that it stops its own services, and is waited

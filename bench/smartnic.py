@@ -233,9 +233,11 @@ class Transfer:
         self.get_s.append(self._fire(GET_TRIGGER, gets, GET_DONE, r))
         failed = self.region.read_counter(PUT_DONE)[1] + self.region.read_counter(GET_DONE)[1]
         if failed:
-            raise RuntimeError(f"{failed} transfers of {format_bytes(self.chunk_bytes)} chunks failed in round {r}")
+            raise RuntimeError(f"{failed} transfers of {format_bytes(self.chunk_bytes)} chunks failed "
+                               f"in round {r}")
         if bytes(self.region.view(area, area)) != bytes(self.region.view(0, area)):
-            raise RuntimeError(f"GET of {format_bytes(self.chunk_bytes)} chunks gave other bytes than were PUT")
+            raise RuntimeError(f"GET of {format_bytes(self.chunk_bytes)} chunks gave other bytes "
+                               "than were PUT")
         agent.drop_context("bench", refs[0].context_id)
 
     def result(self) -> dict:
@@ -415,14 +417,16 @@ def transfers_by_size(result: dict, agents, sizes: list[int], total_bytes: int, 
 def chunks_line(result: dict) -> str:
     """How the chunks were stored: the format version and the MACed parts per chunk."""
     s = result["settings"]
-    return (f"chunks in format v{s.get('chunk_format_version', '?')}, {s.get('kv_parts', 1)} KV parts (a MAC each, "
-            f"as a block of the real model's layers), gathered from {s.get('ranges_per_chunk')} ranges")
+    return (f"chunks in format v{s.get('chunk_format_version', '?')}, {s.get('kv_parts', 1)} KV parts "
+            f"(a MAC each, as a block of the real model's layers), gathered from "
+            f"{s.get('ranges_per_chunk')} ranges")
 
 
 def table(result: dict) -> str:
     failed = failed_text(result)
-    return (f"{trigger.text(result['results']['trigger_to_fire'])}\n{context_line(result['results']['context_restore'])}\n"
-            f"{chunks_line(result)}\n{transfers_table(result['results']['transfers'])}\n\n{ratios_text(result['ratios'])}"
+    r = result["results"]
+    return (f"{trigger.text(r['trigger_to_fire'])}\n{context_line(r['context_restore'])}\n"
+            f"{chunks_line(result)}\n{transfers_table(r['transfers'])}\n\n{ratios_text(result['ratios'])}"
             + (f"\n\n{failed}" if failed else ""))
 
 

@@ -187,7 +187,8 @@ def headline_rows(results: dict[str, dict], failures: dict[str, str] | None = No
     for h in HEADLINES:
         value = h.value(results[h.bench]) if h.bench in results else None
         if value is None:
-            error = _short(failures[h.bench]) if failures.get(h.bench) else _parts_failed(results.get(h.bench))
+            error = (_short(failures[h.bench]) if failures.get(h.bench)
+                     else _parts_failed(results.get(h.bench)))
             if error is None:
                 if h.bench not in results:
                     continue  # not run: no row, no made-up value
@@ -207,8 +208,8 @@ def _parts_failed(result: dict | None) -> str | None:
 def _short(error: str, limit: int = 160) -> str:
     """An error's last meaningful line, cut (a traceback's last line says what went wrong)."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    line = next((ln for ln in reversed(lines) if re.match(r"^[A-Za-z_.]+(Error|Exception|Expired|Exit)\b", ln)),
-                lines[0] if lines else "unknown error")
+    named = r"^[A-Za-z_.]+(Error|Exception|Expired|Exit)\b"
+    line = next((ln for ln in reversed(lines) if re.match(named, ln)), lines[0] if lines else "unknown error")
     line = line.replace("|", "\\|")
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
@@ -216,7 +217,8 @@ def _short(error: str, limit: int = 160) -> str:
 def headline_table(results: dict[str, dict], failures: dict[str, str] | None = None) -> str:
     """The headline rows as a Markdown table (failures: name -> error of a benchmark that failed)."""
     lines = ["| question | measured | floor, goal or reference | by |", "| --- | --- | --- | --- |"]
-    return "\n".join(lines + [f"| {q} | {v} | {t} | {b} |" for q, v, t, b in headline_rows(results, failures)])
+    rows = headline_rows(results, failures)
+    return "\n".join(lines + [f"| {q} | {v} | {t} | {b} |" for q, v, t, b in rows])
 
 
 def splice(text: str, block: str) -> str:
@@ -265,7 +267,8 @@ def failed_parts(entries: list[dict]) -> list[dict[str, str]]:
 
 def step_failures(report: dict) -> dict[str, str]:
     """name -> error of each benchmark that failed without a result (its headlines say so)."""
-    return {e["name"]: _short(e["error"]) for e in report.get("steps", []) if e.get("error") and not e.get("result")}
+    return {e["name"]: _short(e["error"]) for e in report.get("steps", [])
+            if e.get("error") and not e.get("result")}
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
@@ -344,7 +347,8 @@ def _failure_line(failure: dict | str) -> str:
 def readme_block(report: dict, report_path: Path) -> str:
     """The headline table and the line that says where and by what it was measured."""
     m = report["machine"]
-    return (f"{headline_table(results_of(report), step_failures(report))}\n\nMeasured by `{report['command']}` on {m.get('cores')} "
+    table = headline_table(results_of(report), step_failures(report))
+    return (f"{table}\n\nMeasured by `{report['command']}` on {m.get('cores')} "
             f"cores of an {m.get('cpu_model')} ({m.get('time_utc', '')[:10]}, commit "
             f"{(m.get('git_commit') or '')[:12]}); the whole report with tables and plots: `{report_path}`.")
 
@@ -386,6 +390,7 @@ def main(argv: list[str]) -> int:
         for failure in report["failed"]:
             print(f"  FAILED {_failure_line(failure)}")
     if report["failed"]:
-        print(f"kvtb bench all: failed: {', '.join(_failure_line(f) for f in report['failed'])}", file=sys.stderr)
+        print(f"kvtb bench all: failed: {', '.join(_failure_line(f) for f in report['failed'])}",
+              file=sys.stderr)
         return 1
     return 0

@@ -29,9 +29,9 @@ logger = logging.getLogger(__name__)
 
 SYSTEM = "Repeat the list of words."
 EncodeChat = Callable[[str, str], list[int]]  # (system, user message) -> the template's ids
-IDEAL = ("the trace's ideal: per request, its leading full blocks whose whole prefix an earlier request of the "
-         "same user sent (users share nothing: KV is salted per user), never the whole prompt; reached by a "
-         "cache of unbounded capacity that has stored every earlier block when the request arrives. A cache "
+IDEAL = ("the trace's ideal: per request, its leading full blocks whose whole prefix an earlier request "
+         "of the same user sent (users share nothing: KV is salted per user), never the whole prompt; "
+         "reached by a cache of unbounded capacity that has stored every earlier block when the request arrives. A cache "
          "misses below it when the pool and storage hold less than the users' working set (blocks evicted), "
          "when a request arrives before the blocks it reuses were stored (requests overlap), or when a "
          "restore fails (recomputed). Each request's hit counts at most its own ideal.")
@@ -126,13 +126,14 @@ def figures(plan: TracePlan, sent: Sequence[Sent]) -> dict:
         r, rep = plan.requests[s.index], s.reply
         hit = max(0, rep.cached_tokens - plan.head_tokens) if rep else 0
         rows.append({"index": s.index, "user": plan.user(s.index), "blocks": len(r.hash_ids),
-                     "input_tokens": r.input_length, "ideal_tokens": plan.ideal_blocks[s.index] * bt, "hit_tokens": hit,
+                     "input_tokens": r.input_length, "ideal_tokens": plan.ideal_blocks[s.index] * bt,
+                     "hit_tokens": hit,
                      "cached_tokens": rep.cached_tokens if rep else 0,
                      "prompt_tokens": rep.prompt_tokens if rep else 0,
                      "ttft_s": rep.ttft_s if rep else None, "late_s": s.sent_s - s.due_s, "error": s.error})
     ok = [row for row in rows if not row["error"]]
     ideal, hit = sum(r["ideal_tokens"] for r in ok), sum(r["hit_tokens"] for r in ok)
-    capped = sum(min(r["hit_tokens"], r["ideal_tokens"]) for r in ok)  # each request: at most what it could reuse
+    capped = sum(min(r["hit_tokens"], r["ideal_tokens"]) for r in ok)  # each at most what it could reuse
     prompt = sum(r["prompt_tokens"] for r in ok)
     return {"requests": len(rows), "failed": len(rows) - len(ok), "users": len({r["user"] for r in rows}),
             "ideal": IDEAL, "ideal_tokens": ideal, "hit_tokens": hit,

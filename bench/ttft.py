@@ -42,7 +42,7 @@ from bench.results import (
     services_dir,
 )
 from bench.stack import Stack, bench_config
-from bench.stats import crossover, ratio, summarize
+from bench.stats import crossover, mean, ratio, summarize
 from bench.turns import FILLER, context_prompt, encode, follow_up_ids, generate
 from compute_node.settings import ComputeSettings
 
@@ -101,7 +101,8 @@ def whole_blocks_prompt(encode_text, tokens: int, block_tokens: int) -> list[int
 
 def source_mismatches(kv_sources: dict[str, list[str]]) -> list[str]:
     """Follow-ups whose kv_source is not their policy's (EXPECTED_SOURCE): 'policy run i: got x'."""
-    return [f"{policy} follow-up {i + 1}: kv_source {got!r}, expected {' or '.join(map(repr, EXPECTED_SOURCE[policy]))}"
+    return [f"{policy} follow-up {i + 1}: kv_source {got!r}, "
+            f"expected {' or '.join(map(repr, EXPECTED_SOURCE[policy]))}"
             for policy, sources in kv_sources.items() for i, got in enumerate(sources)
             if got not in EXPECTED_SOURCE[policy]]
 
@@ -161,7 +162,8 @@ def run_sizes(result: dict, stub, sizes: list[int], reps: int, max_new: int, pro
             rows[str(n)] = {"failed": fail(result, f"{n} tokens", exc)["error"]}
             continue
         if row["mismatches"]:
-            row["failed"] = fail(result, f"{n} tokens", KvSourceMismatch("; ".join(row["mismatches"])))["error"]
+            mismatch = KvSourceMismatch("; ".join(row["mismatches"]))
+            row["failed"] = fail(result, f"{n} tokens", mismatch)["error"]
         rows[str(n)] = row
     return rows
 
@@ -211,8 +213,7 @@ def table(result: dict) -> str:
             rows.append([size, row.get("context_tokens", "-"), f"failed: {error[:200]}", *[""] * 6])
             continue
         med = {p: row["policies"][p]["ttft_s"]["p50"] * 1e3 for p in POLICIES}
-        reused = "/".join(str(round(sum(row["policies"][p]["tokens_reused"]) / len(row["policies"][p]["tokens_reused"])))
-                          for p in BUILT)
+        reused = "/".join(str(round(mean(row["policies"][p]["tokens_reused"]))) for p in BUILT)
         rows.append([size, row["context_tokens"], f"{med['resident']:.1f}", f"{med['triggered']:.1f}",
                      f"{med['recompute']:.1f}", f"{result['ratios'][f'recompute_vs_restore_{size}']:.2f}",
                      f"{result['ratios'][f'restore_vs_resident_{size}']:.2f}", reused, "ok"])
@@ -224,8 +225,8 @@ def table(result: dict) -> str:
               "above_largest": f"above the largest size measured ({cross.get('largest')})",
               "not_measured": "not measured (every size failed)"}[cross["where"]])
     failed = failed_text(result)
-    return (f"follow-up TTFT, median of {result['settings']['reps']} (client side); contexts of whole blocks; "
-            f"every follow-up's kv_source checked\n"
+    return (f"follow-up TTFT, median of {result['settings']['reps']} (client side); contexts of whole "
+            f"blocks; every follow-up's kv_source checked\n"
             f"{format_table(head, rows)}\n\ncrossover (recomputing as fast as restoring): {where}\n\n"
             f"{ratios_text(result['ratios'])}" + (f"\n\n{failed}" if failed else ""))
 

@@ -28,7 +28,8 @@ def test_every_level_works_through_the_same_mix_of_conversations():
 
 
 def _figures(tokens_per_s: float) -> dict:
-    return {"ttft_ms": {"mean": 100.0, "p50": 90.0, "p99": 200.0}, "tbt_ms": {"mean": 50.0, "p50": 50.0, "p99": 60.0},
+    return {"ttft_ms": {"mean": 100.0, "p50": 90.0, "p99": 200.0},
+            "tbt_ms": {"mean": 50.0, "p50": 50.0, "p99": 60.0},
             "output_tokens_per_s": tokens_per_s, "gateway_ms_mean": 5.0, "engine_ms_mean": 100.0,
             "restore_hit_rate": 1.0, "preemptions": {}, "replies_identical_to_alone": 1.0,
             "cpu_cores": {"compute": 1.0}}
@@ -49,7 +50,8 @@ def test_a_failed_level_is_reported_with_its_error_not_dropped(monkeypatch, tmp_
         if n == 4:
             raise TimeoutError("the frontend did not answer")
         if n == 8:
-            return {"errors": ["conversation 3 (u9): ChatFailed: 503"]}, ["conversation 3 (u9): ChatFailed: 503"]
+            errors = ["conversation 3 (u9): ChatFailed: 503"]
+            return {"errors": errors}, errors
         return _figures(10.0 * n), []
 
     monkeypatch.setattr(concurrency, "Stack", fake_stack)

@@ -47,7 +47,8 @@ def test_a_failed_policy_and_fraction_is_reported_and_the_others_still_run(monke
                                                               "schedule": []})
     monkeypatch.setattr(eviction, "run_config", fake_run_config)
     monkeypatch.setattr(eviction, "plot", lambda result, out: None)
-    args = eviction.parse_args(["--policies", "lru", "timer", "--fractions", "0.5", "1.0", "--out", str(tmp_path)])
+    args = eviction.parse_args(["--policies", "lru", "timer", "--fractions", "0.5", "1.0",
+                                "--out", str(tmp_path)])
     result = eviction.run(args)
     assert result["failed"] == [{"part": "timer_0.5", "error": "RuntimeError: the agent exited"}]
     assert set(result["results"]["runs"]) == {"lru_0.5", "lru_1.0", "timer_1.0"}

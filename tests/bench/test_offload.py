@@ -52,7 +52,8 @@ class FakeStub:
 
     def Generate(self, request, timeout):  # noqa: N802
         policy = request.policy
-        blocks = 0 if policy == "resident" else (len(request.token_ids) + request.max_new_tokens) // self.block
+        tokens = len(request.token_ids) + request.max_new_tokens
+        blocks = 0 if policy == "resident" else tokens // self.block
         first_cpu = policy == "cpu" and not any(p == "cpu" for p, _ in self.turns)
         self.turns.append((policy, blocks))
         for i in range(request.max_new_tokens):
@@ -91,4 +92,5 @@ def test_table_shows_every_block_size_policy_failure_and_ratio():
     assert lines[4].split()[0] == "32"
     assert lines[5].split()[:3] == ["128", "failed:", "RuntimeError:"]
     assert lines[-3].split() == ["cpu_stall_vs_triggered_32", "24"]
-    assert lines[-2:] == ["cpu_stall_vs_triggered_32 >= 100: 24 (NOT met)", "triggered_stall_us_32 <= 20: 12.5 (met)"]
+    assert lines[-2:] == ["cpu_stall_vs_triggered_32 >= 100: 24 (NOT met)",
+                          "triggered_stall_us_32 <= 20: 12.5 (met)"]

@@ -91,8 +91,8 @@ def terminate_when_serving(argv: list[str], tmp_path: Path, services: int, timeo
 @pytest.mark.slow
 def test_sigterm_stops_the_services_a_benchmark_started(tmp_path):
     """`kvtb bench storage` (a real storage node process) killed while it runs."""
-    terminate_when_serving(kvtb_argv("bench", "storage", "--json", "--out", str(tmp_path / "out"), "--rounds", "50"),
-                           tmp_path, services=1, timeout_s=60)
+    argv = kvtb_argv("bench", "storage", "--json", "--out", str(tmp_path / "out"), "--rounds", "50")
+    terminate_when_serving(argv, tmp_path, services=1, timeout_s=60)
 
 
 @pytest.mark.slow

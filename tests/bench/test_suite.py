@@ -73,7 +73,8 @@ def test_report_embeds_tables_plots_ratios_and_failures(tmp_path):
     assert "![datapath](datapath/datapath.png)" in text and "`python -m kvtb.cli`" in text
     assert "put_vs_limit  0.6" in text and "16 MiB rounds, MB/s" in text  # the benchmark's own table
     assert "**Failed:**" in text and "- ttft: exit code 1: boom" in text
-    assert "| Follow-up TTFT, recomputed / restored, 2,048-token context | failed: exit code 1: boom |" in text
+    assert ("| Follow-up TTFT, recomputed / restored, 2,048-token context | failed: exit code 1: boom |"
+            in text)
     assert "| cores |" in text and '"stack"' not in text
     block = suite.readme_block(report, Path("out/report/README.md"))
     assert block.startswith("| question |") and "`kvtb bench all --quick`" in block

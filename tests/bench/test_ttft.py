@@ -32,10 +32,10 @@ def test_every_follow_ups_kv_source_is_checked_against_its_policy():
     assert ttft.source_mismatches(ok) == []
     bad = {**ok, "triggered": ["restored", "partial"], "resident": ["recomputed", "resident"],
            "recompute": ["resident"]}
-    assert ttft.source_mismatches(bad) == ["resident follow-up 1: kv_source 'recomputed', expected 'resident'",
-                                           "triggered follow-up 2: kv_source 'partial', expected 'restored'",
-                                           "recompute follow-up 1: kv_source 'resident', expected 'none' or "
-                                           "'recomputed'"]
+    assert ttft.source_mismatches(bad) == [
+        "resident follow-up 1: kv_source 'recomputed', expected 'resident'",
+        "triggered follow-up 2: kv_source 'partial', expected 'restored'",
+        "recompute follow-up 1: kv_source 'resident', expected 'none' or 'recomputed'"]
 
 
 def row(size: int, triggered: list[str], ms: tuple[float, float, float] = (20.0, 22.0, 400.0)) -> dict:
@@ -52,7 +52,8 @@ def test_a_size_with_a_mismatch_or_an_error_is_reported_failed_and_gives_no_rati
         return row(size, ["restored"] if size == 256 else ["partial"])
     monkeypatch.setattr(ttft, "run_size", fake_run_size)
     result = {"bench": "ttft", "settings": {"reps": 1}, "results": {}, "ratios": {}, "failed": []}
-    result["results"]["sizes"] = ttft.run_sizes(result, None, [256, 512, 1024], 1, 2, Progress(1, "x", enabled=False))
+    quiet = Progress(1, "x", enabled=False)
+    result["results"]["sizes"] = ttft.run_sizes(result, None, [256, 512, 1024], 1, 2, quiet)
     ttft.add_ratios(result)
     assert [f["part"] for f in result["failed"]] == ["512 tokens", "1024 tokens"]
     assert "kv_source 'partial', expected 'restored'" in result["failed"][0]["error"]
