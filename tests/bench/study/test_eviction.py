@@ -1,5 +1,5 @@
 """kvtb study eviction: its options, claims and headline from an in-process --smoke run (the replay
-only), and a --smoke run's JSON contract with the real services (slow: real processes, the tiny model)."""
+only: --real-requests 0), and a --smoke run's JSON contract (slow: real processes, the tiny model)."""
 import json
 import math
 import os
@@ -17,7 +17,7 @@ def test_modes_set_the_trace_capacities_and_the_real_check():
     full, quick, smoke = parse_args([]), parse_args(["--quick"]), parse_args(["--smoke"])
     assert full.requests == 3000 and len(full.capacities) == 8 and full.real_requests == 100
     assert quick.requests == 1500 and 0.25 in quick.capacities and quick.real_requests == 40
-    assert smoke.requests == 200 and smoke.real_requests == 0
+    assert smoke.requests == 200 and smoke.real_requests == 6
     assert full.real_policies == ["lru", "on_reuse"] and quick.real_policies == ["lru"]
     given = parse_args(["--smoke", "--capacities", "0.5", "0.1", "--requests", "50", "--real-requests", "4"])
     assert given.capacities == [0.1, 0.5] and given.requests == 50 and given.real_requests == 4
@@ -37,7 +37,7 @@ def test_block_ids_make_equal_ids_equal_tokens():
 @pytest.fixture(scope="module")
 def smoke_study(tmp_path_factory):
     out = tmp_path_factory.mktemp("eviction")
-    args = parse_args(["--smoke", "--out", str(out), "--requests", "400"])
+    args = parse_args(["--smoke", "--out", str(out), "--requests", "400", "--real-requests", "0"])
     study, title, intro, body = eviction.run(args)
     return study, body
 
@@ -55,7 +55,7 @@ def test_the_replay_fills_every_curve_and_claim(smoke_study):
         assert curves["belady"][f]["hit_rate"] <= ideal + 1e-12
         assert curves["timer"][f]["peak_blocks"] <= curves["lru"][f]["capacity_blocks"]
     assert curves["lru"]["1"]["hit_rate"] == pytest.approx(ideal)  # nothing evicted at the whole working set
-    assert [c["agrees"] for c in study["claims"]][-1] is None  # the real check is skipped in --smoke
+    assert [c["agrees"] for c in study["claims"]][-1] is None  # the real check was skipped
     assert "skipped" in study["claims"][-1]["measured"]
     assert all(c["measured"] for c in study["claims"])
     assert "lru_vs_belady_at_0.25" in study["ratios"] and "on_reuse_puts_saved_at_0.25" in study["ratios"]
@@ -79,8 +79,7 @@ def test_a_failed_replay_is_reported_in_claims_and_headline():
 @pytest.mark.slow
 def test_smoke_run_keeps_the_json_contract(tmp_path):
     out = tmp_path / "out"
-    done = subprocess.run(kvtb_argv("study", "eviction", "--smoke", "--json", "--out", str(out),
-                                    "--real-requests", "6", "--real-policies", "lru"),
+    done = subprocess.run(kvtb_argv("study", "eviction", "--smoke", "--json", "--out", str(out)),
                           capture_output=True, text=True, timeout=300, env={**os.environ})
     assert done.returncode == 0, done.stderr[-3000:]
     study = json.loads(done.stdout.strip().splitlines()[-1])
