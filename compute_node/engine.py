@@ -8,7 +8,10 @@ the batch while the others decode, until the first layer group of every block la
 joins, and the forward waits before each later group's first layer until that group landed
 (compute_node.restore: join, LayerWait). Between layers, every few ms, the forward also takes new
 turns in and settles ended PUTs and restores (_housekeeping), so that a follow-up's restore starts
-and a finished turn's record leaves without waiting for the step to end. Service threads only call
+and a finished turn's record leaves without waiting for the step to end. Under preemption
+`swap-host` a victim's blocks are copied into the host swap tier (compute_node.host_swap) right
+after scheduling, before the forward, and back when it is re-admitted. The engine's own time in
+preemption work is kept in `cost` (compute_node.preemption_cost). Service threads only call
 submit() and snapshot().
 """
 from __future__ import annotations

@@ -1,0 +1,131 @@
+"""The recompute-vs-swap study's definitions (pure: no services, no clock).
+
+"Overhead" of a preemption strategy, measured two ways on the same batch of requests issued at once:
+
+- extra end to end: the batch's makespan (first request issued to last reply ended) at a tight pool
+  minus the same batch's makespan on a pool that never runs out, under the same turn policy
+  (`extra_e2e`); also as a fraction of the latter;
+- the engine's own time in preemption work: the compute node's counters
+  (compute_node.preemption_cost) over the batch: forward time on tokens computed again after a
+  recompute preemption, plus the swaps' copies out and in and the swapped sequences' waits for
+  their blocks from storage (`engine_overhead`).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+ENGINE_FIELDS = ("preempt_recompute_s", "preempt_recompute_tokens", "preempt_swap_s", "preempt_swap_out_s",
+                 "preempt_swap_in_s", "preempt_swap_wait_s", "swap_host_bytes_out", "swap_host_bytes_in",
+                 "swap_host_fallbacks")
+
+
+def blocks_for(tokens: int, block_tokens: int) -> int:
+    return -(-tokens // block_tokens)
+
+
+def need_tokens(requests: int, input_tokens: int, output_tokens: int, block_tokens: int) -> int:
+    """Pool tokens that hold every request's KV at its longest at once (whole blocks): the 100% of the
+    poster's "available memory" axis. A sequence's KV never covers its last generated token."""
+    if min(requests, input_tokens, output_tokens, block_tokens) <= 0:
+        raise ValueError("requests, input, output and block tokens must be positive")
+    return requests * blocks_for(input_tokens + output_tokens - 1, block_tokens) * block_tokens
+
+
+def pool_for_share(share: float, requests: int, input_tokens: int, output_tokens: int, block_tokens: int) -> int:
+    """Pool tokens (whole blocks) for `share` of need_tokens, never less than one request needs alone
+    plus one block (the engine refuses a request that could never fit)."""
+    if share <= 0:
+        raise ValueError(f"share must be positive, got {share}")
+    need = need_tokens(requests, input_tokens, output_tokens, block_tokens)
+    one = (blocks_for(input_tokens + output_tokens - 1, block_tokens) + 1) * block_tokens
+    return max(int(share * need) // block_tokens * block_tokens, one)
+
+
+def extra_e2e(tight_s: float, ample_s: float) -> dict:
+    """The extra end-to-end time of a tight pool over an ample one: seconds and fraction."""
+    if ample_s <= 0:
+        raise ValueError(f"the ample run's time must be positive, got {ample_s}")
+    return {"extra_e2e_s": tight_s - ample_s, "extra_e2e_frac": (tight_s - ample_s) / ample_s}
+
+
+def counter_delta(before: Mapping, after: Mapping) -> dict:
+    """after - before of the engine's preemption counters (missing ones count 0)."""
+    return {k: after.get(k, 0) - before.get(k, 0) for k in ENGINE_FIELDS}
+
+
+def engine_overhead(delta: Mapping) -> dict:
+    """The engine's own time in preemption work over a batch: recompute, swap (copies and waits) and
+    their sum; and the part of it that stopped the engine (the copies, not the waits)."""
+    recompute = float(delta.get("preempt_recompute_s", 0.0))
+    swap = float(delta.get("preempt_swap_s", 0.0))
+    copies = float(delta.get("preempt_swap_out_s", 0.0)) + float(delta.get("preempt_swap_in_s", 0.0))
+    return {"engine_recompute_s": recompute, "engine_swap_s": swap, "engine_total_s": recompute + swap,
+            "engine_blocking_s": recompute + copies}
+
+
+def throughput_series(token_times: Sequence[float], start: float, end: float, bin_s: float) -> list[tuple[float, float]]:
+    """(bin start - start, tokens/s) per bin of bin_s from start to end, from every token's arrival time."""
+    if bin_s <= 0:
+        raise ValueError("bin_s must be positive")
+    bins = max(1, math.ceil((end - start) / bin_s))
+    counts = [0] * bins
+    for t in token_times:
+        k = int((t - start) // bin_s)
+        if 0 <= k < bins:
+            counts[k] += 1
+    return [(k * bin_s, c / bin_s) for k, c in enumerate(counts)]
+
+
+def usage_swings(usage: Sequence[float], min_step: float = 0.02) -> dict:
+    """How a KV usage series moves: drops and rises of at least min_step between samples (evictions free
+    blocks, resumed requests take them back)."""
+    drops = rises = 0
+    for a, b in zip(usage, usage[1:]):
+        if b <= a - min_step:
+            drops += 1
+        elif b >= a + min_step:
+            rises += 1
+    return {"drops": drops, "rises": rises, "peak": max(usage, default=0.0)}
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None below 3 points or with no spread."""
+    if len(xs) != len(ys):
+        raise ValueError("xs and ys differ in length")
+    if len(xs) < 3:
+        return None
+
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    if not vx or not vy:
+        return None
+    return cov / math.sqrt(vx * vy)
+
+
+def trend(xs: Sequence[float], ys: Sequence[float]) -> str:
+    """"up", "down" or "flat/mixed": by Spearman's correlation when 3+ points, else by the ends."""
+    if len(xs) < 2:
+        return "flat/mixed"
+    rho = spearman(xs, ys)
+    if rho is None:
+        pairs = sorted(zip(xs, ys))
+        d = pairs[-1][1] - pairs[0][1]
+        return "up" if d > 0 else "down" if d < 0 else "flat/mixed"
+    return "up" if rho >= 0.5 else "down" if rho <= -0.5 else "flat/mixed"
