@@ -5,6 +5,9 @@
 - extra end to end: the batch's makespan (first request issued to last reply ended) at a tight pool
   minus the same batch's makespan on a pool that never runs out, under the same turn policy
   (`extra_e2e`); also as a fraction of the latter;
+- extra CPU time: the same difference in CPU seconds of the serving processes (compute node, agent,
+  storage node), which stretches far less than wall time when other work shares the cores
+  (`extra_cpu`);
 - the engine's own time in preemption work: the compute node's counters
   (compute_node.preemption_cost) over the batch: forward time on tokens computed again after a
   recompute preemption, plus the swaps' copies out and in and the swapped sequences' waits for
@@ -47,6 +50,23 @@ def extra_e2e(tight_s: float, ample_s: float) -> dict:
     if ample_s <= 0:
         raise ValueError(f"the ample run's time must be positive, got {ample_s}")
     return {"extra_e2e_s": tight_s - ample_s, "extra_e2e_frac": (tight_s - ample_s) / ample_s}
+
+
+SERVICES = ("compute", "smartnic", "storage-0")  # the processes a batch's work runs in (not the client)
+
+
+def cpu_delta(before: Mapping[str, float], after: Mapping[str, float], services=SERVICES) -> float:
+    """CPU seconds (user + system) the serving processes used between two readings."""
+    return sum(after.get(name, 0.0) - before.get(name, 0.0) for name in services)
+
+
+def extra_cpu(tight_s: float, ample_s: float) -> dict:
+    """The extra CPU time of the serving processes at a tight pool over an ample one: seconds and fraction.
+    On a CPU shared with other work, wall time stretches with the others' load; CPU time much less so:
+    it stands for the poster's GPU busy time."""
+    if ample_s <= 0:
+        raise ValueError(f"the ample run's CPU time must be positive, got {ample_s}")
+    return {"extra_cpu_s": tight_s - ample_s, "extra_cpu_frac": (tight_s - ample_s) / ample_s}
 
 
 def counter_delta(before: Mapping, after: Mapping) -> dict:

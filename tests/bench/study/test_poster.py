@@ -50,6 +50,15 @@ def test_the_engines_overhead_is_recompute_plus_swap_and_its_blocking_part_leave
     assert got["engine_blocking_s"] == pytest.approx(2.0 + 0.2 + 0.2)
 
 
+def test_cpu_time_is_the_serving_processes_and_its_extra_is_against_the_ample_run():
+    before = {"compute": 10.0, "smartnic": 1.0, "storage-0": 0.5, "frontend": 3.0, "client": 9.0}
+    after = {"compute": 25.0, "smartnic": 2.0, "storage-0": 1.5, "frontend": 9.0, "client": 99.0}
+    assert ov.cpu_delta(before, after) == pytest.approx(17.0)  # neither the frontend nor the client
+    assert ov.extra_cpu(12.0, 8.0) == {"extra_cpu_s": 4.0, "extra_cpu_frac": 0.5}
+    with pytest.raises(ValueError):
+        ov.extra_cpu(1.0, 0.0)
+
+
 def test_throughput_bins_count_tokens_per_second():
     series = ov.throughput_series([0.1, 0.2, 0.3, 0.6, 1.2], 0.0, 1.25, 0.5)
     assert series == [(0.0, 6.0), (0.5, 2.0), (1.0, 2.0)]
@@ -71,6 +80,7 @@ def test_trend_by_rank_correlation():
 
 def _row(strategy, extra, engine, evicted, ample=10.0, share=0.2):
     return {"strategy": strategy, "extra_e2e_s": extra, "extra_e2e_frac": extra / ample, "engine_total_s": engine,
+            "extra_cpu_s": extra, "extra_cpu_frac": extra / ample, "ample_cpu_s": ample,
             "evicted_tokens": evicted, "ample_makespan_s": ample, "actual_share": share, "workload": "16x64+32",
             "preemptions": {"x": 3}, "counters": {"preempt_swap_out_s": 0.01, "preempt_swap_wait_s": 0.5,
                                                    "preempt_swap_in_s": 0.01, "swap_host_bytes_out": 2**20},
