@@ -97,6 +97,17 @@ def throughput_series(token_times: Sequence[float], start: float, end: float, bi
     return [(k * bin_s, c / bin_s) for k, c in enumerate(counts)]
 
 
+def rebin(series: Sequence[tuple[float, float]], factor: int) -> list[tuple[float, float]]:
+    """A rate series averaged over `factor` consecutive bins (the poster's average throughput)."""
+    if factor < 1:
+        raise ValueError("factor must be >= 1")
+    out = []
+    for k in range(0, len(series), factor):
+        chunk = series[k:k + factor]
+        out.append((chunk[0][0], sum(v for _, v in chunk) / len(chunk)))
+    return out
+
+
 def usage_swings(usage: Sequence[float], min_step: float = 0.02) -> dict:
     """How a KV usage series moves: drops and rises of at least min_step between samples (evictions free
     blocks, resumed requests take them back)."""

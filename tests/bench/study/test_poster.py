@@ -64,6 +64,10 @@ def test_throughput_bins_count_tokens_per_second():
     assert series == [(0.0, 6.0), (0.5, 2.0), (1.0, 2.0)]
 
 
+def test_rebinning_averages_the_rate():
+    assert ov.rebin([(0.0, 4.0), (0.25, 0.0), (0.5, 8.0), (0.75, 0.0), (1.0, 2.0)], 4) == [(0.0, 3.0), (1.0, 2.0)]
+
+
 def test_usage_swings_count_drops_and_rises():
     assert ov.usage_swings([0.1, 0.5, 0.9, 0.6, 0.6, 0.95, 0.2]) == {"drops": 2, "rises": 3, "peak": 0.95}
 
@@ -89,8 +93,8 @@ def _row(strategy, extra, engine, evicted, ample=10.0, share=0.2):
 
 def test_every_claim_of_figs_2_to_6_gets_a_measurement_and_a_verdict():
     by = lambda rec, host, st, ev=(100, 100, 100): {  # noqa: E731
-        "recompute": _row("recompute", rec, rec / 2, ev[0]), "swap-host": _row("swap-host", host, 0.05, ev[1]),
-        "swap-storage": _row("swap-storage", st, 0.6, ev[2])}
+        "recompute": _row("recompute", rec, rec / 2, ev[0]), "swap-host": _row("swap-host", host, host / 20, ev[1]),
+        "swap-storage": _row("swap-storage", st, st / 5, ev[2])}
     study = {"results": {"fig2": {"16": by(3.0, 2.0, 2.5), "64": by(3.1, 1.0, 1.5)},
                          "fig4": {"48": by(1.0, 0.5, 0.7), "96": by(3.0, 1.0, 2.0)},
                          "fig5": {"0.2": by(4.0, 2.0, 3.0, (900, 900, 900)), "0.45": by(1.0, 0.5, 0.5, (200, 200, 200))}},
