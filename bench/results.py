@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -336,6 +337,16 @@ def run_bench(argv: list[str], parse_args: Callable, run: Callable, table: Calla
         result = run(args)
     finish(args, result, table(result))
     return 1 if result.get("failed") else 0
+
+
+# -- generated blocks in Markdown files --------------------------------------------------------------
+
+def splice_between(text: str, block: str, start: str, end: str) -> str:
+    """text with everything between the start and end markers replaced by block (ValueError without them)."""
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"no {start!r} ... {end!r} block to replace")
+    return pattern.sub(lambda _: f"{start}\n{block}\n{end}", text, count=1)
 
 
 # -- stopping: SIGTERM stops the services, and children are told --------------------------------------

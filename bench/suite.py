@@ -36,6 +36,7 @@ from bench.results import (
     progress_for,
     run_child,
     setup_logging,
+    splice_between,
     stop_on_sigterm,
     write_json,
 )
@@ -223,10 +224,7 @@ def headline_table(results: dict[str, dict], failures: dict[str, str] | None = N
 
 def splice(text: str, block: str) -> str:
     """text with everything between the START and END markers replaced by block (ValueError without them)."""
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"no {START!r} ... {END!r} block to replace")
-    return pattern.sub(lambda _: f"{START}\n{block}\n{END}", text, count=1)
+    return splice_between(text, block, START, END)
 
 
 # -- running ---------------------------------------------------------------------------------------------

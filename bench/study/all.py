@@ -15,7 +15,6 @@ import dataclasses
 import importlib
 import json
 import logging
-import re
 import shlex
 import subprocess
 import sys
@@ -23,8 +22,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.results import emit_json, machine_info, progress_for, setup_logging, write_json
-from bench.study.report import claims_table, stop_on_sigterm
+from bench.results import (
+    emit_json,
+    machine_info,
+    progress_for,
+    run_child,
+    setup_logging,
+    splice_between,
+    stop_on_sigterm,
+    write_json,
+)
+from bench.study.report import claims_table
 from kvtb.launch import kvtb_argv
 
 logger = logging.getLogger(__name__)
@@ -64,29 +72,12 @@ NAMES = tuple(s.name for s in STEPS)
 
 # -- running ---------------------------------------------------------------------------------------------
 
-def _communicate(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
-    """Run argv to its end; on a timeout, SIGTERM or Ctrl-C, end it with SIGTERM first (so that it stops
-    the services it started), SIGKILL only if it has not ended 30 s later."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except BaseException:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        raise
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
-
-
 def run_step(step: Step, argv: list[str], timeout_s: float) -> dict:
     """Run one step; {name, argv, exit_code, seconds, result (its JSON) or error}."""
     start = time.monotonic()
     logger.info("running %s: %s", step.name, shlex.join(argv))
     try:
-        done = _communicate(argv, timeout_s)
+        done = run_child(argv, timeout_s)
     except subprocess.TimeoutExpired:
         return {"name": step.name, "argv": argv, "exit_code": None, "seconds": timeout_s,
                 "error": f"timed out after {timeout_s:.0f} s"}
@@ -151,7 +142,6 @@ def _rows_of(entry: dict) -> list[dict]:
 
 
 def _command(entry: dict) -> str:
-    words = [Path(entry["argv"][0]).name if entry["argv"][0].endswith("kvtb") else "kvtb"]
     argv = entry["argv"]
     rest = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]
     keep, skip = [], False
@@ -192,10 +182,7 @@ def readme_block(report: dict, report_path: str) -> str:
 
 def splice(text: str, block: str) -> str:
     """text with everything between the START and END markers replaced by block (ValueError without them)."""
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"no {START!r} ... {END!r} block to replace")
-    return pattern.sub(lambda _: f"{START}\n{block}\n{END}", text, count=1)
+    return splice_between(text, block, START, END)
 
 
 # -- the report -------------------------------------------------------------------------------------------

@@ -221,7 +221,7 @@ def real_policy(args, policy: str, turns: list[ct.Turn], cap: int, services: Pat
                 "admission": "on_reuse" if policy == "on_reuse" else "always", "eviction_interval_s": 0.05}
     config = bench_config(pool_tokens=2 * REAL_WINDOW + 256, max_context_tokens=REAL_WINDOW + 64, users=1,
                           smartnic=smartnic, compute={"model_cache_dir": model_dir, "torch_threads": 1})
-    hits, failed, restored_blocks = [], 0, 0
+    hits, failed = [], 0
     with Stack(services / f"real-{policy}", config, keep_data=args.keep_data) as stack:
         with stack.agent_channel() as channel:
             stub = stack.compute_stub(channel)

@@ -10,16 +10,14 @@ prints the result as one JSON line (--json) or as the page's text.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import signal
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.results import emit_json, machine_info, setup_logging, write_json
+from bench.results import emit_json, machine_info, setup_logging, stop_on_sigterm, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -79,19 +77,6 @@ def unmeasured(study: dict, part: str) -> str:
     """The `measured` text of a claim whose part failed or did not run."""
     errors = [f["error"] for f in study["failed"] if f["part"] == part]
     return f"not measured: {part} failed ({errors[0]})" if errors else f"not measured: {part} did not run"
-
-
-@contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM raises SystemExit in the main thread, so that every `with` that started services
-    stops them (a study killed by `timeout` leaves nothing running)."""
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 # -- the page ------------------------------------------------------------------------------------------
