@@ -56,6 +56,18 @@ def compute_families(s: Mapping) -> Iterable:
                   s.get("preemptions", {}), ("kind",))
     yield counter("num_preempted_tokens_total", "KV tokens those preemptions gave up, by kind.",
                   s.get("preempted_tokens", {}), ("kind",))
+    yield counter("preemption_seconds_total", "The engine's own time in preemption work, by kind: recompute "
+                  "(forward time on tokens computed again), swap_out and swap_in (copies), swap_wait (swapped "
+                  "sequences waiting for their blocks from storage, summed).",
+                  {"recompute": s.get("preempt_recompute_s", 0.0), "swap_out": s.get("preempt_swap_out_s", 0.0),
+                   "swap_in": s.get("preempt_swap_in_s", 0.0), "swap_wait": s.get("preempt_swap_wait_s", 0.0)},
+                  ("kind",))
+    yield counter("preemption_recomputed_tokens_total", "Tokens computed again after a recompute preemption.",
+                  s.get("preempt_recompute_tokens", 0))
+    yield counter("swap_host_bytes_total", "KV bytes copied to and from the host swap tier (preemption swap-host).",
+                  {"out": s.get("swap_host_bytes_out", 0), "in": s.get("swap_host_bytes_in", 0)}, ("direction",))
+    yield counter("swap_host_fallbacks_total", "Swap-host preemptions that fell back to recompute.",
+                  s.get("swap_host_fallbacks", 0))
     yield counter("prefix_cache_queries_total", "Prompt tokens looked up in the pool's prefix cache.",
                   s.get("prefix_cache_queries", 0))
     yield counter("prefix_cache_hits_total", "Prompt tokens found in the pool's prefix cache.",

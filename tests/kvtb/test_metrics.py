@@ -15,7 +15,9 @@ def test_families_from_snapshots_parse_and_carry_labels():
         "compute": lambda: compute_families({"num_requests_running": 3, "kv_source": {"restored": 2},
                                              "fallbacks": {"checksum": 1}, "bytes_restored": 10,
                                              "kv_cache_usage_perc": 0.25, "preemptions": {"swap": 4},
-                                             "prefix_cache_queries": 100, "prefix_cache_hits": 40}),
+                                             "prefix_cache_queries": 100, "prefix_cache_hits": 40,
+                                             "preempt_recompute_s": 1.5, "preempt_swap_wait_s": 0.25,
+                                             "swap_host_bytes_out": 4096, "swap_host_fallbacks": 2}),
         "storage": lambda: storage_families({"commands": {("store", "success"): 5}, "bytes_written": 7},
                                             [(1, 8192, 3)]),
     }
@@ -34,6 +36,10 @@ def test_families_from_snapshots_parse_and_carry_labels():
     assert value(got, "kvtb:kv_stored_bytes", storage_node="s0") == 4096
     assert value(got, "kvtb:num_requests_running") == 3 and value(got, "kvtb:kv_cache_usage_perc") == 0.25
     assert value(got, "kvtb:num_preemptions_total", kind="swap") == 4
+    assert value(got, "kvtb:preemption_seconds_total", kind="recompute") == 1.5
+    assert value(got, "kvtb:preemption_seconds_total", kind="swap_wait") == 0.25
+    assert value(got, "kvtb:swap_host_bytes_total", direction="out") == 4096
+    assert value(got, "kvtb:swap_host_fallbacks_total") == 2
     assert value(got, "kvtb:prefix_cache_hits_total") == 40 and value(got, "kvtb:prefix_cache_queries_total") == 100
     assert value(got, "kvtb:turns_total", kv_source="restored") == 2
     assert value(got, "kvtb:fallbacks_total", reason="checksum") == 1
