@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     out = Path(args.out).resolve()
     steps = [s for s in STEPS if (not args.only or s.name in args.only) and s.name not in args.skip]
-    start = time.monotonic()
+    start, machine = time.monotonic(), machine_info()  # the commit as the run starts
     entries = []
     with progress_for(args, len(steps), "study all") as progress:
         for step in steps:
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             entries.append(run_step(step, step.argv(mode, out, args.keep_data), TIMEOUT_S[mode]))
             progress.update(note=f"{step.name} {'failed' if entries[-1].get('error') else 'done'}")
     return {"study": "all", "mode": mode, "command": shlex.join(["kvtb", "study", "all", *argv]),
-            "machine": machine_info(), "seconds": time.monotonic() - start, "steps": entries,
+            "machine": machine, "seconds": time.monotonic() - start, "steps": entries,
             "ratios": {f"{e['name']}.{k}": v for e in entries if e.get("result")
                        for k, v in (e["result"].get("ratios") or {}).items()},
             "failed": [{"part": e["name"], "error": e["error"]} for e in entries if e.get("error")]}
@@ -171,12 +171,23 @@ def headline_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _commit_text(report: dict) -> str:
+    """The run's commit, and each step's own where one differs (the tree changed during the run)."""
+    first = (report["machine"].get("git_commit") or "unknown")[:12]
+    own = {e["name"]: ((e.get("result") or {}).get("machine") or {}).get("git_commit") for e in report["steps"]}
+    differ = {name: commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
+              for name, commit in own.items() if commit and commit[:12] != first[:12]}
+    if not differ:
+        return f"commit {first}"
+    return f"commit {first} (" + ", ".join(f"{name} ran on {c}" for name, c in differ.items()) + ")"
+
+
 def readme_block(report: dict, report_path: str) -> str:
     """The headline table and the line that says which run, commit and command it comes from."""
     m = report["machine"]
     return (f"{headline_table(report)}\n\nEvery figure above comes from one run: `{report['command']}` "
-            f"({report['mode']} mode, {report['seconds'] / 60:.0f} min) of commit "
-            f"{(m.get('git_commit') or 'unknown')[:12]}, {m.get('time_utc', '')[:10]}, on {m.get('cores')} "
+            f"({report['mode']} mode, {report['seconds'] / 60:.0f} min) of {_commit_text(report)}, "
+            f"{m.get('time_utc', '')[:10]}, on {m.get('cores')} "
             f"cores of an {m.get('cpu_model')}; each study's page, claims and plots: `{report_path}`.")
 
 

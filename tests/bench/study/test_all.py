@@ -49,6 +49,13 @@ def test_the_readme_block_names_the_run_and_replaces_only_its_block():
         study_all.splice("no markers", block)
 
 
+def test_a_step_run_on_another_commit_is_named():
+    moved = entry("ttft", {"ratios": {}, "machine": {"git_commit": "fedcba9876543210"}})
+    same = entry("ttft", {"ratios": {}, "machine": {"git_commit": "abcdef1234567890"}})
+    assert study_all._commit_text(report(same)) == "commit abcdef123456"
+    assert study_all._commit_text(report(moved)) == "commit abcdef123456 (ttft ran on fedcba987654)"
+
+
 def test_a_step_that_prints_no_json_is_a_failure(tmp_path):
     step = study_all.Step("ttft", ("bench", "ttft"), "t")
     got = study_all.run_step(step, [sys.executable, "-c", "import sys; sys.exit(3)"], timeout_s=30)
