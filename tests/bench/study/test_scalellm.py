@@ -255,3 +255,11 @@ def test_timeouts_inside_the_batch_and_fig7_on_the_tokens_the_engine_generated()
     assert "load average 7.5" in timeouts["why"]
     assert "tokens the compute node generated" in by[("Fig. 7", "Outp")]["measured"]
     assert headline_rows(study)[0]["measured"].startswith("2.00x")
+
+
+def test_the_gateway_why_names_the_agents_workers_when_its_share_grows_past_them():
+    from bench.study import scalellm
+    grown = scalellm.gateway_why({1: 0.003, 64: 0.435}, 64, agrees=False)
+    assert f"{scalellm.AGENT_GRPC_WORKERS} gRPC workers" in grown and "43.5% at 64" in grown
+    flat = scalellm.gateway_why({1: 0.003, 64: 0.01}, 64, agrees=False)
+    assert "keeps up" in flat
