@@ -157,7 +157,11 @@ class HostSwapStore:
                 covered += tokens
         nbytes = 0
         if rows:
-            src, dst = np.asarray(rows, dtype=np.intp), np.asarray(pool_rows, dtype=np.intp)
+            # rows are consecutive (the blocks checked in order from the first restored one): a slice of
+            # the copy, so the KV is copied once, straight into the pool's blocks
+            src, dst = slice(rows[0], rows[0] + len(rows)), np.asarray(pool_rows, dtype=np.intp)
+            if rows != list(range(src.start, src.stop)):
+                raise RuntimeError(f"swap-in rows {rows} are not consecutive")
             self._kv[dst] = entry.kv[src]
             self._ids[dst] = entry.ids[src]
             nbytes = len(rows) * bytes_per_block(self.layout)
