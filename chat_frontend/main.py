@@ -6,6 +6,7 @@ import sys
 
 from chat_frontend import settings as settings_mod
 from chat_frontend.node import serve
+from kvtb import placement
 from kvtb.logs import setup_logging
 from kvtb.node import run
 from kvtb.settings import SettingsError
@@ -23,10 +24,11 @@ def main(argv: list[str]) -> int:
     try:
         settings = settings_mod.load(args.config, listen_address=args.listen,
                                      agent_address=args.agent, data_dir=args.data_dir)
+        cpus = placement.pin("frontend", settings.cpus)  # before any thread starts
     except SettingsError as exc:
         print(f"kvtb serve frontend: {exc}", file=sys.stderr)
         return 2
-    return run(serve(settings))
+    return run(serve(settings), cpus=placement.format_cpus(cpus))
 
 
 if __name__ == "__main__":

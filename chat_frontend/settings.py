@@ -5,6 +5,7 @@ import dataclasses
 import os
 from typing import Mapping
 
+from kvtb.placement import parse_cpus
 from kvtb.settings import load_settings
 
 DEFAULT_TENANT = "default"
@@ -26,6 +27,7 @@ class FrontendSettings:
     metrics_address: str = "127.0.0.1:9100"  # Prometheus /metrics
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
     insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
+    cpus: str = ""              # the CPUs it runs on, a CPU list ("0-2,5"; kvtb.placement); "": all
     agent_address: str = "127.0.0.1:50051"   # the SmartNIC agent in front of the compute node
     storage_admin_addresses: tuple[str, ...] = ("127.0.0.1:50061", "127.0.0.1:50062")
     data_dir: str = "var/frontend"
@@ -46,6 +48,7 @@ class FrontendSettings:
     info_retry_s: float = 0.5                # how often to ask the agent's Info until it answers
 
     def __post_init__(self):
+        parse_cpus(self.cpus)  # ValueError on a bad CPU list
         assert self.listen_address, "listen_address must be set"
         assert self.agent_address, "agent_address must be set"
         assert self.message_max_chars > 0, "message_max_chars must be positive"

@@ -71,7 +71,10 @@ class ComputeNode:
         s = self.settings
         if self.model is None:
             from compute_node.model_loader import load_model
-            self.model, self.tokenizer = load_model(s.model_cache_dir, s.torch_threads)
+            from compute_node.torch_threads import thread_count
+            from kvtb.placement import current_cpus
+            # 0: one thread per CPU of its set (kvtb serve compute pinned the process to `cpus`)
+            self.model, self.tokenizer = load_model(s.model_cache_dir, thread_count(s.torch_threads, current_cpus()))
         layout = layout_for(self.model.config, s.num_blocks, s.block_tokens, s.layer_groups)
         self.pool = KvPool.create(s.shm_name, layout)
         self.security = Security.of("compute", s.credentials_dir, s.insecure)
@@ -124,7 +127,9 @@ class ComputeNode:
         return StepSpan(Step.SETUP, start_ns, time.time_ns(), self.pool.layout.region_bytes)
 
     def ready_extra(self) -> dict:
-        return {"policy": self.settings.policy, "policies": self.engine.policies() if self.engine else []}
+        import torch
+        return {"policy": self.settings.policy, "policies": self.engine.policies() if self.engine else [],
+                "torch_threads": torch.get_num_threads()}
 
     def stop(self) -> None:
         """Stop serving, stop the engine, deregister the pool and free it."""

@@ -6,6 +6,7 @@ import os
 
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
 from kvtb.credentials import COMPUTE_NQN
+from kvtb.placement import parse_cpus
 
 POLICIES = ("triggered", "cpu", "resident", "recompute")
 PREEMPTIONS = ("swap", "swap-host", "recompute")
@@ -66,12 +67,19 @@ class ComputeSettings:
     default_max_new_tokens: int = 256
     model_cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
     model_dtype: str = "float32"
-    torch_threads: int = 0  # 0: all cores
+    # The CPUs it runs on (a CPU list, "0-2,5"; kvtb.placement; "": all) and torch's threads: 0 is one per
+    # CPU of that set; with a set given, each OpenMP thread is bound to one of its CPUs (torch_bind).
+    cpus: str = ""
+    torch_threads: int = 0
+    torch_bind: bool = True
     node_name: str = "compute0"
     access_key: str = ""  # empty: a random key per start
     require_agent: bool = False  # under resident/recompute, fail when the agent cannot be reached
 
     def __post_init__(self):
+        parse_cpus(self.cpus)  # ValueError on a bad CPU list
+        if self.torch_threads < 0:
+            raise ValueError(f"torch_threads must not be negative, got {self.torch_threads}")
         assert self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}"
         assert self.block_tokens > 0, "block_tokens must be positive"
         assert self.pool_tokens >= self.block_tokens, "pool_tokens must hold at least one block"

@@ -32,8 +32,9 @@ class Node(Protocol):
         """Extra fields for the ready line (e.g. the compute node's policy)."""
 
 
-def run(node: Node) -> int:
-    """Start the node, announce it, serve until SIGTERM or SIGINT, stop it; the exit code."""
+def run(node: Node, **ready: Any) -> int:
+    """Start the node, announce it (with `ready`'s fields too, e.g. its cpus), serve until SIGTERM or
+    SIGINT, stop it; the exit code."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -43,7 +44,7 @@ def run(node: Node) -> int:
         logger.error("%s failed to start: %s", node.service, exc)
         node.stop()
         return 1
-    announce_ready(node.service, node.addresses, **node.ready_extra())
+    announce_ready(node.service, node.addresses, **ready, **node.ready_extra())
     logger.info("%s serving: %s", node.service, node.addresses)
     while not stop.wait(0.5):  # a signal the kernel hands to another thread does not end a wait without
         pass                    # a timeout: Python runs handlers on the main thread once it wakes

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from kvtb import placement
 from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb.logs import setup_logging
 from kvtb.node import run
@@ -21,11 +22,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--log-json", action="store_true", help="JSON log lines (also KVTB_LOG_JSON=1)")
     args = parser.parse_args(argv)
     setup_logging("smartnic", args.log_json)
-    keep_large_buffers_in_the_heap()
     try:
         settings = load_settings(SmartNicSettings, "smartnic", args.config,
                                  overrides={"listen_address": args.listen})
+        cpus = placement.pin("smartnic", settings.cpus)  # before any thread starts
     except SettingsError as exc:
         logger.error("%s", exc)
         return 2
-    return run(serve(settings))
+    keep_large_buffers_in_the_heap()
+    return run(serve(settings), cpus=placement.format_cpus(cpus))

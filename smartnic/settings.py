@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
 from kvtb.credentials import AGENT_NQN
+from kvtb.placement import parse_cpus
 
 EVICTION_POLICIES = ("lru", "timer", "both")
 ADMISSIONS = ("always", "on_reuse")  # smartnic.admission: which blocks a standing PUT keeps
@@ -47,6 +48,7 @@ class SmartNicSettings:
     metrics_address: str = "127.0.0.1:9101"  # Prometheus /metrics
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
     insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
+    cpus: str = ""              # the CPUs it runs on, a CPU list ("0-2,5"; kvtb.placement); "": all
     storage_nodes: tuple = DEFAULT_STORAGE_NODES
     host_nqn: str = AGENT_NQN   # on the storage nodes' default allow list
     # the storage fabric: "auth" authenticates each connection (DH-HMAC-CHAP with this host's key)
@@ -83,6 +85,7 @@ class SmartNicSettings:
     grpc_workers: int = 32
 
     def __post_init__(self) -> None:
+        parse_cpus(self.cpus)  # ValueError on a bad CPU list
         nodes = self.storage_nodes
         if isinstance(nodes, str):
             nodes = [n for n in nodes.split(",") if n.strip()]

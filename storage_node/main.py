@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from kvtb import placement
 from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb.logs import setup_logging
 from kvtb.node import run
-from kvtb.settings import load_settings
+from kvtb.settings import SettingsError, load_settings
 from storage_node.node import serve
 from storage_node.settings import StorageSettings
 
@@ -23,6 +25,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     setup_logging("storage", args.log_json, args.log_level)
-    settings = load_settings(StorageSettings, "storage", args.config, overrides={"data_dir": args.data_dir})
+    try:
+        settings = load_settings(StorageSettings, "storage", args.config, overrides={"data_dir": args.data_dir})
+        cpus = placement.pin("storage", settings.cpus)  # before any thread starts
+    except SettingsError as exc:
+        print(f"kvtb serve storage: {exc}", file=sys.stderr)
+        return 2
     keep_large_buffers_in_the_heap()
-    return run(serve(settings))
+    return run(serve(settings), cpus=placement.format_cpus(cpus))

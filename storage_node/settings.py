@@ -9,6 +9,7 @@ from typing import Any
 
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
 from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
+from kvtb.placement import parse_cpus
 
 WILDCARD = "*"
 COMMAND_SETS = ("key_value", "nvm")
@@ -48,6 +49,7 @@ class StorageSettings:
     metrics_address: str = "127.0.0.1:9103"   # Prometheus /metrics
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
     insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
+    cpus: str = ""              # the CPUs it runs on, a CPU list ("0-2,5"; kvtb.placement); "": all
     fabric_address: str = "tcp://127.0.0.1:55061"
     # "auth": a host authenticates at Connect (DH-HMAC-CHAP with its key, derived from the fabric's
     # master) and every capsule is MACed; "curve": the same over an encrypted ZeroMQ CURVE socket;
@@ -65,6 +67,7 @@ class StorageSettings:
     mapped_reads: bool = True
 
     def __post_init__(self) -> None:
+        parse_cpus(self.cpus)  # ValueError on a bad CPU list
         object.__setattr__(self, "allowed_hosts", _normalise_hosts(self.allowed_hosts))
         object.__setattr__(self, "namespaces", tuple(self.namespaces))
         assert self.namespace_size_bytes >= 1 << 20, "namespace_size_bytes must be at least 1 MiB"

@@ -1,0 +1,158 @@
+"""CPU lists, the placements' plans, and pinning this process."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from kvtb import placement
+from kvtb.placement import apply, format_cpus, parse_cpus, plan
+from kvtb.settings import SettingsError
+
+
+def test_parse_cpus_sorts_and_drops_repeats():
+    assert parse_cpus("0-2,5") == (0, 1, 2, 5)
+    assert parse_cpus(" 5, 1-2 ,2,0 ") == (0, 1, 2, 5)
+    assert parse_cpus("3") == (3,)
+    assert parse_cpus("") == () and parse_cpus("  ") == ()
+
+
+@pytest.mark.parametrize("text", ["a", "3-1", "-1", "1-", "0,,2", "1-b", "0.5"])
+def test_parse_cpus_refuses_what_is_not_a_cpu_list(text):
+    with pytest.raises(ValueError, match="CPU list"):
+        parse_cpus(text)
+
+
+def test_format_cpus_is_parse_cpus_backwards():
+    assert format_cpus((0, 1, 2, 5)) == "0-2,5"
+    assert format_cpus([7, 3, 4]) == "3-4,7"
+    assert format_cpus(()) == ""
+    for text in ("0", "0-3", "1,3,5-9"):
+        assert format_cpus(parse_cpus(text)) == text
+
+
+def test_shared_puts_every_service_on_every_cpu():
+    assert plan("shared", (0, 1)) == {s: (0, 1) for s in ("storage", "smartnic", "compute", "frontend")}
+    assert plan("shared", [3]) == {s: (3,) for s in placement.SERVICES}
+
+
+def test_shared_defaults_to_this_processs_cpus():
+    assert plan("shared")["compute"] == tuple(sorted(os.sched_getaffinity(0)))
+
+
+def test_nic_on_two_cpus_is_one_and_one():
+    p = plan("nic", (0, 1))
+    assert p["compute"] == (0,)
+    assert p["smartnic"] == p["storage"] == p["frontend"] == (1,)
+
+
+def test_nic_on_eight_cpus_gives_the_nic_the_last_quarter():
+    p = plan("nic", range(8))
+    assert p["compute"] == (0, 1, 2, 3, 4, 5)
+    assert p["smartnic"] == p["storage"] == p["frontend"] == (6, 7)
+    p = plan("nic", range(16))
+    assert format_cpus(p["compute"]) == "0-11" and format_cpus(p["smartnic"]) == "12-15"
+    assert plan("nic", (2, 4, 9))["smartnic"] == (9,)  # the last of the set, not of the machine
+
+
+def test_nic_on_one_cpu_cannot_be_honoured():
+    with pytest.raises(ValueError, match="at least 2 CPUs"):
+        plan("nic", (0,))
+
+
+def test_unknown_placement_is_refused():
+    with pytest.raises(ValueError, match="unknown placement 'spread'"):
+        plan("spread", (0, 1))
+
+
+def test_formatted_plan():
+    assert placement.formatted(plan("nic", range(4))) == {"storage": "3", "smartnic": "3", "compute": "0-2",
+                                                           "frontend": "3"}
+
+
+@pytest.fixture
+def restore_affinity():
+    before = {int(tid): os.sched_getaffinity(int(tid)) for tid in os.listdir("/proc/self/task")}
+    yield before
+    for tid, cpus in before.items():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:
+            pass
+
+
+def _task_cpus() -> dict[int, set[int]]:
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out[int(tid)] = os.sched_getaffinity(int(tid))
+        except ProcessLookupError:
+            pass
+    return out
+
+
+def test_apply_pins_every_thread_then_the_whole_set_again(restore_affinity):
+    cpus = sorted(os.sched_getaffinity(0))
+    subset = cpus[-1:]
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()  # a thread that exists before apply: it moves too
+    try:
+        assert apply(format_cpus(subset)) == tuple(subset)
+        tasks = _task_cpus()
+        assert other.native_id in tasks
+        assert all(c == set(subset) for c in tasks.values()), tasks
+        later: list[set[int]] = []
+        t = threading.Thread(target=lambda: later.append(os.sched_getaffinity(0)))
+        t.start()
+        t.join()
+        assert later == [set(subset)]  # a thread started later inherits it
+        assert apply(cpus) == tuple(cpus)  # numbers work as well as a list
+        assert all(c == set(cpus) for c in _task_cpus().values())
+    finally:
+        stop.set()
+        other.join()
+
+
+def test_apply_of_nothing_leaves_the_process_as_it_is(restore_affinity):
+    before = os.sched_getaffinity(0)
+    assert apply("") == tuple(sorted(before))
+    assert os.sched_getaffinity(0) == before
+
+
+def test_apply_refuses_a_cpu_the_machine_has_not(restore_affinity):
+    beyond = max(placement.machine_cpus()) + 1
+    before = os.sched_getaffinity(0)
+    with pytest.raises(SettingsError, match=f"CPU {beyond} is not one of this machine's"):
+        apply(str(beyond))
+    assert os.sched_getaffinity(0) == before
+
+
+def test_apply_refuses_a_bad_list():
+    with pytest.raises(ValueError, match="CPU list"):
+        apply("0-x")
+
+
+def test_pin_logs_the_set(restore_affinity, caplog):
+    caplog.set_level("INFO", logger="kvtb.placement")
+    cpus = placement.pin("storage", "")
+    assert cpus == tuple(sorted(os.sched_getaffinity(0)))
+    assert f"storage runs on CPUs {format_cpus(cpus)} (all it may use)" in caplog.text
+
+
+@pytest.mark.parametrize("module, cls, section", [
+    ("compute_node.settings", "ComputeSettings", "compute"),
+    ("smartnic.settings", "SmartNicSettings", "smartnic"),
+    ("storage_node.settings", "StorageSettings", "storage"),
+    ("chat_frontend.settings", "FrontendSettings", "frontend"),
+])
+def test_every_service_reads_cpus_from_its_environment(module, cls, section):
+    import importlib
+    from kvtb.settings import load_settings
+    settings_cls = getattr(importlib.import_module(module), cls)
+    assert settings_cls().cpus == ""
+    env = {f"KVTB_{section.upper()}_CPUS": "0-1,3"}
+    assert load_settings(settings_cls, section, None, environ=env).cpus == "0-1,3"
+    with pytest.raises(SettingsError, match="CPU list"):
+        load_settings(settings_cls, section, None, environ={f"KVTB_{section.upper()}_CPUS": "3-1"})
