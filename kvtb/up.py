@@ -1,7 +1,8 @@
 """`kvtb up`: every service of the testbed as local processes, until Ctrl-C or SIGTERM.
 
 Starts the storage nodes, the SmartNIC agent, the compute node and the chat frontend in that
-order, each with `kvtb serve NAME`, waits for each one's ready line and gRPC health, wires the
+order, each with `kvtb serve NAME` on the CPUs its placement gives it (`--placement shared|nic`,
+kvtb.placement; a service whose `cpus` its settings give keeps those), waits for each one's ready line and gRPC health, wires the
 addresses each one announced into the next (so a config with port 0 works too), prints where
 each listens and then a ready line of its own (`KVTB_READY {"service": "up", ...}`).
 Stops them all, last started first, on Ctrl-C, SIGTERM, or when one of them dies.
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
-from kvtb import credentials
+from kvtb import credentials, placement
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import ServiceProcess, announce_ready, kvtb_argv
 from kvtb.rpc import OPERATOR, Security
@@ -85,6 +86,24 @@ def frontend_env(agent: ServiceProcess, storage: list[ServiceProcess], data_dir:
             "KVTB_FRONTEND_STORAGE_ADMIN_ADDRESSES": ",".join(p.addresses["admin"] for p in storage)}
 
 
+def placement_name(requested: str | None, config: dict[str, Any]) -> str:
+    """The placement asked for, else the config file's top-level `placement`, else shared."""
+    name = requested or config.get("placement") or "shared"
+    if name not in placement.PLACEMENTS:
+        raise SettingsError(f"unknown placement {name!r}: one of {', '.join(placement.PLACEMENTS)}")
+    return str(name)
+
+
+def cpus_env(service: str, plan: dict[str, tuple[int, ...]], config: dict[str, Any],
+             environ=os.environ) -> dict[str, str]:
+    """KVTB_<SECTION>_CPUS for a service from the placement's plan, unless its environment or its
+    config section sets its `cpus` already (an operator's own layout wins)."""
+    variable = f"KVTB_{service.upper()}_CPUS"
+    if environ.get(variable) or str((config.get(service) or {}).get("cpus") or "").strip():
+        return {}
+    return {variable: placement.format_cpus(plan[service])}
+
+
 def grpc_address(proc: ServiceProcess) -> str:
     return proc.addresses.get("grpc") or proc.addresses["admin"]
 
@@ -92,11 +111,14 @@ def grpc_address(proc: ServiceProcess) -> str:
 class Deployment:
     """The running services, in start order. Owned by the main thread."""
 
-    def __init__(self, config: str | None, data_dir: Path, policy: str | None, storage_nodes: int):
+    def __init__(self, config: str | None, data_dir: Path, policy: str | None, storage_nodes: int,
+                 placement: str | None = None):
         self.config = config
         self.data_dir = data_dir
         self.policy = policy
         self.storage_nodes = storage_nodes
+        self.placement = placement   # None: the config file's `placement`, else shared (at start)
+        self.plan: dict[str, tuple[int, ...]] = {}
         self.procs: list[ServiceProcess] = []
 
     def _start(self, name: str, args: list[str], env: dict[str, str], timeout_s: float) -> ServiceProcess:
@@ -122,14 +144,22 @@ class Deployment:
 
     def start(self, section: dict[str, Any]) -> None:
         """Make the deployment's credentials (the first time), then start every service in order."""
+        config = read_config_file(self.config) if self.config else {}
+        self.placement = placement_name(self.placement, config)
+        self.plan = placement.plan(self.placement)  # ValueError: nic on one CPU
         credentials.init(self.credentials_dir)
-        hosts = deployment_hosts(read_config_file(self.config) if self.config else {})
-        storage = [self._start(f"storage-{i}", ["storage"], storage_env(i, section, self.data_dir, hosts), 60)
+        hosts = deployment_hosts(config)
+
+        def env(service: str, wiring: dict[str, str]) -> dict[str, str]:
+            return {**cpus_env(service, self.plan, config), **wiring}
+
+        storage = [self._start(f"storage-{i}", ["storage"],
+                               env("storage", storage_env(i, section, self.data_dir, hosts)), 60)
                    for i in range(self.storage_nodes)]
-        agent = self._start("smartnic", ["smartnic"], agent_env(storage), 60)
+        agent = self._start("smartnic", ["smartnic"], env("smartnic", agent_env(storage)), 60)
         policy = ["--policy", self.policy] if self.policy else []
-        self._start("compute", ["compute", *policy], compute_env(agent, storage), 600)
-        self._start("frontend", ["frontend"], frontend_env(agent, storage, self.data_dir), 120)
+        self._start("compute", ["compute", *policy], env("compute", compute_env(agent, storage)), 600)
+        self._start("frontend", ["frontend"], env("frontend", frontend_env(agent, storage, self.data_dir)), 120)
 
     def addresses(self) -> dict[str, Any]:
         return {p.name: p.addresses for p in self.procs}
@@ -138,6 +168,15 @@ class Deployment:
         """The KV policy the compute node announced."""
         compute = next((p for p in self.procs if p.name == "compute"), None)
         return str(compute.ready.get("policy", "?")) if compute else "?"
+
+    def cpus(self) -> dict[str, str]:
+        """service -> the CPUs it announced it runs on."""
+        return {p.name: str(p.ready.get("cpus", "?")) for p in self.procs}
+
+    def torch_threads(self) -> int | None:
+        """The compute node's torch threads, as it announced them (None before it started)."""
+        compute = next((p for p in self.procs if p.name == "compute"), None)
+        return compute.ready.get("torch_threads") if compute else None
 
     def first_dead(self) -> ServiceProcess | None:
         return next((p for p in self.procs if not p.alive()), None)
@@ -151,10 +190,12 @@ class Deployment:
 def describe(deployment: Deployment) -> list[str]:
     """Where each service listens, for the terminal."""
     lines = [f"kvtb up: all services ready (policy {deployment.policy_in_use()}, "
-             f"data in {deployment.data_dir})"]
+             f"placement {deployment.placement}, data in {deployment.data_dir})"]
     for proc in deployment.procs:
         where = "  ".join(f"{k} {v}" for k, v in proc.addresses.items())
-        lines.append(f"  {proc.name:<10} {where}   log {proc.log_path}")
+        threads = f", {proc.ready['torch_threads']} torch threads" if "torch_threads" in proc.ready else ""
+        lines.append(f"  {proc.name:<10} {where}   cpus {proc.ready.get('cpus', '?')}{threads}   "
+                     f"log {proc.log_path}")
     http = next((p.addresses["http"] for p in deployment.procs if "http" in p.addresses), "")
     if http:
         lines.append(f"OpenAI API: http://{http}/v1 (X-Session-Id continues a context); "
@@ -172,6 +213,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--policy", choices=POLICIES, help="KV policy (default: the config's)")
     parser.add_argument("--data-dir", default="var", help="where the services keep data and logs")
     parser.add_argument("--config", help="config file (default: $KVTB_CONFIG, else deploy/kvtb.yaml)")
+    parser.add_argument("--placement", choices=placement.PLACEMENTS,
+                        help="where the services run: shared (every one on every CPU) or nic (the agent, the "
+                             "storage nodes and the frontend on the last quarter of the CPUs, at least one; the "
+                             "compute node on the rest); default: the config's `placement`, else shared")
     parser.add_argument("--storage-nodes", type=int, default=2, choices=range(1, 10), metavar="N",
                         help="how many storage nodes (default 2)")
     return parser.parse_args(argv)
@@ -189,7 +234,7 @@ def main(argv: list[str]) -> int:
         print(f"kvtb up: {exc}", file=sys.stderr)
         return 2
     deployment = Deployment(config and str(Path(config).resolve()), Path(args.data_dir).resolve(),
-                            args.policy, args.storage_nodes)
+                            args.policy, args.storage_nodes, args.placement)
     signal.signal(signal.SIGINT, _raise_stopped)
     signal.signal(signal.SIGTERM, _raise_stopped)
     code = 0
@@ -197,7 +242,9 @@ def main(argv: list[str]) -> int:
         deployment.start(section)
         print("\n".join(describe(deployment)), flush=True)
         announce_ready("up", {p.name: grpc_address(p) for p in deployment.procs},
-                       services=deployment.addresses(), policy=deployment.policy_in_use())
+                       services=deployment.addresses(), policy=deployment.policy_in_use(),
+                       placement=deployment.placement, cpus=deployment.cpus(),
+                       torch_threads=deployment.torch_threads())
         while (dead := deployment.first_dead()) is None:
             time.sleep(0.5)
         print(f"kvtb up: {dead.name} exited with {dead.proc.returncode}; stopping everything; "
@@ -205,7 +252,7 @@ def main(argv: list[str]) -> int:
         code = 1
     except Stopped:
         logger.info("stopping")
-    except (RuntimeError, TimeoutError, OSError) as exc:
+    except (RuntimeError, TimeoutError, OSError, ValueError) as exc:  # ValueError: a placement not possible
         print(f"kvtb up: {exc}", file=sys.stderr)
         code = 1
     finally:
