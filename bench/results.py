@@ -127,8 +127,32 @@ def data_dir(args: argparse.Namespace, label: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+# The placement the run's services ran in (kvtb.placement): set by bench.stack.Stack when it starts
+# them; a run that starts none that way runs its services unpinned, as `shared` places them.
+_placement: dict[str, Any] | None = None
+
+
+def record_placement(name: str, cpus: dict[str, Any], torch_threads: int | None = None) -> None:
+    """Say that this run's services run in placement `name`: service -> its CPUs (a CPU list or
+    numbers), and the compute node's torch threads where known."""
+    from kvtb.placement import format_cpus
+    global _placement
+    _placement = {"name": name,
+                  "cpus": {service: c if isinstance(c, str) else format_cpus(c) for service, c in cpus.items()},
+                  "torch_threads": torch_threads}
+
+
+def placement_info() -> dict[str, Any]:
+    """The placement record: what record_placement said, else shared on this process's CPUs."""
+    if _placement is not None:
+        return {**_placement, "cpus": dict(_placement["cpus"])}
+    from kvtb.placement import formatted, plan
+    return {"name": "shared", "cpus": formatted(plan("shared")), "torch_threads": None}
+
+
 def machine_info() -> dict[str, Any]:
-    """Where a result was measured: CPU, cores, memory, versions, copy engine, commit, time, load."""
+    """Where a result was measured: CPU, cores, memory, versions, copy engine, commit, time, load,
+    and the placement its services ran in."""
     from hostmem import dma
 
     return {"cpu_model": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
@@ -141,7 +165,8 @@ def machine_info() -> dict[str, Any]:
             "attention_kernel": importlib.util.find_spec("compute_node._attention") is not None,
             "git_commit": _git_commit(),
             "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+            "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "placement": placement_info()}
 
 
 def _proc_field(path: str, key: str) -> str | None:
@@ -314,7 +339,10 @@ def setup_logging(args: argparse.Namespace) -> None:
 
 def finish(args: argparse.Namespace, result: dict[str, Any], text: str) -> Path:
     """Write OUT/results.json; print the result as one JSON line (--json) or the text tables, with
-    the failed parts under them."""
+    the failed parts under them. The machine record's placement is the run's (its Stack started after
+    new_result made the record)."""
+    if isinstance(result.get("machine"), dict):
+        result["machine"]["placement"] = placement_info()
     path = write_json(args.out, "results.json", result)
     if args.json:
         emit_json(result)

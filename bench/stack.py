@@ -25,6 +25,7 @@ from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb.rpc import OPERATOR, Security, channel
 from kvtb.up import Deployment
+from bench.results import record_placement
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -102,13 +103,14 @@ class Stack:
     """
 
     def __init__(self, data_dir: str | Path, config: dict[str, Any], *, policy: str = "triggered",
-                 storage_nodes: int = 1, keep_data: bool = False):
+                 storage_nodes: int = 1, keep_data: bool = False, placement: str = "shared"):
         self.data_dir = Path(data_dir).resolve()
         self.config = copy.deepcopy(config)
         self.policy = policy
+        self.placement = placement  # kvtb.placement: shared or nic (the result's machine record says it)
         self.keep_data = keep_data
         self.config_path = self.data_dir / "kvtb.yaml"
-        self.deployment = Deployment(str(self.config_path), self.data_dir, policy, storage_nodes)
+        self.deployment = Deployment(str(self.config_path), self.data_dir, policy, storage_nodes, placement)
 
     def __enter__(self) -> Stack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -118,8 +120,14 @@ class Stack:
         except BaseException:
             self.stop(failed=True)
             raise
-        logger.info("stack up in %s: %s", self.data_dir, self.deployment.addresses())
+        logger.info("stack up in %s (placement %s, cpus %s): %s", self.data_dir, self.placement,
+                    self.deployment.cpus(), self.deployment.addresses())
+        record_placement(self.placement, self.service_cpus(), self.deployment.torch_threads())
         return self
+
+    def service_cpus(self) -> dict[str, str]:
+        """service (storage, smartnic, compute, frontend) -> the CPUs it announced it runs on."""
+        return {name.split("-")[0]: cpus for name, cpus in self.deployment.cpus().items()}
 
     def __exit__(self, exc_type, *exc: object) -> None:
         self.stop(failed=exc_type is not None)

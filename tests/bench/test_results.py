@@ -103,3 +103,44 @@ def test_progress_draws_on_tty():
         bar.update(2)
     assert "bench [" in buf.getvalue() and "2/2" in buf.getvalue()
     assert Progress(2, stream=Tty(), enabled=False).enabled is False  # --json
+
+
+@pytest.fixture
+def no_recorded_placement(monkeypatch):
+    monkeypatch.setattr(results, "_placement", None)
+
+
+def test_machine_record_says_shared_until_a_stack_records_its_placement(no_recorded_placement, tmp_path):
+    import os
+    from kvtb.placement import format_cpus
+    everything = format_cpus(os.sched_getaffinity(0))
+    result = results.new_result("ttft", {})
+    assert result["machine"]["placement"] == {
+        "name": "shared", "torch_threads": None,
+        "cpus": {s: everything for s in ("storage", "smartnic", "compute", "frontend")}}
+    results.record_placement("nic", {"storage": (1,), "smartnic": "1", "compute": [0], "frontend": (1,)},
+                             torch_threads=1)
+    args = argparse.Namespace(out=tmp_path, json=False)
+    results.finish(args, result, "table")  # the Stack started after new_result: finish says its placement
+    written = json.loads((tmp_path / "results.json").read_text())["machine"]["placement"]
+    assert written == {"name": "nic", "torch_threads": 1,
+                       "cpus": {"storage": "1", "smartnic": "1", "compute": "0", "frontend": "1"}}
+    assert results.machine_info()["placement"]["name"] == "nic"
+
+
+def test_stack_passes_its_placement_to_the_deployment(tmp_path):
+    from bench.stack import Stack, bench_config
+    stack = Stack(tmp_path, bench_config(), placement="nic")
+    assert stack.placement == "nic" and stack.deployment.placement == "nic"
+    assert Stack(tmp_path, bench_config()).deployment.placement == "shared"
+
+
+def test_stack_records_each_services_announced_cpus(tmp_path):
+    from bench.stack import Stack, bench_config
+    from kvtb.launch import ServiceProcess
+    stack = Stack(tmp_path, bench_config(), placement="nic")
+    for name, cpus in (("storage-0", "1"), ("smartnic", "1"), ("compute", "0"), ("frontend", "1")):
+        proc = ServiceProcess(name, [], "/dev/null")
+        proc.ready = {"cpus": cpus}
+        stack.deployment.procs.append(proc)
+    assert stack.service_cpus() == {"storage": "1", "smartnic": "1", "compute": "0", "frontend": "1"}
