@@ -34,8 +34,14 @@ image: docker wheelhouse
 	docker build -q -f deploy/Dockerfile --build-arg BASE_IMAGE=$$base -t $(IMAGE) . >/dev/null && \
 	echo "built $(IMAGE) on $$base in $$(( $$(date +%s) - start )) s"
 
+# PLACEMENT=nic: each service on the CPUs of its placement's plan on this host (deploy/placement.py
+# prints the KVTB_<SECTION>_CPUS the compose file gives as cpuset and setting); empty: every CPU.
+PLACEMENT ?=
+
 up: image
-	KVTB_IMAGE=$(IMAGE) KVTB_FRONTEND_PORT=$(FRONTEND_PORT) $(DC) up -d
+	@cpus=$$($(if $(PLACEMENT),$(BIN)/python deploy/placement.py $(PLACEMENT),true)) || exit 1; \
+	[ -z "$$cpus" ] || echo "placement $(PLACEMENT): $$cpus"; \
+	env $$cpus KVTB_IMAGE=$(IMAGE) KVTB_FRONTEND_PORT=$(FRONTEND_PORT) $(DC) up -d
 	@echo
 	@echo "kvtestbed is up. Chat with it:"
 	@echo "  .venv/bin/kvtb chat --frontend localhost:$(FRONTEND_PORT)      (from the host)"

@@ -8,6 +8,8 @@ tmpfs volume (KVTB_SHM_DIR=/kvpool), and the compute node and its SmartNIC agent
 the same host (a node labelled `kvtb.compute=true`), as a GPU and its NIC are, and the config
 file travels as a swarm config (so that every host has it) instead of a bind mount, and ports
 are published on the host that runs the frontend (mode host) rather than through the mesh.
+Swarm has no `cpuset`: it goes, and each service pins itself to its KVTB_<SECTION>_CPUS
+(kvtb.placement), which the stack file passes on from the deploying shell as the compose file does.
 The one-shot `credentials` service goes too: on a swarm each service gets its own credentials
 as swarm secrets (made on the deploying host by `kvtb credentials init deploy/credentials`,
 which `make stack-up` runs), mounted in /run/secrets: its certificate and key, the CA, and the
@@ -72,7 +74,7 @@ def stack_config(compose: dict) -> dict:
             service["depends_on"] = sorted(set(service["depends_on"]) - {CREDENTIALS_SERVICE})
         if not service.get("depends_on"):
             service.pop("depends_on", None)
-        for key in ("ipc", "profiles", "shm_size", "init"):
+        for key in ("ipc", "profiles", "shm_size", "init", "cpuset"):
             service.pop(key, None)
         if service.get("ports"):
             service["ports"] = [_host_mode(p) for p in service["ports"]]
