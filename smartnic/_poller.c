@@ -26,6 +26,19 @@
  *   interrupt()   end a wait() now, from any thread (the watcher has other work: a registration...)
  *   polls, fires, sleeps, rings: counts (rings: waits the compute node ended)
  * seen_ns: CLOCK_MONOTONIC (time.monotonic_ns), read right after the poll found the store.
+ *
+ * The standing PUT's descriptor check, made right where a poll finds a fired block (no GIL):
+ *   check_descriptors(region, descriptor_first, descriptor_stride, ids_first, ids_stride, block_tokens)
+ *       region: a buffer of the whole region (the same mapping as counters); block b's descriptor is
+ *       the DESCRIPTOR_BYTES at descriptor_first + b * descriptor_stride, its token ids (u32 LE) the
+ *       block_tokens * 4 bytes at ids_first + b * ids_stride; ValueError when any of them passes the
+ *       buffer. From then on poll() and wait() return (block, generation, seen_ns, verdict, checked_ns):
+ *       verdict 0 (ACCEPTED) or the code of the first reason to refuse it (VERDICTS[code] says which,
+ *       in the order Python's checks find them), checked_ns CLOCK_MONOTONIC when the check ended.
+ *       check_descriptors(None): back to 3-tuples. `checking` says which.
+ *   check_descriptor(region, descriptor_offset, ids_offset, block_tokens, generation) -> verdict
+ *       the same check of one block (module function), for a trigger holding `generation`
+ *   crc32c(data, crc=0, software=False), blake2b(data, digest_size=16): the check's own routines
  * Linux only (futex); elsewhere the build fails and smartnic.standing polls from Python.
  */
 #define PY_SSIZE_T_CLEAN
@@ -36,6 +49,7 @@
 #endif
 
 #include <errno.h>
+#include <string.h>
 #include <linux/futex.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -53,10 +67,370 @@
 #define AWAKE 0u
 #define SLEEPING 1u
 
+/* ---- the standing PUT's descriptor check (hostmem/descriptor.py `decode` and Agent.block_put's checks) ----
+ *
+ * What Python accepts, refused for the same first reason, in the same order: the record's fields
+ * (magic and version, lengths, crc32c of magic..context, token count, chunk index, generation 0,
+ * parent), its ids as strict utf-8 (each id on its own, as Python decodes them), the trigger's
+ * generation, a shared block full, and its name: blake2b-128 of (len(parent) u32 LE, len(salt) u32 LE,
+ * parent, salt, token ids) with salt_for's salt (hostmem/block_hash.py). The record is copied first, so
+ * what is checked is one snapshot (a store racing the check cannot move a length under it); the token
+ * ids are hashed in place, never past the block's block_tokens ids.
+ */
+#define DESCRIPTOR_BYTES 512
+#define D_HEAD_BYTES 58           /* "<4sHHQIIH16s16s" */
+#define D_OWNER_AT D_HEAD_BYTES   /* "<HHH": tenant_len, user_len, context_len */
+#define D_IDS_AT (D_HEAD_BYTES + 6)
+#define D_STAMP_AT (DESCRIPTOR_BYTES - 12)
+#define D_CRC_AT (DESCRIPTOR_BYTES - 4)
+#define D_VERSION 2u
+#define D_SHARED 1u
+#define D_MAX_TENANT 64u
+#define D_MAX_USER 128u
+#define D_MAX_CONTEXT 240u
+#define D_MAX_TOKEN_END 0xFFFFFFFFull
+#define D_MAX_BLOCK_TOKENS 0x7FFFFFFFL  /* chunk index (u32) * block_tokens stays within a u64 */
+#define TOKEN_ID_BYTES 4
+
+enum {
+    V_ACCEPTED = 0,
+    V_MAGIC,            /* not a descriptor: magic or version */
+    V_LENGTHS,          /* tenant, user or context length, or parent length, out of range */
+    V_CRC,              /* crc32c mismatch: torn or not written */
+    V_TOKEN_COUNT,      /* token count outside (0, block_tokens] */
+    V_CHUNK_INDEX,      /* the chunk's tokens pass u32 */
+    V_GENERATION_ZERO,  /* generation 0 is never stored */
+    V_PARENT,           /* only block 0 has no parent */
+    V_UTF8,             /* an id is not utf-8 */
+    V_STALE,            /* the descriptor's generation is not the trigger's */
+    V_SHARED_PARTIAL,   /* only a full block can be shared */
+    V_HASH,             /* the name is not the block's tokens under its owner */
+    V_COUNT
+};
+
+static const char *const verdict_messages[V_COUNT] = {
+    "accepted",
+    "not a descriptor (magic or version)",
+    "descriptor field lengths out of range",
+    "descriptor crc32c mismatch (torn or not written)",
+    "token count outside (0, block_tokens]",
+    "chunk index out of range (its tokens pass 2**32 - 1)",
+    "generation 0 is never stored",
+    "only block 0 has no parent",
+    "descriptor ids are not utf-8",
+    "descriptor generation is not the trigger's",
+    "only a full block can be shared",
+    "the descriptor's name is not the block's tokens under its owner",
+};
+
+static const char *const verdict_names[V_COUNT] = {
+    "ACCEPTED", "BAD_MAGIC", "BAD_LENGTHS", "BAD_CRC", "BAD_TOKEN_COUNT", "BAD_CHUNK_INDEX",
+    "GENERATION_ZERO", "BAD_PARENT", "BAD_UTF8", "STALE_GENERATION", "SHARED_PARTIAL", "BAD_HASH",
+};
+
+static inline uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | ((uint64_t)le32(p + 4) << 32); }
+static inline void put_le32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
+/* -- CRC32C (Castagnoli, reflected 0x82F63B78): slicing-by-8 tables, or SSE4.2 where the CPU has it */
+static uint32_t crc_table[8][256];
+static int crc_hardware;  /* set at module init */
+
+static void crc_init_tables(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+/* crc32c of the bytes so far (crc) followed by data, like google_crc32c.extend */
+static uint32_t crc32c_software(uint32_t crc, const uint8_t *p, size_t n)
+{
+    crc = ~crc;
+    while (n && ((uintptr_t)p & 7)) {
+        crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
+        n--;
+    }
+    while (n >= 8) {
+        uint32_t lo = le32(p) ^ crc, hi = le32(p + 4);
+        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF] ^
+              crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+              crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
+    return ~crc;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define HAVE_CRC_HARDWARE 1
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint64_t c = ~crc;
+    while (n && ((uintptr_t)p & 7)) {
+        c = _mm_crc32_u8((uint32_t)c, *p++);
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        c = _mm_crc32_u64(c, word);
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = _mm_crc32_u8((uint32_t)c, *p++);
+    return ~(uint32_t)c;
+}
+#else
+#define HAVE_CRC_HARDWARE 0
+#endif
+
+static uint32_t crc32c_extend(uint32_t crc, const uint8_t *p, size_t n)
+{
+#if HAVE_CRC_HARDWARE
+    if (crc_hardware)
+        return crc32c_sse42(crc, p, n);
+#endif
+    return crc32c_software(crc, p, n);
+}
+
+/* -- BLAKE2b, unkeyed (RFC 7693's reference implementation, with a block-wise update) */
+typedef struct {
+    uint8_t b[128];
+    uint64_t h[8];
+    uint64_t t[2];
+    size_t c;       /* bytes in b */
+    size_t outlen;
+} Blake2b;
+
+static const uint64_t blake2b_iv[8] = {
+    0x6A09E667F3BCC908ull, 0xBB67AE8584CAA73Bull, 0x3C6EF372FE94F82Bull, 0xA54FF53A5F1D36F1ull,
+    0x510E527FADE682D1ull, 0x9B05688C2B3E6C1Full, 0x1F83D9ABFB41BD6Bull, 0x5BE0CD19137E2179ull,
+};
+
+static const uint8_t blake2b_sigma[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+};
+
+#define ROTR64(x, y) (((x) >> (y)) ^ ((x) << (64 - (y))))
+#define B2B_G(a, b, c, d, x, y)                \
+    do {                                       \
+        v[a] = v[a] + v[b] + (x);              \
+        v[d] = ROTR64(v[d] ^ v[a], 32);        \
+        v[c] = v[c] + v[d];                    \
+        v[b] = ROTR64(v[b] ^ v[c], 24);        \
+        v[a] = v[a] + v[b] + (y);              \
+        v[d] = ROTR64(v[d] ^ v[a], 16);        \
+        v[c] = v[c] + v[d];                    \
+        v[b] = ROTR64(v[b] ^ v[c], 63);        \
+    } while (0)
+
+static void blake2b_compress(Blake2b *ctx, int last)
+{
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 8; i++) {
+        v[i] = ctx->h[i];
+        v[i + 8] = blake2b_iv[i];
+    }
+    v[12] ^= ctx->t[0];
+    v[13] ^= ctx->t[1];
+    if (last)
+        v[14] = ~v[14];
+    for (int i = 0; i < 16; i++)
+        m[i] = le64(&ctx->b[8 * i]);
+    for (int i = 0; i < 12; i++) {
+        const uint8_t *s = blake2b_sigma[i];
+        B2B_G(0, 4, 8, 12, m[s[0]], m[s[1]]);
+        B2B_G(1, 5, 9, 13, m[s[2]], m[s[3]]);
+        B2B_G(2, 6, 10, 14, m[s[4]], m[s[5]]);
+        B2B_G(3, 7, 11, 15, m[s[6]], m[s[7]]);
+        B2B_G(0, 5, 10, 15, m[s[8]], m[s[9]]);
+        B2B_G(1, 6, 11, 12, m[s[10]], m[s[11]]);
+        B2B_G(2, 7, 8, 13, m[s[12]], m[s[13]]);
+        B2B_G(3, 4, 9, 14, m[s[14]], m[s[15]]);
+    }
+    for (int i = 0; i < 8; i++)
+        ctx->h[i] ^= v[i] ^ v[i + 8];
+}
+
+static void blake2b_init(Blake2b *ctx, size_t outlen)  /* 1 <= outlen <= 64, no key */
+{
+    for (int i = 0; i < 8; i++)
+        ctx->h[i] = blake2b_iv[i];
+    ctx->h[0] ^= 0x01010000ull ^ (uint64_t)outlen;
+    ctx->t[0] = ctx->t[1] = 0;
+    ctx->c = 0;
+    ctx->outlen = outlen;
+}
+
+static void blake2b_count(Blake2b *ctx, size_t n)
+{
+    ctx->t[0] += (uint64_t)n;
+    if (ctx->t[0] < (uint64_t)n)
+        ctx->t[1]++;
+}
+
+static void blake2b_update(Blake2b *ctx, const void *data, size_t n)
+{
+    const uint8_t *in = data;
+    while (n) {
+        if (ctx->c == 128) {  /* full, and more follows: not the last block */
+            blake2b_count(ctx, 128);
+            blake2b_compress(ctx, 0);
+            ctx->c = 0;
+        }
+        size_t take = 128 - ctx->c < n ? 128 - ctx->c : n;
+        memcpy(ctx->b + ctx->c, in, take);
+        ctx->c += take;
+        in += take;
+        n -= take;
+    }
+}
+
+static void blake2b_final(Blake2b *ctx, uint8_t *out)
+{
+    blake2b_count(ctx, ctx->c);
+    memset(ctx->b + ctx->c, 0, 128 - ctx->c);
+    blake2b_compress(ctx, 1);
+    for (size_t i = 0; i < ctx->outlen; i++)
+        out[i] = (uint8_t)(ctx->h[i >> 3] >> (8 * (i & 7)));
+}
+
+/* -- strict utf-8 (Python's decoder: no overlong forms, no surrogates, nothing past U+10FFFF) */
+static int utf8_valid(const uint8_t *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t need;
+        uint8_t lo = 0x80, hi = 0xBF;  /* the second byte's range */
+        if (c >= 0xC2 && c <= 0xDF)
+            need = 1;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            if (c == 0xE0)
+                lo = 0xA0;
+            else if (c == 0xED)
+                hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            if (c == 0xF0)
+                lo = 0x90;
+            else if (c == 0xF4)
+                hi = 0x8F;
+        } else
+            return 0;
+        if (n - i - 1 < need || s[i + 1] < lo || s[i + 1] > hi)
+            return 0;
+        for (size_t k = 2; k <= need; k++)
+            if ((s[i + k] & 0xC0) != 0x80)
+                return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+/* The verdict on one block's descriptor (rec: DESCRIPTOR_BYTES; ids: the block's block_tokens ids),
+ * for the generation its trigger holds. No Python call: runs without the GIL. */
+static int check_record(const uint8_t *rec, const uint8_t *ids, uint32_t block_tokens, uint64_t trigger)
+{
+    uint8_t r[DESCRIPTOR_BYTES];
+    memcpy(r, rec, DESCRIPTOR_BYTES);  /* one snapshot */
+    if (memcmp(r, "KVBD", 4) != 0 || le16(r + 4) != D_VERSION)
+        return V_MAGIC;
+    uint16_t flags = le16(r + 6);
+    uint64_t generation = le64(r + 8);
+    uint32_t index = le32(r + 16), count = le32(r + 20);
+    uint16_t parent_len = le16(r + 24);
+    const uint8_t *hash = r + 26, *parent = r + 42;
+    uint32_t tlen = le16(r + D_OWNER_AT), ulen = le16(r + D_OWNER_AT + 2), clen = le16(r + D_OWNER_AT + 4);
+    if (tlen > D_MAX_TENANT || ulen > D_MAX_USER || clen > D_MAX_CONTEXT || (parent_len != 0 && parent_len != 16))
+        return V_LENGTHS;
+    const uint8_t *tenant = r + D_IDS_AT, *user = tenant + tlen, *context = user + ulen;
+    size_t end = D_IDS_AT + tlen + ulen + clen;  /* <= D_STAMP_AT */
+    if (crc32c_extend(0, r, end) != le32(r + D_CRC_AT))
+        return V_CRC;
+    if (count == 0 || count > block_tokens)
+        return V_TOKEN_COUNT;
+    if ((uint64_t)index * block_tokens + count > D_MAX_TOKEN_END)
+        return V_CHUNK_INDEX;
+    if (generation == 0)
+        return V_GENERATION_ZERO;
+    if ((parent_len == 0) != (index == 0))
+        return V_PARENT;
+    if (!utf8_valid(tenant, tlen) || !utf8_valid(user, ulen) || !utf8_valid(context, clen))
+        return V_UTF8;
+    if (generation != trigger)
+        return V_STALE;
+    int shared = (flags & D_SHARED) != 0;
+    if (shared && count != block_tokens)
+        return V_SHARED_PARTIAL;
+    /* salt_for: b"tenant\0" + tenant (+ b"\0user\0" + user unless shared) */
+    uint32_t salt_len = 7 + tlen + (shared ? 0 : 6 + ulen);
+    uint8_t lengths[8], name[16];
+    put_le32(lengths, parent_len);
+    put_le32(lengths + 4, salt_len);
+    Blake2b h;
+    blake2b_init(&h, 16);
+    blake2b_update(&h, lengths, 8);
+    blake2b_update(&h, parent, parent_len);
+    blake2b_update(&h, "tenant", 7);  /* with its NUL */
+    blake2b_update(&h, tenant, tlen);
+    if (!shared) {
+        blake2b_update(&h, "\0user", 6);  /* with its NUL */
+        blake2b_update(&h, user, ulen);
+    }
+    blake2b_update(&h, ids, (size_t)count * TOKEN_ID_BYTES);
+    blake2b_final(&h, name);
+    return memcmp(name, hash, 16) == 0 ? V_ACCEPTED : V_HASH;
+}
+
+/* Whether n items of `size` bytes from `first` every `stride` bytes fit in len bytes (no overflow). */
+static int fits(Py_ssize_t len, Py_ssize_t first, Py_ssize_t stride, Py_ssize_t n, Py_ssize_t size)
+{
+    if (first < 0 || stride < 0 || n < 0 || size < 0 || first > len)
+        return 0;
+    if (n == 0)
+        return 1;
+    Py_ssize_t last;
+    if (__builtin_mul_overflow(n - 1, stride, &last) || __builtin_add_overflow(last, first, &last) ||
+        __builtin_add_overflow(last, size, &last))
+        return 0;
+    return last <= len;
+}
+
 typedef struct {
     uint32_t block;
     uint64_t generation;
     int64_t seen_ns;
+    int verdict;               /* checking: the descriptor's (V_*) */
+    int64_t checked_ns;        /* checking: when its check ended */
 } Fired;
 
 typedef struct {
@@ -67,6 +441,11 @@ typedef struct {
     Py_ssize_t stride, count;
     uint32_t *bell;            /* NULL: no doorbell */
     uint64_t *armed;           /* [count]: fire when the trigger passes this */
+    Py_buffer region;          /* checking: the region's bytes (descriptors and token ids) */
+    int checking;              /* check_descriptors() was called: a fire's descriptor is checked */
+    const uint8_t *descriptors, *ids;  /* block 0's descriptor and token ids in region */
+    Py_ssize_t descriptor_stride, ids_stride;
+    uint32_t block_tokens;
     Fired *fired;              /* [count]: one poll's finds */
     int waiting;               /* a wait() is running (one at a time) */
     int interrupted;           /* atomic */
@@ -92,6 +471,11 @@ static Py_ssize_t poll_once(Poller *p)
             p->fired[n].block = (uint32_t)i;
             p->fired[n].generation = v;
             p->fired[n].seen_ns = now_ns();  /* after the load: never before this store */
+            if (p->checking) {
+                p->fired[n].verdict = check_record(p->descriptors + i * p->descriptor_stride,
+                                                   p->ids + i * p->ids_stride, p->block_tokens, v);
+                p->fired[n].checked_ns = now_ns();
+            }
             n++;
         }
     }
@@ -103,8 +487,11 @@ static PyObject *as_list(Poller *p, Py_ssize_t n)
 {
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out && i < n; i++) {
-        PyObject *item = Py_BuildValue("(IKL)", p->fired[i].block, (unsigned long long)p->fired[i].generation,
-                                       (long long)p->fired[i].seen_ns);
+        const Fired *f = &p->fired[i];
+        PyObject *item = p->checking
+            ? Py_BuildValue("(IKLiL)", f->block, (unsigned long long)f->generation, (long long)f->seen_ns,
+                            f->verdict, (long long)f->checked_ns)
+            : Py_BuildValue("(IKL)", f->block, (unsigned long long)f->generation, (long long)f->seen_ns);
         if (!item) {
             Py_CLEAR(out);
             break;
@@ -156,8 +543,17 @@ static Py_ssize_t wait_for_stores(Poller *p, int64_t spin_ns, int64_t timeout_ns
     return poll_once(p);
 }
 
+static void stop_checking(Poller *p)
+{
+    if (p->checking) {
+        p->checking = 0;
+        PyBuffer_Release(&p->region);
+    }
+}
+
 static void release(Poller *p)
 {
+    stop_checking(p);
     if (p->has_view) {
         PyBuffer_Release(&p->view);
         p->has_view = 0;
@@ -283,6 +679,47 @@ static PyObject *Poller_close(Poller *p, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+static PyObject *Poller_check_descriptors(Poller *p, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"region", "descriptor_first", "descriptor_stride", "ids_first", "ids_stride",
+                             "block_tokens", NULL};
+    PyObject *region;
+    Py_ssize_t d_first = 0, d_stride = 0, i_first = 0, i_stride = 0, block_tokens = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|nnnnn", kwlist, &region, &d_first, &d_stride, &i_first,
+                                     &i_stride, &block_tokens) || !ready(p))
+        return NULL;
+    if (region == Py_None) {  /* checking off: fires are (block, generation, seen_ns) again */
+        stop_checking(p);
+        Py_RETURN_NONE;
+    }
+    if (block_tokens <= 0 || block_tokens > D_MAX_BLOCK_TOKENS || d_stride <= 0 || i_stride <= 0 || d_first < 0 ||
+        i_first < 0) {
+        PyErr_Format(PyExc_ValueError, "block_tokens in [1, %ld], strides positive, offsets non-negative",
+                     (long)D_MAX_BLOCK_TOKENS);
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(region, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (!fits(view.len, d_first, d_stride, p->count, DESCRIPTOR_BYTES) ||
+        !fits(view.len, i_first, i_stride, p->count, block_tokens * TOKEN_ID_BYTES)) {
+        PyErr_Format(PyExc_ValueError, "%zd descriptors from byte %zd every %zd bytes, or their %zd token ids "
+                     "from byte %zd every %zd bytes, pass the region's %zd bytes", p->count, d_first, d_stride,
+                     block_tokens, i_first, i_stride, view.len);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    stop_checking(p);
+    p->region = view;
+    p->descriptors = (const uint8_t *)view.buf + d_first;
+    p->ids = (const uint8_t *)view.buf + i_first;
+    p->descriptor_stride = d_stride;
+    p->ids_stride = i_stride;
+    p->block_tokens = (uint32_t)block_tokens;
+    p->checking = 1;
+    Py_RETURN_NONE;
+}
+
 #define COUNT_GETTER(name)                                                          \
     static PyObject *Poller_##name(Poller *p, void *Py_UNUSED(closure))            \
     {                                                                               \
@@ -298,10 +735,19 @@ static PyObject *Poller_closed(Poller *p, void *Py_UNUSED(closure))
     return PyBool_FromLong(!p->has_view);
 }
 
+static PyObject *Poller_checking(Poller *p, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(p->checking);
+}
+
 static PyMethodDef Poller_methods[] = {
     {"poll", (PyCFunction)Poller_poll, METH_NOARGS, "poll() -> [(block, generation, seen_ns)]: one poll."},
     {"wait", (PyCFunction)Poller_wait, METH_VARARGS,
      "wait(spin_ns, timeout_ns) -> [(block, generation, seen_ns)]: spin, then sleep on the doorbell, without the GIL."},
+    {"check_descriptors", (PyCFunction)(void (*)(void))Poller_check_descriptors, METH_VARARGS | METH_KEYWORDS,
+     "check_descriptors(region, descriptor_first, descriptor_stride, ids_first, ids_stride, block_tokens): from "
+     "now on every fire's descriptor is checked and poll()/wait() return (block, generation, seen_ns, verdict, "
+     "checked_ns); check_descriptors(None): not any more. ValueError when the layout passes the region."},
     {"interrupt", (PyCFunction)Poller_interrupt, METH_NOARGS, "End a wait() now (any thread)."},
     {"close", (PyCFunction)Poller_close, METH_NOARGS, "Release the buffer (no wait() may be running)."},
     {NULL, NULL, 0, NULL},
@@ -313,6 +759,7 @@ static PyGetSetDef Poller_getset[] = {
     {"sleeps", (getter)Poller_sleeps, NULL, "Sleeps (on the doorbell or a timer) so far.", NULL},
     {"rings", (getter)Poller_rings, NULL, "Sleeps the doorbell ended.", NULL},
     {"closed", (getter)Poller_closed, NULL, "Whether close() was called.", NULL},
+    {"checking", (getter)Poller_checking, NULL, "Whether fires' descriptors are checked.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -329,14 +776,97 @@ static PyTypeObject PollerType = {
     .tp_getset = Poller_getset,
 };
 
+static PyObject *module_check_descriptor(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"region", "descriptor_offset", "ids_offset", "block_tokens", "generation", NULL};
+    PyObject *region;
+    Py_ssize_t d_offset, i_offset, block_tokens;
+    unsigned long long generation;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnnnK", kwlist, &region, &d_offset, &i_offset, &block_tokens,
+                                     &generation))
+        return NULL;
+    if (block_tokens <= 0 || block_tokens > D_MAX_BLOCK_TOKENS) {
+        PyErr_Format(PyExc_ValueError, "block_tokens in [1, %ld]", (long)D_MAX_BLOCK_TOKENS);
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(region, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (!fits(view.len, d_offset, 0, 1, DESCRIPTOR_BYTES) ||
+        !fits(view.len, i_offset, 0, 1, block_tokens * TOKEN_ID_BYTES)) {
+        PyErr_Format(PyExc_ValueError, "the descriptor at %zd or %zd token ids at %zd pass the region's %zd bytes",
+                     d_offset, block_tokens, i_offset, view.len);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    int verdict = check_record((const uint8_t *)view.buf + d_offset, (const uint8_t *)view.buf + i_offset,
+                               (uint32_t)block_tokens, generation);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(verdict);
+}
+
+static PyObject *module_crc32c(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"data", "crc", "software", NULL};
+    Py_buffer data;
+    unsigned int crc = 0;
+    int software = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|Ip", kwlist, &data, &crc, &software))
+        return NULL;
+    uint32_t out = software ? crc32c_software(crc, data.buf, (size_t)data.len)
+                            : crc32c_extend(crc, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(out);
+}
+
+static PyObject *module_blake2b(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"data", "digest_size", NULL};
+    Py_buffer data;
+    int size = 16;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|i", kwlist, &data, &size))
+        return NULL;
+    if (size < 1 || size > 64) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "digest_size in [1, 64]");
+        return NULL;
+    }
+    Blake2b h;
+    uint8_t out[64];
+    blake2b_init(&h, (size_t)size);
+    blake2b_update(&h, data.buf, (size_t)data.len);
+    blake2b_final(&h, out);
+    PyBuffer_Release(&data);
+    return PyBytes_FromStringAndSize((const char *)out, size);
+}
+
+static PyMethodDef module_methods[] = {
+    {"check_descriptor", (PyCFunction)(void (*)(void))module_check_descriptor, METH_VARARGS | METH_KEYWORDS,
+     "check_descriptor(region, descriptor_offset, ids_offset, block_tokens, generation) -> verdict: the check a "
+     "checking Poller makes at a fire (0: accepted; else a code, VERDICTS[code] says why). ValueError when the "
+     "descriptor or the block's ids pass the region."},
+    {"crc32c", (PyCFunction)(void (*)(void))module_crc32c, METH_VARARGS | METH_KEYWORDS,
+     "crc32c(data, crc=0, software=False) -> int: crc32c of the bytes so far (crc) then data (the check's own; "
+     "software: the table routine even where SSE4.2 is used)."},
+    {"blake2b", (PyCFunction)(void (*)(void))module_blake2b, METH_VARARGS | METH_KEYWORDS,
+     "blake2b(data, digest_size=16) -> bytes: unkeyed BLAKE2b (the check's own, RFC 7693)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "smartnic._poller",
-    "A pool's standing PUT triggers, polled and waited on without the GIL (see smartnic/_poller.c).", -1, NULL,
+    "A pool's standing PUT triggers, polled and waited on without the GIL, and their descriptors checked there "
+    "(see smartnic/_poller.c).", -1, module_methods,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__poller(void)
 {
+    crc_init_tables();
+#if HAVE_CRC_HARDWARE
+    __builtin_cpu_init();
+    crc_hardware = __builtin_cpu_supports("sse4.2") != 0;
+#endif
     if (PyType_Ready(&PollerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
@@ -345,6 +875,23 @@ PyMODINIT_FUNC PyInit__poller(void)
     Py_INCREF(&PollerType);
     if (PyModule_AddObject(m, "Poller", (PyObject *)&PollerType) < 0) {
         Py_DECREF(&PollerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *verdicts = PyTuple_New(V_COUNT);
+    for (int i = 0; verdicts && i < V_COUNT; i++) {
+        PyObject *message = PyUnicode_FromString(verdict_messages[i]);
+        if (!message || PyModule_AddIntConstant(m, verdict_names[i], i) < 0) {
+            Py_XDECREF(message);
+            Py_CLEAR(verdicts);
+            break;
+        }
+        PyTuple_SET_ITEM(verdicts, i, message);
+    }
+    if (!verdicts || PyModule_AddObject(m, "VERDICTS", verdicts) < 0 ||
+        PyModule_AddIntConstant(m, "DESCRIPTOR_BYTES", DESCRIPTOR_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "CRC_HARDWARE", crc_hardware) < 0) {
+        Py_XDECREF(verdicts);
         Py_DECREF(m);
         return NULL;
     }

@@ -74,7 +74,8 @@ class Registrations:
             raise RegionError(f"kv_layout needs {layout.region_bytes} bytes with counters at "
                               f"{layout.counter_offset}; got {size} bytes, counters at {counter_offset}")
         region = Region.attach(shm_name, size, counter_offset, counter_count)
-        standing = StandingPuts(layout, region.counters) if layout is not None else None  # armed: step 1
+        # armed: step 1 (with the whole region: the compiled poller can check descriptors in it)
+        standing = StandingPuts(layout, region.counters, region.array) if layout is not None else None
         with self._lock:
             reg = Registered(next(self._ids), region, access_key, layout, owner, compute_address, standing=standing)
             self._regions[reg.region_id] = reg

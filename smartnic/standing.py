@@ -15,6 +15,21 @@ That poll is the watcher's, from Python (`fired`). Where the compiled poller was
 polls back to back for a moment and then sleeps on the pool's doorbell (hostmem.bell) until the
 compute node rings it, all without the GIL, so that between bursts of stores the watcher costs
 neither a core nor a timer wake-up every few tens of microseconds.
+
+The compiled poller can also check a fired block's descriptor itself, without the GIL, right where
+it finds the store (`start_compiled(check=True)`, given the region's whole buffer as `region_array`):
+the checks `Agent.block_put` makes in Python (hostmem.descriptor.decode, the trigger's generation,
+a shared block full, the block's name over its token ids), refused for the same first reason.
+
+What `fired` and `wait` return, one tuple per fired block, in block order:
+    from Python (not compiled):       (block, generation, None)
+    compiled:                          (block, generation, seen_ns)
+    compiled, check=True:              (block, generation, seen_ns, verdict, checked_ns)
+seen_ns: CLOCK_MONOTONIC (time.monotonic_ns) right after the poll found the store; verdict: 0
+(ACCEPTED) when the descriptor passed, else a code whose reason is VERDICTS[verdict] (the codes are
+smartnic._poller's BAD_MAGIC, BAD_LENGTHS, BAD_CRC, BAD_TOKEN_COUNT, BAD_CHUNK_INDEX, GENERATION_ZERO,
+BAD_PARENT, BAD_UTF8, STALE_GENERATION, SHARED_PARTIAL, BAD_HASH); checked_ns: CLOCK_MONOTONIC when
+its check ended. `checking` says which shape a pool's fires have.
 """
 from __future__ import annotations
 
@@ -22,12 +37,16 @@ import time
 
 import numpy as np
 
-from hostmem.kv_layout import COUNTER_BYTES, KvLayout
+from hostmem.kv_layout import COUNTER_BYTES, DESCRIPTOR_BYTES, TOKEN_ID_BYTES, KvLayout
 
 try:
     from smartnic import _poller
 except ImportError:  # not built (no C compiler, or not Linux): the watcher polls from Python
     _poller = None
+
+ACCEPTED = 0
+# verdict -> why the descriptor was refused (VERDICTS[0]: accepted); empty when not compiled
+VERDICTS: tuple[str, ...] = _poller.VERDICTS if _poller is not None else ()
 
 _WORD_BITS = 64
 
@@ -36,9 +55,10 @@ class StandingPuts:
     """The standing PUT entries of one registered pool. Used by the watcher thread only (interrupt() and
     close() from any thread)."""
 
-    def __init__(self, layout: KvLayout, counters: np.ndarray):
+    def __init__(self, layout: KvLayout, counters: np.ndarray, region_array=None):
         self.layout = layout
         self.counters = counters  # [counter, success|error] uint64: the region's own array
+        self.region_array = region_array  # the whole region (a buffer: its descriptors and token ids), or None
         step, n = layout.counters_per_block, layout.num_blocks
         assert [layout.put_trigger(b) for b in (0, n - 1)] == [0, (n - 1) * step], "triggers are strided"
         self.triggers = counters[0:n * step:step, 0]  # [block] uint64: a view, read in place
@@ -51,19 +71,50 @@ class StandingPuts:
     def __len__(self) -> int:
         return len(self.armed_at)
 
-    def start_compiled(self) -> bool:
+    def start_compiled(self, check: bool = False) -> bool:
         """Hand the arming to the compiled poller, armed where this object's entries are armed now (a
-        store made since the last `fired` fires from it); False when it was not built."""
-        if _poller is None or self.poller is not None or self.closed:
+        store made since the last `fired` fires from it); False when it was not built.
+        check: the poller also checks each fired block's descriptor (the 5-tuples of the module's
+        docstring); it needs `region_array`, whose counters must be `counters` (ValueError otherwise).
+        A poller already started without checking starts checking."""
+        if _poller is None or self.closed:
             return self.poller is not None
-        L = self.layout
-        self.poller = _poller.Poller(self.counters, 0, L.counters_per_block * COUNTER_BYTES, L.num_blocks,
-                                     L.bell_counter * COUNTER_BYTES, self.armed_at)
+        if check:
+            where = self._check_layout()  # before the poller exists: a bad layout starts nothing
+        if self.poller is None:
+            L = self.layout
+            self.poller = _poller.Poller(self.counters, 0, L.counters_per_block * COUNTER_BYTES, L.num_blocks,
+                                         L.bell_counter * COUNTER_BYTES, self.armed_at)
+        if check and not self.poller.checking:
+            self.poller.check_descriptors(self.region_array, *where)
         return True
 
-    def wait(self, spin_s: float, timeout_s: float) -> list[tuple[int, int, int]]:
+    def _check_layout(self) -> tuple[int, int, int, int, int]:
+        """(descriptor first, descriptor stride, ids first, ids stride, block_tokens) in region_array, once
+        it is known to be the region whose counters the poller watches."""
+        L = self.layout
+        if self.region_array is None:
+            raise ValueError("checking descriptors needs the region's buffer (region_array)")
+        region = np.frombuffer(self.region_array, dtype=np.uint8)
+        counters = self.counters
+        if region.nbytes < L.region_bytes or counters.nbytes < L.counter_count * COUNTER_BYTES or \
+                counters.ctypes.data != region.ctypes.data + L.counter_offset:
+            raise ValueError(f"region_array ({region.nbytes} bytes) is not the region whose counters these are "
+                             f"(a layout of {L.region_bytes} bytes, counters at {L.counter_offset})")
+        d0, d1 = L.descriptor_range(0)[0], L.descriptor_range(min(1, L.num_blocks - 1))[0]
+        i0, i1 = L.token_ids_range(0)[0], L.token_ids_range(min(1, L.num_blocks - 1))[0]
+        return d0, max(d1 - d0, DESCRIPTOR_BYTES), i0, max(i1 - i0, L.block_tokens * TOKEN_ID_BYTES), L.block_tokens
+
+    @property
+    def checking(self) -> bool:
+        """Whether the compiled poller checks descriptors: fires are 5-tuples."""
+        poller = self.poller
+        return poller is not None and poller.checking
+
+    def wait(self, spin_s: float, timeout_s: float) -> list[tuple[int, ...]]:
         """(compiled only) Without the GIL: poll back to back for spin_s, then sleep on the doorbell until
-        the compute node rings it, interrupt() or timeout_s; what fired (block, generation, seen ns)."""
+        the compute node rings it, interrupt() or timeout_s; what fired (block, generation, seen ns), and
+        when checking (verdict, checked ns) too."""
         return self.poller.wait(int(spin_s * 1e9), int(timeout_s * 1e9))
 
     def interrupt(self) -> None:
@@ -77,6 +128,7 @@ class StandingPuts:
         this); nothing fires after. Any thread."""
         self.closed = True
         poller, self.poller = self.poller, None
+        self.region_array = None  # no export of the region kept past its close
         if poller is None:
             return
         deadline = time.monotonic() + timeout_s
@@ -89,8 +141,9 @@ class StandingPuts:
                     raise
                 time.sleep(0.0005)
 
-    def fired(self) -> list[tuple[int, int, int | None]]:
-        """(block, generation, seen ns or None) of every entry whose trigger moved past its arming."""
+    def fired(self) -> list[tuple[int, ...]]:
+        """(block, generation, seen ns or None) of every entry whose trigger moved past its arming; when
+        the compiled poller checks descriptors, (block, generation, seen ns, verdict, checked ns)."""
         poller = self.poller
         if poller is not None:
             return poller.poll()
