@@ -58,7 +58,7 @@ class StandingPuts:
     def __init__(self, layout: KvLayout, counters: np.ndarray, region_array=None):
         self.layout = layout
         self.counters = counters  # [counter, success|error] uint64: the region's own array
-        self.region_array = region_array  # the whole region (a buffer: its descriptors and token ids), or None
+        self.region_array = region_array  # the whole region (its descriptors and token ids), or None
         step, n = layout.counters_per_block, layout.num_blocks
         assert [layout.put_trigger(b) for b in (0, n - 1)] == [0, (n - 1) * step], "triggers are strided"
         self.triggers = counters[0:n * step:step, 0]  # [block] uint64: a view, read in place
@@ -99,11 +99,12 @@ class StandingPuts:
         counters = self.counters
         if region.nbytes < L.region_bytes or counters.nbytes < L.counter_count * COUNTER_BYTES or \
                 counters.ctypes.data != region.ctypes.data + L.counter_offset:
-            raise ValueError(f"region_array ({region.nbytes} bytes) is not the region whose counters these are "
-                             f"(a layout of {L.region_bytes} bytes, counters at {L.counter_offset})")
+            raise ValueError(f"region_array ({region.nbytes} bytes) is not the region whose counters these "
+                             f"are (a layout of {L.region_bytes} bytes, counters at {L.counter_offset})")
         d0, d1 = L.descriptor_range(0)[0], L.descriptor_range(min(1, L.num_blocks - 1))[0]
         i0, i1 = L.token_ids_range(0)[0], L.token_ids_range(min(1, L.num_blocks - 1))[0]
-        return d0, max(d1 - d0, DESCRIPTOR_BYTES), i0, max(i1 - i0, L.block_tokens * TOKEN_ID_BYTES), L.block_tokens
+        ids_bytes = L.block_tokens * TOKEN_ID_BYTES
+        return d0, max(d1 - d0, DESCRIPTOR_BYTES), i0, max(i1 - i0, ids_bytes), L.block_tokens
 
     @property
     def checking(self) -> bool:

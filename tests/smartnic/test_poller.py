@@ -28,9 +28,9 @@ OWNER_AT = 58  # tenant_len, user_len, context_len (u16 each), then the ids
 IDS_AT = OWNER_AT + 6
 
 # Python's refusals (their messages) -> the C verdict for the same reason
-REASONS = [("not a descriptor", "BAD_MAGIC"), ("field lengths", "BAD_LENGTHS"), ("crc32c mismatch", "BAD_CRC"),
-           ("token count", "BAD_TOKEN_COUNT"), ("chunk index", "BAD_CHUNK_INDEX"),
-           ("generation 0", "GENERATION_ZERO"), ("only block 0", "BAD_PARENT"), ("not utf-8", "BAD_UTF8"),
+REASONS = [("not a descriptor", "BAD_MAGIC"), ("field lengths", "BAD_LENGTHS"),
+           ("crc32c mismatch", "BAD_CRC"), ("token count", "BAD_TOKEN_COUNT"),
+           ("chunk index", "BAD_CHUNK_INDEX"), ("generation 0", "GENERATION_ZERO"), ("only block 0", "BAD_PARENT"), ("not utf-8", "BAD_UTF8"),
            ("descriptor generation", "STALE_GENERATION"), ("only a full block", "SHARED_PARTIAL"),
            ("name is not", "BAD_HASH")]
 
@@ -149,7 +149,8 @@ def test_crc32c_is_google_crc32c_and_kvtbs(software):
             want = google_crc32c.value(view.tobytes())
             assert P.crc32c(view, software=software) == want == kvtb_crc.crc32c(np.frombuffer(view, np.uint8))
         head, tail = data[:size // 2], data[size // 2:]
-        assert P.crc32c(tail, P.crc32c(head, software=software), software=software) == google_crc32c.value(data)
+        head_crc = P.crc32c(head, software=software)
+        assert P.crc32c(tail, head_crc, software=software) == google_crc32c.value(data)
     assert P.crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
 
 
@@ -283,8 +284,8 @@ def test_a_character_split_between_two_ids_is_not_utf8(region):
 
 def test_random_utf8_in_the_ids_is_judged_as_python_judges_it(region):
     rng = random.Random(12)
-    alphabet = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC,
-                0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFE, 0xFF]
+    alphabet = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1,
+                0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFE, 0xFF]
     seen = set()
     f = write_random(rng, region, L, 0, tenant="", user="", context="")
     offset, _ = L.descriptor_range(0)
@@ -365,7 +366,8 @@ def test_a_checking_poller_returns_the_verdict_of_each_fire(region):
         counters[L.put_trigger(5), 0] = 8
         fired = puts.fired()
         assert [f[:2] + f[3:4] for f in fired] == [(1, good["generation"], P.ACCEPTED),
-                                                   (4, bad["generation"], P.BAD_HASH), (5, 8, P.STALE_GENERATION)]
+                                                   (4, bad["generation"], P.BAD_HASH),
+                                                   (5, 8, P.STALE_GENERATION)]
         for block, generation, seen_ns, verdict, checked_ns in fired:
             assert 0 < seen_ns <= checked_ns
             assert verdict == python_verdict(region, L, block, generation)
@@ -428,7 +430,8 @@ def test_a_poller_refuses_a_layout_outside_the_region(region):
     counters = counters_of(region, L)
     poller = P.Poller(counters, 0, 16 * L.counters_per_block, L.num_blocks)
     d0, i0 = L.descriptor_offset, L.token_ids_offset
-    bad = [(region, region.nbytes - DESCRIPTOR_BYTES, DESCRIPTOR_BYTES, i0, L.block_tokens * 4, L.block_tokens),
+    bad = [(region, region.nbytes - DESCRIPTOR_BYTES, DESCRIPTOR_BYTES, i0, L.block_tokens * 4,
+            L.block_tokens),
            (region, d0, 1 << 60, i0, L.block_tokens * 4, L.block_tokens),
            (region, d0, DESCRIPTOR_BYTES, i0, 1 << 61, L.block_tokens),
            (region, d0, DESCRIPTOR_BYTES, region.nbytes, 4, 1),

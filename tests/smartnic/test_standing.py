@@ -172,3 +172,14 @@ def test_the_compiled_poller_refuses_what_lies_outside_its_buffer():
         standing._poller.Poller(counters, 4, 16, 1)
     with pytest.raises(BufferError):
         standing._poller.Poller(counters.tobytes(), 0, stride, L.num_blocks)  # read-only: the bell is written
+
+
+def test_without_the_compiled_poller_python_polls_and_fires_stay_3_tuples(monkeypatch):
+    monkeypatch.setattr(standing, "_poller", None)  # not built: the agent checks descriptors in Python
+    region = np.zeros(L.region_bytes, dtype=np.uint8)
+    counters = region[L.counter_offset:L.counter_offset + L.counter_count * 16].view(np.uint64).reshape(-1, 2)
+    puts = StandingPuts(L, counters, region)
+    assert puts.start_compiled(check=True) is False and puts.poller is None and not puts.checking
+    counters[L.put_trigger(2), 0] = 1
+    assert puts.fired() == [(2, 1, None)]
+    puts.close()
