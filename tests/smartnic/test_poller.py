@@ -30,7 +30,8 @@ IDS_AT = OWNER_AT + 6
 # Python's refusals (their messages) -> the C verdict for the same reason
 REASONS = [("not a descriptor", "BAD_MAGIC"), ("field lengths", "BAD_LENGTHS"),
            ("crc32c mismatch", "BAD_CRC"), ("token count", "BAD_TOKEN_COUNT"),
-           ("chunk index", "BAD_CHUNK_INDEX"), ("generation 0", "GENERATION_ZERO"), ("only block 0", "BAD_PARENT"), ("not utf-8", "BAD_UTF8"),
+           ("chunk index", "BAD_CHUNK_INDEX"), ("generation 0", "GENERATION_ZERO"),
+           ("only block 0", "BAD_PARENT"), ("not utf-8", "BAD_UTF8"),
            ("descriptor generation", "STALE_GENERATION"), ("only a full block", "SHARED_PARTIAL"),
            ("name is not", "BAD_HASH")]
 
