@@ -19,9 +19,11 @@ from kvtb import placement  # noqa: E402 - after the repository is on the path
 
 
 def assignments(name: str, cpus: str = "") -> dict[str, str]:
-    """KVTB_<SECTION>_CPUS -> its CPU list, for every service of placement `name`."""
+    """KVTB_<SECTION>_CPUS -> its CPU list, for every service of placement `name`, and the agent's fast
+    path settings for it (KVTB_SMARTNIC_FASTPATH, KVTB_SMARTNIC_WATCHER_BUSY_POLL)."""
     plan = placement.plan(name, placement.parse_cpus(cpus) or None)
-    return {f"KVTB_{service.upper()}_CPUS": text for service, text in placement.formatted(plan).items()}
+    agent = {f"KVTB_SMARTNIC_{field.upper()}": value for field, value in placement.AGENT_SETTINGS[name].items()}
+    return {**{f"KVTB_{service.upper()}_CPUS": text for service, text in placement.formatted(plan).items()}, **agent}
 
 
 def main(argv: list[str]) -> int:

@@ -25,6 +25,11 @@ logger = logging.getLogger(__name__)
 PLACEMENTS = ("shared", "nic")
 SERVICES = ("storage", "smartnic", "compute", "frontend")
 NIC_SERVICES = ("storage", "smartnic", "frontend")  # on the NIC's cores under `nic`
+# the agent's settings under each placement: on a NIC core of its own, standing PUTs fire in the fast
+# path's own process (smartnic.fastpath), whose watcher polls without sleeping, as NIC hardware does;
+# on shared cores a spinning watcher would take the forward's CPU, so it sleeps on the doorbell
+AGENT_SETTINGS = {"shared": {"fastpath": "thread", "watcher_busy_poll": "false"},
+                  "nic": {"fastpath": "process", "watcher_busy_poll": "true"}}
 
 
 def parse_cpus(text: str) -> tuple[int, ...]:

@@ -104,6 +104,14 @@ def cpus_env(service: str, plan: dict[str, tuple[int, ...]], config: dict[str, A
     return {variable: placement.format_cpus(plan[service])}
 
 
+def agent_placement_env(name: str, config: dict[str, Any], environ=os.environ) -> dict[str, str]:
+    """The agent's fast path settings for a placement (kvtb.placement.AGENT_SETTINGS), each unless its
+    environment or config section sets it already."""
+    section = config.get("smartnic") or {}
+    return {f"KVTB_SMARTNIC_{field.upper()}": value for field, value in placement.AGENT_SETTINGS[name].items()
+            if not environ.get(f"KVTB_SMARTNIC_{field.upper()}") and field not in section}
+
+
 def grpc_address(proc: ServiceProcess) -> str:
     return proc.addresses.get("grpc") or proc.addresses["admin"]
 
@@ -151,7 +159,8 @@ class Deployment:
         hosts = deployment_hosts(config)
 
         def env(service: str, wiring: dict[str, str]) -> dict[str, str]:
-            return {**cpus_env(service, self.plan, config), **wiring}
+            return {**cpus_env(service, self.plan, config), **wiring,
+                    **(agent_placement_env(self.placement, config) if service == "smartnic" else {})}
 
         storage = [self._start(f"storage-{i}", ["storage"],
                                env("storage", storage_env(i, section, self.data_dir, hosts)), 60)

@@ -14,7 +14,6 @@ statistics and data path have their own locks.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -24,8 +23,7 @@ from collections.abc import Sequence
 from fabric import chunk_format as cf
 from fabric.auth import FabricSecurity
 from fabric.nodes import StorageNodes
-from hostmem import descriptor
-from hostmem.block_hash import Salts, block_hash, salt_for, stored_prefix
+from hostmem.block_hash import Salts, stored_prefix
 from hostmem.region import RegionError
 from kvtb.credentials import Credentials, resolve_dir
 from smartnic import match_action as ma
@@ -37,7 +35,9 @@ from smartnic.requester import Requester, StoredBlock
 from smartnic.settings import SmartNicSettings
 from smartnic.stats import Stats
 from smartnic.triggered import Entry
-from smartnic.watcher import DataWork, TriggerEngine
+from smartnic.fastpath.client import FastPath, FastPathError
+from smartnic.put_path import PutPath
+from smartnic.watcher import DataWork, engine_of
 
 logger = logging.getLogger(__name__)
 
@@ -92,14 +92,12 @@ class Agent:
         self.datapath = Datapath(self.nodes, settings.namespace_id, settings.salt, settings.get_timeout_s,
                                  settings.datapath_workers, settings.view_min_bytes,
                                  settings.get_pdu_bytes, mac_key)
-        self.engine = TriggerEngine(self.regions, self.stats, self._handle_data, settings.queue_bound,
-                                    settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6,
-                                    fire_block=self.block_put, poll_s=settings.watcher_poll_us * 1e-6,
-                                    warm_s=settings.watcher_warm_ms * 1e-3, realtime=settings.watcher_realtime,
-                                    compiled=settings.watcher_compiled,
-                                    bell_timeout_s=settings.watcher_bell_timeout_ms * 1e-3)
-        # a standing PUT's data work (gather, MAC, submit) runs here, so the watcher goes on firing
-        self._put_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="standing-put")
+        # steps 1 and 2: standing PUTs fire on a thread of this process, or in the fast path's own process
+        self.puts = PutPath(self.datapath, settings.salt, self.stats,
+                            lambda name: self.admission.admit(name, self.requester.has), self._put_ended)
+        self.fastpath: FastPath | None = None  # settings.fastpath == "process": started by start()
+        self.engine = engine_of(settings, self.regions, self.stats, self._handle_data,
+                                fire_block=self.puts.fire if settings.fastpath == "thread" else None)
         self._stop = threading.Event()
         self._evict_now = threading.Event()  # a publish took the stored bytes past the high watermark
         self._evictor = threading.Thread(target=self._eviction_loop, name="eviction", daemon=True)
@@ -108,13 +106,17 @@ class Agent:
         """Connect to the storage nodes (rebuilding the hashmap), start the watcher and eviction."""
         self.engine.start()
         self.nodes.start()
+        if self.settings.fastpath == "process":
+            self.fastpath = FastPath(self.settings, self.stats, self._put_reported, self._fired_elsewhere)
         self._evictor.start()
 
     def close(self) -> None:
         self._stop.set()
         self._evict_now.set()
         self.engine.stop()
-        self._put_thread.shutdown(wait=True, cancel_futures=True)
+        if self.fastpath is not None:
+            self.fastpath.close()
+        self.puts.close()
         self.nodes.close()  # fails what is pending; the data path still runs those completions
         self.datapath.close()
         self.regions.close()
@@ -136,11 +138,19 @@ class Agent:
         """Map a compute node's region (fi_mr_reg); RegionError when it cannot be mapped."""
         reg = self.regions.register(shm_name, size, access_key, counter_offset, counter_count, layout_msg,
                                     owner, compute_address)
+        if self.fastpath is not None:
+            try:
+                self.fastpath.register(reg)  # armed there before the compute node hears it is registered
+            except FastPathError as exc:
+                self.regions.deregister(reg.region_id, access_key)
+                raise RegionError(f"the fast path could not map the region: {exc}") from exc
         self.engine.wake()  # its standing PUTs are armed: the watcher polls them from now on
         return reg
 
     def deregister(self, region_id: int, access_key: str) -> None:
-        self.regions.get(region_id, access_key)
+        reg = self.regions.get(region_id, access_key)
+        if self.fastpath is not None and reg.layout is not None:
+            self.fastpath.deregister(region_id)
         self.engine.flush(region_id)
         self.regions.deregister(region_id, access_key)
 
@@ -175,61 +185,37 @@ class Agent:
             errors.append(reg.errors.popleft())
         return errors
 
-    # -- step 1's standing PUTs: a block that filled (fired by its trigger counter)
+    # -- step 1's standing PUTs: a block that filled (fired by its trigger counter; smartnic.put_path)
     def block_put(self, reg: Registered, block: int, generation: int) -> int | None:
-        """Check the block's descriptor and issue its PUT (to the standing-put thread); the descriptor's
-        stamp (0: none), or None when no PUT was issued: refused (PUT-done error part bumped, the refusal
-        counted) or not admitted (success part bumped, `puts_skipped`).
-        The PUT stores the block only under the key its owner and token ids name; PUT-done either way."""
-        L = reg.layout
-        done = L.put_done(block)
-        try:
-            d = descriptor.decode(reg.region.view(*L.descriptor_range(block)), L.block_tokens)
-            if d.generation != generation:
-                raise descriptor.DescriptorError(f"descriptor generation {d.generation}, trigger {generation}")
-            ids = reg.region.view(*L.token_ids_range(block, d.token_count))
-            if d.shared and d.token_count != L.block_tokens:
-                raise descriptor.DescriptorError("only a full block can be shared")
-            salt = salt_for(d.tenant, d.user, d.shared)
-            if block_hash(d.parent, ids, salt) != d.hash:
-                raise descriptor.DescriptorError("the descriptor's name is not the block's tokens under its owner")
-        except (descriptor.DescriptorError, RegionError, ValueError) as exc:
-            self.stats.inc_kind("errors", "descriptor_refused")
-            logger.warning("block %d of region %d: descriptor refused: %s", block, reg.region_id, exc)
-            reg.add(done, error=1)
-            return None
-        if not self.admission.admit(d.hash, self.requester.has):  # first sighting under on_reuse
-            self.stats.inc("puts_skipped")
-            reg.add(done, success=1)  # done as far as the compute node goes: the block is free
-            return None
-        self._put_thread.submit(self._put_block, reg, block, d)
-        return d.stamp_ns
+        """Fire a block's standing PUT on this thread (PutPath.fire; the thread fast path's work)."""
+        return self.puts.fire(reg, block, generation)
 
-    def _put_block(self, reg: Registered, block: int, d: descriptor.Descriptor) -> None:
-        """On the standing-put thread: the PUT of a block whose descriptor was accepted."""
-        L, done = reg.layout, reg.layout.put_done(block)
-
-        def then(stored: StoredBlock | None, err: DataError | None) -> None:
-            self._block_stored(reg, done, d.context, stored, err)
-        try:
-            start = d.chunk_index * L.block_tokens
-            header = cf.ChunkHeader(d.user, d.context, d.chunk_index, start, start + d.token_count, 0, d.hash,
-                                    tenant=d.tenant, parent=d.parent, shared=d.shared)
-            self.datapath.put(reg.region, header, cf.block_key(self.settings.salt, d.hash),
-                              L.chunk_runs(block, d.token_count), then,
-                              kv_parts=L.num_layers)  # a MAC per layer: a restore checks each group as it lands
-        except Exception as exc:  # a bug must end on the counter, not in a lost future
-            logger.exception("the standing PUT of %s's block %d failed", d.user, d.chunk_index)
-            then(None, DataError("internal", str(exc)))
-
-    def _block_stored(self, reg: Registered, done: int, context_id: str, stored: StoredBlock | None,
-                      err: DataError | None) -> None:
+    def _put_ended(self, stored: StoredBlock | None, context_id: str, err: DataError | None) -> None:
+        """A standing PUT ended: the block goes into the index (before its PUT-done counter moves)."""
         if err is None:
             self._publish(stored, context_id)
         else:
             self.stats.inc_kind("errors", err.kind)
-        if not reg.closed:
-            reg.add(done, success=int(err is None), error=int(err is not None))
+
+    def _put_reported(self, stored: StoredBlock | None, context_id: str, kind: str | None, message: str) -> None:
+        """The fast path's process reported a standing PUT's end."""
+        self._put_ended(stored, context_id, None if kind is None else DataError(kind, message))
+
+    def _fired_elsewhere(self, region_id: int, block: int, generation: int, store_ns: int, fire_ns: int) -> None:
+        """The fast path's process fired a block's PUT: the engine's hooks hear it (benchmarks)."""
+        hooks = self.engine.on_block_fire
+        if hooks:
+            try:
+                reg = self.regions.get(region_id)
+            except LookupError:
+                return
+            for hook in hooks:
+                hook(reg, block, generation, store_ns, fire_ns)
+
+    def sync(self) -> None:
+        """Take in every report the fast path's process sent so far (before a lookup)."""
+        if self.fastpath is not None:
+            self.fastpath.drain()
 
     def _publish(self, stored: StoredBlock, context_id: str) -> None:
         now = time.time()
@@ -291,6 +277,7 @@ class Agent:
     def stored_tokens(self, user_id: str, tenant: str, token_ids: Sequence[int], shared_tokens: int = 0) -> int:
         """Tokens of the prefix of token_ids whose blocks are stored under the user's salt, or the
         tenant's for the full blocks of the first shared_tokens (the tenant's shared prefix) (step 5)."""
+        self.sync()
         now = time.time()
         bt = self.block_tokens()
         with self.lock:
@@ -322,6 +309,7 @@ class Agent:
         for b in blocks:
             L._check_block(b.block)
         found: list[tuple[RestoreBlock, StoredBlock | None]] = []
+        self.sync()
         with self.lock:
             for b in blocks:
                 stored = self.requester.get(b.hash)
@@ -411,6 +399,7 @@ class Agent:
     # -- the operator's views of the requester
     def lookup(self, user_id: str, context_id: str) -> list[StoredBlock]:
         """A context's stored blocks in order (up to the first missing one)."""
+        self.sync()
         with self.lock:
             ctx = self.requester.context(user_id, context_id)
             out = []
@@ -467,6 +456,7 @@ class Agent:
 
     # -- statistics
     def snapshot(self) -> dict:
+        self.sync()
         counts, by_kind = self.stats.snapshot()
         p50, p99 = self.stats.percentiles()
         with self.lock:
@@ -478,4 +468,6 @@ class Agent:
         return {**counts, "evictions_by_reason": by_kind.get("evictions", {}),
                 "errors_by_kind": by_kind.get("errors", {}), "p50": p50, "p99": p99,
                 "queue_depth": self.engine.depth, "contexts": contexts, "chunks": len(blocks),
-                "bytes_by_storage_node": by_node, "bytes_stored": sum(by_node.values())}
+                "bytes_by_storage_node": by_node, "bytes_stored": sum(by_node.values()),
+                "fastpath": self.settings.fastpath, "fastpath_pid": self.fastpath.pid if self.fastpath else 0,
+                "watcher_busy_poll": self.settings.watcher_busy_poll}

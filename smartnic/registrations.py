@@ -64,8 +64,9 @@ class Registrations:
 
     def register(self, shm_name: str, size: int, access_key: str, counter_offset: int,
                  counter_count: int, layout_msg=None, owner: str = "",
-                 compute_address: str = "") -> Registered:
-        """Map the region; raise RegionError when it cannot be mapped or its layout is wrong."""
+                 compute_address: str = "", region_id: int | None = None) -> Registered:
+        """Map the region; raise RegionError when it cannot be mapped or its layout is wrong. region_id:
+        the id the agent's control plane gave it (the fast path's process maps it under the same id)."""
         if not access_key:
             raise RegionError("an access key is required")
         layout = layout_from_proto(layout_msg) if layout_msg is not None else None
@@ -77,7 +78,11 @@ class Registrations:
         # armed: step 1 (with the whole region: the compiled poller can check descriptors in it)
         standing = StandingPuts(layout, region.counters, region.array) if layout is not None else None
         with self._lock:
-            reg = Registered(next(self._ids), region, access_key, layout, owner, compute_address, standing=standing)
+            if region_id is not None and region_id in self._regions:
+                region.close()
+                raise RegionError(f"region {region_id} is registered already")
+            reg = Registered(next(self._ids) if region_id is None else region_id, region, access_key, layout, owner,
+                             compute_address, standing=standing)
             self._regions[reg.region_id] = reg
             self.version += 1
         logger.info("registered region %d: %s (%d bytes, %d counters) of %r%s", reg.region_id, shm_name,

@@ -9,6 +9,7 @@ from kvtb.credentials import AGENT_NQN
 from kvtb.placement import parse_cpus
 
 EVICTION_POLICIES = ("lru", "timer", "both")
+FASTPATHS = ("thread", "process")  # smartnic.fastpath: where standing PUTs fire
 ADMISSIONS = ("always", "on_reuse")  # smartnic.admission: which blocks a standing PUT keeps
 
 
@@ -79,6 +80,11 @@ class SmartNicSettings:
     watcher_realtime: bool = True          # the watcher thread as SCHED_FIFO 1, where the OS permits it
     watcher_compiled: bool = True          # the compiled poller and the pool's doorbell, where built ...
     watcher_bell_timeout_ms: float = 5.0   # ... whose sleep ends at the doorbell or after this long
+    # where standing PUTs fire: "thread" (a thread of the agent) or "process" (smartnic.fastpath: a process
+    # of its own, away from the control plane's interpreter lock); busy: its watcher polls without ever
+    # sleeping, as NIC hardware does (placement `nic`: a core of its own; on shared cores it takes the forward's)
+    fastpath: str = "thread"
+    watcher_busy_poll: bool = False
     datapath_workers: int = 1             # threads that submit Deletes (completions need none)
     view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
     get_pdu_bytes: int = 2 << 20           # GET asks for larger values in data PDUs of this size (0: whole)
@@ -105,5 +111,7 @@ class SmartNicSettings:
         assert self.ttl_s > 0 and self.get_timeout_s > 0 and self.fabric_timeout_s > 0
         assert self.eviction_policy in EVICTION_POLICIES, f"eviction_policy: one of {EVICTION_POLICIES}"
         assert self.admission in ADMISSIONS, f"admission: one of {ADMISSIONS}"
+        if self.fastpath not in FASTPATHS:
+            raise ValueError(f"fastpath: one of {FASTPATHS}, got {self.fastpath!r}")
         assert self.admission_max_names > 0, "admission_max_names must be positive"
         assert self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}"

@@ -56,6 +56,7 @@ from smartnic.triggered import CounterKey, DeferredWorkQueue, Entry
 logger = logging.getLogger(__name__)
 
 TIMER_SLACK_NS = 1000
+BUSY_SLICE_S = 0.001  # a busy poller's wait in C returns this often when nothing fired (to see other work)
 STAMP_LIMIT_NS = 60_000_000_000  # a descriptor stamp further back than this is not this store's
 _PR_SET_TIMERSLACK = 29
 
@@ -126,14 +127,17 @@ class TriggerEngine:
                  bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 400e-6,
                  fire_block: Callable[[Registered, int, int], int | None] | None = None,
                  poll_s: float = 30e-6, warm_s: float = 2.0, realtime: bool = False, compiled: bool = True,
-                 bell_timeout_s: float = 0.005):
+                 bell_timeout_s: float = 0.005, busy: bool = False):
         self.regions, self.stats, self.handle_data = regions, stats, handle_data
         # a standing PUT fired: (registration, block, generation) -> its descriptor's stamp (0: none) once
         # the PUT is issued, None when it was refused
         self.fire_block = fire_block
         self.on_block_fire: list[Callable[[Registered, int, int, int, int], None]] = []  # (reg, block, gen, store ns, fire ns)
         self.spin_s, self.poll_s, self.warm_s, self.max_sleep_s = spin_s, poll_s, warm_s, max(max_sleep_s, poll_s)
-        self.realtime = realtime  # asked for: the watcher thread as SCHED_FIFO (`is_realtime`: granted)
+        self.busy = busy  # poll back to back, never sleeping (a NIC core of its own: placement `nic`)
+        # asked for: the watcher thread as SCHED_FIFO (`is_realtime`: granted); never for a busy poller,
+        # which would then keep every other thread of its core off it
+        self.realtime = realtime and not busy
         self.is_realtime = False
         self.compiled = compiled  # asked for: pools polled by the compiled poller, where built
         self.bell_timeout_s = bell_timeout_s
@@ -249,7 +253,7 @@ class TriggerEngine:
                 sleep = self.poll_s
                 continue
             if alone:
-                fired = self._wait(pools[0], spin)
+                fired = self._wait(pools[0], BUSY_SLICE_S if self.busy else spin)
                 if fired:
                     last_fire = time.perf_counter()
                 spin = self.spin_s if fired else 0.0  # spin only right after a fire: its burst goes on
@@ -258,7 +262,7 @@ class TriggerEngine:
                 self._sleep(0.5)  # nothing armed; registration or queuing wakes it
                 continue
             quiet = time.perf_counter() - last_fire
-            if quiet < self.spin_s:
+            if quiet < self.spin_s or self.busy:
                 time.sleep(0)  # hot: let other threads have the GIL, poll again
             elif quiet < self.warm_s:
                 self._sleep(self.poll_s)
@@ -269,7 +273,7 @@ class TriggerEngine:
     def _wait(self, reg: Registered, spin_s: float) -> int:
         """Wait in C on the pool's doorbell (spinning spin_s first) and fire what it found; how many."""
         try:
-            due = reg.standing.wait(spin_s, self.bell_timeout_s)
+            due = reg.standing.wait(spin_s, 0.0 if self.busy else self.bell_timeout_s)
         except (ValueError, RuntimeError, AttributeError):  # closed under us: deregistered
             due = []
         finally:
@@ -279,6 +283,8 @@ class TriggerEngine:
     def _standing(self) -> tuple[Registered, ...]:
         """The registered pools (kept until a registration or deregistration); a new pool's arming goes
         to the compiled poller where asked for and built."""
+        if self.fire_block is None:  # standing PUTs are fired elsewhere (the fast path's process)
+            return ()
         version = self.regions.version
         if self._pools[0] != version:
             pools = tuple(reg for reg in self.regions.all() if reg.standing is not None)
@@ -379,3 +385,12 @@ class TriggerEngine:
             reg.add(entry.completion.counter, success=1)
         else:
             reg.add(entry.completion.counter, error=1)
+
+
+def engine_of(settings, regions: Registrations, stats, handle_data, fire_block=None) -> TriggerEngine:
+    """The trigger engine a SmartNicSettings asks for."""
+    return TriggerEngine(regions, stats, handle_data, settings.queue_bound, settings.watcher_spin_us * 1e-6,
+                         settings.watcher_max_sleep_us * 1e-6, fire_block=fire_block,
+                         poll_s=settings.watcher_poll_us * 1e-6, warm_s=settings.watcher_warm_ms * 1e-3,
+                         realtime=settings.watcher_realtime, compiled=settings.watcher_compiled,
+                         bell_timeout_s=settings.watcher_bell_timeout_ms * 1e-3, busy=settings.watcher_busy_poll)

@@ -75,12 +75,16 @@ def test_nic_gives_the_nic_services_the_last_quarter(deployment):
     assert compute.given["KVTB_COMPUTE_CPUS"] == "0-5"
     assert "KVTB_COMPUTE_AGENT_ADDRESS" in compute.given  # the wiring is still there
     assert dep.torch_threads() == 6
+    agent = next(p for p in dep.procs if p.name == "smartnic")  # the NIC's fast path: its own process, polling
+    assert (agent.given["KVTB_SMARTNIC_FASTPATH"], agent.given["KVTB_SMARTNIC_WATCHER_BUSY_POLL"]) == ("process", "true")
 
 
 def test_shared_gives_every_service_every_cpu(deployment):
     dep = deployment(None)
     assert dep.placement == "shared"
     assert set(dep.cpus().values()) == {"0-7"}
+    agent = next(p for p in dep.procs if p.name == "smartnic")  # no spinning watcher on the forward's cores
+    assert (agent.given["KVTB_SMARTNIC_FASTPATH"], agent.given["KVTB_SMARTNIC_WATCHER_BUSY_POLL"]) == ("thread", "false")
 
 
 def test_the_config_names_the_placement_and_a_section_keeps_its_own_cpus(deployment):

@@ -1,0 +1,144 @@
+"""The fast path's process: standing PUTs fired, checked, issued, completed and re-armed here, away
+from the control plane's interpreter lock (see the package's docstring).
+
+Its threads: the main one reads the control plane's messages and forwards statistics every
+FLUSH_S; the watcher (smartnic.watcher.TriggerEngine) polls the pools' trigger counters and fires;
+the PUT thread gathers, MACs and submits; the fabric clients' I/O threads complete. Nothing else
+runs here, so a fire waits for no gRPC call, lookup or eviction pass.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+
+from fabric.auth import FabricSecurity
+from fabric.nodes import StorageNodes
+from hostmem.layout_proto import layout_to_proto
+from kvtb.credentials import Credentials, resolve_dir
+from kvtb.logs import setup_logging
+from smartnic.admission import Admission
+from smartnic.datapath import Datapath, DataError
+from smartnic.fastpath import protocol as p
+from smartnic.put_path import PutPath
+from smartnic.registrations import Registrations
+from smartnic.requester import StoredBlock
+from smartnic.settings import SmartNicSettings
+from smartnic.watcher import engine_of
+
+logger = logging.getLogger("smartnic.fastpath")
+
+FLUSH_S = 0.02  # forwarded statistics wait at most this long (a PUT's end sends them at once)
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when the agent that spawned it dies (nothing is left behind)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+class FastPathProcess:
+    """The child's state. `serve` runs until STOP or the socket closes."""
+
+    def __init__(self, conn: multiprocessing.connection.Connection, settings: SmartNicSettings):
+        self.conn, self.settings = conn, settings
+        self._send_lock = threading.Lock()
+        self.stats = p.ForwardingStats()
+        self.regions = Registrations()
+        fabric = FabricSecurity.for_host(settings.fabric_security, settings.credentials_dir, settings.host_nqn)
+        mac_key = Credentials(resolve_dir(settings.credentials_dir), "smartnic").kv_mac_key() \
+            if settings.kv_mac else None
+        self.nodes = StorageNodes([(n.name, n.fabric_address) for n in settings.storage_nodes],
+                                  settings.host_nqn, settings.queue_depth, settings.fabric_timeout_s,
+                                  settings.reconnect_interval_s, security=fabric)
+        self.datapath = Datapath(self.nodes, settings.namespace_id, settings.salt, settings.get_timeout_s,
+                                 settings.datapath_workers, settings.view_min_bytes, settings.get_pdu_bytes, mac_key)
+        # the control plane's index says what is stored; here a block is admitted on its own sightings
+        admission = Admission(settings.admission, settings.admission_max_names)
+        self.puts = PutPath(self.datapath, settings.salt, self.stats, admission.admit, self._stored, self.flush)
+        self.engine = engine_of(settings, self.regions, self.stats, self._no_data, fire_block=self.puts.fire)
+        self.engine.on_block_fire.append(
+            lambda reg, block, gen, store_ns, fire_ns: self.stats.fired(reg.region_id, block, gen, store_ns, fire_ns))
+
+    @staticmethod
+    def _no_data(reg, entry, done) -> None:  # one-off entries stay with the control plane
+        done("internal", "the fast path runs standing PUTs only")
+
+    def send(self, message: tuple) -> None:
+        with self._send_lock:
+            self.conn.send(message)
+
+    def flush(self) -> None:
+        ops = self.stats.take()
+        if ops:
+            self.send((p.STATS, ops))
+
+    def _stored(self, stored: StoredBlock | None, context_id: str, err: DataError | None) -> None:
+        """A PUT ended (fabric I/O thread): its statistics, then the report, before PUT-done moves."""
+        self.flush()
+        self.send((p.STORED, context_id, stored, err.kind if err else None, str(err) if err else ""))
+
+    def serve(self) -> int:
+        self.nodes.start()
+        self.engine.start()
+        self.send((p.READY, os.getpid(), self.engine.compiled))
+        try:
+            while True:
+                if self.conn.poll(FLUSH_S):
+                    message = self.conn.recv()
+                    if message[0] == p.STOP:
+                        return 0
+                    self.handle(message)
+                self.flush()
+        except (EOFError, OSError):  # the agent went away
+            return 0
+        finally:
+            self.close()
+
+    def handle(self, message: tuple) -> None:
+        kind, request = message[0], message[1]
+        error = None
+        try:
+            if kind == p.REGISTER:
+                _, _, region_id, name, size, counter_offset, counter_count, layout = message
+                self.regions.register(name, size, "fastpath", counter_offset, counter_count,
+                                      layout_to_proto(layout) if layout is not None else None, region_id=region_id)
+                self.engine.wake()
+            elif kind == p.DEREGISTER:
+                self.engine.flush(message[2])
+                self.regions.deregister(message[2], "fastpath")
+            else:
+                error = f"unknown message {kind!r}"
+        except Exception as exc:  # noqa: BLE001 - every request gets its answer
+            logger.warning("%s failed: %s", kind, exc)
+            error = f"{type(exc).__name__}: {exc}"
+        self.send((p.REPLY, request, error))
+
+    def close(self) -> None:
+        self.engine.stop()
+        self.puts.close()
+        self.nodes.close()
+        self.datapath.close()
+        self.regions.close()
+
+
+def main(argv: list[str]) -> int:
+    die_with_parent()
+    if len(argv) != 1 or not argv[0].isdigit():
+        print("usage: python -m smartnic.fastpath FD (spawned by the SmartNIC agent)", file=sys.stderr)
+        return 2
+    conn = multiprocessing.connection.Connection(int(argv[0]))
+    kind, settings = conn.recv()
+    if kind != p.SETTINGS or not isinstance(settings, SmartNicSettings):
+        print("smartnic.fastpath: the first message must be the settings", file=sys.stderr)
+        return 2
+    setup_logging("smartnic-fastpath", bool(os.environ.get("KVTB_LOG_JSON")))
+    return FastPathProcess(conn, settings).serve()
