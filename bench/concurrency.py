@@ -13,6 +13,12 @@ gateway and engine time, the share of follow-ups restored, preemptions, and the 
 identical to the same conversation alone (greedy; batched float math may differ from batch 1 in
 the last bits, so this is reported, not required). A level whose run raised or whose
 conversations failed is reported failed (in `failed` and its row), never left out silently.
+
+Each CPU placement of `--placements` (default `shared nic` on 2 CPUs or more: bench.placements)
+gets a stack of its own in the same run, started in it, and the whole measurement (reference and
+levels); the result keeps the first placement's figures under the usual keys, every placement's
+in `results.by_placement` and as `<ratio>@<placement>`, and compares tokens/s at each level (and
+at the most sessions / one) as `<figure>@nic_vs_shared`.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ from bench.results import (
     setup_logging,
     stop_on_sigterm,
 )
+from bench.placements import add_placements_arg, chosen, run_placements, tables
 from bench.stack import Stack, bench_config, bench_users
 from bench.stats import hit_rate, mean, ratio, summarize
 
@@ -61,8 +68,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--pool-tokens", type=int, default=32768,
                         help="the compute node's KV pool in tokens (default 32768: no preemption at 32 sessions)")
     parser.add_argument("--torch-threads", type=int, default=0,
-                        help="the compute node's torch threads (default 0: the node's default, all cores)")
+                        help="the compute node's torch threads (default 0: one per CPU of its placement's set)")
+    add_placements_arg(parser)
     args = parser.parse_args(argv)
+    args.placements = chosen(args.placements)
     args.levels = args.levels or list(SMOKE_LEVELS if args.smoke else LEVELS)
     if args.smoke:
         args.turns, args.max_new_tokens, args.conversations_per_session = 2, min(args.max_new_tokens, 4), 1
@@ -179,58 +188,98 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, out) -> Path | None:
-    levels = {int(n): f for n, f in result["results"]["levels"].items() if measured(f)}
-    xs = sorted(levels)
-    series = {"TTFT p50": (xs, [levels[n]["ttft_ms"]["p50"] for n in xs]),
-              "TTFT p99": (xs, [levels[n]["ttft_ms"]["p99"] for n in xs]),
-              "TBT p50": (xs, [(levels[n]["tbt_ms"] or {"p50": 0})["p50"] for n in xs]),
-              "gateway mean": (xs, [levels[n]["gateway_ms_mean"] for n in xs]),
-              "engine mean": (xs, [levels[n]["engine_ms_mean"] for n in xs])}
+    by = result["results"].get("by_placement") or {"": {"results": result["results"]}}
+    series = {}
+    for name, entry in by.items():
+        levels = {int(n): f for n, f in (entry["results"].get("levels") or {}).items() if measured(f)}
+        xs = sorted(levels)
+        if not xs:
+            continue
+        for label, ys in (("TTFT p50", [levels[n]["ttft_ms"]["p50"] for n in xs]),
+                          ("TTFT p99", [levels[n]["ttft_ms"]["p99"] for n in xs]),
+                          ("TBT p50", [(levels[n]["tbt_ms"] or {"p50": 0})["p50"] for n in xs]),
+                          ("gateway mean", [levels[n]["gateway_ms_mean"] for n in xs]),
+                          ("engine mean", [levels[n]["engine_ms_mean"] for n in xs])):
+            series[f"{label} ({name})" if len(by) > 1 else label] = (xs, ys)
+    if not series:
+        return None
     return plot_lines(out / "concurrency.png", series, title="Latency against concurrent sessions",
                       xlabel="concurrent sessions", ylabel="ms", logx=True, logy=True)
 
 
-def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
-    settings = {"levels": args.levels, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
-                "conversations_per_session": args.conversations_per_session,
-                "pool_tokens": args.pool_tokens, "policy": "triggered", "torch_threads": args.torch_threads,
-                "smoke": args.smoke}
-    result = new_result("concurrency", settings)
+def key_figures(sub: dict) -> dict[str, float]:
+    """One placement's key figures, compared across placements: output tokens/s at each level
+    measured, and at the most sessions against one."""
+    levels = {int(n): f for n, f in (sub["results"].get("levels") or {}).items() if measured(f)}
+    out = {f"tokens_per_s_{n}": levels[n]["output_tokens_per_s"] for n in sorted(levels)}
+    top = max(levels, default=None)
+    if top and f"tokens_per_s_{top}_vs_1" in sub["ratios"]:
+        out[f"tokens_per_s_{top}_vs_1"] = sub["ratios"][f"tokens_per_s_{top}_vs_1"]
+    return out
+
+
+def measure(args: argparse.Namespace, placement: str, sub: dict, progress) -> list[str]:
+    """The reference and every level in one stack started in `placement`, into sub (results,
+    ratios, failed); the replies that differ from alone."""
     distinct = min(max(args.levels), len(sessions.TOPICS))
     count = distinct + sum(len(workload(n, distinct, args.conversations_per_session)) for n in args.levels)
     users = iter(bench_users(count))  # one per conversation: nothing stored by one is another's
     config = bench_config(pool_tokens=args.pool_tokens, max_context_tokens=1024, users=count,
                           max_new_tokens=args.max_new_tokens, compute={"torch_threads": args.torch_threads})
     differences: list[str] = []
-    with Stack(services_dir(args, "concurrency"), config, keep_data=args.keep_data) as stack, \
-            progress_for(args, distinct + len(args.levels), "concurrency") as progress:
+    with Stack(services_dir(args, f"concurrency-{placement}"), config, keep_data=args.keep_data,
+               placement=placement) as stack:
         reference = {}
         for i in range(distinct):
             alone = sessions.run_session(stack.frontend, stack.token(next(users)),
                                          sessions.script(i, args.turns), args.max_new_tokens)
             reference[str(i)] = replies(alone)
-            progress.update(note=f"reference {i}")
-        result["results"]["reference_replies"] = reference
-        result["results"]["levels"] = {}
+            progress.update(note=f"{placement} reference {i}")
+        sub["results"]["reference_replies"] = reference
+        sub["results"]["levels"] = {}
         for n in args.levels:
             try:
                 figures, diff = run_level(stack, n, args, reference, users)
             except Exception as exc:  # noqa: BLE001 - a failed level is reported with its error
-                entry = fail(result, f"{n} sessions", exc)
+                entry = fail(sub, f"{n} sessions", exc)
                 figures, diff = {"failed": entry["error"]}, []
             else:
                 if "errors" in figures:
-                    fail(result, f"{n} sessions", RuntimeError(
+                    fail(sub, f"{n} sessions", RuntimeError(
                         f"{len(figures['errors'])} conversations failed; the first: {figures['errors'][0]}"))
                     diff = []
-            result["results"]["levels"][str(n)] = figures
+            sub["results"]["levels"][str(n)] = figures
             differences += [f"{n} sessions: {d}" for d in diff]
-            progress.update(note=f"{n} sessions")
+            progress.update(note=f"{placement} {n} sessions")
         stats = stack.agent_stats()
-        result["results"]["agent_stats"] = {"hits": stats.hits, "misses": stats.misses}
+        sub["results"]["agent_stats"] = {"hits": stats.hits, "misses": stats.misses}
+    sub["results"]["replies_identical_to_alone"] = not differences
+    sub["results"]["differences"] = differences
+    add_ratios(sub)
+    return differences
+
+
+def report(result: dict) -> str:
+    """Each placement's table, then the key figures side by side."""
+    return tables(result, table)
+
+
+def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    settings = {"levels": args.levels, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
+                "conversations_per_session": args.conversations_per_session,
+                "pool_tokens": args.pool_tokens, "policy": "triggered", "torch_threads": args.torch_threads,
+                "smoke": args.smoke, "placements": args.placements}
+    result = new_result("concurrency", settings)
+    distinct = min(max(args.levels), len(sessions.TOPICS))
+    differences: list[str] = []
+
+    def one(placement: str, sub: dict) -> None:
+        differences.extend(f"{placement}: {d}" for d in measure(args, placement, sub, progress))
+
+    with progress_for(args, len(args.placements) * (distinct + len(args.levels)), "concurrency") as progress:
+        run_placements(result, args.placements, one, key_figures)
     result["results"]["replies_identical_to_alone"] = not differences
     result["results"]["differences"] = differences
-    add_ratios(result)
     result["plots"] = plots(plot(result, args.out))
     return result, differences
 
@@ -266,7 +315,7 @@ def main(argv: list[str]) -> int:
     setup_logging(args)
     with stop_on_sigterm():  # a SIGTERM stops the stack's services
         result, differences = run(args)
-    finish(args, result, table(result))
+    finish(args, result, report(result))
     if differences:  # batched float math may differ from batch 1 in the last bits: reported, not fatal
         print("kvtb bench concurrency: replies that differ from the same conversation alone:", file=sys.stderr)
         for line in differences:

@@ -142,6 +142,17 @@ def record_placement(name: str, cpus: dict[str, Any], torch_threads: int | None 
                   "torch_threads": torch_threads}
 
 
+def recorded_placement() -> dict[str, Any] | None:
+    """What record_placement said last (a copy), or None since forget_placement."""
+    return None if _placement is None else {**_placement, "cpus": dict(_placement["cpus"])}
+
+
+def forget_placement() -> None:
+    """Before a run's next Stack (bench.placements: one per placement): nothing recorded yet."""
+    global _placement
+    _placement = None
+
+
 def placement_info() -> dict[str, Any]:
     """The placement record: what record_placement said, else shared on this process's CPUs."""
     if _placement is not None:
@@ -340,8 +351,8 @@ def setup_logging(args: argparse.Namespace) -> None:
 def finish(args: argparse.Namespace, result: dict[str, Any], text: str) -> Path:
     """Write OUT/results.json; print the result as one JSON line (--json) or the text tables, with
     the failed parts under them. The machine record's placement is the run's (its Stack started after
-    new_result made the record)."""
-    if isinstance(result.get("machine"), dict):
+    new_result made the record); a list of them (bench.placements: one per placement) is kept."""
+    if isinstance(result.get("machine"), dict) and not isinstance(result["machine"].get("placement"), list):
         result["machine"]["placement"] = placement_info()
     path = write_json(args.out, "results.json", result)
     if args.json:

@@ -18,6 +18,12 @@ it. Both follow-ups' reused tokens are recorded (`tokens_reused`) and compared (
 Every follow-up's `kv_source` is checked in every run: `restored` under triggered, `resident`
 under resident, `recomputed` under recompute; a size with a mismatch (or one that raised) is
 reported failed with its error (`failed`, and its row), and gives no ratio.
+
+Each CPU placement of `--placements` (default `shared nic` on 2 CPUs or more: bench.placements)
+gets a stack of its own in the same run, started in it, and the whole measurement; the result
+keeps the first placement's figures under the usual keys, every placement's in
+`results.by_placement` and as `<ratio>@<placement>`, and compares the key figures (restore /
+resident, the restored follow-up's TTFT) as `<figure>@nic_vs_shared`.
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ from bench.results import (
     run_bench,
     services_dir,
 )
+from bench.placements import add_placements_arg, chosen, run_placements, tables
 from bench.stack import Stack, bench_config
 from bench.stats import crossover, mean, ratio, summarize
 from bench.turns import FILLER, context_prompt, encode, follow_up_ids, generate
@@ -114,8 +121,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3, help="follow-ups per context and policy (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=2, help="tokens per follow-up reply")
     parser.add_argument("--torch-threads", type=int, default=0,
-                        help="the compute node's torch threads (default 0: the node's default, all cores)")
+                        help="the compute node's torch threads (default 0: one per CPU of its placement's set)")
+    add_placements_arg(parser)
     args = parser.parse_args(argv)
+    args.placements = chosen(args.placements)
     args.sizes = args.sizes or list(SMOKE_SIZES if args.smoke else SIZES)
     if args.smoke:
         args.reps = min(args.reps, 2)
@@ -232,40 +241,68 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, out) -> Path | None:
+    """Each policy's median TTFT against the context, for every placement measured."""
+    by = result["results"].get("by_placement") or {"": {"results": result["results"]}}
     series = {}
-    measured = [row for row in result["results"]["sizes"].values() if "failed" not in row]
-    if not measured:
+    for name, entry in by.items():
+        measured = [row for row in (entry["results"].get("sizes") or {}).values() if "policies" in row]
+        for policy in POLICIES:
+            label = "restored (triggered)" if policy == "triggered" else policy
+            xs = [row["context_tokens"] for row in measured]
+            ys = [row["policies"][policy]["ttft_s"]["p50"] * 1e3 for row in measured]
+            if xs:
+                series[f"{label} ({name})" if len(by) > 1 else label] = (xs, ys)
+    if not series:
         return None
-    for policy in POLICIES:
-        xs = [row["context_tokens"] for row in measured]
-        ys = [row["policies"][policy]["ttft_s"]["p50"] * 1e3 for row in measured]
-        series["restored (triggered)" if policy == "triggered" else policy] = (xs, ys)
     return plot_lines(out / "ttft.png", series, title="Follow-up TTFT after a context",
                       xlabel="context tokens", ylabel="TTFT (ms, median)", logx=True, logy=True)
+
+
+def key_figures(sub: dict) -> dict[str, float]:
+    """One placement's key figures, compared across placements: restore / resident and the restored
+    follow-up's median TTFT (ms) at each size measured."""
+    out = {}
+    for size, row in (sub["results"].get("sizes") or {}).items():
+        if f"restore_vs_resident_{size}" in sub["ratios"]:
+            out[f"restore_vs_resident_{size}"] = sub["ratios"][f"restore_vs_resident_{size}"]
+            out[f"restored_ttft_ms_{size}"] = row["policies"]["triggered"]["ttft_s"]["p50"] * 1e3
+    return out
+
+
+def measure(args: argparse.Namespace, config: dict, placement: str, sub: dict, progress) -> None:
+    """Every size in one stack started in `placement`, into sub (results, ratios, failed)."""
+    with Stack(services_dir(args, f"ttft-{placement}"), config, keep_data=args.keep_data,
+               placement=placement) as stack:
+        sub["settings"]["stack"] = stack.config
+        with stack.agent_channel() as channel:
+            stub = stack.compute_stub(channel)
+            warm_up(stub)
+            sub["results"]["sizes"] = run_sizes(sub, stub, args.sizes, args.reps, args.max_new_tokens, progress)
+        stats = stack.agent_stats()
+        sub["results"]["agent_stats"] = {"hits": stats.hits, "misses": stats.misses}
+    add_ratios(sub)
+
+
+def report(result: dict) -> str:
+    """Each placement's table, then the key figures side by side."""
+    return tables(result, table)
 
 
 def run(args: argparse.Namespace) -> dict:
     settings = {"sizes": args.sizes, "reps": args.reps, "max_new_tokens": args.max_new_tokens,
                 "torch_threads": args.torch_threads, "block_tokens": BLOCK_TOKENS,
                 "contexts": "whole blocks (size rounded to block_tokens)",
-                "kv_source_checked": EXPECTED_SOURCE, "policies": list(POLICIES), "smoke": args.smoke}
+                "kv_source_checked": EXPECTED_SOURCE, "policies": list(POLICIES), "smoke": args.smoke,
+                "placements": args.placements}
     result = new_result("ttft", settings)
     config = bench_config(pool_tokens=32768, max_context_tokens=max(4096, max(args.sizes) + 256), users=3,
                           compute={"torch_threads": args.torch_threads})
-    progress = progress_for(args, len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES)), "ttft")
-    with Stack(services_dir(args, "ttft"), config, keep_data=args.keep_data) as stack, progress:
-        result["settings"]["stack"] = stack.config
-        with stack.agent_channel() as channel:
-            stub = stack.compute_stub(channel)
-            warm_up(stub)
-            result["results"]["sizes"] = run_sizes(result, stub, args.sizes, args.reps, args.max_new_tokens,
-                                                   progress)
-        result["results"]["agent_stats"] = {"hits": stack.agent_stats().hits,
-                                            "misses": stack.agent_stats().misses}
-    add_ratios(result)
+    total = len(args.placements) * len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES))
+    with progress_for(args, total, "ttft") as progress:
+        run_placements(result, args.placements, lambda p, sub: measure(args, config, p, sub, progress), key_figures)
     result["plots"] = plots(plot(result, args.out))
     return result
 
 
 def main(argv: list[str]) -> int:
-    return run_bench(argv, parse_args, run, table)
+    return run_bench(argv, parse_args, run, report)

@@ -58,12 +58,59 @@ def test_a_failed_level_is_reported_with_its_error_not_dropped(monkeypatch, tmp_
     monkeypatch.setattr(concurrency, "run_level", fake_level)
     monkeypatch.setattr(concurrency, "plot", lambda result, out: None)
     monkeypatch.setattr(sessions, "run_session", lambda *a, **k: [types.SimpleNamespace(reply="hi")])
-    args = concurrency.parse_args(["--levels", "1", "2", "4", "8", "--out", str(tmp_path)])
+    args = concurrency.parse_args(["--levels", "1", "2", "4", "8", "--out", str(tmp_path), "--placements", "shared"])
     result, _ = concurrency.run(args)
-    assert [f["part"] for f in result["failed"]] == ["4 sessions", "8 sessions"]
+    assert [f["part"] for f in result["failed"]] == ["shared: 4 sessions", "shared: 8 sessions"]
     assert result["failed"][0]["error"] == "TimeoutError: the frontend did not answer"
     assert result["results"]["levels"]["4"] == {"failed": "TimeoutError: the frontend did not answer"}
     assert set(result["ratios"]) >= {"tokens_per_s_2_vs_1"} and "tokens_per_s_4_vs_1" not in result["ratios"]
-    rows = {line.split()[0]: line for line in concurrency.table(result).splitlines()[3:7]}
+    rows = {line.split()[0]: line for line in concurrency.report(result).splitlines()[4:8]}
     assert "failed: TimeoutError: the frontend did not answer" in rows["4"]
     assert "failed: RuntimeError: 1 conversations failed" in rows["8"]
+
+
+def test_both_placements_run_in_one_run_each_in_its_stack_and_are_compared(monkeypatch, tmp_path):
+    import contextlib
+    import types
+
+    from bench import concurrency, placements, results, sessions
+
+    started = []
+
+    @contextlib.contextmanager
+    def fake_stack(*args, placement, **kwargs):
+        if placement == "nic" and len(started) > 1:
+            raise RuntimeError("the agent did not start")
+        started.append(placement)
+        cpus = {"shared": {"compute": "0-1", "smartnic": "0-1"}, "nic": {"compute": "0", "smartnic": "1"}}
+        results.record_placement(placement, cpus[placement], 1)
+        yield types.SimpleNamespace(frontend="x", token=lambda user: user,
+                                    agent_stats=lambda: types.SimpleNamespace(hits=0, misses=0))
+
+    speed = {"shared": 10.0, "nic": 15.0}
+    monkeypatch.setattr(concurrency, "Stack", fake_stack)
+    monkeypatch.setattr(concurrency, "run_level",
+                        lambda stack, n, *a: (_figures(speed[started[-1]] * n), []))
+    monkeypatch.setattr(concurrency, "plot", lambda result, out: None)
+    monkeypatch.setattr(sessions, "run_session", lambda *a, **k: [types.SimpleNamespace(reply="hi")])
+    assert placements.default_placements([0, 1]) == ["shared", "nic"] and placements.default_placements([0]) == ["shared"]
+    args = concurrency.parse_args(["--levels", "1", "2", "--out", str(tmp_path), "--placements", "shared", "nic"])
+    result, _ = concurrency.run(args)
+    assert started == ["shared", "nic"] and result["failed"] == []
+    by = result["results"]["by_placement"]
+    assert list(by) == ["shared", "nic"] and by["nic"]["placement"]["cpus"] == {"compute": "0", "smartnic": "1"}
+    assert [p["name"] for p in result["machine"]["placement"]] == ["shared", "nic"]
+    assert result["results"]["levels"] == by["shared"]["results"]["levels"]  # the first placement's keys
+    assert result["ratios"]["tokens_per_s_2_vs_1"] == result["ratios"]["tokens_per_s_2_vs_1@nic"] == 2.0
+    assert result["ratios"]["tokens_per_s_2@nic_vs_shared"] == 1.5
+    text = concurrency.report(result)
+    assert "== placement nic: compute 0, smartnic 1; torch threads 1" in text
+    assert text.splitlines()[-1].split() == ["tokens_per_s_2_vs_1", "2", "2", "1"]
+    # a placement that does not start is reported failed, with its plan's CPUs, and the other still runs
+    started.clear()
+    started.append("x")  # the next nic start raises
+    result, _ = concurrency.run(args)
+    assert [f["part"] for f in result["failed"]] == ["nic"]
+    assert result["machine"]["placement"][1] | {"cpus": None} == {"name": "nic", "cpus": None, "torch_threads": None,
+                                                                  "started": False}
+    assert "FAILED nic: RuntimeError: the agent did not start" in concurrency.report(result)

@@ -48,15 +48,30 @@ def test_smoke(name, tmp_path):
                    for t in transfers)
 
 
-def test_ttft_smoke_restores_from_storage(tmp_path):
+def test_ttft_smoke_restores_from_storage_in_both_placements(tmp_path):
+    from kvtb.placement import current_cpus, formatted, plan
     result = bench(tmp_path, "ttft", "--sizes", "96", "--reps", "1")
-    size = result["results"]["sizes"]["96"]
-    row = size["policies"]
-    assert row["triggered"]["kv_source"] == ["restored"] and row["resident"]["kv_source"] == ["resident"]
-    assert size["context_tokens"] == 96 and size["whole_blocks"] and size["mismatches"] == []
-    assert size["same_reuse"], (row["resident"]["tokens_reused"], row["triggered"]["tokens_reused"])
+    placements = ["shared", "nic"] if len(current_cpus()) >= 2 else ["shared"]
+    assert result["settings"]["placements"] == placements
+    assert [p["name"] for p in result["machine"]["placement"]] == placements
+    for name in placements:
+        entry = result["results"]["by_placement"][name]
+        assert entry["placement"]["cpus"] == formatted(plan(name))  # on 2 CPUs, nic: compute "0", the rest "1"
+        size = entry["results"]["sizes"]["96"]
+        row = size["policies"]
+        assert row["triggered"]["kv_source"] == ["restored"] and row["resident"]["kv_source"] == ["resident"]
+        assert size["context_tokens"] == 96 and size["whole_blocks"] and size["mismatches"] == []
+        assert size["same_reuse"], (row["resident"]["tokens_reused"], row["triggered"]["tokens_reused"])
+        assert {f"recompute_vs_restore_96@{name}", f"restore_vs_resident_96@{name}"} <= set(result["ratios"])
+    assert result["results"]["sizes"] == result["results"]["by_placement"]["shared"]["results"]["sizes"]
     assert result["failed"] == []
-    assert set(result["ratios"]) == {"recompute_vs_restore_96", "restore_vs_resident_96"}
+    assert {"recompute_vs_restore_96", "restore_vs_resident_96"} <= set(result["ratios"])
+    if "nic" in placements:
+        nic = result["machine"]["placement"][1]
+        assert nic["name"] == "nic" and nic["cpus"] == formatted(plan("nic"))
+        if current_cpus() == (0, 1):
+            assert nic["cpus"]["compute"] == "0" and nic["cpus"]["smartnic"] == "1"
+        assert {"restore_vs_resident_96@nic_vs_shared", "restored_ttft_ms_96@nic_vs_shared"} <= set(result["ratios"])
 
 
 def test_offload_smoke(tmp_path):
