@@ -19,6 +19,19 @@ stall but no block, so samples with failed stores are left out of it and the fai
 counted and reported. The block sizes are then put side by side, with floors: triggered's stall
 per block at most STALL_CEILING_US, cpu / triggered at least STALL_RATIO_FLOOR. A block size
 whose process fails is reported failed with its error.
+
+Each CPU placement of `--placements` (default `shared nic` on 2 CPUs or more: bench.placements)
+runs every block size, in the same run. The child of a block size is told its placement
+(`--placement`) and does what `kvtb up` would with its plan (kvtb.placement.plan): the storage
+node and the agent are started with the plan's `cpus` (and the agent with the placement's fast
+path settings, as `kvtb up` gives them: under nic its standing PUTs fire in a process of their
+own), and the child, which is the compute node, pins itself (every thread,
+kvtb.placement.apply) to the compute CPUs, sizing torch's threads to them and binding them one
+per CPU before torch is imported, as `kvtb serve compute` does; under `shared` every process
+runs on every CPU and torch keeps its default threads, as before. The result keeps the first
+placement's figures under the usual keys, every placement's in `results.by_placement` and as
+`<ratio>@<placement>` (floors too), and compares the stall per triggered block and cpu /
+triggered as `<figure>@nic_vs_shared`.
 """
 from __future__ import annotations
 
@@ -51,9 +64,11 @@ from bench.results import (
     setup_logging,
     stop_on_sigterm,
 )
+from bench.placements import add_placements_arg, chosen, run_placements, tables
 from bench.stack import operator_channel, start_storage
 from bench.stats import mean, ratio
 from bench.turns import encode, generate
+from kvtb import placement as cpu_placement
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb_proto import smartnic_pb2
 
@@ -80,8 +95,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--turns-per-sample", type=int, default=0,
                         help=f"turns per sample (default 0: enough for {MIN_BLOCKS_PER_SAMPLE} blocks, "
                              f"at most {MAX_TURNS_PER_SAMPLE})")
+    add_placements_arg(parser)
     parser.add_argument("--one-block", type=int, help=argparse.SUPPRESS)  # the process of one block size
+    parser.add_argument("--placement", choices=cpu_placement.PLACEMENTS, default="shared",
+                        help=argparse.SUPPRESS)  # ... and its placement
     args = parser.parse_args(argv)
+    args.placements = chosen(args.placements)
     args.block_tokens = args.block_tokens or ([8] if args.smoke else list(BLOCK_TOKENS))
     if args.smoke:
         args.decode_tokens, args.repeats = min(args.decode_tokens, 12), 1
@@ -169,29 +188,66 @@ def store_failures(engine, agent_stub) -> Callable[[str], int]:
     return count
 
 
+def pin_compute(name: str, plan: dict[str, tuple[int, ...]]) -> int:
+    """Place this process, the compute node's stand-in, as `kvtb serve compute` places itself under
+    placement `name`; the torch threads to load the model with (0: torch's default). Under nic: every
+    thread on the plan's compute CPUs, torch's threads one per CPU of them and bound (before torch is
+    imported); under shared: left on every CPU."""
+    from compute_node.torch_threads import bind_openmp, thread_count
+    if name == "shared":
+        return 0
+    cpus = cpu_placement.apply(plan["compute"])
+    threads = thread_count(0, cpus)
+    if "torch" not in sys.modules:
+        bind_openmp(cpus, threads)
+        import torch  # noqa: F401 - libgomp reads the binding now; it binds this thread to one place ...
+        cpu_placement.apply(cpus)  # ... which this undoes: every thread back on the whole set
+    return threads
+
+
+def agent_placement_env(name: str, plan: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """The agent's fast path settings under placement `name`, as `kvtb up` gives them (each unless
+    this process's environment sets it)."""
+    from kvtb import up
+    try:
+        return up.agent_placement_env(name, plan=plan, config={})
+    except TypeError:  # kvtb up without the fast path's own CPU in the plan (kvtb.placement.AGENT_SETTINGS)
+        return up.agent_placement_env(name, config={})
+
+
 def measure_one_block(args: argparse.Namespace, directory: Path) -> dict:
     """In this process: storage node and agent as processes, the compute node here with blocks of
-    args.one_block tokens; the decode figures."""
+    args.one_block tokens, each placed by args.placement's plan; the decode figures and the
+    placement record."""
+    plan = cpu_placement.plan(args.placement)  # ValueError: nic on one CPU
+    threads = pin_compute(args.placement, plan)
     from compute_node.model_loader import load_model
     from compute_node.node import serve
     from compute_node.settings import ComputeSettings
     from kvtb_proto import compute_pb2_grpc, smartnic_pb2_grpc
 
+    cpus = cpu_placement.formatted(plan)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with contextlib.ExitStack() as stack:  # every service stopped, also on SIGTERM (SystemExit)
-        storage = start_storage(directory, "s0", namespace_size_bytes=4 << 30)
+        storage = start_storage(directory, "s0", namespace_size_bytes=4 << 30, cpus=cpus["storage"])
         stack.callback(storage.stop)
         agent = ServiceProcess("smartnic", kvtb_argv("serve", "smartnic"), directory / "smartnic.log", env={
             "KVTB_SMARTNIC_LISTEN_ADDRESS": "127.0.0.1:0", "KVTB_SMARTNIC_METRICS_ADDRESS": "127.0.0.1:0",
-            "KVTB_SMARTNIC_SALT": SALT,
+            "KVTB_SMARTNIC_SALT": SALT, "KVTB_SMARTNIC_CPUS": cpus["smartnic"],
+            **agent_placement_env(args.placement, plan),
             "KVTB_SMARTNIC_STORAGE_NODES": f"s0={storage.addresses['admin']}={storage.addresses['fabric']}"})
         stack.callback(agent.stop)
         agent.start()
         settings = ComputeSettings(policy="triggered", pool_tokens=16384, max_context_tokens=1024,
                                    block_tokens=args.one_block, listen_address="127.0.0.1:0",
                                    agent_address=agent.addresses["grpc"], key_salt=SALT,
-                                   storage_fabric_addresses=(storage.addresses["fabric"],), node_name="bench")
+                                   storage_fabric_addresses=(storage.addresses["fabric"],), node_name="bench",
+                                   torch_threads=threads)
         model, tokenizer = load_model(settings.model_cache_dir, settings.torch_threads)
+        import torch
+        record = {"name": args.placement, "torch_threads": torch.get_num_threads(), "started": True,
+                  "cpus": {"storage": str(storage.ready.get("cpus", "?")), "smartnic": str(agent.ready.get("cpus", "?")),
+                           "compute": cpu_placement.format_cpus(cpu_placement.current_cpus())}}
         node = serve(settings, model, tokenizer)
         stack.callback(node.stop)
         node.start()
@@ -200,19 +256,20 @@ def measure_one_block(args: argparse.Namespace, directory: Path) -> dict:
             decode = measure_decode(stub, args.one_block, args.decode_tokens, args.repeats,
                                     args.turns_per_sample,
                                     store_failures(node.engine, smartnic_pb2_grpc.SmartNicStub(channel)))
-        return decode | {"torch_threads": settings.torch_threads}
+        return decode | {"torch_threads": settings.torch_threads, "placement": record}
 
 
-def run_one_block(args: argparse.Namespace, block: int) -> dict:
+def run_one_block(args: argparse.Namespace, block: int, placement: str = "shared") -> dict:
     """One block size in a fresh process; its decode figures (raises with its stderr when it fails).
     This process stopped (SIGTERM, Ctrl-C) or the child timed out: the child is sent SIGTERM, so
     that it stops its services, and waited for."""
-    argv = [sys.executable, "-m", "bench.offload", "--one-block", str(block), "--out", str(args.out),
+    argv = [sys.executable, "-m", "bench.offload", "--one-block", str(block), "--placement", placement,
+            "--out", str(args.out),
             "--decode-tokens", str(args.decode_tokens), "--repeats", str(args.repeats),
             "--turns-per-sample", str(args.turns_per_sample), *(["--keep-data"] if args.keep_data else [])]
     done = run_child(argv, timeout_s=3600)
     if done.returncode != 0:
-        raise RuntimeError(f"offload with blocks of {block} tokens failed ({done.returncode}):\n"
+        raise RuntimeError(f"offload with blocks of {block} tokens ({placement}) failed ({done.returncode}):\n"
                            f"{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -240,12 +297,69 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, out: Path) -> Path | None:
-    blocks = result["results"]["blocks"]
-    xs = [int(c) for c in blocks]
-    series = {f"stall/block {p}": (xs, [d[p]["stall_per_block_ms"] for d in blocks.values()])
-              for p in ("triggered", "cpu")}
+    by = result["results"].get("by_placement") or {"": {"results": result["results"]}}
+    series = {}
+    for name, entry in by.items():
+        blocks = entry["results"].get("blocks") or {}
+        xs = [int(c) for c in blocks]
+        for p in ("triggered", "cpu"):
+            if xs:
+                label = f"stall/block {p}" + (f" ({name})" if len(by) > 1 else "")
+                series[label] = (xs, [d[p]["stall_per_block_ms"] for d in blocks.values()])
+    if not series:
+        return None
     return plot_lines(out / "offload.png", series, title="Compute-process stall per offloaded block",
                       xlabel="block tokens", ylabel="ms per block", logx=True, logy=True)
+
+
+def key_figures(sub: dict) -> dict[str, float]:
+    """One placement's key figures, compared across placements: the compute stall per triggered block
+    (µs) and cpu / triggered, per block size measured."""
+    out = {}
+    for block, d in (sub["results"].get("blocks") or {}).items():
+        out[f"triggered_stall_us_{block}"] = d["triggered"]["stall_per_block_ms"] * 1e3
+        if f"cpu_stall_vs_triggered_{block}" in sub["ratios"]:
+            out[f"cpu_stall_vs_triggered_{block}"] = sub["ratios"][f"cpu_stall_vs_triggered_{block}"]
+    return out
+
+
+def measure(args: argparse.Namespace, placement: str, sub: dict, progress) -> dict | None:
+    """Every block size in `placement` (a child each), into sub; the placement record of the first
+    child that ran (None when none did)."""
+    blocks = sub["results"]["blocks"] = {}
+    record = None
+    for block in args.block_tokens:
+        try:
+            blocks[str(block)] = d = run_one_block(args, block, placement)
+        except Exception as exc:  # noqa: BLE001 - a failed block size is reported, never dropped
+            fail(sub, f"{block} tokens", exc)
+            progress.update(note=f"{placement} {block} tokens failed")
+            continue
+        record = record or d.pop("placement", None)
+        d.pop("placement", None)
+        for policy in ("triggered", "cpu"):
+            if d[policy]["failed_stores"]:
+                fail(sub, f"{block} tokens {policy} stores",
+                     RuntimeError(f"{d[policy]['failed_stores']} stores failed (their samples are left "
+                                  "out of the stall per block)"))
+        tbt = {p: d[p]["tbt_ms"] for p in POLICIES}
+        sub["ratios"] |= {
+            f"cpu_stall_vs_triggered_{block}": ratio(d["cpu"]["stall_per_block_ms"],
+                                                     d["triggered"]["stall_per_block_ms"]),
+            f"triggered_tbt_vs_resident_{block}": ratio(tbt["triggered"], tbt["resident"]),
+            f"cpu_tbt_vs_resident_{block}": ratio(tbt["cpu"], tbt["resident"])}
+        progress.update(note=f"{placement} {block} tokens")
+    stalls = {f"triggered_stall_us_{block}": d["triggered"]["stall_per_block_ms"] * 1e3
+              for block, d in blocks.items() if d["triggered"]["blocks_per_turn"]}
+    sub["floors"] = floors({**sub["ratios"], **stalls},
+                           {f"cpu_stall_vs_triggered_{b}": STALL_RATIO_FLOOR for b in blocks},
+                           at_most={k: STALL_CEILING_US for k in stalls})
+    return record
+
+
+def report(result: dict) -> str:
+    """Each placement's table, then the key figures side by side."""
+    return tables(result, table)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -254,33 +368,9 @@ def run(args: argparse.Namespace) -> dict:
                                     "turns_per_sample": args.turns_per_sample or "auto",
                                     "min_blocks_per_sample": MIN_BLOCKS_PER_SAMPLE,
                                     "warm_up": "every policy", "order": "rotating",
-                                    "storage_fsync": True, "smoke": args.smoke})
-    blocks = result["results"]["blocks"] = {}
-    with progress_for(args, len(args.block_tokens), "offload") as progress:
-        for block in args.block_tokens:
-            try:
-                blocks[str(block)] = d = run_one_block(args, block)
-            except Exception as exc:  # noqa: BLE001 - a failed block size is reported, never dropped
-                fail(result, f"{block} tokens", exc)
-                progress.update(note=f"{block} tokens failed")
-                continue
-            for policy in ("triggered", "cpu"):
-                if d[policy]["failed_stores"]:
-                    fail(result, f"{block} tokens {policy} stores",
-                         RuntimeError(f"{d[policy]['failed_stores']} stores failed (their samples are left "
-                                      "out of the stall per block)"))
-            tbt = {p: d[p]["tbt_ms"] for p in POLICIES}
-            result["ratios"] |= {
-                f"cpu_stall_vs_triggered_{block}": ratio(d["cpu"]["stall_per_block_ms"],
-                                                         d["triggered"]["stall_per_block_ms"]),
-                f"triggered_tbt_vs_resident_{block}": ratio(tbt["triggered"], tbt["resident"]),
-                f"cpu_tbt_vs_resident_{block}": ratio(tbt["cpu"], tbt["resident"])}
-            progress.update(note=f"{block} tokens")
-    stalls = {f"triggered_stall_us_{block}": d["triggered"]["stall_per_block_ms"] * 1e3
-              for block, d in blocks.items() if d["triggered"]["blocks_per_turn"]}
-    result["floors"] = floors({**result["ratios"], **stalls},
-                              {f"cpu_stall_vs_triggered_{b}": STALL_RATIO_FLOOR for b in blocks},
-                              at_most={k: STALL_CEILING_US for k in stalls})
+                                    "storage_fsync": True, "smoke": args.smoke, "placements": args.placements})
+    with progress_for(args, len(args.placements) * len(args.block_tokens), "offload") as progress:
+        run_placements(result, args.placements, lambda p, sub: measure(args, p, sub, progress), key_figures)
     result["plots"] = plots(plot(result, Path(args.out)))
     return result
 
@@ -288,7 +378,7 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.one_block is None:
-        return run_bench(argv, parse_args, run, table)
+        return run_bench(argv, parse_args, run, report)
     setup_logging(args)
     with stop_on_sigterm(), data_dir(args, f"offload-{args.one_block}") as directory:
         emit_json(measure_one_block(args, directory))

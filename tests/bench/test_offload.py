@@ -94,3 +94,41 @@ def test_table_shows_every_block_size_policy_failure_and_ratio():
     assert lines[-3].split() == ["cpu_stall_vs_triggered_32", "24"]
     assert lines[-2:] == ["cpu_stall_vs_triggered_32 >= 100: 24 (NOT met)",
                           "triggered_stall_us_32 <= 20: 12.5 (met)"]
+
+
+def test_every_placement_runs_every_block_size_and_each_is_reported(monkeypatch, tmp_path):
+    def decode(stall_ms: float) -> dict:
+        figures = {"tbt_ms": 70.0, "stall_per_block_ms": stall_ms, "blocks_per_turn": 10.0,
+                   "blocks_per_sample": 20.0, "failed_stores": 0}
+        return {"prompt_tokens": 43, **{p: dict(figures) for p in POLICIES}} | {"cpu": {**figures, "stall_per_block_ms": 5.0}}
+
+    calls = []
+
+    def fake_child(args, block, placement):
+        calls.append((placement, block))
+        if (placement, block) == ("nic", 32):
+            raise RuntimeError("the agent did not start")
+        cpus = {"shared": {"compute": "0-1", "smartnic": "0-1"}, "nic": {"compute": "0", "smartnic": "1"}}
+        return decode(0.5 if placement == "shared" else 0.05) | {
+            "placement": {"name": placement, "cpus": cpus[placement], "torch_threads": 1, "started": True}}
+
+    monkeypatch.setattr(offload, "run_one_block", fake_child)
+    monkeypatch.setattr(offload, "plot", lambda result, out: None)
+    args = parse_args(["--block-tokens", "8", "32", "--placements", "shared", "nic", "--out", str(tmp_path)])
+    result = offload.run(args)
+    assert calls == [("shared", 8), ("shared", 32), ("nic", 8), ("nic", 32)]
+    assert [f["part"] for f in result["failed"]] == ["nic: 32 tokens"]
+    assert [p["cpus"]["compute"] for p in result["machine"]["placement"]] == ["0-1", "0"]
+    assert "placement" not in result["results"]["blocks"]["8"]  # the record is the machine's, not a block's
+    assert result["ratios"]["cpu_stall_vs_triggered_8@nic"] == 100.0
+    assert result["ratios"]["triggered_stall_us_8@nic_vs_shared"] == 0.1
+    assert "cpu_stall_vs_triggered_32@nic" not in result["ratios"]
+    assert result["floors"]["cpu_stall_vs_triggered_8@nic"]["met"] and not result["floors"]["cpu_stall_vs_triggered_8"]["met"]
+    text = offload.report(result)
+    assert "== placement nic: compute 0, smartnic 1; torch threads 1" in text
+    assert "triggered_stall_us_8" in text.split("placements side by side")[1]
+
+
+def test_the_child_is_told_its_placement():
+    assert parse_args(["--one-block", "8", "--placement", "nic"]).placement == "nic"
+    assert parse_args(["--one-block", "8"]).placement == "shared"

@@ -75,9 +75,19 @@ def test_ttft_smoke_restores_from_storage_in_both_placements(tmp_path):
 
 
 def test_offload_smoke(tmp_path):
+    from kvtb.placement import current_cpus
     result = bench(tmp_path, "offload", timeout=600)
     assert "cpu_stall_vs_triggered_8" in result["ratios"]
     assert result["results"]["blocks"]["8"]["triggered"]["blocks_per_turn"] > 0
+    placements = ["shared", "nic"] if len(current_cpus()) >= 2 else ["shared"]
+    assert [p["name"] for p in result["machine"]["placement"]] == placements
+    for name in placements:
+        assert result["results"]["by_placement"][name]["results"]["blocks"]["8"]["triggered"]["blocks_per_turn"] > 0
+        assert f"cpu_stall_vs_triggered_8@{name}" in result["ratios"]
+    if "nic" in placements:  # the compute stand-in pinned apart from the agent and the storage node
+        cpus = result["machine"]["placement"][1]["cpus"]
+        assert not set(cpus["compute"].split(",")) & set(cpus["smartnic"].split(","))
+        assert "triggered_stall_us_8@nic_vs_shared" in result["ratios"]
 
 
 def test_all_smoke_writes_a_report_and_the_readme_table(tmp_path):
