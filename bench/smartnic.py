@@ -64,10 +64,13 @@ from bench.results import (
     ratios_text,
     run_bench,
 )
+from bench.nic_layouts import LAYOUTS, OWN_CORE, layout_of, pinned
 from bench.stack import bench_client, start_storage
 from fabric import chunk_format as cf
 from hostmem.region import Region
 from kvtb.heap import keep_large_buffers_in_the_heap
+from kvtb import placement
+from kvtb.placement import current_cpus, format_cpus
 from kvtb_proto import nvmeof_pb2 as pb
 from smartnic.agent import Agent
 from smartnic.datapath import ChunkRef
@@ -81,6 +84,10 @@ KV_PARTS = smollm2_layout(1).num_layers  # a block's KV is MACed per layer: the 
 PUT_TRIGGER, PUT_DONE, GET_DONE, GET_TRIGGER = 0, 1, 2, 3  # counters of a transfer's region
 FLOOR = 0.5
 RESTORE_FLOOR = 0.7  # a whole context restored by bulk GET / ZeroMQ loopback
+# the NIC's own cores (issue 30's targets): trigger-to-fire ceilings, idle and under load, and the floor
+# of a whole context's restore against ZeroMQ loopback, in placement nic (and the own-core what-if)
+NIC_TRIGGER_CEILINGS = {"p50": 20.0, "p99": 200.0}
+NIC_RESTORE_FLOOR = 0.7
 # Each mode of the data path: the default security, none, and the encrypted option.
 SECURITY = {"secure": {"fabric_security": "auth", "kv_mac": True},
             "open": {"fabric_security": "off", "kv_mac": False},
@@ -141,7 +148,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="seconds per raw limit (cut into --rounds windows, the best kept)")
     parser.add_argument("--context-tokens", type=int, default=2048, help="tokens of the context restored whole")
     parser.add_argument("--context-rounds", type=int, default=3, help="restores of that context (the best is kept)")
+    parser.add_argument("--placements", nargs="+", choices=LAYOUTS, default=None,
+                        help="where the agent, storage and compute run, side by side (bench.nic_layouts; default: "
+                             "shared nic on 2 CPUs or more, else shared; nic-own-core: a what-if)")
     args = parser.parse_args(argv)
+    if args.placements is None:
+        args.placements = list(placement.PLACEMENTS) if len(current_cpus()) >= 2 else ["shared"]
     if args.smoke:
         args.sizes_mib, args.total_mib, args.rounds = [1], min(args.total_mib, 4), 1
         args.trigger_samples, args.budget_s = min(args.trigger_samples, 50), min(args.budget_s, 0.2)
@@ -150,15 +162,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def agent_beside_storage(directory: Path, queue_bound: int, security: str = "secure") -> Iterator[tuple[Agent, str]]:
-    """An agent in this process with one storage node process, both in one of the SECURITY modes;
-    yields (agent, the node's fabric address)."""
+def agent_beside_storage(directory: Path, queue_bound: int, security: str = "secure", agent_settings: dict | None = None,
+                         storage_cpus: tuple[int, ...] = ()) -> Iterator[tuple[Agent, str]]:
+    """An agent in this process with one storage node process (on storage_cpus; (): any), both in one of
+    the SECURITY modes, the agent with `agent_settings` too; yields (agent, the node's fabric address)."""
     mode = SECURITY[security]
-    storage = start_storage(directory, f"bench-{security}", fabric_security=mode["fabric_security"])
+    storage = start_storage(directory, f"bench-{security}", fabric_security=mode["fabric_security"],
+                            **({"cpus": format_cpus(storage_cpus)} if storage_cpus else {}))
     try:
         node = StorageNodeRef("bench", storage.addresses["admin"], storage.addresses["fabric"])
         agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,),
-                                       queue_bound=queue_bound, eviction_policy="timer", **mode))
+                                       queue_bound=queue_bound, eviction_policy="timer", **mode,
+                                       **(agent_settings or {})))
         agent.datapath = LayerParts(agent.datapath)  # a MAC per layer, as a block's
         try:
             agent.start()
@@ -425,7 +440,12 @@ def chunks_line(result: dict) -> str:
 def table(result: dict) -> str:
     failed = failed_text(result)
     r = result["results"]
-    return (f"{trigger.text(r['trigger_to_fire'])}\n{context_line(r['context_restore'])}\n"
+    by = r.get("by_placement") or {"shared": {"trigger_to_fire": r["trigger_to_fire"],
+                                              "context_restore": r["context_restore"], "layout": {}}}
+    placements = "\n".join(
+        f"[{name}: " + ", ".join(f"{k} {v}" for k, v in m["layout"].items()) + f"]\n{trigger.text(m['trigger_to_fire'])}"
+        + (f"\n{context_line(m['context_restore'])}" if m["context_restore"] else "") for name, m in by.items())
+    return (f"{placements}\n"
             f"{chunks_line(result)}\n{transfers_table(r['transfers'])}\n\n{ratios_text(result['ratios'])}"
             + (f"\n\n{failed}" if failed else ""))
 
@@ -437,17 +457,35 @@ def run(args: argparse.Namespace) -> dict:
                                      "budget_s": args.budget_s, **chunk_format_settings(),
                                      "context_tokens": args.context_tokens, "context_rounds": args.context_rounds,
                                      "fsync": True, "smoke": args.smoke})
-    with progress_for(args, 2 + len(args.sizes_mib), "smartnic") as progress, \
-            data_dir(args, "smartnic") as path, \
-            agents_beside_storage(path, max(512, args.trigger_samples)) as agents:
-        fire = trigger.measure(agents["secure"][0], args.trigger_samples)
-        progress.update(note="trigger-to-fire")
-        context = context_restore(agents["secure"][0], args.context_tokens, args.context_rounds, args.budget_s)
-        progress.update(note="context restore")
-        rows = transfers_by_size(result, agents, [mib << 20 for mib in args.sizes_mib], args.total_mib << 20,
-                                 args.rounds, args.budget_s, path, progress)
-    result["results"] = {"trigger_to_fire": fire, "context_restore": context, "transfers": rows}
+    by_placement: dict[str, dict] = {}
+    with progress_for(args, len(args.placements) + len(args.sizes_mib), "smartnic") as progress, \
+            data_dir(args, "smartnic") as path:
+        for name in args.placements:
+            try:
+                by_placement[name] = measure_placement(args, path / name, name)
+            except Exception as exc:  # noqa: BLE001 - a placement that fails is reported, the others still run
+                fail(result, f"placement {name}", exc)
+            progress.update(note=name)
+        with agents_beside_storage(path, max(512, args.trigger_samples)) as agents:
+            rows = transfers_by_size(result, agents, [mib << 20 for mib in args.sizes_mib], args.total_mib << 20,
+                                     args.rounds, args.budget_s, path, progress)
+    first = by_placement.get("shared") or next(iter(by_placement.values()), None)
+    if first is None:
+        raise RuntimeError("no placement could be measured: " + failed_text(result))
+    fire, context = first["trigger_to_fire"], first["context_restore"]
+    result["results"] = {"trigger_to_fire": fire, "context_restore": context, "transfers": rows,
+                         "by_placement": by_placement}
+    result["machine"]["placements"] = {name: m["layout"] for name, m in by_placement.items()}
     result["ratios"]["context_restore_vs_zmq"] = context["vs_zmq"]
+    for name, m in by_placement.items():
+        if m["context_restore"]:
+            result["ratios"][f"context_restore_vs_zmq@{name}"] = m["context_restore"]["vs_zmq"]
+        for figure, value in trigger.figures(m["trigger_to_fire"]).items():
+            result["ratios"][f"{figure}@{name}"] = value
+    if "shared" in by_placement and "nic" in by_placement:
+        result["ratios"]["trigger_to_fire_idle_p99_nic_vs_shared"] = (
+            by_placement["nic"]["trigger_to_fire"]["idle"]["p99_us"]
+            / max(by_placement["shared"]["trigger_to_fire"]["idle"]["p99_us"], 1e-9))
     if (watcher := trigger.cpu_ratio(fire)) is not None:
         result["ratios"]["watcher_cpu_python_vs_compiled"] = watcher
     for op in ("put", "get"):  # the worst over the sizes measured (a failed size is in `failed`)
@@ -458,7 +496,27 @@ def run(args: argparse.Namespace) -> dict:
     result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "context_restore_vs_zmq": RESTORE_FLOOR,
                                                  **SECURITY_FLOORS})
     result["floors"] |= floors(trigger.figures(fire), {}, at_most=trigger.TRIGGER_CEILINGS)
+    for name in ("nic", OWN_CORE):  # the issue's targets for the NIC's own cores
+        if name in by_placement:
+            result["floors"] |= floors(result["ratios"], {f"context_restore_vs_zmq@{name}": NIC_RESTORE_FLOOR},
+                                       at_most={f"{figure}@{name}": NIC_TRIGGER_CEILINGS[figure.split("_")[-2]]
+                                                for figure in trigger.figures(by_placement[name]["trigger_to_fire"])})
     return result
+
+
+def measure_placement(args: argparse.Namespace, directory: Path, name: str) -> dict:
+    """Trigger-to-fire and the whole context's restore with the agent, its storage node and the stand-in
+    compute node where placement `name` puts them (bench.nic_layouts); the context only where the
+    layout is one a deployment uses (not the own-core what-if)."""
+    layout = layout_of(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    with pinned(layout), agent_beside_storage(directory, max(512, args.trigger_samples), "secure", layout.settings,
+                                              layout.storage) as (agent, _):
+        fire = trigger.measure(agent, args.trigger_samples, compute_cpus=layout.compute)
+        context = None if name == OWN_CORE else context_restore(agent, args.context_tokens, args.context_rounds,
+                                                                 args.budget_s)
+    return {"layout": layout.record(), "settings": layout.settings, "trigger_to_fire": fire,
+            "context_restore": context}
 
 
 def main(argv: list[str]) -> int:

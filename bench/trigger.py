@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 import random
 import struct
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -57,8 +57,11 @@ class Scene:
     burst: int = 0
 
 
-def _compute(name: str, size: int, scene: Scene, context: str, seed: int, queue) -> None:
-    """Child process: the compute node's side of `scene`; puts [(block, generation, stamp ns)] on queue."""
+def _compute(name: str, size: int, scene: Scene, context: str, seed: int, queue, cpus: tuple[int, ...] = ()) -> None:
+    """Child process: the compute node's side of `scene` (on `cpus`, the placement's compute CPUs; (): any);
+    puts [(block, generation, stamp ns)] on queue."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     L = LAYOUT
     region = Region.attach(name, size, L.counter_offset, L.counter_count)
     writer, rng, bell = descriptor.Writer(region.buffer), random.Random(seed), Bell(L, region.counters)
@@ -104,7 +107,7 @@ def _compute(name: str, size: int, scene: Scene, context: str, seed: int, queue)
         region.close()
 
 
-def _run_scene(agent: Agent, region: Region, scene: Scene, seed: int) -> dict:
+def _run_scene(agent: Agent, region: Region, scene: Scene, seed: int, cpus: tuple[int, ...] = ()) -> dict:
     """Run one scene against the registered pool; its latencies in µs and their percentiles."""
     fired: dict[tuple[int, int], tuple[int, int]] = {}
     hook = lambda reg, block, gen, store_ns, fire_ns: fired.__setitem__((block, gen), (store_ns, fire_ns))
@@ -113,7 +116,7 @@ def _run_scene(agent: Agent, region: Region, scene: Scene, seed: int) -> dict:
     try:
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
-        child = ctx.Process(target=_compute, args=(region.name, region.size, scene, context, seed, queue))
+        child = ctx.Process(target=_compute, args=(region.name, region.size, scene, context, seed, queue, cpus))
         child.start()
         stamps = queue.get(timeout=600)
         child.join()
@@ -143,31 +146,43 @@ def _wait_puts(region: Region, timeout_s: float = 60.0) -> None:
         time.sleep(0.005)
 
 
-def thread_cpu_ns(native_id: int) -> int:
-    """A thread of this process's time on a CPU so far, in ns (/proc/self/task/ID/schedstat)."""
-    return int(Path(f"/proc/self/task/{native_id}/schedstat").read_text().split()[0])
+def thread_cpu_ns(native_id: int, pid: str = "self") -> int:
+    """A thread's time on a CPU so far, in ns (/proc/PID/task/ID/schedstat)."""
+    return int(Path(f"/proc/{pid}/task/{native_id}/schedstat").read_text().split()[0])
+
+
+def watcher_thread(agent: Agent) -> tuple[str, int] | None:
+    """(pid, thread id) of the thread that polls the pools' triggers: the agent's own watcher, or, with the
+    fast path in a process of its own, that process's watcher (as it said when it started)."""
+    if agent.fastpath is None:
+        return "self", agent.engine._thread.native_id  # the compiled poller's waits run on it too
+    return str(agent.fastpath.pid), agent.fastpath.watcher_tid
 
 
 def watcher_cpu(agent: Agent, window_s: float = 1.0) -> dict:
     """The watcher thread's share of one core, warm (right after a store) and idle (past warm_ms)."""
-    thread: threading.Thread = agent.engine._thread  # the compiled poller's waits run on it too
-    if not Path(f"/proc/self/task/{thread.native_id}/schedstat").exists():
+    found = watcher_thread(agent)
+    if found is None or not Path(f"/proc/{found[0]}/task/{found[1]}/schedstat").exists():
         return {}
+    pid, tid = found
     warm_s = agent.engine.warm_s
 
     def share() -> float:
-        start, t0 = thread_cpu_ns(thread.native_id), time.perf_counter()
+        start, t0 = thread_cpu_ns(tid, pid), time.perf_counter()
         time.sleep(window_s)
-        return (thread_cpu_ns(thread.native_id) - start) / 1e9 / (time.perf_counter() - t0)
+        return (thread_cpu_ns(tid, pid) - start) / 1e9 / (time.perf_counter() - t0)
 
     warm = share() if window_s < warm_s else None  # called right after a scene's last store
     time.sleep(max(0.0, warm_s - window_s) + 0.2)
     return {"warm_core_share": warm, "idle_core_share": share(), "warm_s": warm_s,
             "poll_us": agent.engine.poll_s * 1e6, "max_sleep_us": agent.engine.max_sleep_s * 1e6,
-            "compiled": any(reg.standing.poller is not None for reg in agent.regions.all() if reg.standing)}
+            "compiled": agent.fastpath.compiled if agent.fastpath is not None else
+            any(reg.standing.poller is not None for reg in agent.regions.all() if reg.standing),
+            "fastpath": agent.settings.fastpath, "busy_poll": agent.settings.watcher_busy_poll}
 
 
-def measure_watcher(agent: Agent, samples: int, step_ms: float = 20.0, burst: int = 4) -> dict:
+def measure_watcher(agent: Agent, samples: int, step_ms: float = 20.0, burst: int = 4,
+                    compute_cpus: tuple[int, ...] = ()) -> dict:
     """Both scenes over one registered pool, then the watcher's CPU, with the agent's watcher as it is set
     now (agent.engine.compiled); figures in µs."""
     L = LAYOUT
@@ -175,8 +190,9 @@ def measure_watcher(agent: Agent, samples: int, step_ms: float = 20.0, burst: in
     reg = agent.register(region.name, region.size, KEY, L.counter_offset, L.counter_count, layout_to_proto(L),
                          owner="bench")
     try:
-        idle = _run_scene(agent, region, Scene("idle", samples), seed=1)
-        load = _run_scene(agent, region, Scene("load", samples, step_s=step_ms / 1000, burst=burst), seed=2)
+        idle = _run_scene(agent, region, Scene("idle", samples), seed=1, cpus=compute_cpus)
+        load = _run_scene(agent, region, Scene("load", samples, step_s=step_ms / 1000, burst=burst), seed=2,
+                          cpus=compute_cpus)
         cpu = watcher_cpu(agent)
     finally:
         agent.deregister(reg.region_id, KEY)
@@ -185,14 +201,16 @@ def measure_watcher(agent: Agent, samples: int, step_ms: float = 20.0, burst: in
             "block_bytes": L.block_bytes, "p50_us": idle["p50_us"], "p99_us": idle["p99_us"]}
 
 
-def measure(agent: Agent, samples: int, step_ms: float = 20.0, burst: int = 4) -> dict:
+def measure(agent: Agent, samples: int, step_ms: float = 20.0, burst: int = 4,
+            compute_cpus: tuple[int, ...] = ()) -> dict:
     """measure_watcher() with the agent's watcher as configured (the figures), and, when that is the
-    compiled poller, again with the Python poll beside it (`python_poll`): what the doorbell changes."""
-    result = measure_watcher(agent, samples, step_ms, burst)
-    if (result["watcher_cpu"] or {}).get("compiled"):
+    agent's own compiled poller, again with the Python poll beside it (`python_poll`): what the doorbell
+    changes. compute_cpus: where the stand-in compute node runs (the placement's compute CPUs)."""
+    result = measure_watcher(agent, samples, step_ms, burst, compute_cpus)
+    if (result["watcher_cpu"] or {}).get("compiled") and agent.fastpath is None:
         agent.engine.compiled = False
         try:
-            result["python_poll"] = measure_watcher(agent, samples, step_ms, burst)
+            result["python_poll"] = measure_watcher(agent, samples, step_ms, burst, compute_cpus)
         finally:
             agent.engine.compiled = True
     return result

@@ -22,7 +22,8 @@ def assignments(name: str, cpus: str = "") -> dict[str, str]:
     """KVTB_<SECTION>_CPUS -> its CPU list, for every service of placement `name`, and the agent's fast
     path settings for it (KVTB_SMARTNIC_FASTPATH, KVTB_SMARTNIC_WATCHER_BUSY_POLL)."""
     plan = placement.plan(name, placement.parse_cpus(cpus) or None)
-    agent = {f"KVTB_SMARTNIC_{field.upper()}": value for field, value in placement.AGENT_SETTINGS[name].items()}
+    agent = {f"KVTB_SMARTNIC_{field.upper()}": value
+             for field, value in placement.agent_settings(name, plan["smartnic"] if name == "nic" else ()).items()}
     return {**{f"KVTB_{service.upper()}_CPUS": text for service, text in placement.formatted(plan).items()}, **agent}
 
 

@@ -25,11 +25,24 @@ logger = logging.getLogger(__name__)
 PLACEMENTS = ("shared", "nic")
 SERVICES = ("storage", "smartnic", "compute", "frontend")
 NIC_SERVICES = ("storage", "smartnic", "frontend")  # on the NIC's cores under `nic`
-# the agent's settings under each placement: on a NIC core of its own, standing PUTs fire in the fast
-# path's own process (smartnic.fastpath), whose watcher polls without sleeping, as NIC hardware does;
-# on shared cores a spinning watcher would take the forward's CPU, so it sleeps on the doorbell
-AGENT_SETTINGS = {"shared": {"fastpath": "thread", "watcher_busy_poll": "false"},
-                  "nic": {"fastpath": "process", "watcher_busy_poll": "true"}}
+
+
+def agent_settings(name: str, nic: Iterable[int] = ()) -> dict[str, str]:
+    """The agent's fast path settings under placement `name` (nic: the NIC's CPUs of its plan).
+
+    `nic`: standing PUTs fire in the fast path's own process (smartnic.fastpath). With two NIC CPUs or
+    more, that process has the last one to itself and polls it without ever sleeping, as a NIC's
+    engine does (the agent's other threads, the storage nodes and the frontend keep to the others).
+    With one, it shares its CPU with the NIC's data movement, and a poller that never sleeps would
+    hold the CPU the PUTs it fires need (measured: milliseconds): it waits on the doorbell, a
+    real-time thread, instead. `shared`: the fast path is a thread of the agent, on the doorbell.
+    """
+    nic = tuple(sorted(set(nic)))
+    if name != "nic":
+        return {"fastpath": "thread", "watcher_busy_poll": "false", "fastpath_cpus": ""}
+    own = len(nic) >= 2
+    return {"fastpath": "process", "watcher_busy_poll": "true" if own else "false",
+            "fastpath_cpus": format_cpus(nic[-1:]) if own else ""}
 
 
 def parse_cpus(text: str) -> tuple[int, ...]:
@@ -80,7 +93,9 @@ def plan(name: str, cpus: Iterable[int] | None = None) -> dict[str, tuple[int, .
                              f"this set has {format_cpus(cpus)}: use placement shared")
         nic = cpus[-max(1, len(cpus) // 4):]
         compute = cpus[:len(cpus) - len(nic)]
-        return {service: (compute if service == "compute" else nic) for service in SERVICES}
+        rest = nic[:-1] if len(nic) >= 2 else nic  # the last NIC CPU is the fast path's alone (agent_settings)
+        given = {"compute": compute, "smartnic": nic}
+        return {service: given.get(service, rest) for service in SERVICES}
     raise ValueError(f"unknown placement {name!r}: one of {', '.join(PLACEMENTS)}")
 
 

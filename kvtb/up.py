@@ -104,11 +104,13 @@ def cpus_env(service: str, plan: dict[str, tuple[int, ...]], config: dict[str, A
     return {variable: placement.format_cpus(plan[service])}
 
 
-def agent_placement_env(name: str, config: dict[str, Any], environ=os.environ) -> dict[str, str]:
-    """The agent's fast path settings for a placement (kvtb.placement.AGENT_SETTINGS), each unless its
+def agent_placement_env(name: str, plan: dict[str, tuple[int, ...]], config: dict[str, Any],
+                        environ=os.environ) -> dict[str, str]:
+    """The agent's fast path settings for a placement (kvtb.placement.agent_settings), each unless its
     environment or config section sets it already."""
     section = config.get("smartnic") or {}
-    return {f"KVTB_SMARTNIC_{field.upper()}": value for field, value in placement.AGENT_SETTINGS[name].items()
+    nic = plan.get("smartnic", ()) if name == "nic" else ()
+    return {f"KVTB_SMARTNIC_{field.upper()}": value for field, value in placement.agent_settings(name, nic).items()
             if not environ.get(f"KVTB_SMARTNIC_{field.upper()}") and field not in section}
 
 
@@ -160,7 +162,7 @@ class Deployment:
 
         def env(service: str, wiring: dict[str, str]) -> dict[str, str]:
             return {**cpus_env(service, self.plan, config), **wiring,
-                    **(agent_placement_env(self.placement, config) if service == "smartnic" else {})}
+                    **(agent_placement_env(self.placement, self.plan, config) if service == "smartnic" else {})}
 
         storage = [self._start(f"storage-{i}", ["storage"],
                                env("storage", storage_env(i, section, self.data_dir, hosts)), 60)

@@ -25,6 +25,7 @@ from fabric.auth import FabricSecurity
 from fabric.nodes import StorageNodes
 from hostmem.block_hash import Salts, stored_prefix
 from hostmem.region import RegionError
+from kvtb import placement
 from kvtb.credentials import Credentials, resolve_dir
 from smartnic import match_action as ma
 from smartnic.admission import Admission
@@ -96,14 +97,19 @@ class Agent:
         self.puts = PutPath(self.datapath, settings.salt, self.stats,
                             lambda name: self.admission.admit(name, self.requester.has), self._put_ended)
         self.fastpath: FastPath | None = None  # settings.fastpath == "process": started by start()
+        thread = settings.fastpath == "thread"
         self.engine = engine_of(settings, self.regions, self.stats, self._handle_data,
-                                fire_block=self.puts.fire if settings.fastpath == "thread" else None)
+                                fire_block=self.puts.fire if thread else None,
+                                watcher_cpus=placement.parse_cpus(settings.fastpath_cpus) if thread else ())
         self._stop = threading.Event()
         self._evict_now = threading.Event()  # a publish took the stored bytes past the high watermark
         self._evictor = threading.Thread(target=self._eviction_loop, name="eviction", daemon=True)
 
     def start(self) -> None:
         """Connect to the storage nodes (rebuilding the hashmap), start the watcher and eviction."""
+        own = set(placement.parse_cpus(self.settings.fastpath_cpus))
+        if own and set(placement.current_cpus()) - own:  # the fast path's CPUs are its watcher's alone
+            placement.pin("smartnic (control plane)", placement.format_cpus(set(placement.current_cpus()) - own))
         self.engine.start()
         self.nodes.start()
         if self.settings.fastpath == "process":
@@ -186,9 +192,9 @@ class Agent:
         return errors
 
     # -- step 1's standing PUTs: a block that filled (fired by its trigger counter; smartnic.put_path)
-    def block_put(self, reg: Registered, block: int, generation: int) -> int | None:
+    def block_put(self, reg: Registered, block: int, generation: int, verdict: str | None = None) -> int | None:
         """Fire a block's standing PUT on this thread (PutPath.fire; the thread fast path's work)."""
-        return self.puts.fire(reg, block, generation)
+        return self.puts.fire(reg, block, generation, verdict)
 
     def _put_ended(self, stored: StoredBlock | None, context_id: str, err: DataError | None) -> None:
         """A standing PUT ended: the block goes into the index (before its PUT-done counter moves)."""

@@ -44,38 +44,59 @@ class PutPath:
     def fire(self, reg: Registered, block: int, generation: int, verdict: str | None = None) -> int | None:
         """Check the block's descriptor and issue its PUT; the descriptor's stamp (0: none), or None when
         no PUT was issued: refused (PUT-done error part bumped, the refusal counted) or not admitted
-        (success part bumped, `puts_skipped`). `verdict`: the compiled poller's check, when it made one
-        ("": passed, else why it refused); the descriptor is decoded and checked here either way."""
+        (success part bumped, `puts_skipped`). `verdict`: the compiled poller's check of the descriptor
+        where it made one ("": passed; else why it refused), None where it did not (checked here). A
+        descriptor the poller passed is decoded, and checked again, on the PUT thread, off the fire's path."""
         L = reg.layout
-        done = L.put_done(block)
         try:
             if verdict:
                 raise descriptor.DescriptorError(verdict)
-            d = descriptor.decode(reg.region.view(*L.descriptor_range(block)), L.block_tokens)
-            if d.generation != generation:
-                raise descriptor.DescriptorError(f"descriptor generation {d.generation}, trigger {generation}")
-            ids = reg.region.view(*L.token_ids_range(block, d.token_count))
-            if d.shared and d.token_count != L.block_tokens:
-                raise descriptor.DescriptorError("only a full block can be shared")
-            if block_hash(d.parent, ids, salt_for(d.tenant, d.user, d.shared)) != d.hash:
-                raise descriptor.DescriptorError("the descriptor's name is not the block's tokens under its owner")
+            if verdict is None:
+                d = self._check(reg, block, generation)
+                name, stamp = d.hash, d.stamp_ns
+            else:
+                d = None
+                name, stamp = descriptor.peek(reg.region.view(*L.descriptor_range(block)))
         except (descriptor.DescriptorError, RegionError, ValueError) as exc:
-            self.stats.inc_kind("errors", "descriptor_refused")
-            logger.warning("block %d of region %d: descriptor refused: %s", block, reg.region_id, exc)
-            self.flush()
-            reg.add(done, error=1)
+            self._refuse(reg, block, exc)
             return None
-        if not self.admit(d.hash):  # first sighting under on_reuse
+        if not self.admit(name):  # first sighting under on_reuse
             self.stats.inc("puts_skipped")
             self.flush()
-            reg.add(done, success=1)  # done as far as the compute node goes: the block is free
+            reg.add(L.put_done(block), success=1)  # done as far as the compute node goes: the block is free
             return None
-        self._thread.submit(self._put, reg, block, d)
-        return d.stamp_ns
+        self._thread.submit(self._put, reg, block, generation, d)
+        return stamp
 
-    def _put(self, reg: Registered, block: int, d: descriptor.Descriptor) -> None:
-        """On the PUT thread: the PUT of a block whose descriptor was accepted."""
+    @staticmethod
+    def _check(reg: Registered, block: int, generation: int) -> descriptor.Descriptor:
+        """The block's descriptor, decoded and checked (DescriptorError, RegionError, ValueError)."""
+        L = reg.layout
+        d = descriptor.decode(reg.region.view(*L.descriptor_range(block)), L.block_tokens)
+        if d.generation != generation:
+            raise descriptor.DescriptorError(f"descriptor generation {d.generation}, trigger {generation}")
+        ids = reg.region.view(*L.token_ids_range(block, d.token_count))
+        if d.shared and d.token_count != L.block_tokens:
+            raise descriptor.DescriptorError("only a full block can be shared")
+        if block_hash(d.parent, ids, salt_for(d.tenant, d.user, d.shared)) != d.hash:
+            raise descriptor.DescriptorError("the descriptor's name is not the block's tokens under its owner")
+        return d
+
+    def _refuse(self, reg: Registered, block: int, exc: Exception) -> None:
+        self.stats.inc_kind("errors", "descriptor_refused")
+        logger.warning("block %d of region %d: descriptor refused: %s", block, reg.region_id, exc)
+        self.flush()
+        reg.add(reg.layout.put_done(block), error=1)
+
+    def _put(self, reg: Registered, block: int, generation: int, d: descriptor.Descriptor | None) -> None:
+        """On the PUT thread: the PUT of a block whose descriptor was accepted (d None: by the compiled
+        poller; decoded and checked again here)."""
         L, done = reg.layout, reg.layout.put_done(block)
+        if d is None:
+            try:
+                d = self._check(reg, block, generation)
+            except (descriptor.DescriptorError, RegionError, ValueError) as exc:
+                return self._refuse(reg, block, exc)
 
         def then(stored: StoredBlock | None, err: DataError | None) -> None:
             try:

@@ -85,6 +85,8 @@ class SmartNicSettings:
     # sleeping, as NIC hardware does (placement `nic`: a core of its own; on shared cores it takes the forward's)
     fastpath: str = "thread"
     watcher_busy_poll: bool = False
+    fastpath_cpus: str = ""                # the fast path process's CPUs ("": the agent's); the agent's
+                                           # own threads leave them (placement nic: a NIC CPU of its own)
     datapath_workers: int = 1             # threads that submit Deletes (completions need none)
     view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
     get_pdu_bytes: int = 2 << 20           # GET asks for larger values in data PDUs of this size (0: whole)
@@ -92,6 +94,7 @@ class SmartNicSettings:
 
     def __post_init__(self) -> None:
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
+        parse_cpus(self.fastpath_cpus)
         nodes = self.storage_nodes
         if isinstance(nodes, str):
             nodes = [n for n in nodes.split(",") if n.strip()]

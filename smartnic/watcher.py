@@ -49,7 +49,7 @@ from kvtb.doorbell import Doorbell
 from smartnic.datapath import ChunkRef
 from hostmem.region import RegionError
 from smartnic.registrations import Registrations, Registered, UnknownRegion
-from smartnic.standing import StandingPuts
+from smartnic.standing import VERDICTS, StandingPuts
 from smartnic.stats import Stats
 from smartnic.triggered import CounterKey, DeferredWorkQueue, Entry
 
@@ -127,13 +127,17 @@ class TriggerEngine:
                  bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 400e-6,
                  fire_block: Callable[[Registered, int, int], int | None] | None = None,
                  poll_s: float = 30e-6, warm_s: float = 2.0, realtime: bool = False, compiled: bool = True,
-                 bell_timeout_s: float = 0.005, busy: bool = False):
+                 bell_timeout_s: float = 0.005, busy: bool = False, check_descriptors: bool = False,
+                 cpus: tuple[int, ...] = ()):
         self.regions, self.stats, self.handle_data = regions, stats, handle_data
         # a standing PUT fired: (registration, block, generation) -> its descriptor's stamp (0: none) once
         # the PUT is issued, None when it was refused
         self.fire_block = fire_block
         self.on_block_fire: list[Callable[[Registered, int, int, int, int], None]] = []  # (reg, block, gen, store ns, fire ns)
         self.spin_s, self.poll_s, self.warm_s, self.max_sleep_s = spin_s, poll_s, warm_s, max(max_sleep_s, poll_s)
+        # the compiled poller checks a fired block's descriptor in C (fire_block then takes its verdict)
+        self.check_descriptors = check_descriptors
+        self.cpus = tuple(cpus)  # the watcher thread's own CPUs (a NIC core of its own); (): its process's
         self.busy = busy  # poll back to back, never sleeping (a NIC core of its own: placement `nic`)
         # asked for: the watcher thread as SCHED_FIFO (`is_realtime`: granted); never for a busy poller,
         # which would then keep every other thread of its core off it
@@ -236,6 +240,9 @@ class TriggerEngine:
     # -- the watcher
     def _run(self) -> None:
         fine_timer_slack()
+        if self.cpus:  # this thread alone: the PUT and I/O threads keep to the process's other CPUs
+            os.sched_setaffinity(0, self.cpus)
+            logger.info("counter watcher: on CPUs %s of its own", ",".join(map(str, self.cpus)))
         if self.realtime:
             self.is_realtime = realtime()
             logger.info("counter watcher: %s", "real-time (SCHED_FIFO 1)" if self.is_realtime
@@ -289,7 +296,8 @@ class TriggerEngine:
         if self._pools[0] != version:
             pools = tuple(reg for reg in self.regions.all() if reg.standing is not None)
             for reg in pools:
-                if self.compiled and not reg.closed and reg.standing.poller is None and reg.standing.start_compiled():
+                if self.compiled and not reg.closed and reg.standing.poller is None and \
+                        reg.standing.start_compiled(check=self.check_descriptors):
                     logger.info("region %d: its %d standing PUTs are polled by the compiled poller, with a doorbell",
                                 reg.region_id, len(reg.standing))
             self._pools = (version, pools)
@@ -308,13 +316,18 @@ class TriggerEngine:
             fired += self._fire_standing(reg, due)
         return fired
 
-    def _fire_standing(self, reg: Registered, due: list[tuple[int, int, int | None]]) -> int:
-        """Issue the PUT of each (block, generation, seen ns) that fired; how many."""
-        for block, generation, seen_ns in due:
+    def _fire_standing(self, reg: Registered, due: list[tuple]) -> int:
+        """Issue the PUT of each (block, generation, seen ns[, verdict, checked ns]) that fired; how many.
+        With the compiled poller's verdict, fire_block is told it (its descriptor was checked in C)."""
+        for fired in due:
+            block, generation, seen_ns = fired[:3]
             seen_ns = seen_ns or time.monotonic_ns()
             self.stats.inc("triggered_fired")
             try:
-                stamp_ns = self.fire_block(reg, block, generation)
+                if len(fired) > 3:
+                    stamp_ns = self.fire_block(reg, block, generation, verdict_text(fired[3]))
+                else:
+                    stamp_ns = self.fire_block(reg, block, generation)
             except Exception:  # a bug must end on the counter, not kill the watcher
                 logger.exception("firing the standing PUT of block %d failed", block)
                 reg.add(reg.layout.put_done(block), error=1)
@@ -387,10 +400,19 @@ class TriggerEngine:
             reg.add(entry.completion.counter, error=1)
 
 
-def engine_of(settings, regions: Registrations, stats, handle_data, fire_block=None) -> TriggerEngine:
-    """The trigger engine a SmartNicSettings asks for."""
+def engine_of(settings, regions: Registrations, stats, handle_data, fire_block=None,
+              watcher_cpus: tuple[int, ...] = ()) -> TriggerEngine:
+    """The trigger engine a SmartNicSettings asks for (watcher_cpus: its watcher thread's own CPUs)."""
     return TriggerEngine(regions, stats, handle_data, settings.queue_bound, settings.watcher_spin_us * 1e-6,
                          settings.watcher_max_sleep_us * 1e-6, fire_block=fire_block,
                          poll_s=settings.watcher_poll_us * 1e-6, warm_s=settings.watcher_warm_ms * 1e-3,
                          realtime=settings.watcher_realtime, compiled=settings.watcher_compiled,
-                         bell_timeout_s=settings.watcher_bell_timeout_ms * 1e-3, busy=settings.watcher_busy_poll)
+                         bell_timeout_s=settings.watcher_bell_timeout_ms * 1e-3, busy=settings.watcher_busy_poll,
+                         check_descriptors=fire_block is not None, cpus=watcher_cpus)
+
+
+def verdict_text(code: int) -> str:
+    """The compiled poller's verdict as fire_block takes it: "" passed, else why it refused."""
+    if not code:
+        return ""
+    return VERDICTS[code] if 0 < code < len(VERDICTS) else f"refused by the compiled check (code {code})"

@@ -53,7 +53,7 @@ class FastPath:
         self._replies: dict[int, tuple[threading.Event, list]] = {}
         self._ids = itertools.count(1)
         self._closed = False
-        self.pid, self.compiled = self.proc.pid, False
+        self.pid, self.compiled, self.watcher_tid = self.proc.pid, False, 0
         try:
             self._send((p.SETTINGS, settings))
             if not self.conn.poll(START_TIMEOUT_S):
@@ -61,7 +61,7 @@ class FastPath:
             message = self.conn.recv()
             if message[0] != p.READY:
                 raise FastPathError(f"the fast path process said {message[0]!r} before it was ready")
-            self.pid, self.compiled = message[1], bool(message[2])
+            self.pid, self.compiled, self.watcher_tid = message[1], bool(message[2]), int(message[3])
         except (EOFError, OSError, FastPathError) as exc:
             self._kill()
             raise FastPathError(f"fast path process: {exc or 'it exited'}") from exc

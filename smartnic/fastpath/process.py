@@ -20,6 +20,7 @@ from fabric.auth import FabricSecurity
 from fabric.nodes import StorageNodes
 from hostmem.layout_proto import layout_to_proto
 from kvtb.credentials import Credentials, resolve_dir
+from kvtb import placement
 from kvtb.logs import setup_logging
 from smartnic.admission import Admission
 from smartnic.datapath import Datapath, DataError
@@ -32,6 +33,7 @@ from smartnic.watcher import engine_of
 
 logger = logging.getLogger("smartnic.fastpath")
 
+SWITCH_INTERVAL_S = 50e-6
 FLUSH_S = 0.02  # forwarded statistics wait at most this long (a PUT's end sends them at once)
 _PR_SET_PDEATHSIG = 1
 
@@ -64,7 +66,8 @@ class FastPathProcess:
         # the control plane's index says what is stored; here a block is admitted on its own sightings
         admission = Admission(settings.admission, settings.admission_max_names)
         self.puts = PutPath(self.datapath, settings.salt, self.stats, admission.admit, self._stored, self.flush)
-        self.engine = engine_of(settings, self.regions, self.stats, self._no_data, fire_block=self.puts.fire)
+        self.engine = engine_of(settings, self.regions, self.stats, self._no_data, fire_block=self.puts.fire,
+                                watcher_cpus=placement.parse_cpus(settings.fastpath_cpus))
         self.engine.on_block_fire.append(
             lambda reg, block, gen, store_ns, fire_ns: self.stats.fired(reg.region_id, block, gen, store_ns, fire_ns))
 
@@ -89,7 +92,7 @@ class FastPathProcess:
     def serve(self) -> int:
         self.nodes.start()
         self.engine.start()
-        self.send((p.READY, os.getpid(), self.engine.compiled))
+        self.send((p.READY, os.getpid(), self.engine.compiled, self.engine._thread.native_id))
         try:
             while True:
                 if self.conn.poll(FLUSH_S):
@@ -135,10 +138,16 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or not argv[0].isdigit():
         print("usage: python -m smartnic.fastpath FD (spawned by the SmartNIC agent)", file=sys.stderr)
         return 2
+    # a fired block waits for the interpreter lock behind the PUT and I/O threads at most this long (5 ms
+    # by default: a thread that wants the lock asks its holder to drop it only after the interval)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     conn = multiprocessing.connection.Connection(int(argv[0]))
     kind, settings = conn.recv()
     if kind != p.SETTINGS or not isinstance(settings, SmartNicSettings):
         print("smartnic.fastpath: the first message must be the settings", file=sys.stderr)
         return 2
     setup_logging("smartnic-fastpath", bool(os.environ.get("KVTB_LOG_JSON")))
+    own, inherited = set(placement.parse_cpus(settings.fastpath_cpus)), set(placement.current_cpus())
+    if own and inherited - own:  # before any thread starts: the watcher alone on its own CPUs, the rest not
+        placement.pin("smartnic-fastpath (PUT and I/O threads)", placement.format_cpus(inherited - own))
     return FastPathProcess(conn, settings).serve()

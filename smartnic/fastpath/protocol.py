@@ -9,7 +9,7 @@ control plane → fast path:
     (DEREGISTER, request id, region id)
     (STOP,)
 fast path → control plane:
-    (READY, pid, compiled: bool)                            after SETTINGS, once connected
+    (READY, pid, compiled: bool, the watcher thread's id)  after SETTINGS, once connected
     (REPLY, request id, error message or None)
     (STATS, [op, ...])      forwarded statistics, in order: ("inc", name, n), ("kind", group, kind, n),
                             ("latency", µs), ("fired", region id, block, generation, store ns, fire ns)

@@ -42,10 +42,11 @@ def test_the_stack_file_pins_through_the_environment_only():
 def test_placement_script_assigns_each_section_its_plan():
     module = _placement_module()
     assert module.assignments("nic", "0-15") == {
-        "KVTB_STORAGE_CPUS": "12-15", "KVTB_SMARTNIC_CPUS": "12-15", "KVTB_COMPUTE_CPUS": "0-11",
-        "KVTB_FRONTEND_CPUS": "12-15", "KVTB_SMARTNIC_FASTPATH": "process", "KVTB_SMARTNIC_WATCHER_BUSY_POLL": "true"}
+        "KVTB_STORAGE_CPUS": "12-14", "KVTB_SMARTNIC_CPUS": "12-15", "KVTB_COMPUTE_CPUS": "0-11",
+        "KVTB_FRONTEND_CPUS": "12-14", "KVTB_SMARTNIC_FASTPATH": "process", "KVTB_SMARTNIC_WATCHER_BUSY_POLL": "true",
+        "KVTB_SMARTNIC_FASTPATH_CPUS": "15"}
     shared = module.assignments("shared", "0-1")
-    assert {v for k, v in shared.items() if k.endswith("_CPUS")} == {"0-1"}
+    assert {v for k, v in shared.items() if k.endswith("_CPUS") and "FASTPATH" not in k} == {"0-1"}
     assert shared["KVTB_SMARTNIC_FASTPATH"] == "thread" and shared["KVTB_SMARTNIC_WATCHER_BUSY_POLL"] == "false"
     with pytest.raises(ValueError, match="at least 2 CPUs"):
         module.assignments("nic", "3")
@@ -56,7 +57,8 @@ def test_placement_script_prints_what_make_up_passes_to_compose(capsys):
     assert module.main(["nic", "--cpus", "0-1"]) == 0
     assert capsys.readouterr().out.split() == ["KVTB_STORAGE_CPUS=1", "KVTB_SMARTNIC_CPUS=1",
                                                "KVTB_COMPUTE_CPUS=0", "KVTB_FRONTEND_CPUS=1",
-                                               "KVTB_SMARTNIC_FASTPATH=process", "KVTB_SMARTNIC_WATCHER_BUSY_POLL=true"]
+                                               "KVTB_SMARTNIC_FASTPATH=process", "KVTB_SMARTNIC_WATCHER_BUSY_POLL=false",
+                                               "KVTB_SMARTNIC_FASTPATH_CPUS="]
     assert module.main(["nic", "--cpus", "5"]) == 2
     assert "at least 2 CPUs" in capsys.readouterr().err
 

@@ -50,7 +50,17 @@ def test_nic_on_two_cpus_is_one_and_one():
 def test_nic_on_eight_cpus_gives_the_nic_the_last_quarter():
     p = plan("nic", range(8))
     assert p["compute"] == (0, 1, 2, 3, 4, 5)
-    assert p["smartnic"] == p["storage"] == p["frontend"] == (6, 7)
+    assert p["smartnic"] == (6, 7)  # the agent's set holds its fast path's CPU (7), which nothing else gets
+    assert p["storage"] == p["frontend"] == (6,)
+    assert placement.agent_settings("nic", p["smartnic"]) == {
+        "fastpath": "process", "watcher_busy_poll": "true", "fastpath_cpus": "7"}
+
+
+def test_a_fast_path_polls_without_sleeping_only_on_a_cpu_of_its_own():
+    assert placement.agent_settings("nic", (1,)) == {"fastpath": "process", "watcher_busy_poll": "false",
+                                                      "fastpath_cpus": ""}
+    assert placement.agent_settings("shared", (0, 1)) == {"fastpath": "thread", "watcher_busy_poll": "false",
+                                                           "fastpath_cpus": ""}
     p = plan("nic", range(16))
     assert format_cpus(p["compute"]) == "0-11" and format_cpus(p["smartnic"]) == "12-15"
     assert plan("nic", (2, 4, 9))["smartnic"] == (9,)  # the last of the set, not of the machine

@@ -69,14 +69,15 @@ def deployment(tmp_path, monkeypatch):
 def test_nic_gives_the_nic_services_the_last_quarter(deployment):
     dep = deployment("nic")
     assert dep.placement == "nic"
-    assert dep.cpus() == {"storage-0": "6-7", "storage-1": "6-7", "smartnic": "6-7", "compute": "0-5",
-                          "frontend": "6-7"}
+    assert dep.cpus() == {"storage-0": "6", "storage-1": "6", "smartnic": "6-7", "compute": "0-5",
+                          "frontend": "6"}
     compute = next(p for p in dep.procs if p.name == "compute")
     assert compute.given["KVTB_COMPUTE_CPUS"] == "0-5"
     assert "KVTB_COMPUTE_AGENT_ADDRESS" in compute.given  # the wiring is still there
     assert dep.torch_threads() == 6
     agent = next(p for p in dep.procs if p.name == "smartnic")  # the NIC's fast path: its own process, polling
-    assert (agent.given["KVTB_SMARTNIC_FASTPATH"], agent.given["KVTB_SMARTNIC_WATCHER_BUSY_POLL"]) == ("process", "true")
+    assert (agent.given["KVTB_SMARTNIC_FASTPATH"], agent.given["KVTB_SMARTNIC_WATCHER_BUSY_POLL"],
+            agent.given["KVTB_SMARTNIC_FASTPATH_CPUS"]) == ("process", "true", "7")
 
 
 def test_shared_gives_every_service_every_cpu(deployment):
