@@ -7,6 +7,12 @@ each study's page and sets every claims table side by side; OUT/all.json holds e
 `--readme FILE` writes the headline table between FILE's summary markers: every figure in it
 comes from this one run, whose commit and command the block names. A study that fails is
 reported with its error (its rows say `failed`), never left out.
+
+CPU placement (kvtb.placement): `bench ttft` runs every placement of its `--placements` side by
+side (by default `shared nic` on 2 CPUs or more), and is where the placement matters most (a
+restore against a resident context, the NIC's work beside the forward's); the studies run once,
+in one placement (`--placement`, shared by default), so that placing them does not double the
+run. `--placements P...` passes P to `bench ttft` and the first of them to every study.
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ from bench.results import (
 )
 from bench.study.report import claims_table
 from kvtb.launch import kvtb_argv
+from kvtb.placement import PLACEMENTS
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +79,14 @@ NAMES = tuple(s.name for s in STEPS)
 
 # -- running ---------------------------------------------------------------------------------------------
 
+def placement_args(step: Step, placements: list[str] | None) -> list[str]:
+    """The placement arguments of a step: the benchmark (ttft) runs every placement asked for side by
+    side, a study the first; none asked for: each its default (ttft both where it can, studies shared)."""
+    if not placements:
+        return []
+    return ["--placements", *placements] if step.words[0] == "bench" else ["--placement", placements[0]]
+
+
 def run_step(step: Step, argv: list[str], timeout_s: float) -> dict:
     """Run one step; {name, argv, exit_code, seconds, result (its JSON) or error}."""
     start = time.monotonic()
@@ -105,10 +120,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     with progress_for(args, len(steps), "study all") as progress:
         for step in steps:
             progress.update(0, note=step.name)
-            entries.append(run_step(step, step.argv(mode, out, args.keep_data), TIMEOUT_S[mode]))
+            step_argv = step.argv(mode, out, args.keep_data) + placement_args(step, args.placements)
+            entries.append(run_step(step, step_argv, TIMEOUT_S[mode]))
             progress.update(note=f"{step.name} {'failed' if entries[-1].get('error') else 'done'}")
     return {"study": "all", "mode": mode, "command": shlex.join(["kvtb", "study", "all", *argv]),
             "machine": machine, "seconds": time.monotonic() - start, "steps": entries,
+            "placements": args.placements or "each step's default",
             "ratios": {f"{e['name']}.{k}": v for e in entries if e.get("result")
                        for k, v in (e["result"].get("ratios") or {}).items()},
             "failed": [{"part": e["name"], "error": e["error"]} for e in entries if e.get("error")]}
@@ -123,6 +140,7 @@ def _rows_of(entry: dict) -> list[dict]:
         from bench import suite
         rows = [{"question": q, "measured": v, "target": t}
                 for q, v, t, _ in suite.headline_rows({"ttft": result})] if result else []
+        rows += placement_rows(result)
         if not rows:
             rows = [{"question": h.question, "measured": "", "target": h.target}
                     for h in suite.HEADLINES if h.bench == "ttft"]
@@ -138,6 +156,23 @@ def _rows_of(entry: dict) -> list[dict]:
         for row in rows:
             if not row["measured"] or entry.get("result") is None:
                 row["measured"] = f"failed: {entry['error'][:300]}"
+    return rows
+
+
+def placement_rows(result: dict | None) -> list[dict]:
+    """bench ttft's restore / resident at 2,048 tokens in each placement it ran, when it ran more
+    than one, and nic / shared."""
+    ratios = (result or {}).get("ratios") or {}
+    by = ((result or {}).get("results") or {}).get("by_placement") or {}
+    if len(by) < 2:
+        return []
+    key = "restore_vs_resident_2048"
+    rows = [{"question": f"Follow-up TTFT, restored / resident, 2,048-token context, placement {name}",
+             "measured": f"{ratios[f'{key}@{name}']:.2f}" if f"{key}@{name}" in ratios else "",
+             "target": "at most 1.05 (issue 30)" if name == "nic" else "at most 1.1"} for name in by]
+    if f"{key}@nic_vs_shared" in ratios:
+        rows.append({"question": "Follow-up TTFT restored / resident at 2,048 tokens, nic / shared",
+                     "measured": f"{ratios[f'{key}@nic_vs_shared']:.2f}", "target": "-"})
     return rows
 
 
@@ -233,6 +268,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--keep-data", action="store_true", help="keep the services' data and logs")
     parser.add_argument("--only", nargs="+", choices=NAMES, help="run only these")
     parser.add_argument("--skip", nargs="+", choices=NAMES, default=[], help="leave these out")
+    parser.add_argument("--placements", nargs="+", choices=PLACEMENTS, metavar="PLACEMENT",
+                        help="CPU placements: bench ttft runs them all side by side, each study the first "
+                             "(default: bench ttft's own default, shared nic on 2 CPUs or more; studies shared)")
     parser.add_argument("--readme", type=Path, metavar="FILE",
                         help="also write the headline table into FILE, between its summary markers")
     return parser.parse_args(argv)

@@ -604,8 +604,10 @@ FIRST_MESSAGE = "Please give me a short recipe for cheesecake."
 FOLLOW_UP = "Only give temperatures in °C from now on. What temperature should I set the oven to?"
 
 
-def measure_turn(directory: Path, smoke: bool, max_new_tokens: int, keep_data: bool) -> dict:
-    """A first turn and a follow-up through the whole stack (policy triggered); their records."""
+def measure_turn(directory: Path, smoke: bool, max_new_tokens: int, keep_data: bool,
+                 placement: str = "shared") -> dict:
+    """A first turn and a follow-up through the whole stack (policy triggered, started in `placement`);
+    their records."""
     from bench.stack import Stack, bench_config
     from chat_client.client import FrontendClient
 
@@ -614,7 +616,7 @@ def measure_turn(directory: Path, smoke: bool, max_new_tokens: int, keep_data: b
         compute["model_cache_dir"] = str(cached_tiny_model())
     config = bench_config(users=1, max_new_tokens=max_new_tokens, pool_tokens=4096, max_context_tokens=2048,
                           compute=compute)
-    with Stack(directory / "fig2", config, policy="triggered", keep_data=keep_data) as stack:
+    with Stack(directory / "fig2", config, policy="triggered", keep_data=keep_data, placement=placement) as stack:
         client = FrontendClient(stack.frontend, stack.token("u0"))
         try:
             client.wait_ready(30)
@@ -951,6 +953,9 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
         "sizes_bytes": args.sizes, "repeats": args.repeats, "largest_fit_bytes": args.largest_fit,
         "block_tokens": BLOCK_TOKENS, "token_kv_bytes": TOKEN_KV_BYTES, "kv_parts": NUM_LAYERS,
         "fabric_security": "auth", "kv_mac": True, "storage_fsync": True,
+        # --placement places Fig. 2's stack; the transfer rig (Figs. 5-7: the agent in this process,
+        # the compute process of its own) runs unpinned, on every CPU, whatever the placement
+        "placement_applies_to": "fig2 turn",
         "max_new_tokens": args.max_new_tokens,
         "turn_model": "tiny random (smoke)" if args.smoke else "SmolLM2-135M-Instruct"})
     out = Path(args.out)
@@ -964,7 +969,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
         with Progress(total, "study paper", enabled=not args.json) as progress:
             started = time.monotonic()
             turn = run_part(study, "fig2 turn",
-                            lambda: measure_turn(directory, args.smoke, args.max_new_tokens, args.keep_data))
+                            lambda: measure_turn(directory, args.smoke, args.max_new_tokens, args.keep_data,
+                                                 args.placement))
             progress.update(note="Fig. 2 turn")
             parts_s["fig2 turn"] = time.monotonic() - started
             started = time.monotonic()

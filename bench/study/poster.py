@@ -695,7 +695,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
         compute["model_cache_dir"] = smoke_model
     config = bench_config(pool_tokens=4096, compute=compute)
     progress = Progress(count_runs(m), "poster", enabled=not args.json)
-    with Stack(services_dir(args, "poster"), config, policy="triggered", keep_data=args.keep_data) as stack, progress:
+    with Stack(services_dir(args, "poster"), config, policy="triggered", keep_data=args.keep_data,
+               placement=args.placement) as stack, progress:
         runner = Runner(stack, smoke_model, progress)
         try:
             points = Points(study, runner, progress)

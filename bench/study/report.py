@@ -1,7 +1,8 @@
 """What every study shares: its options, its JSON contract, its claims, its failures and its page.
 
 A study's result is one JSON object: `study`, `mode` (full, quick or smoke), `machine`,
-`settings`, `results`, `claims` (a list of {figure, claim, measured, agrees, why}), `ratios`
+`settings` (with the `placement` its services ran in: `--placement shared|nic`, each stack started
+in it; the machine record says each service's CPUs), `results`, `claims` (a list of {figure, claim, measured, agrees, why}), `ratios`
 (figures measured side by side in the same run), `plots`, `failed` (a part that raised: its name
 and error, never left out silently) and `elapsed_s`. `finish` writes OUT/results.json and
 OUT/README.md (the page: the seed's claims beside ours, the ratios, the plots, the failures) and
@@ -17,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.results import emit_json, machine_info, setup_logging, stop_on_sigterm, write_json
+from bench.results import emit_json, machine_info, placement_info, setup_logging, stop_on_sigterm, write_json
+from kvtb.placement import PLACEMENTS
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +27,7 @@ MODES = ("full", "quick", "smoke")
 
 
 def add_study_args(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    """--json, --out DIR (default out/study/NAME), --quick, --smoke and --keep-data."""
+    """--json, --out DIR (default out/study/NAME), --quick, --smoke, --keep-data and --placement."""
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the page")
     parser.add_argument("--out", type=Path, default=Path("out") / "study" / name,
                         help=f"output directory (default out/study/{name})")
@@ -34,6 +36,9 @@ def add_study_args(parser: argparse.ArgumentParser, name: str) -> argparse.Argum
     mode.add_argument("--smoke", action="store_true", help="a tiny random model and tiny sizes: seconds")
     parser.add_argument("--keep-data", action="store_true",
                         help="keep the services' data and logs in OUT/services (default: a temp dir)")
+    parser.add_argument("--placement", choices=PLACEMENTS, default="shared",
+                        help="the CPU placement the study's services run in (kvtb.placement; default shared; "
+                             "nic: the agent, storage and frontend on the NIC's cores, the compute node on the rest)")
     return parser
 
 
@@ -43,7 +48,8 @@ def mode_of(args: argparse.Namespace) -> str:
 
 def new_study(name: str, args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
     """The skeleton of a study's JSON, to fill in."""
-    return {"study": name, "mode": mode_of(args), "machine": machine_info(), "settings": dict(settings),
+    settings = {**settings, "placement": getattr(args, "placement", "shared")}
+    return {"study": name, "mode": mode_of(args), "machine": machine_info(), "settings": settings,
             "results": {}, "claims": [], "ratios": {}, "plots": [], "failed": [],
             "_started": time.monotonic()}
 
@@ -94,6 +100,15 @@ def claims_table(claims: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def placement_text(record: Any) -> str:
+    """'placement nic (compute 0, frontend 1, smartnic 1, storage 1; torch threads 1)'."""
+    if not isinstance(record, dict):
+        return "placement not recorded"
+    cpus = ", ".join(f"{service} {c or 'all'}" for service, c in sorted((record.get("cpus") or {}).items()))
+    threads = f"; torch threads {record['torch_threads']}" if record.get("torch_threads") else ""
+    return f"placement {record.get('name')} ({cpus}{threads})"
+
+
 def page(study: dict, title: str, intro: str, body: str = "") -> str:
     """The study's Markdown page: what it is, where and how it ran, the claims, ratios, plots, failures."""
     m = study["machine"]
@@ -101,7 +116,7 @@ def page(study: dict, title: str, intro: str, body: str = "") -> str:
              f"Run: `{study.get('command', 'kvtb study ' + study['study'])}` ({study['mode']} mode), commit "
              f"`{(m.get('git_commit') or 'unknown')[:12]}`, {m.get('time_utc')}, on {m.get('cores')} cores of "
              f"{m.get('cpu_model')} (load average {m.get('load_average_1m')}), torch {m.get('torch')}; "
-             f"{study.get('elapsed_s', 0):.0f} s.", "",
+             f"{study.get('elapsed_s', 0):.0f} s; {placement_text(m.get('placement'))}.", "",
              "## The seed's claims beside ours", "", claims_table(study["claims"]), ""]
     if study["ratios"]:
         lines += ["## Ratios (measured side by side in this run)", "", "| ratio | value |", "| --- | --- |"]
@@ -125,6 +140,8 @@ def finish(args: argparse.Namespace, study: dict, title: str, intro: str, body: 
     """Write OUT/results.json and OUT/README.md; print one JSON line (--json) or the page.
     Exit status 1 when a part failed (the result still says everything that was measured)."""
     study["elapsed_s"] = time.monotonic() - study.pop("_started", time.monotonic())
+    if isinstance(study.get("machine"), dict):  # the stacks started after new_study made the record
+        study["machine"]["placement"] = placement_info()
     study["plots"] = [str(p) for p in study["plots"] if p]
     study["page"] = str(Path(args.out) / "README.md")
     write_json(args.out, "results.json", study)

@@ -645,7 +645,8 @@ def run_levels(study: dict, args) -> None:
 
 def run_stack(study: dict, args, config: dict, services: Path, all_users: list[str]) -> None:
     total = args.requests_per_client * sum(args.levels)
-    with Stack(services / "stack", config, policy=args.policy, keep_data=args.keep_data) as stack, \
+    with Stack(services / "stack", config, policy=args.policy, keep_data=args.keep_data,
+               placement=args.placement) as stack, \
             progress_for(args, total, NAME) as progress:
         base_url = "http://" + stack.address("frontend", "http")
         model = warm_up(base_url, stack.token(all_users[0]), args.max_tokens)

@@ -78,3 +78,26 @@ def test_smoke_writes_the_report_and_the_readme_table(tmp_path):
     text = readme.read_text()
     assert "old" not in text and "`kvtb study eviction --smoke`" in text
     assert "| figure | the seed's claim |" in (out / "README.md").read_text()
+
+
+def test_placements_go_to_bench_ttft_all_and_to_each_study_the_first():
+    ttft = next(s for s in study_all.STEPS if s.name == "ttft")
+    poster = next(s for s in study_all.STEPS if s.name == "poster")
+    assert study_all.placement_args(ttft, None) == [] and study_all.placement_args(poster, None) == []
+    assert study_all.placement_args(ttft, ["shared", "nic"]) == ["--placements", "shared", "nic"]
+    assert study_all.placement_args(poster, ["shared", "nic"]) == ["--placement", "shared"]
+    assert study_all.placement_args(poster, ["nic"]) == ["--placement", "nic"]
+    assert study_all.parse_args(["--placements", "shared", "nic"]).placements == ["shared", "nic"]
+    with pytest.raises(SystemExit):
+        study_all.parse_args(["--placements", "numa"])
+
+
+def test_ttft_in_both_placements_gets_a_row_for_each_and_nic_over_shared():
+    result = {"ratios": {"recompute_vs_restore_2048": 7.5, "restore_vs_resident_2048": 1.17,
+                         "restore_vs_resident_2048@shared": 1.17, "restore_vs_resident_2048@nic": 1.04,
+                         "restore_vs_resident_2048@nic_vs_shared": 1.04 / 1.17},
+              "results": {"by_placement": {"shared": {}, "nic": {}}}}
+    table = study_all.headline_table(report(entry("ttft", result)))
+    assert "| Follow-up TTFT, restored / resident, 2,048-token context, placement nic | 1.04 | at most 1.05" in table
+    assert "placement shared | 1.17 |" in table and "nic / shared | 0.89 |" in table
+    assert study_all.placement_rows({"ratios": {}, "results": {"by_placement": {"shared": {}}}}) == []

@@ -205,7 +205,10 @@ def test_smoke_run_keeps_the_json_contract(tmp_path):
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
     out = tmp_path / "out"
-    done = subprocess.run(kvtb_argv("study", "scalellm", "--smoke", "--json", "--out", str(out)),
+    from kvtb.placement import current_cpus, formatted, plan
+    placement = "nic" if len(current_cpus()) >= 2 else "shared"  # the study's stack started in it
+    done = subprocess.run(kvtb_argv("study", "scalellm", "--smoke", "--json", "--out", str(out),
+                                    "--placement", placement),
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TMPDIR": str(tmpdir)})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -215,6 +218,9 @@ def test_smoke_run_keeps_the_json_contract(tmp_path):
     assert study["study"] == "scalellm" and study["mode"] == "smoke" and study["failed"] == []
     assert study == json.loads((out / "results.json").read_text())
     assert (out / "README.md").read_text().startswith("# ScaleLLM")
+    assert study["settings"]["placement"] == placement == study["machine"]["placement"]["name"]
+    assert study["machine"]["placement"]["cpus"] == formatted(plan(placement))
+    assert f"placement {placement} (compute {formatted(plan(placement))['compute']}" in (out / "README.md").read_text()
     s = study["settings"]
     assert s["levels"] == [1, 2] and s["max_tokens"] == 4 and s["timeout_s"] == 60.0
     levels = study["results"]["levels"]
