@@ -36,7 +36,7 @@ from smartnic.requester import Requester, StoredBlock
 from smartnic.settings import SmartNicSettings
 from smartnic.stats import Stats
 from smartnic.triggered import Entry
-from smartnic.fastpath.client import FastPath, FastPathError
+from smartnic.fastpath.client import GONE, FastPath, FastPathError
 from smartnic.put_path import PutPath
 from smartnic.watcher import DataWork, engine_of
 
@@ -344,10 +344,32 @@ class Agent:
                 self._block_ended(restore, None, error)
             else:
                 fetched.append((b, stored))
+        if self.fastpath is not None:  # the GETs land in the fast path's process (its counters bumped there)
+            self._restore_in_fastpath(reg, restore, fetched, groups)
+            return restore
         self.datapath.restore(reg.region, [(s, L.chunk_runs(b.block, b.token_count)) for b, s in fetched], groups,
                               lambda i, g, err: self._group_landed(reg, fetched[i][0], g, err),
                               lambda i, err: self._block_ended(restore, fetched[i][1], err))
         return restore
+
+    def _restore_in_fastpath(self, reg: Registered, restore: Restore, fetched: list, groups: list) -> None:
+        """Hand the GETs to the fast path's process; each block's end comes back to _block_ended. A block the
+        process could not end (it exited) has its every group's counter bumped here, as an error."""
+        L = reg.layout
+
+        def on_end(i: int, kind: str | None, message: str) -> None:
+            block, stored = fetched[i]
+            err = None if kind is None else DataError(kind, message)
+            if kind == GONE:
+                for group in range(L.layer_groups):
+                    self._group_landed(reg, block, group, err)
+            self._block_ended(restore, stored, err)
+        try:
+            self.fastpath.restore(reg.region_id, [(s, L.chunk_runs(b.block, b.token_count), b.block) for b, s in fetched],
+                                  groups, on_end)
+        except FastPathError as exc:
+            for i in range(len(fetched)):
+                on_end(i, GONE, str(exc))
 
     def _group_landed(self, reg: Registered, block: RestoreBlock, group: int, err: DataError | None) -> None:
         """Step 7 for one layer group of one block: its completion counter, success or error part."""

@@ -30,6 +30,9 @@ REQUEST_TIMEOUT_S = 15.0  # a registration: the child maps the region and arms i
 MAX_MESSAGE_BYTES = 64 << 20  # a report larger than this is a bug: the connection is dropped
 
 
+GONE = "fastpath_gone"  # a restore's block ended because the child exited: its counters did not move
+
+
 class FastPathError(RuntimeError):
     """The fast path process did not start, or did not answer."""
 
@@ -41,6 +44,9 @@ class FastPath:
                  on_stored: Callable[[StoredBlock | None, str, str | None, str], None],
                  on_fired: Callable[[int, int, int, int, int], None]):
         self.stats, self.on_stored, self.on_fired = stats, on_stored, on_fired
+        # restore id -> (on a block's end, the blocks not ended yet)
+        self._restores: dict[int, tuple[Callable[[int, str | None, str], None], set[int]]] = {}
+        self._restore_ids = itertools.count(1)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conn = multiprocessing.connection.Connection(ours.detach())
         child_fd = theirs.detach()
@@ -103,6 +109,34 @@ class FastPath:
     def deregister(self, region_id: int) -> None:
         self._request((p.DEREGISTER, region_id))
 
+    def restore(self, region_id: int, blocks: list, groups: list, on_end: Callable[[int, str | None, str], None]) -> None:
+        """GET (StoredBlock, runs, pool block) each into the region in the child (its counters bumped there);
+        on_end(i, error kind or None, message) once block i's every group was reported."""
+        if not blocks:
+            return
+        restore = next(self._restore_ids)
+        self._restores[restore] = (on_end, set(range(len(blocks))))
+        try:
+            self._send((p.RESTORE, restore, region_id, blocks, groups))
+        except OSError as exc:
+            self._restores.pop(restore, None)
+            raise FastPathError(f"the fast path process is gone: {exc}") from exc
+
+    def _ended(self, restore: int, i: int, kind: str | None, message: str) -> None:
+        entry = self._restores.get(restore)
+        if entry is None or i not in entry[1]:
+            return
+        entry[1].discard(i)
+        if not entry[1]:
+            self._restores.pop(restore, None)
+        entry[0](i, kind, message)
+
+    def _abandon_restores(self) -> None:
+        """The child is gone: every block of a restore not ended ends as GONE (its counters did not move)."""
+        for restore, (on_end, left) in list(self._restores.items()):
+            for i in sorted(left):
+                self._ended(restore, i, GONE, "the fast path process exited during the restore")
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -119,6 +153,7 @@ class FastPath:
                 if not self._closed:
                     logger.error("the fast path process's connection ended: %s", exc)
                     self._closed = True
+                self._abandon_restores()
         return n
 
     def _read_loop(self) -> None:
@@ -132,6 +167,8 @@ class FastPath:
             elif not self.alive() and not self._closed:
                 logger.error("the fast path process exited (code %s): standing PUTs no longer fire",
                              self.proc.returncode)
+                self.drain()
+                self._abandon_restores()
                 return
 
     def _handle(self, raw: bytes) -> None:
@@ -144,6 +181,8 @@ class FastPath:
         elif kind == p.STORED:
             _, context_id, stored, error_kind, error_message = message
             self.on_stored(stored, context_id, error_kind, error_message)
+        elif kind == p.ENDED:
+            self._ended(*message[1:])
         elif kind == p.REPLY:
             waiting = self._replies.get(message[1])
             if waiting is not None:

@@ -115,6 +115,8 @@ class FastPathProcess:
                 self.regions.register(name, size, "fastpath", counter_offset, counter_count,
                                       layout_to_proto(layout) if layout is not None else None, region_id=region_id)
                 self.engine.wake()
+            elif kind == p.RESTORE:
+                return self.restore(*message[1:])
             elif kind == p.DEREGISTER:
                 self.engine.flush(message[2])
                 self.regions.deregister(message[2], "fastpath")
@@ -124,6 +126,37 @@ class FastPathProcess:
             logger.warning("%s failed: %s", kind, exc)
             error = f"{type(exc).__name__}: {exc}"
         self.send((p.REPLY, request, error))
+
+    def restore(self, restore_id: int, region_id: int, blocks: list, groups: list) -> None:
+        """Steps 6 and 7 for the control plane: GET each block layer group by layer group into its pool
+        block; each group's GET-done counter is bumped here as it lands and checks out; each block's end is
+        reported (ENDED) after its last counter moved. No reply: every block ends, with an error if need be."""
+        try:
+            reg = self.regions.get(region_id)
+        except LookupError as exc:
+            for i in range(len(blocks)):
+                self.send((p.ENDED, restore_id, i, "bounds", str(exc)))
+            return
+
+        left = set(range(len(blocks)))
+        reported: dict[int, set[int]] = {}
+
+        def landed(i: int, group: int, err: DataError | None) -> None:
+            reported.setdefault(i, set()).add(group)
+            if not reg.closed:
+                reg.add(reg.layout.get_done(blocks[i][2], group), success=int(err is None), error=int(err is not None))
+
+        def ended(i: int, err: DataError | None) -> None:
+            left.discard(i)
+            self.send((p.ENDED, restore_id, i, err.kind if err else None, str(err) if err else ""))
+        try:
+            self.datapath.restore(reg.region, [(stored, runs) for stored, runs, _ in blocks], groups, landed, ended)
+        except Exception as exc:  # noqa: BLE001 - a bug ends every block not ended yet on its counters
+            logger.exception("restore %d failed", restore_id)
+            for i in sorted(left):
+                for group in set(range(len(groups))) - reported.get(i, set()):
+                    landed(i, group, DataError("internal", str(exc)))
+                ended(i, DataError("internal", str(exc)))
 
     def close(self) -> None:
         self.engine.stop()

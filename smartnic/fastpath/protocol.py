@@ -7,6 +7,8 @@ control plane → fast path:
     (SETTINGS, SmartNicSettings)                            the first message
     (REGISTER, request id, region id, shm name, size, counter offset, counter count, layout bytes)
     (DEREGISTER, request id, region id)
+    (RESTORE, restore id, region id, [(StoredBlock, runs, pool block)], groups)   steps 6 and 7: GETs land
+                            in the region here, each block's layer group bumps its GET-done counter here
     (STOP,)
 fast path → control plane:
     (READY, pid, compiled: bool, the watcher thread's id)  after SETTINGS, once connected
@@ -15,14 +17,16 @@ fast path → control plane:
                             ("latency", µs), ("fired", region id, block, generation, store ns, fire ns)
     (STORED, context id, StoredBlock or None, error kind or None, error message)
                             a PUT ended; sent before its PUT-done counter moves
+    (ENDED, restore id, index, error kind or None, error message)
+                            every layer group of a restore's block was reported (its counters moved)
 """
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
-SETTINGS, REGISTER, DEREGISTER, STOP = "settings", "register", "deregister", "stop"
-READY, REPLY, STATS, STORED = "ready", "reply", "stats", "stored"
+SETTINGS, REGISTER, DEREGISTER, RESTORE, STOP = "settings", "register", "deregister", "restore", "stop"
+READY, REPLY, STATS, STORED, ENDED = "ready", "reply", "stats", "stored", "ended"
 MAX_PENDING_OPS = 65536  # forwarded statistics held between flushes (the oldest go past it, counted)
 
 

@@ -79,3 +79,20 @@ def test_the_fast_path_process_dies_with_the_agent(agent):
             break  # dead, waiting for its (gone) parent's reaper
         assert time.monotonic() < deadline, "the fast path process outlived its agent"
         time.sleep(0.05)
+
+
+def test_a_storage_node_down_ends_the_restore_with_errors_in_bounded_time(compute, storage):
+    contract.test_a_storage_node_down_ends_the_restore_with_errors_in_bounded_time(compute, storage)
+
+
+def test_a_restore_after_the_fast_path_died_ends_on_its_error_counters(agent, compute):
+    """The fast path's process gone (kill -9): a follow-up's restore does not hang, every block ends on its
+    error part (the compute node recomputes), and the agent goes on answering."""
+    pool, fake, channel = compute
+    pool.offload(contract.IDS, contract.USER, contract.CTX)
+    os.kill(fastpath_child(agent[0].proc.pid), signal.SIGKILL)
+    start = time.monotonic()
+    contract.turn(channel, contract.IDS + [7])
+    assert time.monotonic() - start < 8
+    assert fake.outcomes[-1] and all(err for _, err in fake.outcomes[-1])
+    assert contract.stats(pool).errors_by_kind["fastpath_gone"] == len(fake.outcomes[-1])
