@@ -107,12 +107,18 @@ def _compute(name: str, size: int, scene: Scene, context: str, seed: int, queue,
         region.close()
 
 
+def _split(agent: Agent) -> tuple[int, int]:
+    counts = agent.snapshot()  # (the fast path's process's figures are forwarded to the agent's)
+    return counts.get("fire_seen_ns_total", 0), counts.get("fire_issue_ns_total", 0)
+
+
 def _run_scene(agent: Agent, region: Region, scene: Scene, seed: int, cpus: tuple[int, ...] = ()) -> dict:
     """Run one scene against the registered pool; its latencies in µs and their percentiles."""
     fired: dict[tuple[int, int], tuple[int, int]] = {}
     hook = lambda reg, block, gen, store_ns, fire_ns: fired.__setitem__((block, gen), (store_ns, fire_ns))
     agent.engine.on_block_fire.append(hook)
     context = f"trigger-{scene.name}-{uuid.uuid4().hex[:8]}"
+    split_before = _split(agent)
     try:
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
@@ -131,7 +137,10 @@ def _run_scene(agent: Agent, region: Region, scene: Scene, seed: int, cpus: tupl
     agent.drop_context(USER, context)
     assert all(fired[(b, g)][0] == s for b, g, s in stamps), "the agent timed from another stamp than the store's"
     latencies = [(fired[(b, g)][1] - s) / 1000 for b, g, s in stamps]
+    seen, issue = (after - before for after, before in zip(_split(agent), split_before))
     return {"stores": len(stamps), "p50_us": percentile(latencies, 50), "p99_us": percentile(latencies, 99),
+            # the mean fire split: store -> seen by a poll (the wake-up), seen -> PUT issued (check, hand-off)
+            "mean_seen_us": seen / 1000 / len(stamps), "mean_issue_us": issue / 1000 / len(stamps),
             "max_us": max(latencies), "mean_us": float(np.mean(latencies)),
             "refused": agent.stats.snapshot()[1].get("errors", {}).get("descriptor_refused", 0)}
 
@@ -231,10 +240,17 @@ def figures(t: dict) -> dict[str, float]:
             for p in ("p50", "p99")}
 
 
+def split(scene: dict) -> str:
+    """"; mean A µs to be seen, B µs to issue" where the scene measured it."""
+    if "mean_seen_us" not in scene:
+        return ""
+    return f"; mean {scene['mean_seen_us']:.0f} µs to be seen, {scene['mean_issue_us']:.0f} µs to issue"
+
+
 def text(t: dict) -> str:
     """Each scene's percentiles and the watcher's CPU (and the same with the Python poll, when measured)."""
     scenes = "; ".join(f"{s} p50 {t[s]['p50_us']:.0f} µs, p99 {t[s]['p99_us']:.0f} µs, max {t[s]['max_us']:.0f} µs "
-                       f"({t[s]['stores']} stores)" for s in ("idle", "load"))
+                       f"({t[s]['stores']} stores{split(t[s])})" for s in ("idle", "load"))
     cpu = t.get("watcher_cpu") or {}
     share = lambda key, c=cpu: "-" if c.get(key) is None else f"{c[key] * 100:.1f}%"
     kind = "compiled poller, doorbell" if cpu.get("compiled") else "Python poll"

@@ -337,6 +337,9 @@ class TriggerEngine:
             fire_ns = time.monotonic_ns()
             store_ns = stamp_ns if 0 < stamp_ns <= seen_ns and fire_ns - stamp_ns < STAMP_LIMIT_NS else seen_ns
             self.stats.latency((fire_ns - store_ns) / 1000)
+            # where the time went: store -> seen by a poll (the wake-up), seen -> issued (the check and hand-off)
+            self.stats.inc("fire_seen_ns_total", max(0, seen_ns - store_ns))
+            self.stats.inc("fire_issue_ns_total", max(0, fire_ns - seen_ns))
             for hook in self.on_block_fire:
                 hook(reg, block, generation, store_ns, fire_ns)
         return len(due)

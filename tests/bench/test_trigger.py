@@ -46,3 +46,9 @@ def test_the_python_poll_beside_the_compiled_poller_gives_a_third_line_and_the_c
     assert trigger.cpu_ratio(both) == 0.25 / 0.005
     assert trigger.cpu_ratio(compiled) is None and trigger.cpu_ratio(RESULT) is None
     assert len(trigger.text(compiled).splitlines()) == 2
+
+
+def test_text_splits_the_fire_where_it_was_measured():
+    scene = {**RESULT["idle"], "mean_seen_us": 91.4, "mean_issue_us": 30.2}
+    first = trigger.text({**RESULT, "idle": scene}).splitlines()[0]
+    assert "(100 stores; mean 91 µs to be seen, 30 µs to issue)" in first
