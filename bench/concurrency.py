@@ -68,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--pool-tokens", type=int, default=32768,
                         help="the compute node's KV pool in tokens (default 32768: no preemption at 32 sessions)")
     parser.add_argument("--torch-threads", type=int, default=0,
-                        help="the compute node's torch threads (default 0: one per CPU of its placement's set)")
+                        help="the compute node's torch threads (default 0: one per CPU of its placement's)")
     add_placements_arg(parser)
     args = parser.parse_args(argv)
     args.placements = chosen(args.placements)

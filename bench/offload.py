@@ -246,7 +246,8 @@ def measure_one_block(args: argparse.Namespace, directory: Path) -> dict:
         model, tokenizer = load_model(settings.model_cache_dir, settings.torch_threads)
         import torch
         record = {"name": args.placement, "torch_threads": torch.get_num_threads(), "started": True,
-                  "cpus": {"storage": str(storage.ready.get("cpus", "?")), "smartnic": str(agent.ready.get("cpus", "?")),
+                  "cpus": {"storage": str(storage.ready.get("cpus", "?")),
+                           "smartnic": str(agent.ready.get("cpus", "?")),
                            "compute": cpu_placement.format_cpus(cpu_placement.current_cpus())}}
         node = serve(settings, model, tokenizer)
         stack.callback(node.stop)
@@ -269,7 +270,8 @@ def run_one_block(args: argparse.Namespace, block: int, placement: str = "shared
             "--turns-per-sample", str(args.turns_per_sample), *(["--keep-data"] if args.keep_data else [])]
     done = run_child(argv, timeout_s=3600)
     if done.returncode != 0:
-        raise RuntimeError(f"offload with blocks of {block} tokens ({placement}) failed ({done.returncode}):\n"
+        raise RuntimeError(f"offload with blocks of {block} tokens ({placement}) failed "
+                           f"({done.returncode}):\n"
                            f"{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -368,7 +370,8 @@ def run(args: argparse.Namespace) -> dict:
                                     "turns_per_sample": args.turns_per_sample or "auto",
                                     "min_blocks_per_sample": MIN_BLOCKS_PER_SAMPLE,
                                     "warm_up": "every policy", "order": "rotating",
-                                    "storage_fsync": True, "smoke": args.smoke, "placements": args.placements})
+                                    "storage_fsync": True, "smoke": args.smoke,
+                                    "placements": args.placements})
     with progress_for(args, len(args.placements) * len(args.block_tokens), "offload") as progress:
         run_placements(result, args.placements, lambda p, sub: measure(args, p, sub, progress), key_figures)
     result["plots"] = plots(plot(result, Path(args.out)))

@@ -42,7 +42,7 @@ def default_placements(cpus: Iterable[int] | None = None) -> list[str]:
 def add_placements_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--placements", nargs="+", choices=PLACEMENTS, metavar="PLACEMENT",
                         help="CPU placements to run side by side, one stack each (shared, nic; default: "
-                             f"{' '.join(default_placements())} on this machine: both where there are 2 CPUs or more)")
+                             f"{' '.join(default_placements())} on this machine: both on 2 CPUs or more)")
     return parser
 
 
@@ -54,8 +54,8 @@ def chosen(values: Sequence[str] | None) -> list[str]:
 def sub_result(result: dict[str, Any]) -> dict[str, Any]:
     """A result of the benchmark's own shape for one placement: bench, machine and settings shared
     with `result`, results, ratios and failed its own."""
-    return {**{k: v for k, v in result.items() if k not in ("results", "ratios", "failed", "floors", "plots")},
-            "results": {}, "ratios": {}, "failed": []}
+    own = ("results", "ratios", "failed", "floors", "plots")
+    return {**{k: v for k, v in result.items() if k not in own}, "results": {}, "ratios": {}, "failed": []}
 
 
 def planned_record(name: str) -> dict[str, Any]:
@@ -70,7 +70,8 @@ def planned_record(name: str) -> dict[str, Any]:
 
 def run_placements(result: dict[str, Any], placements: Sequence[str],
                    measure: Callable[[str, dict[str, Any]], dict[str, Any] | None],
-                   key_figures: Callable[[dict[str, Any]], dict[str, float]] = lambda sub: {}) -> dict[str, dict]:
+                   key_figures: Callable[[dict[str, Any]], dict[str, float]] = lambda sub: {}
+                   ) -> dict[str, dict]:
     """measure(placement, sub) for each placement, into sub_result(result); it may return the
     placement's record (a run without a Stack), else the Stack's (bench.results.placement_info) is
     taken. A placement that raises is recorded failed (part = its name) and the next one runs.

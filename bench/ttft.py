@@ -121,7 +121,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3, help="follow-ups per context and policy (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=2, help="tokens per follow-up reply")
     parser.add_argument("--torch-threads", type=int, default=0,
-                        help="the compute node's torch threads (default 0: one per CPU of its placement's set)")
+                        help="the compute node's torch threads (default 0: one per CPU of its placement's)")
     add_placements_arg(parser)
     args = parser.parse_args(argv)
     args.placements = chosen(args.placements)
@@ -277,7 +277,8 @@ def measure(args: argparse.Namespace, config: dict, placement: str, sub: dict, p
         with stack.agent_channel() as channel:
             stub = stack.compute_stub(channel)
             warm_up(stub)
-            sub["results"]["sizes"] = run_sizes(sub, stub, args.sizes, args.reps, args.max_new_tokens, progress)
+            sub["results"]["sizes"] = run_sizes(sub, stub, args.sizes, args.reps, args.max_new_tokens,
+                                                progress)
         stats = stack.agent_stats()
         sub["results"]["agent_stats"] = {"hits": stats.hits, "misses": stats.misses}
     add_ratios(sub)
@@ -299,7 +300,8 @@ def run(args: argparse.Namespace) -> dict:
                           compute={"torch_threads": args.torch_threads})
     total = len(args.placements) * len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES))
     with progress_for(args, total, "ttft") as progress:
-        run_placements(result, args.placements, lambda p, sub: measure(args, config, p, sub, progress), key_figures)
+        run_placements(result, args.placements, lambda p, sub: measure(args, config, p, sub, progress),
+                       key_figures)
     result["plots"] = plots(plot(result, args.out))
     return result
 

@@ -269,8 +269,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=NAMES, help="run only these")
     parser.add_argument("--skip", nargs="+", choices=NAMES, default=[], help="leave these out")
     parser.add_argument("--placements", nargs="+", choices=PLACEMENTS, metavar="PLACEMENT",
-                        help="CPU placements: bench ttft runs them all side by side, each study the first "
-                             "(default: bench ttft's own default, shared nic on 2 CPUs or more; studies shared)")
+                        help="CPU placements: bench ttft runs them all side by side, each study the "
+                             "first (default: bench ttft's own, shared nic on 2 CPUs or more; "
+                             "studies shared)")
     parser.add_argument("--readme", type=Path, metavar="FILE",
                         help="also write the headline table into FILE, between its summary markers")
     return parser.parse_args(argv)

@@ -222,7 +222,8 @@ def real_policy(args, policy: str, turns: list[ct.Turn], cap: int, services: Pat
     config = bench_config(pool_tokens=2 * REAL_WINDOW + 256, max_context_tokens=REAL_WINDOW + 64, users=1,
                           smartnic=smartnic, compute={"model_cache_dir": model_dir, "torch_threads": 1})
     hits, failed = [], 0
-    with Stack(services / f"real-{policy}", config, keep_data=args.keep_data, placement=args.placement) as stack:
+    with Stack(services / f"real-{policy}", config, keep_data=args.keep_data,
+               placement=args.placement) as stack:
         with stack.agent_channel() as channel:
             stub = stack.compute_stub(channel)
             generate(stub, "warm-up", "warm-up", block_ids(-1, bt, args.seed)[:16], 2, "recompute")

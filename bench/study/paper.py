@@ -616,7 +616,8 @@ def measure_turn(directory: Path, smoke: bool, max_new_tokens: int, keep_data: b
         compute["model_cache_dir"] = str(cached_tiny_model())
     config = bench_config(users=1, max_new_tokens=max_new_tokens, pool_tokens=4096, max_context_tokens=2048,
                           compute=compute)
-    with Stack(directory / "fig2", config, policy="triggered", keep_data=keep_data, placement=placement) as stack:
+    with Stack(directory / "fig2", config, policy="triggered", keep_data=keep_data,
+               placement=placement) as stack:
         client = FrontendClient(stack.frontend, stack.token("u0"))
         try:
             client.wait_ready(30)

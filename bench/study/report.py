@@ -2,7 +2,8 @@
 
 A study's result is one JSON object: `study`, `mode` (full, quick or smoke), `machine`,
 `settings` (with the `placement` its services ran in: `--placement shared|nic`, each stack started
-in it; the machine record says each service's CPUs), `results`, `claims` (a list of {figure, claim, measured, agrees, why}), `ratios`
+in it; the machine record says each service's CPUs), `results`, `claims` (a list of {figure,
+claim, measured, agrees, why}), `ratios`
 (figures measured side by side in the same run), `plots`, `failed` (a part that raised: its name
 and error, never left out silently) and `elapsed_s`. `finish` writes OUT/results.json and
 OUT/README.md (the page: the seed's claims beside ours, the ratios, the plots, the failures) and
@@ -37,8 +38,9 @@ def add_study_args(parser: argparse.ArgumentParser, name: str) -> argparse.Argum
     parser.add_argument("--keep-data", action="store_true",
                         help="keep the services' data and logs in OUT/services (default: a temp dir)")
     parser.add_argument("--placement", choices=PLACEMENTS, default="shared",
-                        help="the CPU placement the study's services run in (kvtb.placement; default shared; "
-                             "nic: the agent, storage and frontend on the NIC's cores, the compute node on the rest)")
+                        help="the CPU placement the study's services run in (kvtb.placement; default "
+                             "shared; nic: the agent, storage and frontend on the NIC's cores, the compute "
+                             "node on the rest)")
     return parser
 
 

@@ -58,7 +58,8 @@ def test_a_failed_level_is_reported_with_its_error_not_dropped(monkeypatch, tmp_
     monkeypatch.setattr(concurrency, "run_level", fake_level)
     monkeypatch.setattr(concurrency, "plot", lambda result, out: None)
     monkeypatch.setattr(sessions, "run_session", lambda *a, **k: [types.SimpleNamespace(reply="hi")])
-    args = concurrency.parse_args(["--levels", "1", "2", "4", "8", "--out", str(tmp_path), "--placements", "shared"])
+    args = concurrency.parse_args(["--levels", "1", "2", "4", "8", "--out", str(tmp_path),
+                                   "--placements", "shared"])
     result, _ = concurrency.run(args)
     assert [f["part"] for f in result["failed"]] == ["shared: 4 sessions", "shared: 8 sessions"]
     assert result["failed"][0]["error"] == "TimeoutError: the frontend did not answer"
@@ -93,12 +94,15 @@ def test_both_placements_run_in_one_run_each_in_its_stack_and_are_compared(monke
                         lambda stack, n, *a: (_figures(speed[started[-1]] * n), []))
     monkeypatch.setattr(concurrency, "plot", lambda result, out: None)
     monkeypatch.setattr(sessions, "run_session", lambda *a, **k: [types.SimpleNamespace(reply="hi")])
-    assert placements.default_placements([0, 1]) == ["shared", "nic"] and placements.default_placements([0]) == ["shared"]
-    args = concurrency.parse_args(["--levels", "1", "2", "--out", str(tmp_path), "--placements", "shared", "nic"])
+    assert placements.default_placements([0, 1]) == ["shared", "nic"]
+    assert placements.default_placements([0]) == ["shared"]
+    args = concurrency.parse_args(["--levels", "1", "2", "--out", str(tmp_path),
+                                   "--placements", "shared", "nic"])
     result, _ = concurrency.run(args)
     assert started == ["shared", "nic"] and result["failed"] == []
     by = result["results"]["by_placement"]
-    assert list(by) == ["shared", "nic"] and by["nic"]["placement"]["cpus"] == {"compute": "0", "smartnic": "1"}
+    assert list(by) == ["shared", "nic"]
+    assert by["nic"]["placement"]["cpus"] == {"compute": "0", "smartnic": "1"}
     assert [p["name"] for p in result["machine"]["placement"]] == ["shared", "nic"]
     assert result["results"]["levels"] == by["shared"]["results"]["levels"]  # the first placement's keys
     assert result["ratios"]["tokens_per_s_2_vs_1"] == result["ratios"]["tokens_per_s_2_vs_1@nic"] == 2.0
@@ -111,6 +115,6 @@ def test_both_placements_run_in_one_run_each_in_its_stack_and_are_compared(monke
     started.append("x")  # the next nic start raises
     result, _ = concurrency.run(args)
     assert [f["part"] for f in result["failed"]] == ["nic"]
-    assert result["machine"]["placement"][1] | {"cpus": None} == {"name": "nic", "cpus": None, "torch_threads": None,
-                                                                  "started": False}
+    nic = result["machine"]["placement"][1]
+    assert nic | {"cpus": None} == {"name": "nic", "cpus": None, "torch_threads": None, "started": False}
     assert "FAILED nic: RuntimeError: the agent did not start" in concurrency.report(result)

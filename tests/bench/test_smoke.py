@@ -56,7 +56,7 @@ def test_ttft_smoke_restores_from_storage_in_both_placements(tmp_path):
     assert [p["name"] for p in result["machine"]["placement"]] == placements
     for name in placements:
         entry = result["results"]["by_placement"][name]
-        assert entry["placement"]["cpus"] == formatted(plan(name))  # on 2 CPUs, nic: compute "0", the rest "1"
+        assert entry["placement"]["cpus"] == formatted(plan(name))  # 2 CPUs, nic: compute "0", the rest "1"
         size = entry["results"]["sizes"]["96"]
         row = size["policies"]
         assert row["triggered"]["kv_source"] == ["restored"] and row["resident"]["kv_source"] == ["resident"]
@@ -71,7 +71,8 @@ def test_ttft_smoke_restores_from_storage_in_both_placements(tmp_path):
         assert nic["name"] == "nic" and nic["cpus"] == formatted(plan("nic"))
         if current_cpus() == (0, 1):
             assert nic["cpus"]["compute"] == "0" and nic["cpus"]["smartnic"] == "1"
-        assert {"restore_vs_resident_96@nic_vs_shared", "restored_ttft_ms_96@nic_vs_shared"} <= set(result["ratios"])
+        compared = {"restore_vs_resident_96@nic_vs_shared", "restored_ttft_ms_96@nic_vs_shared"}
+        assert compared <= set(result["ratios"])
 
 
 def test_offload_smoke(tmp_path):
@@ -82,7 +83,8 @@ def test_offload_smoke(tmp_path):
     placements = ["shared", "nic"] if len(current_cpus()) >= 2 else ["shared"]
     assert [p["name"] for p in result["machine"]["placement"]] == placements
     for name in placements:
-        assert result["results"]["by_placement"][name]["results"]["blocks"]["8"]["triggered"]["blocks_per_turn"] > 0
+        blocks = result["results"]["by_placement"][name]["results"]["blocks"]
+        assert blocks["8"]["triggered"]["blocks_per_turn"] > 0
         assert f"cpu_stall_vs_triggered_8@{name}" in result["ratios"]
     if "nic" in placements:  # the compute stand-in pinned apart from the agent and the storage node
         cpus = result["machine"]["placement"][1]["cpus"]

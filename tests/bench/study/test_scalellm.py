@@ -220,7 +220,8 @@ def test_smoke_run_keeps_the_json_contract(tmp_path):
     assert (out / "README.md").read_text().startswith("# ScaleLLM")
     assert study["settings"]["placement"] == placement == study["machine"]["placement"]["name"]
     assert study["machine"]["placement"]["cpus"] == formatted(plan(placement))
-    assert f"placement {placement} (compute {formatted(plan(placement))['compute']}" in (out / "README.md").read_text()
+    page = (out / "README.md").read_text()
+    assert f"placement {placement} (compute {formatted(plan(placement))['compute']}" in page
     s = study["settings"]
     assert s["levels"] == [1, 2] and s["max_tokens"] == 4 and s["timeout_s"] == 60.0
     levels = study["results"]["levels"]
