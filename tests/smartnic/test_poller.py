@@ -361,7 +361,7 @@ def test_a_checking_poller_returns_the_verdict_of_each_fire(region):
         bad = write_random(rng, region, L, 4)
         ids_at, _ = L.token_ids_range(4)
         region[ids_at] ^= 1
-        stale = write_random(rng, region, L, 5, generation=7)
+        write_random(rng, region, L, 5, generation=7)
         counters[L.put_trigger(1), 0] = good["generation"]
         counters[L.put_trigger(4), 0] = bad["generation"]
         counters[L.put_trigger(5), 0] = 8
