@@ -114,6 +114,14 @@ def agent_placement_env(name: str, plan: dict[str, tuple[int, ...]], config: dic
             if not environ.get(f"KVTB_SMARTNIC_{field.upper()}") and field not in section}
 
 
+def unbound_env(name: str, config: dict[str, Any], environ=os.environ) -> dict[str, str]:
+    """Under `shared` torch's threads are not bound one per CPU (every service runs on every CPU: a thread
+    bound to a core another service keeps busy could not move away), unless the operator says so."""
+    if name != "shared" or environ.get("KVTB_COMPUTE_TORCH_BIND") or "torch_bind" in (config.get("compute") or {}):
+        return {}
+    return {"KVTB_COMPUTE_TORCH_BIND": "false"}
+
+
 def grpc_address(proc: ServiceProcess) -> str:
     return proc.addresses.get("grpc") or proc.addresses["admin"]
 
@@ -162,7 +170,8 @@ class Deployment:
 
         def env(service: str, wiring: dict[str, str]) -> dict[str, str]:
             return {**cpus_env(service, self.plan, config), **wiring,
-                    **(agent_placement_env(self.placement, self.plan, config) if service == "smartnic" else {})}
+                    **(agent_placement_env(self.placement, self.plan, config) if service == "smartnic" else {}),
+                    **(unbound_env(self.placement, config) if service == "compute" else {})}
 
         storage = [self._start(f"storage-{i}", ["storage"],
                                env("storage", storage_env(i, section, self.data_dir, hosts)), 60)

@@ -84,6 +84,8 @@ def test_shared_gives_every_service_every_cpu(deployment):
     dep = deployment(None)
     assert dep.placement == "shared"
     assert set(dep.cpus().values()) == {"0-7"}
+    compute = next(p for p in dep.procs if p.name == "compute")  # torch's threads free to move off a busy core
+    assert compute.given["KVTB_COMPUTE_TORCH_BIND"] == "false"
     agent = next(p for p in dep.procs if p.name == "smartnic")  # no spinning watcher on the forward's cores
     assert (agent.given["KVTB_SMARTNIC_FASTPATH"], agent.given["KVTB_SMARTNIC_WATCHER_BUSY_POLL"]) == ("thread", "false")
 
