@@ -58,7 +58,7 @@ class FastPath:
         self._send_lock, self._rx_lock = threading.Lock(), threading.Lock()
         self._replies: dict[int, tuple[threading.Event, list]] = {}
         self._ids = itertools.count(1)
-        self._closed = False
+        self._closed = self._stopping = False
         self.pid, self.compiled, self.watcher_tid = self.proc.pid, False, 0
         try:
             self._send((p.SETTINGS, settings))
@@ -150,9 +150,9 @@ class FastPath:
                     self._handle(self.conn.recv_bytes(MAX_MESSAGE_BYTES))
                     n += 1
             except (EOFError, OSError) as exc:
-                if not self._closed:
+                if not self._closed and not self._stopping:
                     logger.error("the fast path process's connection ended: %s", exc)
-                    self._closed = True
+                self._closed = True
                 self._abandon_restores()
         return n
 
@@ -164,7 +164,7 @@ class FastPath:
                 return
             if ready:
                 self.drain()
-            elif not self.alive() and not self._closed:
+            elif not self.alive() and not self._closed and not self._stopping:
                 logger.error("the fast path process exited (code %s): standing PUTs no longer fire",
                              self.proc.returncode)
                 self.drain()
@@ -193,6 +193,7 @@ class FastPath:
 
     # -- shutdown
     def close(self, timeout_s: float = 5.0) -> None:
+        self._stopping = True  # the connection's end is expected from now on
         if self.alive():
             try:
                 self._send((p.STOP,))
