@@ -51,12 +51,12 @@ def write_config(path: Path) -> Path:
 class Up:
     """One `kvtb up` and the addresses it announced."""
 
-    def __init__(self, root: Path, policy: str):
+    def __init__(self, root: Path, policy: str, placement: str = "shared"):
         self.root = root
         self.config = write_config(root / "kvtb.yaml")
         self.proc = ServiceProcess(f"up-{policy}", kvtb_argv("up", "--config", str(self.config),
                                                              "--data-dir", str(root / "var"),
-                                                             "--policy", policy),
+                                                             "--policy", policy, "--placement", placement),
                                    root / "up.log")
 
     def start(self) -> "Up":
@@ -82,8 +82,8 @@ class Up:
         assert self.proc.stop(timeout_s=60) == 0, self.proc.log_tail()
 
 
-def start_up(tmp_path_factory, policy: str) -> Up:
-    return Up(tmp_path_factory.mktemp(f"up-{policy}"), policy).start()
+def start_up(tmp_path_factory, policy: str, placement: str = "shared") -> Up:
+    return Up(tmp_path_factory.mktemp(f"up-{policy}-{placement}"), policy, placement).start()
 
 
 @pytest.fixture(scope="session")
