@@ -21,15 +21,13 @@ import time
 from collections.abc import Sequence
 
 from fabric import chunk_format as cf
-from fabric.auth import FabricSecurity
-from fabric.nodes import StorageNodes
 from hostmem.block_hash import Salts, stored_prefix
 from hostmem.region import RegionError
 from kvtb import placement
-from kvtb.credentials import Credentials, resolve_dir
 from smartnic import match_action as ma
 from smartnic.admission import Admission
-from smartnic.datapath import ChunkRef, Datapath, DataError, read_headers
+from smartnic.data_plane import data_plane
+from smartnic.datapath import ChunkRef, DataError, read_headers
 from smartnic.eviction import make_policy
 from smartnic.registrations import Registered, Registrations
 from smartnic.requester import Requester, StoredBlock
@@ -84,15 +82,7 @@ class Agent:
         self.tables = {"ingress": ma.Table("ingress")}  # the pipeline matches every turn in "ingress"
         self.stats = Stats()
         self.regions = Registrations()
-        fabric = FabricSecurity.for_host(settings.fabric_security, settings.credentials_dir, settings.host_nqn)
-        mac_key = Credentials(resolve_dir(settings.credentials_dir), "smartnic").kv_mac_key() \
-            if settings.kv_mac else None
-        self.nodes = StorageNodes([(n.name, n.fabric_address) for n in settings.storage_nodes],
-                                  settings.host_nqn, settings.queue_depth, settings.fabric_timeout_s,
-                                  settings.reconnect_interval_s, on_up=self._rebuild_from, security=fabric)
-        self.datapath = Datapath(self.nodes, settings.namespace_id, settings.salt, settings.get_timeout_s,
-                                 settings.datapath_workers, settings.view_min_bytes,
-                                 settings.get_pdu_bytes, mac_key)
+        self.nodes, self.datapath = data_plane(settings, on_up=self._rebuild_from)
         # steps 1 and 2: standing PUTs fire on a thread of this process, or in the fast path's own process
         self.puts = PutPath(self.datapath, settings.salt, self.stats,
                             lambda name: self.admission.admit(name, self.requester.has), self._put_ended)

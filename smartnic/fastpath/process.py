@@ -16,14 +16,12 @@ import signal
 import sys
 import threading
 
-from fabric.auth import FabricSecurity
-from fabric.nodes import StorageNodes
 from hostmem.layout_proto import layout_to_proto
-from kvtb.credentials import Credentials, resolve_dir
 from kvtb import placement
 from kvtb.logs import setup_logging
 from smartnic.admission import Admission
-from smartnic.datapath import Datapath, DataError
+from smartnic.data_plane import data_plane
+from smartnic.datapath import DataError
 from smartnic.fastpath import protocol as p
 from smartnic.put_path import PutPath
 from smartnic.registrations import Registrations
@@ -55,14 +53,7 @@ class FastPathProcess:
         self._send_lock = threading.Lock()
         self.stats = p.ForwardingStats()
         self.regions = Registrations()
-        fabric = FabricSecurity.for_host(settings.fabric_security, settings.credentials_dir, settings.host_nqn)
-        mac_key = Credentials(resolve_dir(settings.credentials_dir), "smartnic").kv_mac_key() \
-            if settings.kv_mac else None
-        self.nodes = StorageNodes([(n.name, n.fabric_address) for n in settings.storage_nodes],
-                                  settings.host_nqn, settings.queue_depth, settings.fabric_timeout_s,
-                                  settings.reconnect_interval_s, security=fabric)
-        self.datapath = Datapath(self.nodes, settings.namespace_id, settings.salt, settings.get_timeout_s,
-                                 settings.datapath_workers, settings.view_min_bytes, settings.get_pdu_bytes, mac_key)
+        self.nodes, self.datapath = data_plane(settings)  # its own authenticated connections
         # the control plane's index says what is stored; here a block is admitted on its own sightings
         admission = Admission(settings.admission, settings.admission_max_names)
         self.puts = PutPath(self.datapath, settings.salt, self.stats, admission.admit, self._stored, self.flush)
