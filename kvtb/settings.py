@@ -28,6 +28,12 @@ class SettingsError(ValueError):
     """A setting is missing, unknown or of the wrong type."""
 
 
+def require(condition: object, message: str) -> None:
+    """Raise SettingsError(message) unless condition holds: a setting's check that `python -O` keeps."""
+    if not condition:
+        raise SettingsError(message)
+
+
 def read_config_file(path: str | os.PathLike | None) -> dict[str, Any]:
     """Return the parsed YAML file at path ($KVTB_CONFIG when None), or {} when there is none."""
     path = path or os.environ.get("KVTB_CONFIG")
