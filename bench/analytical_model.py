@@ -67,8 +67,10 @@ class ModelParams:
     cpu_pipelines_chunks: bool = False
 
     def __post_init__(self):
-        assert self.chunk_bytes > 0, "chunk_bytes must be positive"
-        assert self.nvme_latency_unit_s > 0, "nvme_latency_unit_s must be positive"
+        if not (self.chunk_bytes > 0):
+            raise ValueError("chunk_bytes must be positive")
+        if not (self.nvme_latency_unit_s > 0):
+            raise ValueError("nvme_latency_unit_s must be positive")
 
 
 def wire_s_per_byte(p: ModelParams) -> float:
@@ -126,7 +128,8 @@ def triggered_chunk_stages(m: float, p: ModelParams) -> Stages:
 
 def split_chunks(total_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
     """Return [(chunk size, count), ...]: full chunks first, then the remainder (one chunk if small)."""
-    assert total_bytes > 0, "total_bytes must be positive"
+    if not (total_bytes > 0):
+        raise ValueError("total_bytes must be positive")
     full, rest = divmod(total_bytes, chunk_bytes)
     parts = [(chunk_bytes, full)] if full else []
     return parts + [(rest, 1)] if rest else parts

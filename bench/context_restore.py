@@ -76,7 +76,8 @@ class ContextRestore:
                 raise TimeoutError("the context's blocks were not stored within 300 s")
             time.sleep(0.005)
         failed = sum(region.read_counter(L.put_done(i))[1] for i in range(self.blocks))
-        assert failed == 0, f"{failed} blocks failed to store"
+        if failed:
+            raise RuntimeError(f"{failed} blocks failed to store")
 
     def round(self) -> None:
         """Restore the context into blocks [n, 2n); check every group landed and the bytes are the stored ones."""
@@ -89,10 +90,11 @@ class ContextRestore:
         self.seconds.append((restore.done_ns - restore.started_ns) / 1e9)
         self.bytes = restore.bytes
         after = [self.region.read_counter(L.get_done(n + i, g)) for i in range(n) for g in range(L.layer_groups)]
-        assert restore.failed == 0 and all(a[0] == b[0] + 1 and a[1] == b[1] for a, b in zip(after, before)), \
-            f"{restore.failed} blocks failed to restore"
+        if not (restore.failed == 0 and all(a[0] == b[0] + 1 and a[1] == b[1] for a, b in zip(after, before))):
+            raise RuntimeError(f"{restore.failed} blocks failed to restore")
         kv = n * L.block_bytes
-        assert np.array_equal(self.region.array[kv:2 * kv], self.region.array[:kv]), "the restore gave other bytes"
+        if not np.array_equal(self.region.array[kv:2 * kv], self.region.array[:kv]):
+            raise RuntimeError("the restore gave other bytes")
         self.region.array[kv:2 * kv] = 0  # the next round must write them all again
 
     def result(self) -> dict:

@@ -42,8 +42,10 @@ class QaWorkload:
     seed: int = 0
 
     def __post_init__(self):
-        assert self.users > 0 and self.rounds > 1, "need users and at least two rounds (follow-ups)"
-        assert self.context_words >= 0 and self.system_words >= 0 and self.think_s >= 0
+        if not (self.users > 0 and self.rounds > 1):
+            raise ValueError("need users and at least two rounds (follow-ups)")
+        if not (self.context_words >= 0 and self.system_words >= 0 and self.think_s >= 0):
+            raise ValueError("context_words, system_words and think_s must not be negative")
 
 
 def filler(words: int, seed: str) -> str:

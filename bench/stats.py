@@ -82,7 +82,8 @@ def crossover(sizes: Sequence[int], recompute_s: Sequence[float], restore_s: Seq
     {"tokens": float | None, "where": "measured" | "below_smallest" | "above_largest"}.
     """
     points = sorted(zip(sizes, recompute_s, restore_s))
-    assert points, "no sizes"
+    if not points:
+        raise ValueError("no sizes")
     ratios = [(n, rc / rs) for n, rc, rs in points]
     if ratios[0][1] >= 1.0:
         return {"tokens": None, "where": "below_smallest", "smallest": ratios[0][0]}

@@ -38,7 +38,8 @@ class BlockText:
     """The text of each hash id's block: block_tokens words chosen by a generator seeded with the id."""
 
     def __init__(self, words: Sequence[str], block_tokens: int, seed: int = 0):
-        assert len(words) >= 2 and block_tokens > 0, "need words and a positive block size"
+        if not (len(words) >= 2 and block_tokens > 0):
+            raise ValueError("need words and a positive block size")
         self.words = list(words)
         self.block_tokens = block_tokens
         self.seed = seed
@@ -56,7 +57,8 @@ class BlockText:
         """The user message of a request: its full blocks, then its last block cut to input_length."""
         bt = self.block_tokens
         last = request.input_length - (len(request.hash_ids) - 1) * bt
-        assert 0 < last <= bt, f"input_length {request.input_length} does not fit {len(request.hash_ids)} blocks"
+        if not (0 < last <= bt):
+            raise ValueError(f"input_length {request.input_length} does not fit {len(request.hash_ids)} blocks")
         return "".join(self.block(h) for h in request.hash_ids[:-1]) + self.block(request.hash_ids[-1], last)
 
     def expected_ids(self, request: TraceRequest, encode: Encode) -> list[int]:

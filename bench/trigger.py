@@ -135,7 +135,8 @@ def _run_scene(agent: Agent, region: Region, scene: Scene, seed: int, cpus: tupl
     finally:
         agent.engine.on_block_fire.remove(hook)
     agent.drop_context(USER, context)
-    assert all(fired[(b, g)][0] == s for b, g, s in stamps), "the agent timed from another stamp than the store's"
+    if not (all(fired[(b, g)][0] == s for b, g, s in stamps)):
+        raise RuntimeError("the agent timed from another stamp than the store's")
     latencies = [(fired[(b, g)][1] - s) / 1000 for b, g, s in stamps]
     seen, issue = (after - before for after, before in zip(_split(agent), split_before))
     return {"stores": len(stamps), "p50_us": percentile(latencies, 50), "p99_us": percentile(latencies, 99),
