@@ -43,7 +43,8 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_tokens: int):
-        assert num_blocks > 0 and block_tokens > 0
+        if num_blocks <= 0 or block_tokens <= 0:
+            raise ValueError(f"num_blocks ({num_blocks}) and block_tokens ({block_tokens}) must be positive")
         self.num_blocks, self.block_tokens = num_blocks, block_tokens
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block: dict[bytes, int] = {}
@@ -97,7 +98,8 @@ class BlockManager:
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Block ids of the leading full blocks found in the cache, leaving >= 1 token to compute."""
-        assert seq.block_tokens == self.block_tokens, "the sequence's block_tokens is not the pool's"
+        if seq.block_tokens != self.block_tokens:
+            raise ValueError("the sequence's block_tokens is not the pool's")
         hits = []
         limit = (len(seq) - 1) // self.block_tokens
         for h in self._hashes(seq, limit)[:limit]:
@@ -139,7 +141,8 @@ class BlockManager:
 
     def allocate(self, seq: Sequence) -> None:
         """Blocks for all of seq's tokens, prefix hits first (they count as computed)."""
-        assert not seq.block_table, "sequence already holds blocks"
+        if seq.block_table:
+            raise ValueError(f"sequence {seq.seq_id} already holds blocks")
         hits = self._prefix_hits(seq)
         if self._needs(seq, hits) > self.num_allocatable_blocks:
             raise NoFreeBlock(f"sequence {seq.seq_id} needs more blocks than are allocatable")
@@ -187,8 +190,9 @@ class BlockManager:
     def mark_computed(self, seq: Sequence, num_tokens: int) -> list[int]:
         """num_tokens more tokens have KV; register the blocks that became full; return their indexes."""
         before = seq.num_computed_tokens
+        if before + num_tokens > len(seq):
+            raise ValueError(f"sequence {seq.seq_id}: computed past the sequence's tokens")
         seq.num_computed_tokens += num_tokens
-        assert seq.num_computed_tokens <= len(seq), "computed past the sequence's tokens"
         filled = list(range(before // self.block_tokens, seq.num_computed_tokens // self.block_tokens))
         self._register(seq, filled)
         return filled
@@ -277,7 +281,8 @@ class BlockManager:
     def unpin(self, block_id: int) -> None:
         """One I/O on the block ended."""
         block = self.blocks[block_id]
-        assert block.pins > 0, f"block {block_id} is not pinned"
+        if block.pins <= 0:
+            raise RuntimeError(f"block {block_id} is not pinned")
         block.pins -= 1
         if block.ref_count == 0 and block.pins == 0:
             self._pinned_free.discard(block_id)

@@ -71,17 +71,23 @@ class Llama:
 
     def __init__(self, model, pool: torch.Tensor, attention_kernel: bool = True):
         config = model.config
-        assert config.hidden_act == "silu", f"hidden_act {config.hidden_act!r} is not SwiGLU"
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not SwiGLU")
         rope = model.model.rotary_emb
-        assert rope.rope_type not in DYNAMIC_ROPE, f"rope type {rope.rope_type!r} is not supported"
+        if rope.rope_type in DYNAMIC_ROPE:
+            raise ValueError(f"rope type {rope.rope_type!r} is not supported")
         self.num_layers = config.num_hidden_layers
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.eps = config.rms_norm_eps
-        assert tuple(pool.shape[1:4]) == (self.num_layers, 2, self.num_kv_heads) and pool.shape[5] == self.head_dim, \
-            f"pool shape {tuple(pool.shape)} does not fit the model"
-        assert pool.is_contiguous() and pool.dtype == torch.float32, "the pool must be contiguous fp32"
+        if pool.dim() != 6 or tuple(pool.shape[1:4]) != (self.num_layers, 2, self.num_kv_heads) \
+                or pool.shape[5] != self.head_dim:
+            raise ValueError(f"pool shape {tuple(pool.shape)} does not fit the model")
+        if pool.dtype != torch.float32:
+            raise TypeError("the pool must be contiguous fp32")
+        if not pool.is_contiguous():
+            raise ValueError("the pool must be contiguous fp32")
         self.pool = pool
         self.block_tokens = pool.shape[4]
         self.device = pool.device

@@ -56,6 +56,15 @@ class Gather:
         return kv[0, :, :, :self.length], kv[1, :, :, :self.length]
 
 
+def check_pool(pool: torch.Tensor) -> None:
+    """The pool as the kernel reads it: a contiguous CPU fp32 tensor of 6 dimensions (TypeError, ValueError)."""
+    if pool.dtype != torch.float32:
+        raise TypeError(f"the pool must be float32 (got {pool.dtype})")
+    if pool.dim() != 6 or pool.device.type != "cpu" or not pool.is_contiguous():
+        raise ValueError(f"the pool must be a contiguous CPU tensor of 6 dimensions (got {tuple(pool.shape)} "
+                         f"on {pool.device}, contiguous={pool.is_contiguous()})")
+
+
 def kernel_built() -> bool:
     """Whether the compiled attention kernel can be used."""
     return _attention is not None
@@ -72,15 +81,30 @@ class KernelTokens:
     def __post_init__(self):
         # the kernel reads them as raw int32 / int64 arrays: the wrong type would be read as other ids
         tables, lens = self.tables, self.lens
-        assert tables.dtype == torch.int32 and tables.is_contiguous() and tables.device.type == "cpu"
-        assert lens.dtype == torch.int64 and lens.is_contiguous() and lens.shape == tables.shape[:1]
+        if tables.dtype != torch.int32 or lens.dtype != torch.int64:
+            raise TypeError(f"tables must be int32 and lens int64 (got {tables.dtype} and {lens.dtype})")
+        if tables.device.type != "cpu" or lens.device.type != "cpu":
+            raise ValueError("tables and lens must be on the CPU")
+        if not (tables.is_contiguous() and lens.is_contiguous()):
+            raise ValueError("tables and lens must be contiguous")
+        if tables.dim() != 2 or lens.dim() != 1 or lens.shape != tables.shape[:1]:
+            raise ValueError(f"tables must be [N, width] and lens [N] (got {tuple(tables.shape)} and "
+                             f"{tuple(lens.shape)})")
 
     def attend(self, pool: torch.Tensor, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q: [N, Hq, D] -> [N, Hq, D]. The kernel checks every length and block id it reads against
-        the tables and the pool (ValueError) before reading."""
+        the tables and the pool (ValueError) before reading; the tensors' types and shapes are checked
+        here (TypeError, ValueError): the kernel gets raw pointers."""
+        check_pool(pool)
         num_blocks, num_layers, _, kv_heads, block_tokens, head_dim = pool.shape
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"layer {layer} out of range [0, {num_layers})")
+        if q.dtype != torch.float32:
+            raise TypeError(f"q must be float32 (got {q.dtype})")
+        if q.device.type != "cpu" or q.dim() != 3 or q.shape[0] != self.lens.shape[0] or q.shape[2] != head_dim:
+            raise ValueError(f"q must be a CPU tensor [{self.lens.shape[0]}, heads, {head_dim}] "
+                             f"(got {tuple(q.shape)} on {q.device})")
         q = q.contiguous()
-        assert q.dtype == torch.float32 and q.device.type == "cpu" and q.shape[0] == self.lens.shape[0]
         out = torch.empty_like(q)
         _attention.decode(pool.data_ptr(), num_blocks, num_layers, kv_heads, block_tokens, head_dim, layer,
                           q.data_ptr(), q.shape[1], out.data_ptr(), self.tables.data_ptr(), self.tables.shape[1],

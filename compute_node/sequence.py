@@ -68,10 +68,14 @@ class Sequence:
         self.token_ids = list(self.token_ids)
         if self.num_prompt_tokens < 0:
             self.num_prompt_tokens = len(self.token_ids)
-        assert self.token_ids, "a sequence needs at least one token"
-        assert self.max_new_tokens >= 1, "max_new_tokens must be at least 1"
-        assert self.block_tokens > 0, "block_tokens must be positive"
-        assert isinstance(self.salt, (bytes, Salts)), "salt must be bytes or Salts"
+        if not self.token_ids:
+            raise ValueError("a sequence needs at least one token")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        if self.block_tokens <= 0:
+            raise ValueError("block_tokens must be positive")
+        if not isinstance(self.salt, (bytes, Salts)):
+            raise TypeError("salt must be bytes or Salts")
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -108,7 +112,8 @@ class Sequence:
 
     def block_token_ids(self, i: int) -> list[int]:
         """Token ids of block i (fewer than block_tokens for a partial last block)."""
-        assert 0 <= i < self.num_blocks, f"block {i} out of range [0, {self.num_blocks})"
+        if not 0 <= i < self.num_blocks:
+            raise IndexError(f"block {i} out of range [0, {self.num_blocks})")
         return self.token_ids[i * self.block_tokens:(i + 1) * self.block_tokens]
 
     @property

@@ -52,7 +52,26 @@ def test_a_length_or_block_outside_the_table_or_pool_is_refused(table, length, m
 
 
 def test_tables_or_lengths_of_another_type_are_refused_before_the_kernel_reads_them():
-    with pytest.raises(AssertionError):  # int64 ids would be read as pairs of int32 ones
+    with pytest.raises(TypeError, match="int32"):  # int64 ids would be read as pairs of int32 ones
         KernelTokens(None, torch.tensor([[3, 4]], dtype=torch.int64), torch.tensor([9]))
-    with pytest.raises(AssertionError):
+    with pytest.raises(TypeError, match="lens int64"):
         KernelTokens(None, torch.tensor([[3, 4]], dtype=torch.int32), torch.tensor([9], dtype=torch.int32))
+    with pytest.raises(ValueError, match="contiguous"):  # a view's pointer does not start its rows
+        KernelTokens(None, torch.tensor([[3, 4], [5, 6]], dtype=torch.int32).t(), torch.tensor([9, 9]))
+    with pytest.raises(ValueError, match=r"lens \[N\]"):
+        KernelTokens(None, torch.tensor([[3, 4]], dtype=torch.int32), torch.tensor([9, 9]))
+
+
+def test_a_pool_or_query_of_another_type_or_shape_is_refused_before_the_kernel_reads_them():
+    tokens = KernelTokens(None, torch.tensor([[3, 4]], dtype=torch.int32), torch.tensor([9]))
+    q = torch.zeros(1, HEADS, HEAD_DIM)
+    with pytest.raises(TypeError, match="pool must be float32"):
+        tokens.attend(pool().double(), 0, q)
+    with pytest.raises(ValueError, match="contiguous"):
+        tokens.attend(pool().transpose(4, 5), 0, q)
+    with pytest.raises(TypeError, match="q must be float32"):
+        tokens.attend(pool(), 0, q.half())
+    with pytest.raises(ValueError, match="q must be"):
+        tokens.attend(pool(), 0, torch.zeros(1, HEADS, HEAD_DIM * 2))
+    with pytest.raises(ValueError, match="layer 3 out of range"):
+        tokens.attend(pool(), LAYERS, q)
