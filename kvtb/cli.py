@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from kvtb.private import make_private
+
 # (words) -> "module:function"; the function receives the argv that follows the words.
 COMMANDS: dict[tuple[str, ...], str] = {
     ("serve", "storage"): "storage_node.main:main",
@@ -37,6 +39,10 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("health",): "kvtb.grpc_health:main",
     ("credentials",): "kvtb.credentials:main",
 }
+
+# Commands that run services: umask 077 before anything is imported, so that every file they and their
+# children make is their user's only (kvtb.private).
+PRIVATE_GROUPS = ("serve", "up")
 
 HELP = """usage: kvtb COMMAND [ARGS...]
 
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvtb: unknown command: {' '.join(argv[:2])}\n\n{_usage()}", file=sys.stderr)
         return 2
     target, rest = found
+    if argv[0] in PRIVATE_GROUPS:
+        make_private()
     module_name, func_name = target.split(":")
     try:
         module = importlib.import_module(module_name)

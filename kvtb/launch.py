@@ -7,6 +7,8 @@ A service announces readiness by printing one line on stdout:
 (`announce_ready` below). Services bind to port 0 in tests, so the line is how a test,
 `kvtb up` or a benchmark learns where each one listens. Everything else the process prints
 goes to its log file.
+
+Each service starts with umask 077 (kvtb.private) and its log is 0600: logs name users.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from kvtb.private import PRIVATE_UMASK, open_private, private_dir
 
 logger = logging.getLogger(__name__)
 
@@ -98,13 +102,13 @@ class ServiceProcess:
 
     def start(self, timeout_s: float = 180.0) -> dict[str, Any]:
         """Start the process and block until its ready line (or raise with its log's tail)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
+        private_dir(self.log_path.parent, narrow=False)
+        log = open_private(self.log_path, "ab")
         self._ready_event.clear()
         self.ready = {}
         self.proc = subprocess.Popen(
             self.argv, stdout=subprocess.PIPE, stderr=log, env=self.env, cwd=self.cwd,
-            start_new_session=True,
+            start_new_session=True, umask=PRIVATE_UMASK,
         )
         log.close()
         self._reader = threading.Thread(target=self._read_stdout, daemon=True,
@@ -122,8 +126,9 @@ class ServiceProcess:
         return self.ready
 
     def _read_stdout(self) -> None:
-        assert self.proc and self.proc.stdout
-        with open(self.log_path, "ab") as log:
+        if self.proc is None or self.proc.stdout is None:
+            raise RuntimeError(f"{self.name}: no process to read")
+        with open_private(self.log_path, "ab") as log:
             for raw in self.proc.stdout:
                 line = raw.decode(errors="replace")
                 if line.startswith(READY_PREFIX) and not self._ready_event.is_set():
@@ -142,8 +147,7 @@ class ServiceProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def signal(self, sig: int) -> None:
-        if self.alive():
-            assert self.proc
+        if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
 
     def cpu_seconds(self) -> float | None:
@@ -185,7 +189,7 @@ class ServiceProcess:
                 self.kill()
         return self.proc.returncode
 
-    def __enter__(self) -> "ServiceProcess":
+    def __enter__(self) -> ServiceProcess:
         self.start()
         return self
 

@@ -6,6 +6,9 @@ kvtb.placement; a service whose `cpus` its settings give keeps those), waits for
 addresses each one announced into the next (so a config with port 0 works too), prints where
 each listens and then a ready line of its own (`KVTB_READY {"service": "up", ...}`).
 Stops them all, last started first, on Ctrl-C, SIGTERM, or when one of them dies.
+
+Private by default (kvtb.private): the data directory is 0700, and what an older run left in the parts
+of it `kvtb up` makes (logs, the frontend's, each storage node's) is narrowed to 0700 and 0600.
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
 from kvtb import credentials, placement
+from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import ServiceProcess, announce_ready, kvtb_argv
+from kvtb.private import make_private, private_dir, private_tree
 from kvtb.rpc import OPERATOR, Security
 from kvtb.settings import SettingsError, read_config_file
 
@@ -160,9 +164,19 @@ class Deployment:
         """How `kvtb up` checks a service's health: the frontend's user port is plain (tokens)."""
         return Security.off() if name == "frontend" else Security.of(OPERATOR, str(self.credentials_dir))
 
+    def make_private(self) -> None:
+        """The data directory 0700; its logs, the frontend's and the storage nodes' directories narrowed to
+        0700 with their files 0600 (an older run may have left them readable)."""
+        private_dir(self.data_dir)
+        for part in ("logs", "frontend", *(f"storage-{i}" for i in range(self.storage_nodes))):
+            if (self.data_dir / part).is_dir():
+                private_tree(self.data_dir / part)
+
     def start(self, section: dict[str, Any]) -> None:
-        """Make the deployment's credentials (the first time), then start every service in order."""
+        """Make the data directory private and the deployment's credentials (the first time), then start
+        every service in order."""
         config = read_config_file(self.config) if self.config else {}
+        self.make_private()
         self.placement = placement_name(self.placement, config)
         self.plan = placement.plan(self.placement)  # ValueError: nic on one CPU
         credentials.init(self.credentials_dir)
@@ -209,8 +223,8 @@ class Deployment:
 
 def describe(deployment: Deployment) -> list[str]:
     """Where each service listens, for the terminal."""
-    lines = [f"kvtb up: all services ready (policy {deployment.policy_in_use()}, "
-             f"placement {deployment.placement}, data in {deployment.data_dir})"]
+    lines = [(f"kvtb up: all services ready (policy {deployment.policy_in_use()}, "
+              f"placement {deployment.placement}, data in {deployment.data_dir})")]
     for proc in deployment.procs:
         where = "  ".join(f"{k} {v}" for k, v in proc.addresses.items())
         threads = f", {proc.ready['torch_threads']} torch threads" if "torch_threads" in proc.ready else ""
@@ -244,6 +258,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    make_private()  # the services inherit it
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s kvtb up: %(message)s")
     config = args.config or os.environ.get("KVTB_CONFIG")
     if config is None and REPO_CONFIG.exists():
