@@ -1,9 +1,12 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each (pure).
 
 One step runs every running decode (1 token each), the running prefills' next chunks, then
-admits waiting sequences in order while max_num_seqs, the token budget and free blocks allow
-(chunked prefill mixed with the decodes). When a decode cannot get a block, the most
-recently admitted running sequence is preempted: by recompute (its blocks are freed, it
+admits waiting sequences while max_num_seqs, the token budget and free blocks allow (chunked
+prefill mixed with the decodes). Users share fairly: admission picks the next sequence of the
+user with the fewest sequences in service (each user's own sequences in their order), the
+prefill budget is split across users (one user's long prompts do not hold back another's turn),
+and when a decode cannot get a block the victim is the most recently admitted sequence of the
+user with the most running sequences. A victim is preempted: by recompute (its blocks are freed, it
 prefills again later, finding its full blocks in the prefix cache if they are still there),
 by swap (its KV blocks are pinned until the engine has stored them, then it is restored; a
 sequence whose policy stores nothing is recomputed) or by swap-host (its blocks are freed at
@@ -26,6 +29,7 @@ from compute_node.sequence import Sequence, SequenceStatus
 logger = logging.getLogger(__name__)
 
 PREEMPTION_MODES = ("swap", "swap-host", "recompute")
+MAX_USERS_REMEMBERED = 10_000  # users whose last admission the round-robin keeps
 WAITING, RESTORING, RUNNING = SequenceStatus.WAITING, SequenceStatus.RESTORING, SequenceStatus.RUNNING
 SWAPPED, FINISHED = SequenceStatus.SWAPPED, SequenceStatus.FINISHED
 
@@ -128,9 +132,12 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption: str = "recompute", max_waiting: int = 64, stop_token_ids: Iterable[int] = (),
                  pin_finished: bool = False):
-        assert preemption in PREEMPTION_MODES, f"preemption must be one of {PREEMPTION_MODES}"
-        assert max_num_seqs > 0 and max_waiting > 0
-        assert max_num_batched_tokens >= max_num_seqs, "the token budget must fit a decode per sequence"
+        if preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}")
+        if max_num_seqs <= 0 or max_waiting <= 0:
+            raise ValueError(f"max_num_seqs ({max_num_seqs}) and max_waiting ({max_waiting}) must be positive")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError("the token budget must fit a decode per sequence")
         self.bm = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.preemption, self.max_waiting = preemption, max_waiting
@@ -141,6 +148,8 @@ class Scheduler:
         self.restoring: dict[int, Sequence] = {}
         self.running: list[Sequence] = []
         self.stats = SchedulerStats()
+        self._admissions = 0  # sequences taken from the wait queue, ever
+        self._last_admitted: collections.OrderedDict = collections.OrderedDict()  # user -> its last admission
 
     # -- queries
     @property
@@ -164,7 +173,8 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence (NeverFits if it could never run; QueueFull past max_waiting)."""
-        assert not seq.block_table and seq.status is WAITING, "add() takes a new sequence"
+        if seq.block_table or seq.status is not WAITING:
+            raise ValueError("add() takes a new sequence")
         self._check_fits(seq)
         if len(self.waiting) >= self.max_waiting:
             raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_waiting {self.max_waiting})")
@@ -198,10 +208,12 @@ class Scheduler:
         if seq.is_finished:
             self.release_pins(seq)
             return
-        if self.restoring.pop(seq.seq_id, None) is not seq:
-            assert seq.status in (WAITING, RUNNING), f"sequence {seq.seq_id} is not restoring"
+        if self.restoring.get(seq.seq_id) is not seq:
+            if seq.status not in (WAITING, RUNNING):
+                raise RuntimeError(f"sequence {seq.seq_id} is not restoring")
             self.bm.restore_done(seq, covered_tokens)  # joined: already ready or running
             return
+        del self.restoring[seq.seq_id]
         self.bm.restore_done(seq, covered_tokens)
         self._make_ready(seq)
 
@@ -209,7 +221,7 @@ class Scheduler:
         """The first layer group of tokens [0, covered_tokens) landed in every block: seq may join the
         batch while the other groups land (the model waits for each; its blocks stay pinned until
         restore_done, or go back to RESTORING by unjoin)."""
-        assert self.restoring.pop(seq.seq_id, None) is seq, f"sequence {seq.seq_id} is not restoring"
+        self._stop_restoring(seq)
         self.bm.restore_joined(seq, covered_tokens)
         self._make_ready(seq)
 
@@ -223,6 +235,12 @@ class Scheduler:
         self.bm.restore_unjoined(seq)
         seq.status = RESTORING
         self.restoring[seq.seq_id] = seq
+
+    def _stop_restoring(self, seq: Sequence) -> None:
+        """seq leaves `restoring` (RuntimeError, and nothing changes, if it is not there)."""
+        if self.restoring.get(seq.seq_id) is not seq:
+            raise RuntimeError(f"sequence {seq.seq_id} is not restoring")
+        del self.restoring[seq.seq_id]
 
     def _make_ready(self, seq: Sequence) -> None:
         if seq.num_preempted_tokens:  # a swapped sequence is back: what storage gave, and what it did not
@@ -249,7 +267,7 @@ class Scheduler:
     def requeue(self, seq: Sequence) -> None:
         """A restore that did not land in time: give up its blocks (the pins of GETs still in flight
         move to seq.pinned_blocks, released by the engine when they end) and prefill it again."""
-        assert self.restoring.pop(seq.seq_id, None) is seq, f"sequence {seq.seq_id} is not restoring"
+        self._stop_restoring(seq)
         self.bm.deallocate(seq)
         seq.status, seq.num_stored_tokens = WAITING, 0
         if seq.num_preempted_tokens:
@@ -276,43 +294,116 @@ class Scheduler:
         while i < len(self.running) and budget:  # decodes first, in admission order
             seq = self.running[i]
             if seq.is_decode:
-                room = self._make_room(seq, out)
+                room = self._make_room(i, out)
                 if room == "preempted":
-                    continue  # seq was the last one: the loop ends
+                    continue  # seq itself left: running[i] is the next one
                 if room == "ok":
                     self.bm.may_append(seq)
                     budget -= self._run(seq, 1, out)
             i += 1
-        for seq in self.running:  # then the prefills already under way
-            if not seq.is_decode and budget:
-                budget -= self._run(seq, min(seq.num_tokens_to_compute, budget), out)
+        prefills = [seq for seq in self.running if not seq.is_decode]
+        if prefills and budget:  # then the prefills already under way, the budget split across users
+            admitting = not out.preempted and len(self.running) < self.max_num_seqs
+            shares = self._prefill_shares(prefills, budget, self._users_waiting(prefills) if admitting else False)
+            for seq in prefills:
+                tokens = min(seq.num_tokens_to_compute, shares[seq.user_id], budget)
+                if tokens:
+                    shares[seq.user_id] -= tokens
+                    budget -= self._run(seq, tokens, out)
         if not out.preempted:  # no admission while memory is short
             self._admit(out, budget)
         return out
 
-    def _make_room(self, seq: Sequence, out: SchedulerOutput) -> str:
-        """Blocks for seq's decode: "ok", "stalled" (pinned blocks will do) or "preempted" (seq itself)."""
+    def _users_waiting(self, prefills: list[Sequence]) -> bool:
+        """Whether a user without a prefill under way has a sequence waiting for the batch."""
+        users = {seq.user_id for seq in prefills}
+        return any(seq.user_id not in users for queue in (self.ready, self.waiting) for seq in queue)
+
+    @staticmethod
+    def _prefill_shares(prefills: list[Sequence], budget: int, reserve: bool) -> dict:
+        """Tokens each user's prefills may take this step: the budget split evenly (max-min) across
+        users by what their prefills still need; with reserve, one more share is left for admissions."""
+        need: dict = collections.defaultdict(int)
+        for seq in prefills:
+            need[seq.user_id] += seq.num_tokens_to_compute
+        shares = dict.fromkeys(need, 0)
+        left = budget
+        if reserve:  # waiting users count as one more user with a need as large as the budget
+            left -= budget // (len(need) + 1)
+        active = [u for u in need if need[u]]
+        while left > 0 and active:
+            each = max(1, left // len(active))
+            for user in list(active):
+                give = min(each, need[user] - shares[user], left)
+                shares[user] += give
+                left -= give
+                if shares[user] == need[user]:
+                    active.remove(user)
+        return shares
+
+    def _in_service(self) -> collections.Counter:
+        """Sequences per user that are running, restoring or ready (holding blocks)."""
+        counts = collections.Counter(seq.user_id for seq in self.running)
+        counts.update(seq.user_id for seq in self.ready)
+        counts.update(seq.user_id for seq in self.restoring.values())
+        return counts
+
+    def _make_room(self, index: int, out: SchedulerOutput) -> str:
+        """Blocks for running[index]'s decode: "ok", "stalled" (pinned blocks will do) or "preempted" (it
+        was the victim itself). A victim is never one this step scheduled already (before index)."""
+        seq = self.running[index]
         while not self.bm.can_append(seq):
             need = self.bm.blocks_to_append(seq) - self.bm.num_allocatable_blocks
             if self.bm.num_pinned_free_blocks >= need:
                 out.stalled.append(seq)  # I/O in flight will release enough: skip one step
                 return "stalled"
-            victim = self.running[-1]  # the most recently admitted
+            victim = self._victim(index)
             self._preempt(victim, out)
             if victim is seq:
                 return "preempted"
         return "ok"
 
+    def _victim(self, index: int) -> Sequence:
+        """Among running[index:], the most recently admitted sequence of the user with the most running
+        sequences (one user alone: the most recently admitted)."""
+        counts = collections.Counter(seq.user_id for seq in self.running)
+        candidates = self.running[index:]
+        most = max(counts[seq.user_id] for seq in candidates)
+        return next(seq for seq in reversed(candidates) if counts[seq.user_id] == most)
+
+    def _next_waiting(self, served: collections.Counter) -> Sequence | None:
+        """The first waiting sequence of the user with the fewest sequences in service (ties: the user
+        admitted least recently, round-robin; then the one whose first waiting sequence came first);
+        each user's sequences in their order."""
+        heads: dict = {}
+        for seq in self.waiting:
+            heads.setdefault(seq.user_id, seq)
+        if not heads:
+            return None
+        last = self._last_admitted
+        return min(heads.values(), key=lambda seq: (served[seq.user_id], last.get(seq.user_id, -1)))
+
+    def _admitted(self, seq: Sequence, served: collections.Counter) -> None:
+        """seq leaves the wait queue for service: its user's turn in the round-robin was taken."""
+        self.waiting.remove(seq)
+        served[seq.user_id] += 1
+        self._admissions += 1
+        self._last_admitted[seq.user_id] = self._admissions
+        self._last_admitted.move_to_end(seq.user_id)
+        while len(self._last_admitted) > MAX_USERS_REMEMBERED:  # a forgotten user just counts as new
+            self._last_admitted.popitem(last=False)
+
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        served = self._in_service()
         while budget and len(self.running) < self.max_num_seqs:
             if self.ready:
                 seq = self.ready.popleft()
             elif self.waiting:
-                seq = self.waiting[0]
+                seq = self._next_waiting(served)
                 if seq.status is SWAPPED or seq.num_stored_tokens:
                     if seq.pinned_blocks or not self.bm.can_allocate(seq):
                         break  # its swap-out is still being stored, or no blocks yet
-                    self.waiting.popleft()
+                    self._admitted(seq, served)
                     restore = self._restore(seq, max(seq.num_preempted_tokens, seq.num_stored_tokens))
                     seq.num_stored_tokens = 0
                     if restore is not None:
@@ -320,7 +411,7 @@ class Scheduler:
                     continue  # RESTORING, or now in ready
                 if not self.bm.can_allocate(seq):
                     break
-                self.waiting.popleft()
+                self._admitted(seq, served)
                 self.bm.allocate(seq)
                 if seq.num_preempted_tokens:
                     self.stats.tokens_recomputed += max(0, seq.num_preempted_tokens - seq.num_cached_tokens)
@@ -365,7 +456,8 @@ class Scheduler:
     # -- after the step
     def postprocess(self, output: SchedulerOutput, sampled_tokens: Seq[int]) -> list[Sequence]:
         """Advance computed tokens, append sampled ones (aligned with output.sampling); return the finished."""
-        assert len(sampled_tokens) == len(output.sampling), "one sampled token per sampling sequence"
+        if len(sampled_tokens) != len(output.sampling):
+            raise ValueError("one sampled token per sampling sequence")
         tokens = iter(sampled_tokens)
         finished = []
         for s in output.scheduled:
@@ -373,7 +465,8 @@ class Scheduler:
             seq = s.seq
             if seq.status is not RUNNING:  # aborted since the step was scheduled
                 continue
-            assert seq.num_computed_tokens == s.start, "postprocess called twice for a step"
+            if seq.num_computed_tokens != s.start:
+                raise RuntimeError("postprocess called twice for a step")
             self.bm.mark_computed(seq, s.num_tokens)
             if token is None:
                 continue

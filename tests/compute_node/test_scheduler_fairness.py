@@ -1,0 +1,99 @@
+"""The scheduler's fair share across users: admission, the prefill budget, preemption victims (pure)."""
+from __future__ import annotations
+
+from compute_node.block_manager import BlockManager
+from compute_node.scheduler import Scheduler
+from compute_node.sequence import Sequence
+
+BT = 4
+
+
+def make(num_blocks=64, max_num_seqs=4, budget=64, max_waiting=64, preemption="recompute"):
+    return Scheduler(BlockManager(num_blocks, BT), max_num_seqs, budget, preemption, max_waiting)
+
+
+def seq(user, n=6, max_new=3, start=0):
+    return Sequence(list(range(start, start + n)), max_new_tokens=max_new, block_tokens=BT, user_id=user,
+                    salt=user.encode())
+
+
+def step(sched):
+    out = sched.schedule()
+    sched.postprocess(out, [7] * len(out.sampling))
+    return out
+
+
+def test_a_modest_users_turn_is_admitted_in_the_first_schedule_with_room_before_the_greedy_users_queue():
+    sched = make(max_num_seqs=4)
+    greedy = [seq("greedy", start=10 * i) for i in range(20)]
+    for s in greedy:
+        sched.add(s)
+    modest = seq("modest", start=500)
+    sched.add(modest)  # behind all twenty
+    out = sched.schedule()
+    assert modest in out.admitted  # FIFO would have admitted greedy[0:4] and left it 17th in line
+    assert out.admitted == [greedy[0], modest, greedy[1], greedy[2]]
+
+
+def test_a_newcomer_waits_only_for_room_not_for_the_greedy_users_queue():
+    sched = make(max_num_seqs=2)
+    greedy = [seq("greedy", max_new=2, start=10 * i) for i in range(20)]
+    for s in greedy:
+        sched.add(s)
+    step(sched)  # greedy[0], greedy[1] run
+    modest = seq("modest", start=500, max_new=2)
+    sched.add(modest)
+    admitted = []
+    for _ in range(4):
+        admitted += step(sched).admitted
+        if modest in admitted:
+            break
+    assert modest in admitted and admitted.index(modest) == 0, admitted  # the first place that freed up
+
+
+def test_each_users_own_order_is_kept():
+    sched = make(max_num_seqs=2)
+    a = [seq("a", start=10 * i) for i in range(6)]
+    b = [seq("b", start=100 + 10 * i) for i in range(3)]
+    for s in a[:4] + b + a[4:]:
+        sched.add(s)
+    admitted = []
+    for _ in range(100):
+        if not sched.has_work():
+            break
+        admitted += step(sched).admitted
+    assert [s for s in admitted if s.user_id == "a"] == a
+    assert [s for s in admitted if s.user_id == "b"] == b
+    # alternating while both have waiting turns
+    assert [s.user_id for s in admitted[:6]] == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_one_users_long_prompts_share_the_prefill_budget_with_anothers_turn():
+    sched = make(num_blocks=256, max_num_seqs=8, budget=32)
+    long = [seq("greedy", n=200, start=1000 * i) for i in range(3)]
+    for s in long:
+        sched.add(s)
+    step(sched)  # the first long prompt takes the whole budget
+    short = seq("modest", n=12, start=9000)
+    sched.add(short)
+    out = step(sched)
+    work = {s.seq.seq_id: s.num_tokens for s in out.scheduled}
+    assert short in out.admitted and work[short.seq_id] == 12, work  # admitted with a share of its own
+    assert out.num_batched_tokens <= 32 and sum(work[s.seq_id] for s in long if s.seq_id in work) == 20
+
+
+def test_the_victim_is_the_latest_sequence_of_the_user_with_the_most_running():
+    # 8 blocks: greedy's three turns then modest's one, 2 blocks each (7 prompt tokens); greedy's next
+    # decode crosses a block boundary and needs room: greedy gives it, though modest's turn came last
+    sched = make(num_blocks=8, max_num_seqs=4, budget=64)
+    greedy = [seq("greedy", n=7, max_new=8, start=100 * i) for i in range(3)]
+    m = seq("modest", n=7, max_new=8, start=900)
+    for s in greedy:
+        sched.add(s)
+    step(sched)
+    sched.add(m)
+    step(sched)
+    assert sched.running == [*greedy, m] and sched.bm.num_allocatable_blocks == 0
+    out = step(sched)
+    assert [s for s, _ in out.preempted] == [greedy[2]] and m in sched.running
+    assert {s.seq.seq_id for s in out.scheduled} == {greedy[0].seq_id, greedy[1].seq_id, m.seq_id}
