@@ -15,6 +15,7 @@ import grpc
 
 from compute_node.settings import ComputeSettings
 from compute_node.turn import StepSpan
+from hostmem.region_reclaim import reclaim_abandoned
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
 from kvtb.rpc import Authorizer, Security, add_port
@@ -38,7 +39,7 @@ def cpu_store_security(s: ComputeSettings) -> dict:
             "mac_key": mac_key}
 
 
-def serve(settings: ComputeSettings, model=None, tokenizer=None) -> "ComputeNode":
+def serve(settings: ComputeSettings, model=None, tokenizer=None) -> ComputeNode:
     """The compute node of these settings, not started; without a model, start() loads SmolLM2."""
     return ComputeNode(settings, model, tokenizer)
 
@@ -76,6 +77,8 @@ class ComputeNode:
             # 0: one thread per CPU of its set (kvtb serve compute pinned the process to `cpus`)
             self.model, self.tokenizer = load_model(s.model_cache_dir, thread_count(s.torch_threads, current_cpus()))
         layout = layout_for(self.model.config, s.num_blocks, s.block_tokens, s.layer_groups)
+        for name in reclaim_abandoned(s.shm_prefix):  # a kill -9 leaves the region in /dev/shm
+            logger.warning("removed the region %s that a node %s left when it died", name, s.node_name)
         self.pool = KvPool.create(s.shm_name, layout)
         self.security = Security.of("compute", s.credentials_dir, s.insecure)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="compute-grpc"),

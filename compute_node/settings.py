@@ -104,9 +104,14 @@ class ComputeSettings:
         assert self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}"
 
     @property
+    def shm_prefix(self) -> str:
+        """What the names of this node's regions start with: then the pid of the process that made each."""
+        return f"kvtb-{self.node_name}-"
+
+    @property
     def shm_name(self) -> str:
         """The region's /dev/shm name, unique per node name and process."""
-        return f"kvtb-{self.node_name}-{os.getpid()}"
+        return f"{self.shm_prefix}{os.getpid()}"
 
     @property
     def swap_space_blocks(self) -> int:

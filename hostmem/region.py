@@ -5,6 +5,10 @@ name (the "PCIe peer-to-peer" link). Both use plain mmap on /dev/shm rather than
 multiprocessing.shared_memory, whose resource tracker would unlink the region when an
 attaching process exits (Python < 3.13).
 
+The region is 0600 (its owner's user only). Its creator holds an advisory `flock` on it for its
+lifetime, so a region whose lock can be taken has lost its owner (a kill -9): the owner's next
+start unlinks it (hostmem.region_reclaim).
+
 Counters live in the region as 16-byte records, [success u64, error u64]. Each counter has
 one writer: the compute node stores generations into PUT trigger counters; the agent bumps
 completion counters. Aligned 8-byte stores are single machine stores, so a reader never sees
@@ -12,6 +16,7 @@ a torn value; an add is a read and a store by that one writer.
 """
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 from pathlib import Path
@@ -57,14 +62,24 @@ class Region:
             raise RegionError(f"shared memory {name!r} already exists") from exc
         except FileNotFoundError as exc:
             raise RegionError(f"shared memory {name!r} does not exist") from exc
+        self._lock_fd = -1  # the creator's: open, and locked, until close()
         try:
             if create:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a file of our own making: never held
+                os.fchmod(fd, 0o600)
                 os.ftruncate(fd, size)
             actual = os.fstat(fd).st_size
             if actual < size:
                 raise RegionError(f"shared memory {name!r} has {actual} bytes, expected {size}")
             self._mmap = mmap.mmap(fd, size)
-        finally:
+        except BaseException:
+            os.close(fd)
+            if create:
+                self.path.unlink(missing_ok=True)
+            raise
+        if create:
+            self._lock_fd = fd
+        else:
             os.close(fd)
         self.buffer = memoryview(self._mmap)
         self.array = np.frombuffer(self._mmap, dtype=np.uint8)  # [size] uint8: the same bytes
@@ -143,6 +158,9 @@ class Region:
                 self.path.unlink()
             except FileNotFoundError:
                 pass
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # after the unlink: a region without its name is nobody's to reclaim
+            self._lock_fd = -1
 
     def __enter__(self) -> Region:
         return self
