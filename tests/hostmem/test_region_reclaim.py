@@ -20,15 +20,15 @@ from hostmem.region import Region
 from hostmem.region_reclaim import maker_alive, reclaim_abandoned
 
 SIZE = 1 << 20
-OWNER = """
+OWNER = f"""
 import sys, time
 from compute_node.settings import ComputeSettings
 from hostmem.region import Region
-r = Region.create(ComputeSettings(node_name=sys.argv[1]).shm_name, {size}, 0, 4)
+r = Region.create(ComputeSettings(node_name=sys.argv[1]).shm_name, {SIZE}, 0, 4)
 r.write(4096, b"x" * 65536)  # resident pages, as a pool has
 print(r.name, flush=True)
 time.sleep(120)
-""".format(size=SIZE)
+"""
 
 
 @pytest.fixture
