@@ -7,6 +7,7 @@ import os
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
 from kvtb.credentials import COMPUTE_NQN
 from kvtb.placement import parse_cpus
+from kvtb.settings import require
 
 POLICIES = ("triggered", "cpu", "resident", "recompute")
 PREEMPTIONS = ("swap", "swap-host", "recompute")
@@ -80,13 +81,13 @@ class ComputeSettings:
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
         if self.torch_threads < 0:
             raise ValueError(f"torch_threads must not be negative, got {self.torch_threads}")
-        assert self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}"
-        assert self.block_tokens > 0, "block_tokens must be positive"
-        assert self.pool_tokens >= self.block_tokens, "pool_tokens must hold at least one block"
-        assert self.max_context_tokens > 0, "max_context_tokens must be positive"
-        assert self.layer_groups > 0, "layer_groups must be positive"
-        assert 0 < self.max_num_seqs <= self.max_num_batched_tokens, \
-            "need 0 < max_num_seqs <= max_num_batched_tokens (a decode per sequence fits a step)"
+        require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
+        require(self.block_tokens > 0, "block_tokens must be positive")
+        require(self.pool_tokens >= self.block_tokens, "pool_tokens must hold at least one block")
+        require(self.max_context_tokens > 0, "max_context_tokens must be positive")
+        require(self.layer_groups > 0, "layer_groups must be positive")
+        require(0 < self.max_num_seqs <= self.max_num_batched_tokens,
+                "need 0 < max_num_seqs <= max_num_batched_tokens (a decode per sequence fits a step)")
         if self.preemption not in PREEMPTIONS:
             raise ValueError(f"preemption must be one of {PREEMPTIONS}, got {self.preemption!r}")
         if isinstance(self.swap_space_tokens, bool) or not isinstance(self.swap_space_tokens, int) \
@@ -96,12 +97,12 @@ class ComputeSettings:
         if 0 < self.swap_space_tokens < self.block_tokens:
             raise ValueError(f"swap_space_tokens {self.swap_space_tokens} holds no block of "
                              f"{self.block_tokens} tokens (0: the pool's size)")
-        assert self.restore_timeout_s > 0, "restore_timeout_s must be positive"
-        assert self.restore_layer_wait_s > 0, "restore_layer_wait_s must be positive"
-        assert self.queue_bound > 0, "queue_bound must be positive"
-        assert self.model_dtype == "float32", "only float32 KV is supported (the pool is fp32)"
-        assert self.node_name and "/" not in self.node_name, "node_name must be a plain name"
-        assert self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}"
+        require(self.restore_timeout_s > 0, "restore_timeout_s must be positive")
+        require(self.restore_layer_wait_s > 0, "restore_layer_wait_s must be positive")
+        require(self.queue_bound > 0, "queue_bound must be positive")
+        require(self.model_dtype == "float32", "only float32 KV is supported (the pool is fp32)")
+        require(self.node_name and "/" not in self.node_name, "node_name must be a plain name")
+        require(self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}")
 
     @property
     def shm_prefix(self) -> str:

@@ -38,7 +38,8 @@ class Salts:
     shared_blocks: int = 0
 
     def __post_init__(self):
-        assert self.shared_blocks >= 0 and (self.shared or not self.shared_blocks), "shared blocks need a salt"
+        if self.shared_blocks < 0 or (self.shared_blocks and not self.shared):
+            raise ValueError(f"shared_blocks {self.shared_blocks}: not negative, and shared blocks need a salt")
 
     @classmethod
     def of(cls, tenant: str, user: str, shared_tokens: int, block_tokens: int) -> Salts:

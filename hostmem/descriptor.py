@@ -40,7 +40,8 @@ CRC_OFFSET = DESCRIPTOR_BYTES - _CRC.size
 STAMP_OFFSET = CRC_OFFSET - _STAMP.size
 MAX_TENANT_BYTES, MAX_USER_BYTES, MAX_CONTEXT_BYTES = 64, 128, 240
 MAX_TOKEN_END = 0xFFFFFFFF  # a stored chunk's header keeps token positions as u32
-assert _HEAD.size + _OWNER.size + MAX_TENANT_BYTES + MAX_USER_BYTES + MAX_CONTEXT_BYTES <= STAMP_OFFSET
+if _HEAD.size + _OWNER.size + MAX_TENANT_BYTES + MAX_USER_BYTES + MAX_CONTEXT_BYTES > STAMP_OFFSET:
+    raise RuntimeError(f"hostmem.descriptor: the fields do not fit before the stamp at {STAMP_OFFSET}")
 
 
 class DescriptorError(ValueError):

@@ -51,9 +51,12 @@ class KvLayout:
     def __post_init__(self):
         for name in ("num_blocks", "num_layers", "num_kv_heads", "block_tokens", "head_dim", "dtype_bytes",
                      "layer_groups"):
-            assert getattr(self, name) > 0, f"{name} must be positive"
-        assert self.layer_groups <= self.num_layers, "layer_groups must not exceed num_layers"
-        assert self.extra_counters >= 0, "extra_counters must not be negative"
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.layer_groups > self.num_layers:
+            raise ValueError(f"layer_groups {self.layer_groups} must not exceed num_layers {self.num_layers}")
+        if self.extra_counters < 0:
+            raise ValueError(f"extra_counters must not be negative, got {self.extra_counters}")
 
     # -- sizes
     @property
@@ -133,7 +136,8 @@ class KvLayout:
         return self._check_block(block) * self.counters_per_block + 2 + group
 
     def extra_counter(self, i: int) -> int:
-        assert 0 <= i < self.extra_counters, f"extra counter {i} out of range"
+        if not 0 <= i < self.extra_counters:
+            raise ValueError(f"extra counter {i} out of range [0, {self.extra_counters})")
         return self.num_blocks * self.counters_per_block + i
 
     def counter_range(self, counter: int) -> tuple[int, int]:

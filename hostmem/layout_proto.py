@@ -22,7 +22,7 @@ def layout_from_proto(msg: smartnic_pb2.KvLayout) -> KvLayout:
         layout = KvLayout(num_blocks=msg.num_blocks, num_layers=msg.num_layers, num_kv_heads=msg.num_kv_heads,
                           block_tokens=msg.block_tokens, head_dim=msg.head_dim, dtype_bytes=msg.dtype_bytes or 4,
                           layer_groups=msg.layer_groups or 1, extra_counters=msg.extra_counters)
-    except AssertionError as exc:
+    except ValueError as exc:
         raise RegionError(f"invalid kv_layout: {exc}") from exc
     for name in ("kv_offset", "token_ids_offset", "descriptor_offset"):
         if getattr(msg, name) != getattr(layout, name):

@@ -17,8 +17,10 @@ class Admission:
     """Not thread-safe: the watcher thread that fires standing PUTs is its only caller."""
 
     def __init__(self, mode: str = "always", max_names: int = 1 << 20):
-        assert mode in ADMISSIONS, f"admission: one of {ADMISSIONS}"
-        assert max_names > 0, "max_names must be positive"
+        if mode not in ADMISSIONS:
+            raise ValueError(f"admission: one of {ADMISSIONS}, got {mode!r}")
+        if max_names <= 0:
+            raise ValueError(f"max_names must be positive, got {max_names}")
         self.mode, self.max_names = mode, max_names
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 

@@ -41,7 +41,8 @@ class LruCapacity(EvictionPolicy):
     reason = "capacity"
 
     def __init__(self, high_bytes: int, low_bytes: int):
-        assert 0 <= low_bytes <= high_bytes, "need 0 <= low <= high watermark"
+        if not 0 <= low_bytes <= high_bytes:
+            raise ValueError(f"need 0 <= low <= high watermark, got low {low_bytes}, high {high_bytes}")
         self.high_bytes, self.low_bytes = high_bytes, low_bytes
         self._sizes: collections.OrderedDict[Hashable, int] = collections.OrderedDict()
         self.total_bytes = 0
@@ -77,7 +78,8 @@ class IdleTimer(EvictionPolicy):
     reason = "ttl"
 
     def __init__(self, ttl_s: float):
-        assert ttl_s > 0, "ttl_s must be positive"
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         self.ttl_s = ttl_s
         self._last: collections.OrderedDict[Hashable, float] = collections.OrderedDict()
 

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
 from kvtb.credentials import AGENT_NQN
 from kvtb.placement import parse_cpus
+from kvtb.settings import require
 
 EVICTION_POLICIES = ("lru", "timer", "both")
 FASTPATHS = ("thread", "process")  # smartnic.fastpath: where standing PUTs fire
@@ -33,10 +34,10 @@ def _node(value: Any) -> StorageNodeRef:
         parts = value.split("=")
         if len(parts) == 2:
             parts = [parts[0], "", parts[1]]
-        assert len(parts) == 3, f"storage node {value!r}: expected name=admin_address=fabric_address"
+        require(len(parts) == 3, f"storage node {value!r}: expected name=admin_address=fabric_address")
         return StorageNodeRef(*parts)
     value = dict(value)
-    assert "name" in value and "fabric_address" in value, f"storage node {value}: name and fabric_address"
+    require("name" in value and "fabric_address" in value, f"storage node {value}: name and fabric_address")
     return StorageNodeRef(str(value["name"]), str(value.get("admin_address", "")),
                           str(value["fabric_address"]))
 
@@ -100,21 +101,22 @@ class SmartNicSettings:
             nodes = [n for n in nodes.split(",") if n.strip()]
         object.__setattr__(self, "storage_nodes", tuple(_node(n) for n in nodes))
         names = [n.name for n in self.storage_nodes]
-        assert names and len(set(names)) == len(names), "storage_nodes: at least one, unique names"
-        assert self.namespace_id >= 1, "namespace_id is 1-based"
-        assert self.salt, "salt must not be empty"
-        assert self.queue_bound > 0, "queue_bound must be positive"
-        assert self.view_min_bytes > 0, "view_min_bytes must be positive"
-        assert min(self.watcher_spin_us, self.watcher_poll_us, self.watcher_warm_ms, self.watcher_max_sleep_us,
-                   self.watcher_bell_timeout_ms) >= 0, "watcher_*: not negative"
+        require(names and len(set(names)) == len(names), "storage_nodes: at least one, unique names")
+        require(self.namespace_id >= 1, "namespace_id is 1-based")
+        require(self.salt, "salt must not be empty")
+        require(self.queue_bound > 0, "queue_bound must be positive")
+        require(self.view_min_bytes > 0, "view_min_bytes must be positive")
+        require(min(self.watcher_spin_us, self.watcher_poll_us, self.watcher_warm_ms, self.watcher_max_sleep_us,
+                    self.watcher_bell_timeout_ms) >= 0, "watcher_*: not negative")
         # the storage node refuses smaller PDUs (storage_node.commands.MIN_DATA_PDU_BYTES), so every
         # GET would fail: refused here, at start, instead (not imported: settings stay free of protobuf)
-        assert self.get_pdu_bytes == 0 or self.get_pdu_bytes >= 4096, "get_pdu_bytes: 0 or at least 4096"
-        assert 0 <= self.capacity_low_bytes <= self.capacity_high_bytes, "need low <= high watermark"
-        assert self.ttl_s > 0 and self.get_timeout_s > 0 and self.fabric_timeout_s > 0
-        assert self.eviction_policy in EVICTION_POLICIES, f"eviction_policy: one of {EVICTION_POLICIES}"
-        assert self.admission in ADMISSIONS, f"admission: one of {ADMISSIONS}"
+        require(self.get_pdu_bytes == 0 or self.get_pdu_bytes >= 4096, "get_pdu_bytes: 0 or at least 4096")
+        require(0 <= self.capacity_low_bytes <= self.capacity_high_bytes, "need low <= high watermark")
+        require(self.ttl_s > 0 and self.get_timeout_s > 0 and self.fabric_timeout_s > 0,
+                "ttl_s, get_timeout_s and fabric_timeout_s must be positive")
+        require(self.eviction_policy in EVICTION_POLICIES, f"eviction_policy: one of {EVICTION_POLICIES}")
+        require(self.admission in ADMISSIONS, f"admission: one of {ADMISSIONS}")
         if self.fastpath not in FASTPATHS:
             raise ValueError(f"fastpath: one of {FASTPATHS}, got {self.fastpath!r}")
-        assert self.admission_max_names > 0, "admission_max_names must be positive"
-        assert self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}"
+        require(self.admission_max_names > 0, "admission_max_names must be positive")
+        require(self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}")

@@ -60,7 +60,8 @@ class StandingPuts:
         self.counters = counters  # [counter, success|error] uint64: the region's own array
         self.region_array = region_array  # the whole region (its descriptors and token ids), or None
         step, n = layout.counters_per_block, layout.num_blocks
-        assert [layout.put_trigger(b) for b in (0, n - 1)] == [0, (n - 1) * step], "triggers are strided"
+        if [layout.put_trigger(b) for b in (0, n - 1)] != [0, (n - 1) * step]:  # the view below reads them so
+            raise ValueError(f"the layout's PUT triggers are not strided by {step} counters from 0")
         self.triggers = counters[0:n * step:step, 0]  # [block] uint64: a view, read in place
         self._seen = self.triggers.tobytes()  # the triggers at the last call
         self._last = int.from_bytes(self._seen, "little")

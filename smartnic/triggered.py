@@ -47,7 +47,8 @@ class DeferredWorkQueue:
     """
 
     def __init__(self, bound: int = DEFAULT_BOUND):
-        assert bound > 0, "bound must be positive"
+        if bound <= 0:
+            raise ValueError(f"bound must be positive, got {bound}")
         self.bound = bound
         self._heaps: dict[Hashable, list[tuple[int, int, Entry]]] = {}
         self._seq = itertools.count()

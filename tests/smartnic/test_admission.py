@@ -27,5 +27,7 @@ def test_on_reuse_remembers_a_bounded_number_of_names_least_recently_seen_forgot
 
 
 def test_unknown_mode_is_refused():
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="admission: one of"):
         Admission("sometimes")
+    with pytest.raises(ValueError, match="max_names"):
+        Admission("on_reuse", max_names=0)
