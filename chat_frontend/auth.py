@@ -6,6 +6,8 @@ from typing import Iterable, Mapping
 
 from chat_frontend.errors import ChatError
 
+MAX_TOKEN_CHARS = 4096
+
 
 def token_from(request_token: str, metadata: Iterable[tuple[str, str]] = ()) -> str:
     """The request's token field, else the `authorization: Bearer TOKEN` metadata; '' if none."""
@@ -30,6 +32,9 @@ class Authenticator:
         if not token:
             raise ChatError("UNAUTHENTICATED", "no token: give one in the request or as "
                             "'authorization: Bearer TOKEN' metadata")
+        if len(token) > MAX_TOKEN_CHARS:
+            raise ChatError("INVALID_ARGUMENT", f"the token is {len(token)} characters, over the limit "
+                            f"of {MAX_TOKEN_CHARS}")
         found = ""
         for name, known in self._users:
             # surrogateescape: an HTTP header's bytes that are not UTF-8 (they match no token)

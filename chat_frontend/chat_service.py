@@ -16,7 +16,7 @@ import uuid
 from typing import AsyncIterator, Iterable, Protocol
 
 from chat_frontend import conversation, limits, prompt, sessions
-from chat_frontend.admission import Admission
+from chat_frontend.admission import Admission, estimate_tokens
 from chat_frontend.auth import Authenticator, token_from
 from chat_frontend.conversation import History
 from chat_frontend.errors import ChatError
@@ -47,7 +47,7 @@ class ChatService:
         self.agent = agent
         self.auth = Authenticator(settings.users)
         self.admission = Admission(settings.max_concurrent_turns, settings.max_waiting_turns,
-                                   settings.queue_timeout_s)
+                                   settings.queue_timeout_s, settings.limits_of)
         self.tenants = Tenants()
         self.shared_prefix = prompt.SharedPrefix(agent, settings.shared_system_prompts)
         self.turns_completed = 0
@@ -90,7 +90,7 @@ class ChatService:
 
     async def _admitted(self, user: str, request: frontend_pb2.ChatRequest, history: History,
                         system: str | None, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
-        """Check the request's limits and context, wait for admission, run the turn."""
+        """Check the request's limits and context, wait for admission (the user's fair share), run the turn."""
         limits.check_message(request.message, self.settings.message_max_chars)
         limits.check_sampling(request.sampling.temperature, request.sampling.top_p)
         max_new = limits.resolve_max_new_tokens(request.max_new_tokens,
@@ -100,7 +100,8 @@ class ChatService:
             context_id = sessions.check_session_id(request.context_id, "context_id")
         else:
             context_id = sessions.new_context_id()
-        async with self.admission.turn((user, context_id)):
+        prompt_tokens = estimate_tokens(request.message, system or "", *(text for _, text in history))
+        async with self.admission.turn(user, (user, context_id), prompt_tokens):
             try:
                 async for event in self._turn(user, context_id, request, history, system, max_new, clock):
                     yield event

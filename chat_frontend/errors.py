@@ -7,12 +7,16 @@ CODES = ("INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED", "NOT_FOUND"
 
 
 class ChatError(Exception):
-    """A refusal or failure to report to the user: a status code name, a message, and the
-    request field it is about (OpenAI's `param`), if any."""
+    """A refusal or failure to report to the user: a status code name, a message, the request
+    field it is about (OpenAI's `param`), if any, and for a refusal of a busy frontend when to
+    try again (`retry_after_s`: HTTP's Retry-After)."""
 
-    def __init__(self, code: str, message: str, param: str | None = None):
-        assert code in CODES, code
+    def __init__(self, code: str, message: str, param: str | None = None,
+                 retry_after_s: float | None = None):
+        if code not in CODES:
+            raise ValueError(f"unknown status code {code!r}; one of {', '.join(CODES)}")
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.param = param
+        self.retry_after_s = retry_after_s

@@ -13,12 +13,14 @@ back to learn whether it is the last), the usage chunk when asked, `data: [DONE]
 after the stream began is one `data: {"error": ...}` event before `[DONE]`.
 
 Every error is OpenAI's JSON (`{"error": {"message", "type", "param", "code"}}`) with its status:
-the handlers' refusals here, aiohttp's own errors through `http_errors`.
+the handlers' refusals here, aiohttp's own errors through `http_errors`. A turn past the user's
+fair share or a full frontend is 429 with `Retry-After` (seconds), as OpenAI's rate limits are.
 """
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import uuid
 from typing import Callable
 
@@ -43,6 +45,9 @@ def error_response(code: str, message: str, headers: dict | None = None,
 
 
 def refusal(exc: ChatError, headers: dict | None = None) -> web.Response:
+    """The refusal in OpenAI's shape; a busy frontend's (429) says when to try again (Retry-After, s)."""
+    if exc.retry_after_s is not None:
+        headers = {**(headers or {}), "Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
     return error_response(exc.code, exc.message, headers, exc.param)
 
 

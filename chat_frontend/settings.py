@@ -3,12 +3,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
+from chat_frontend.admission import UserLimits
 from kvtb.placement import parse_cpus
-from kvtb.settings import load_settings
+from kvtb.settings import load_settings, require
 
 DEFAULT_TENANT = "default"
+# A user's share of the frontend (FrontendSettings.limits_of); `tenant_limits` overrides them per tenant.
+USER_LIMITS = ("user_max_concurrent_turns", "user_max_waiting_turns", "user_max_queued_prompt_tokens")
+
+
+def _check_user_limits(where: str, fields: Mapping[str, object]) -> None:
+    for name in USER_LIMITS:
+        value = fields[name]
+        require(isinstance(value, int) and not isinstance(value, bool),
+                f"{where}{name} must be a whole number, got {value!r}")
+    require(fields["user_max_concurrent_turns"] > 0, f"{where}user_max_concurrent_turns must be positive")
+    require(fields["user_max_waiting_turns"] >= 0, f"{where}user_max_waiting_turns must not be negative")
+    require(fields["user_max_queued_prompt_tokens"] > 0,
+            f"{where}user_max_queued_prompt_tokens must be positive")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,33 +58,64 @@ class FrontendSettings:
     max_concurrent_turns: int = 64           # turns forwarded to the agent at once (the compute node batches them)
     max_waiting_turns: int = 32              # turns waiting for one of those; past it RESOURCE_EXHAUSTED
     queue_timeout_s: float = 60.0            # how long a turn may wait for its turn
+    # Each user's fair share (chat_frontend.admission): turns running at once, turns waiting (never
+    # more than half the waiting room), and prompt tokens of its turns running or waiting (estimated
+    # from the text's bytes; one turn alone always passes). Past them RESOURCE_EXHAUSTED (HTTP 429).
+    user_max_concurrent_turns: int = 8
+    user_max_waiting_turns: int = 8
+    user_max_queued_prompt_tokens: int = 16384
+    # tenant -> overrides of the user_* limits for that tenant's users ({"team-b": {"user_max_concurrent_turns": 16}})
+    tenant_limits: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
+    operators: tuple[str, ...] = ()          # users (of `users`) whose token shows SystemStats in detail
     agent_timeout_s: float = 300.0           # deadline of one forwarded turn
     info_retry_s: float = 0.5                # how often to ask the agent's Info until it answers
 
     def __post_init__(self):
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
-        assert self.listen_address, "listen_address must be set"
-        assert self.agent_address, "agent_address must be set"
-        assert self.message_max_chars > 0, "message_max_chars must be positive"
-        assert 0 < self.max_new_tokens_default <= self.max_new_tokens_cap, \
-            "need 0 < max_new_tokens_default <= max_new_tokens_cap"
-        assert self.max_concurrent_turns > 0, "max_concurrent_turns must be positive"
-        assert self.max_waiting_turns >= 0, "max_waiting_turns must not be negative"
-        assert self.queue_timeout_s > 0, "queue_timeout_s must be positive"
+        require(self.listen_address, "listen_address must be set")
+        require(self.agent_address, "agent_address must be set")
+        require(self.message_max_chars > 0, "message_max_chars must be positive")
+        require(0 < self.max_new_tokens_default <= self.max_new_tokens_cap,
+                "need 0 < max_new_tokens_default <= max_new_tokens_cap")
+        require(self.max_concurrent_turns > 0, "max_concurrent_turns must be positive")
+        require(self.max_waiting_turns >= 0, "max_waiting_turns must not be negative")
+        require(self.queue_timeout_s > 0, "queue_timeout_s must be positive")
         tokens = list(self.users.values())
-        assert all(isinstance(t, str) and t for t in tokens), "every user needs a non-empty token"
-        assert len(set(tokens)) == len(tokens), "two users share a token"
-        assert all(isinstance(t, str) and t for t in self.tenants.values()), \
-            "every tenant needs a non-empty name"
+        require(all(isinstance(t, str) and t for t in tokens), "every user needs a non-empty token")
+        require(len(set(tokens)) == len(tokens), "two users share a token")
+        require(all(isinstance(t, str) and t for t in self.tenants.values()),
+                "every tenant needs a non-empty name")
         unknown = sorted(set(self.tenants) - set(self.users))
-        assert not unknown, f"tenants names users that are not in users: {unknown}"
+        require(not unknown, f"tenants names users that are not in users: {unknown}")
         known = {*self.tenants.values(), DEFAULT_TENANT}
         unknown = sorted(set(self.shared_system_prompts) - known)
-        assert not unknown, f"shared_system_prompts names tenants no user belongs to: {unknown}"
-        assert all(isinstance(p, str) for p in self.shared_system_prompts.values()), \
-            "every shared system prompt must be text"
-        assert all(isinstance(h, str) and h.strip() for h in self.session_headers), \
-            "session_headers must be header names"
+        require(not unknown, f"shared_system_prompts names tenants no user belongs to: {unknown}")
+        require(all(isinstance(p, str) for p in self.shared_system_prompts.values()),
+                "every shared system prompt must be text")
+        require(all(isinstance(h, str) and h.strip() for h in self.session_headers),
+                "session_headers must be header names")
+        unknown = sorted(set(self.operators) - set(self.users))
+        require(not unknown, f"operators names users that are not in users: {unknown}")
+        _check_user_limits("", self.user_limits_fields())
+        unknown = sorted(set(self.tenant_limits) - known)
+        require(not unknown, f"tenant_limits names tenants no user belongs to: {unknown}")
+        for tenant, overrides in self.tenant_limits.items():
+            require(isinstance(overrides, Mapping), f"tenant_limits.{tenant} must be a mapping of "
+                    f"{', '.join(USER_LIMITS)}")
+            wrong = sorted(set(overrides) - set(USER_LIMITS))
+            require(not wrong, f"tenant_limits.{tenant}: unknown limits {wrong}; "
+                    f"known: {', '.join(USER_LIMITS)}")
+            _check_user_limits(f"tenant_limits.{tenant}.", {**self.user_limits_fields(), **overrides})
+
+    def user_limits_fields(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in USER_LIMITS}
+
+    def limits_of(self, user: str) -> UserLimits:
+        """The user's share: the user_* settings, overridden by the user's tenant's `tenant_limits`."""
+        fields = {**self.user_limits_fields(), **self.tenant_limits.get(self.tenant_of(user), {})}
+        return UserLimits(max_concurrent_turns=int(fields["user_max_concurrent_turns"]),
+                          max_waiting_turns=int(fields["user_max_waiting_turns"]),
+                          max_queued_prompt_tokens=int(fields["user_max_queued_prompt_tokens"]))
 
     def tenant_of(self, user: str) -> str:
         """The user's tenant: its metrics and (with the user, or alone for a shared prompt) its KV's salt."""

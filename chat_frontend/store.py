@@ -227,7 +227,9 @@ class SessionStore:
                   now_unix_s: float, system_prompt: str | None = None) -> None:
         """Record completed turns (numbered on from the context's last; turn 1 starts it, with its
         system message) and the conversation's token ids after them, atomically."""
-        assert turns and all(t.turn == turns[0].turn + i for i, t in enumerate(turns)), "turns out of order"
+        if not turns or any(t.turn != turns[0].turn + i for i, t in enumerate(turns)):
+            raise ValueError(f"turns to add must be numbered one after the other, got "
+                             f"{[t.turn for t in turns]}")
         with self._lock:
             self._transaction(self._add_turns, user_id, context_id, turns, token_ids, now_unix_s,
                               system_prompt)

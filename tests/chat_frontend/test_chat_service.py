@@ -5,7 +5,8 @@ import pytest
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
 from chat_frontend.settings import FrontendSettings
-from chat_frontend.store import SessionStore
+from chat_frontend.store import SessionStore, TurnRow
+from kvtb.settings import SettingsError
 from kvtb_proto import compute_pb2, frontend_pb2
 
 from .fakes import STOP, FakeEngine
@@ -182,7 +183,7 @@ def test_only_the_tenants_shared_system_prompt_is_shared(tmp_path):
     assert shared == [6, 6, 0, 0]  # 1, four words, 4: the system message's ids alone
     assert list(engine.turns[0].token_ids[:6]) == [1, 13, 14, 14, 11, 4]
     assert [t.tenant for t in engine.turns] == ["team-a", "team-a", "team-a", "default"]
-    with pytest.raises(AssertionError, match="no user belongs to"):
+    with pytest.raises(SettingsError, match="no user belongs to"):
         FrontendSettings(users=USERS, shared_system_prompts={"team-z": "x"})
 
 
@@ -220,7 +221,42 @@ def test_metrics_count_tenants_never_users(tmp_path):
     turns, tokens = service.tenants.snapshot()
     assert turns == {("team-a", "ok"): 1, ("default", "ok"): 1, ("default", "INVALID_ARGUMENT"): 1}
     assert {tenant for tenant, _ in tokens} == {"team-a", "default"}
-    with pytest.raises(AssertionError, match="not in users"):
+    with pytest.raises(SettingsError, match="not in users"):
         FrontendSettings(users=USERS, tenants={"mallory": "team-m"})
-    with pytest.raises(AssertionError, match="non-empty"):
+    with pytest.raises(SettingsError, match="non-empty"):
         FrontendSettings(users=USERS, tenants={"alice": ""})
+
+
+def test_user_limits_come_from_the_settings_and_the_tenants_overrides():
+    settings = FrontendSettings(users=USERS, tenants={"alice": "gold"}, user_max_concurrent_turns=2,
+                                tenant_limits={"gold": {"user_max_concurrent_turns": 6,
+                                                        "user_max_queued_prompt_tokens": 99}})
+    gold, plain = settings.limits_of("alice"), settings.limits_of("bob")
+    assert (gold.max_concurrent_turns, gold.max_waiting_turns, gold.max_queued_prompt_tokens) == (6, 8, 99)
+    assert (plain.max_concurrent_turns, plain.max_queued_prompt_tokens) == (2, 16384)
+    for bad, match in [({"tenant_limits": {"gold": {"user_max_turns": 1}}}, "unknown limits"),
+                       ({"tenant_limits": {"nobody": {}}}, "no user belongs to"),
+                       ({"tenant_limits": {"gold": {"user_max_concurrent_turns": 0}}}, "must be positive"),
+                       ({"tenant_limits": {"gold": {"user_max_waiting_turns": "x"}}}, "whole number"),
+                       ({"user_max_queued_prompt_tokens": 0}, "must be positive"),
+                       ({"operators": ("mallory",)}, "operators names users"),
+                       ({"max_concurrent_turns": 0}, "must be positive")]:
+        with pytest.raises(SettingsError, match=match):
+            FrontendSettings(**{"users": USERS, "tenants": {"alice": "gold"}, **bad})
+
+
+def test_store_refuses_turns_out_of_order_with_a_real_error(tmp_path):
+    store = SessionStore(str(tmp_path / "s.sqlite3"))
+    try:
+        rows = [TurnRow(1, "a", "b", (1,), (2,), b""), TurnRow(3, "c", "d", (3,), (4,), b"")]
+        with pytest.raises(ValueError, match="one after the other"):
+            store.add_turns("alice", "ctx-1", rows, [1, 2], 0.0)
+        with pytest.raises(ValueError, match="one after the other"):
+            store.add_turns("alice", "ctx-1", [], [], 0.0)
+    finally:
+        store.close()
+
+
+def test_an_unknown_status_code_is_a_real_error():
+    with pytest.raises(ValueError, match="unknown status code"):
+        ChatError("NOPE", "x")
