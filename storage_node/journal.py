@@ -1,22 +1,35 @@
 """Append-only journal of the key index: checksummed, numbered records; replay skips damage.
 
-Record layout (little endian), version 2 (what is written):
-    [u32 MAGIC][u32 body length][u32 crc32c(body)][body]
+Record layout (little endian), version 3 (what is written):
+    [u32 MAGIC3][u32 body length][u32 crc32c(body)][body]
+    body:           [tag][rest of the payload][tag]
+    tag:            [u64 sequence number][u8 type][u8 key len][key][u32 crc32c(the tag before it)]
+payload LOST:   [u8 type=3][u8 key len][key] (version 3 only): records of key (of any key when it
+                is empty) were lost to a torn tail here; written by open() in the tail's place
+Version 2 (still read, never written): [u32 MAGIC][u32 body length][u32 crc32c(body)][body]
     body:           [u64 sequence number][payload]
-Version 1 (journals written before version 2; still read, never written):
-    [u32 payload length][u32 crc32c(payload)][payload]
+Version 1 (still read, never written): [u32 payload length][u32 crc32c(payload)][payload]
 payload PUT:    [u8 type=1][u8 key len][key][u64 value length][u32 value crc32c]
                 [u32 extent count][(u64 offset, u64 length) * count]
 payload DELETE: [u8 type=2][u8 key len][key]
+The rest of the payload is what follows the key (nothing for a DELETE).
 
-MAGIC read as a u32 is over MAX_RECORD_BYTES, so no version-1 record starts with it and a file
-may hold version-1 records followed by version-2 ones. Sequence numbers count a file's records
-from 0 (version-1 records count too), so a gap says how many records a damaged span held.
+The magics read as a u32 are over MAX_RECORD_BYTES, so no version-1 record starts with one and a
+file may hold records of every version in order. Sequence numbers count a file's records from 0
+(version-1 records count too), so a gap says how many records a damaged span held.
 
 A bad record followed by a valid one is damage in the middle: the scan resynchronises on the
 next record (found by its magic, with a sequence number not below the one expected), keeps it
 and everything valid after it, and reports the span. A bad region that no valid record follows
-is a torn tail (an append cut short by a crash): it is cut, as it always was.
+is a torn tail (an append cut short, or the journal cut): it is cut.
+
+What a damaged span held matters: a lost DELETE or PUT would leave an older value of its key in
+the index. A version-3 record carries its key twice, each copy with its own checksum, so one
+flipped byte (or one damaged stretch shorter than a record) leaves one copy readable; a torn
+record keeps its first copy when the cut falls after it. The scan reports, for each damaged
+span and for the torn tail, the keys its lost records held, or "unknown" when a lost record's
+key cannot be read (see lost_keys and tail_keys). open() puts that in the records it returns,
+as LOST markers, for replay to drop those keys' older values.
 """
 from __future__ import annotations
 
@@ -32,14 +45,19 @@ from storage_node.allocator import Extent
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"kvJ2"
+MAGIC = b"kvJ2"                   # version 2
+MAGIC3 = b"kvJ3"                  # version 3
 HEADER = struct.Struct("<II")     # version 1: length, crc32c
-HEADER2 = struct.Struct("<4sII")  # version 2: magic, length, crc32c
+HEADER2 = struct.Struct("<4sII")  # versions 2 and 3: magic, length, crc32c
 SEQ = struct.Struct("<Q")
+CRC = struct.Struct("<I")
 PUT, DELETE = 1, 2
+LOST = 3  # records of key (b"": of any key) were lost to damage here
 _PUT_FIXED = struct.Struct("<QII")
 _EXTENT = struct.Struct("<QQ")
 MAX_RECORD_BYTES = 1 << 24
+MAX_KEY_BYTES = 16
+MAX_SEARCH_BYTES = 1 << 20  # a damaged span longer than this is not searched for keys (unknown)
 
 
 @dataclass(frozen=True)
@@ -62,15 +80,38 @@ class Damage:
     records: int  # from the sequence numbers around it (0: garbage inserted, nothing lost)
 
 
+Keys = "frozenset[bytes] | None"  # the keys lost records held; None: unknown (any key)
+
+
 @dataclass
 class Scan:
-    """What a journal's bytes hold: its valid records, where the torn tail starts, the damage."""
+    """What a journal's bytes hold: its valid records, where the torn tail starts, the damage.
+
+    lost: (position, keys) for each damaged span that took records, position being how many
+    valid records come before it, keys those the lost records held (None: unknown).
+    tail_lost: the keys the torn tail's records held (empty: no tail, or nothing but zeros).
+    """
 
     records: list[Record] = field(default_factory=list)
     end: int = 0  # bytes up to the end of the last valid record
     damage: list[Damage] = field(default_factory=list)
-    legacy_records: int = 0  # version-1 records
+    legacy_records: int = 0  # records of versions 1 and 2
     next_seq: int = 0
+    lost: list[tuple[int, Keys]] = field(default_factory=list)
+    tail_lost: Keys = frozenset()
+
+    def with_markers(self) -> list[Record]:
+        """The records with LOST markers where records were lost (see markers)."""
+        out, done = [], 0
+        for position, keys in [*self.lost, (len(self.records), self.tail_lost)]:
+            out += self.records[done:position] + markers(keys)
+            done = position
+        return out
+
+
+def markers(keys: Keys) -> list[Record]:
+    """LOST records for the keys lost records held: one per key, or one with key b"" when unknown."""
+    return [Record(LOST, b"")] if keys is None else [Record(LOST, k) for k in sorted(keys)]
 
 
 def payload(record: Record) -> bytes:
@@ -82,8 +123,24 @@ def payload(record: Record) -> bytes:
     return body
 
 
+def tag(record: Record, seq: int) -> bytes:
+    """A version-3 record's checksummed copy of its sequence number, type and key."""
+    head = SEQ.pack(seq) + bytes([record.kind, len(record.key)]) + record.key
+    return head + CRC.pack(crc32c(head))
+
+
 def encode(record: Record, seq: int = 0) -> bytes:
-    """The record's bytes as version 2: magic, length, crc32c, sequence number, payload."""
+    """The record's bytes as version 3: magic, length, crc32c, then tag, rest of payload, tag."""
+    if record.kind not in (PUT, DELETE, LOST) or len(record.key) > MAX_KEY_BYTES or (
+            not record.key and record.kind != LOST):
+        raise ValueError(f"not a record to write: type {record.kind}, key of {len(record.key)} bytes")
+    copy = tag(record, seq)
+    body = copy + payload(record)[2 + len(record.key):] + copy
+    return HEADER2.pack(MAGIC3, len(body), crc32c(body)) + body
+
+
+def encode_v2(record: Record, seq: int = 0) -> bytes:
+    """The record's bytes as version 2 wrote them (for tests of old journals)."""
     body = SEQ.pack(seq) + payload(record)
     return HEADER2.pack(MAGIC, len(body), crc32c(body)) + body
 
@@ -96,15 +153,15 @@ def encode_v1(record: Record) -> bytes:
 
 def decode(body: bytes) -> Record:
     """Parse a payload (already checked against its crc); ValueError unless it is exactly a record."""
-    if len(body) < 3:
+    if len(body) < 2:
         raise ValueError("record too short")
     kind, key_len = body[0], body[1]
     key = bytes(body[2:2 + key_len])
     pos = 2 + key_len
-    if key_len == 0 or len(key) != key_len:
+    if len(key) != key_len or (key_len == 0 and kind != LOST):
         raise ValueError("bad key length")
-    if kind == DELETE and pos == len(body):
-        return Record(DELETE, key)
+    if kind in (DELETE, LOST) and pos == len(body):
+        return Record(kind, key)
     if kind != PUT or len(body) < pos + _PUT_FIXED.size:
         raise ValueError(f"bad record of type {kind}")
     length, crc, count = _PUT_FIXED.unpack_from(body, pos)
@@ -118,19 +175,52 @@ def decode(body: bytes) -> Record:
 Parsed = tuple[Record, int, "int | None"]  # record, end offset, sequence number (None: version 1)
 
 
+def tag_at(data: bytes, pos: int) -> tuple[int, int, bytes, int] | None:
+    """(sequence number, type, key, end) of a tag at pos whose checksum holds, or None."""
+    if pos < 0 or pos + SEQ.size + 2 > len(data):
+        return None
+    kind, key_len = data[pos + SEQ.size], data[pos + SEQ.size + 1]
+    end = pos + SEQ.size + 2 + key_len
+    if (kind not in (PUT, DELETE, LOST) or key_len > MAX_KEY_BYTES or (key_len == 0 and kind != LOST)
+            or end + CRC.size > len(data)):
+        return None
+    if CRC.unpack_from(data, end)[0] != crc32c(data[pos:end]):
+        return None
+    return SEQ.unpack_from(data, pos)[0], kind, bytes(data[end - key_len:end]), end + CRC.size
+
+
+def _parse_v3(body: bytes) -> tuple[bytes, int]:
+    """(payload, sequence number) of a version-3 body whose crc32c holds; ValueError if malformed."""
+    front = tag_at(body, 0)
+    if front is None:
+        raise ValueError("bad tag")
+    seq, kind, key, size = front
+    if len(body) < 2 * size or body[-size:] != body[:size]:
+        raise ValueError("the two tags differ")
+    return bytes([kind, len(key)]) + key + body[size:-size], seq
+
+
 def parse_at(data: bytes, pos: int) -> Parsed | None:
     """The whole, valid record at pos, or None."""
     n = len(data)
-    if data[pos:pos + 4] == MAGIC:
+    magic = data[pos:pos + 4]
+    if magic in (MAGIC, MAGIC3):
         if pos + HEADER2.size > n:
             return None
         _, length, crc = HEADER2.unpack_from(data, pos)
         start, end = pos + HEADER2.size, pos + HEADER2.size + length
         if length <= SEQ.size or length > MAX_RECORD_BYTES or end > n:
             return None
-        body = data[start:end]
-        seq = SEQ.unpack_from(body)[0]
-        body = body[SEQ.size:]
+        if crc32c(data[start:end]) != crc:
+            return None
+        try:
+            if magic == MAGIC3:
+                body, seq = _parse_v3(data[start:end])
+            else:
+                body, seq = data[start + SEQ.size:end], SEQ.unpack_from(data, start)[0]
+            return decode(body), end, seq
+        except (ValueError, struct.error):
+            return None
     else:
         if pos + HEADER.size > n:
             return None
@@ -150,13 +240,13 @@ def parse_at(data: bytes, pos: int) -> Parsed | None:
 def resync(data: bytes, pos: int, expected_seq: int, legacy: bool) -> tuple[int, Parsed] | None:
     """The first valid record after the bad one at pos: its offset and parse, or None (torn tail).
 
-    Version-2 records are found by their magic and must not number below expected_seq (a stray
-    old record is no resync point). With legacy (no version-2 record seen yet), every offset is
-    tried as a version-1 record too.
+    Version-2 and 3 records are found by their magic and must not number below expected_seq (a
+    stray old record is no resync point). With legacy (no numbered record seen yet), every offset
+    is tried as a version-1 record too.
     """
     q = pos + 1
     while q < len(data):
-        magic = data.find(MAGIC, q)
+        magic = _find_magic(data, q)
         if legacy:
             for r in range(q, len(data) if magic < 0 else magic):
                 parsed = parse_at(data, r)
@@ -168,6 +258,72 @@ def resync(data: bytes, pos: int, expected_seq: int, legacy: bool) -> tuple[int,
         if parsed is not None and parsed[2] >= expected_seq:
             return magic, parsed
         q = magic + 1
+    return None
+
+
+def _find_magic(data: bytes, start: int) -> int:
+    """The first offset from start holding a version-2 or version-3 magic, or -1."""
+    found = [i for i in (data.find(MAGIC, start), data.find(MAGIC3, start)) if i >= 0]
+    return min(found) if found else -1
+
+
+def tags_in(data: bytes, start: int, end: int) -> list[tuple[int, bytes]] | None:
+    """(sequence number, key) of every tag whose checksum holds in data[start:end]; None if the
+    span is too long to search."""
+    if end - start > MAX_SEARCH_BYTES:
+        return None
+    span = data[start:end]
+    return [(t[0], t[2]) for p in range(len(span)) if (t := tag_at(span, p)) is not None]
+
+
+def lost_keys(data: bytes, start: int, end: int, first_seq: int, next_seq: int) -> Keys:
+    """The keys of records first_seq .. next_seq - 1, lost in data[start:end]: read from their tags,
+    or None when a record's tag is found nowhere (version 1 and 2 records have none)."""
+    found = tags_in(data, start, end)
+    if found is None:
+        return None
+    held = {(seq, key) for seq, key in found if first_seq <= seq < next_seq}
+    if {seq for seq, _ in held} != set(range(first_seq, next_seq)):
+        return None
+    return frozenset(key for _, key in held)
+
+
+def tail_keys(data: bytes, start: int, next_seq: int) -> Keys:
+    """The keys of the records in the torn tail data[start:], or None when one cannot be read.
+
+    The tail must be version-3 records back to back from start, numbered from next_seq on, each
+    with a tag that holds (the first, or the last when the record is whole), the last one perhaps
+    cut short. A tail of zeros holds no record (what a file system can leave after a crash).
+    """
+    if not data[start:].strip(b"\0"):
+        return frozenset()
+    keys, pos, seq = set(), start, next_seq
+    while pos < len(data):
+        length = None
+        if data[pos:pos + 4] == MAGIC3 and pos + HEADER2.size <= len(data):
+            length = HEADER2.unpack_from(data, pos)[1]
+            length = length if length <= MAX_RECORD_BYTES else None
+        end = pos + HEADER2.size + length if length is not None else None
+        front = tag_at(data, pos + HEADER2.size)
+        back = _tag_ending_at(data, end) if end is not None and end <= len(data) else None
+        known = [t for t in (front, back) if t is not None and t[0] == seq]
+        if not known or end is None:
+            return None
+        keys.update(t[2] for t in known)
+        if end >= len(data):
+            return frozenset(keys)
+        if back is None or back[0] != seq:  # a whole record must end with its tag
+            return None
+        pos, seq = end, seq + 1
+    return frozenset(keys)
+
+
+def _tag_ending_at(data: bytes, end: int) -> tuple[int, int, bytes, int] | None:
+    """The tag that ends at end and holds, or None."""
+    for key_len in range(MAX_KEY_BYTES + 1):
+        found = tag_at(data, end - CRC.size - key_len - 2 - SEQ.size)
+        if found is not None and found[3] == end:
+            return found
     return None
 
 
@@ -186,15 +342,20 @@ def scan(data: bytes) -> Scan:
                 break
             pos, parsed = found
         record, end, seq = parsed
-        if seq is None:  # version 1 carries none: a damaged span is taken to have held one record
+        if seq is None or data[pos:pos + 4] == MAGIC:
             out.legacy_records += 1
+        if seq is None:  # version 1 carries none: a damaged span is taken to have held one record
             seq = out.next_seq + (pos > start)
         versioned = versioned or parsed[2] is not None
         if pos > start or seq > out.next_seq:  # bytes skipped, or whole records cut out
             out.damage.append(Damage(start, pos - start, seq - out.next_seq))
+            if seq > out.next_seq:
+                out.lost.append((len(out.records), lost_keys(data, start, pos, out.next_seq, seq)))
         out.records.append(record)
         out.next_seq, pos = seq + 1, end
     out.end = pos
+    if pos < len(data):
+        out.tail_lost = tail_keys(data, pos, out.next_seq)
     return out
 
 
@@ -227,7 +388,8 @@ class Journal:
         return sum(d.nbytes for d in self.damage)
 
     def open(self) -> list[Record]:
-        """Open (create) the file, drop a torn tail, skip damage, and return every valid record in order."""
+        """Open (create) the file, skip damage, replace a torn tail by LOST records, and return every
+        valid record in order with LOST markers where damage took records (see Scan.with_markers)."""
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         with open(self.path, "rb") as f:
             data = f.read()
@@ -236,14 +398,31 @@ class Journal:
         if found.damage:
             self._report_damage(found)
         self.torn_bytes = len(data) - found.end
+        tail = markers(found.tail_lost) if self.torn_bytes else []
+        marks = b"".join(encode(r, found.next_seq + i) for i, r in enumerate(tail))
         if self.torn_bytes:
-            logger.warning("journal %s: discarding a torn tail of %d bytes at offset %d",
-                           self.path, self.torn_bytes, found.end)
-            os.ftruncate(self._fd, found.end)
-            self._sync()
-        self.size_bytes = found.end
-        self._next_seq = found.next_seq
-        return found.records
+            keys = "any key" if found.tail_lost is None else ", ".join(k.hex() for k in sorted(found.tail_lost))
+            logger.warning("journal %s: a torn tail of %d bytes at offset %d replaced by %d LOST records "
+                           "(keys whose older values replay drops: %s)",
+                           self.path, self.torn_bytes, found.end, len(tail), keys or "none")
+            self._replace_tail(found.end, marks)
+        self.size_bytes = found.end + len(marks)
+        self._next_seq = found.next_seq + len(tail)
+        return found.with_markers()
+
+    def _replace_tail(self, offset: int, marks: bytes) -> None:
+        """Write marks over the bytes from offset on and cut the file after them, durably: what the
+        torn tail took is known at every later open, not only at this one."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)  # the append fd would ignore the offset
+        try:
+            if marks:
+                os.pwrite(fd, marks, offset)
+            os.ftruncate(fd, offset + len(marks))
+            if self.fsync_enabled:
+                os.fdatasync(fd)
+                self.fsyncs += 1
+        finally:
+            os.close(fd)
 
     def _report_damage(self, found: Scan) -> None:
         copy = self.path + ".damaged"

@@ -1,7 +1,11 @@
 """Replay: the key index a journal's records leave, with the values that cannot be right set aside.
 
-A journal that lost records to damage can leave a key on extents that a lost Delete or Store
-had freed and a later Store reused. The allocator only hands out free extents, so when two
+A record lost to damage could have deleted or replaced its key's value: the journal marks the
+spot with a LOST record (Journal.open), and replay sets aside the value its key has there (every
+value there when the key is unknown). A later, intact record of the key binds it again.
+
+A journal that lost records to damage can also leave a key on extents that a lost Delete or
+Store had freed and a later Store reused. The allocator only hands out free extents, so when two
 values overlap, the older one was already gone: it is set aside, never given back as good.
 """
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 from storage_node import journal as jr
 
 STALE = "its extents hold a newer value (a record that freed them was lost)"
+DOUBTFUL = "a later record of its key (or of a key that could not be read) was lost to damage"
 
 
 @dataclass
@@ -40,10 +45,16 @@ def extent_problem(record: jr.Record, capacity_bytes: int, block_bytes: int) -> 
 
 
 def replay(records: Iterable[jr.Record], capacity_bytes: int, block_bytes: int) -> Replayed:
-    """Apply records in order, then set aside every value whose extents a newer value holds."""
+    """Apply records in order (a LOST record sets aside its key's value, or every value when its key
+    is empty), then set aside every value whose extents a newer value holds."""
     out = Replayed()
     order: dict[bytes, int] = {}
     for i, record in enumerate(records):
+        if record.kind == jr.LOST:
+            for key in list(out.entries) if not record.key else [record.key]:
+                if out.entries.pop(key, None) is not None:
+                    out.dropped[key] = DOUBTFUL
+            continue
         out.entries.pop(record.key, None)
         out.dropped.pop(record.key, None)
         if record.kind != jr.PUT:

@@ -164,7 +164,7 @@ def test_an_old_journal_is_read_and_rewritten_in_the_new_format(tmp_path):
     assert not ns.journal.damage and ns.values_lost == 0
     assert [read(ns, b"k%d" % i) for i in range(3)] == [b"\0" * 7000, None, b"\2" * 7000]
     ns.close()
-    assert journal.read_bytes().startswith(jr.MAGIC)  # compacted to version 2 at open
+    assert journal.read_bytes().startswith(jr.MAGIC3)  # compacted to version 3 at open
     assert jr.scan(journal.read_bytes()).legacy_records == 0
 
 

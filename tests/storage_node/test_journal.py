@@ -21,7 +21,11 @@ def test_records_replay_in_order(tmp_path):
     assert j.records_written == 3 and j.fsyncs == 2
 
 
-def test_torn_tail_is_discarded_and_cut(tmp_path):
+def lost(key: bytes) -> jr.Record:
+    return jr.Record(jr.LOST, key)
+
+
+def test_a_torn_tail_is_replaced_by_a_lost_record_of_its_key(tmp_path):
     path = tmp_path / "j"
     j = jr.Journal(path)
     j.open()
@@ -31,22 +35,25 @@ def test_torn_tail_is_discarded_and_cut(tmp_path):
     for cut in (1, 5, 20):
         path.write_bytes(whole[:-cut])
         j = jr.Journal(path)
-        assert j.open() == [put(b"a", 1)]
-        assert path.stat().st_size == len(jr.encode(put(b"a", 1)))
-        j.append([put(b"c", 3)])          # the journal goes on after the cut
+        assert j.open() == [put(b"a", 1), lost(b"b")]  # b's older value, had it one, is doubtful
+        assert path.stat().st_size == len(jr.encode(put(b"a", 1))) + len(jr.encode(lost(b"b"), 1))
+        j.append([put(b"c", 3)])          # the journal goes on after the tail
         j.close()
-        assert jr.Journal(path).open() == [put(b"a", 1), put(b"c", 3)]
+        assert jr.Journal(path).open() == [put(b"a", 1), lost(b"b"), put(b"c", 3)]  # the mark stays
 
 
-def test_corrupt_or_garbage_tail_is_discarded(tmp_path):
+def test_a_corrupt_last_record_or_a_garbage_tail_is_replaced_by_lost_records(tmp_path):
     path = tmp_path / "j"
     good = jr.encode(put(b"a", 1))
-    flipped = bytearray(jr.encode(put(b"b", 2)))
+    flipped = bytearray(jr.encode(put(b"b", 2), 1))
     flipped[-1] ^= 0x40
     path.write_bytes(good + bytes(flipped))
+    assert jr.Journal(path).open() == [put(b"a", 1), lost(b"b")]
+    path.write_bytes(good + os.urandom(3) + b"\xff" * 40)  # no key to read: any key is doubtful
+    assert jr.Journal(path).open() == [put(b"a", 1), lost(b"")]
+    path.write_bytes(good + bytes(300))  # zeros, as a file system leaves after a crash: no record
     assert jr.Journal(path).open() == [put(b"a", 1)]
-    path.write_bytes(good + os.urandom(3) + b"\xff" * 40)
-    assert jr.Journal(path).open() == [put(b"a", 1)]
+    assert path.read_bytes() == good
 
 
 def test_rewrite_compacts_atomically(tmp_path):
@@ -75,13 +82,42 @@ def test_damage_in_the_middle_keeps_every_later_record_and_a_torn_tail_is_still_
     damaged[3 * size + 5] ^= 0x80  # record 3's length
     path.write_bytes(bytes(damaged[:-7]))  # and record 5 torn
     j = jr.Journal(path)
-    assert j.open() == [records[0], records[2], records[4]]
+    assert j.open() == [records[0], lost(b"k1"), records[2], lost(b"k3"), records[4], lost(b"k5")]
     assert [(d.offset, d.nbytes, d.records) for d in j.damage] == [(size, size, 1), (3 * size, size, 1)]
     assert j.skipped_records == 2 and j.torn_bytes == size - 7
-    assert path.stat().st_size == 5 * size  # the tail cut; the middle left for the owner to rewrite
+    # the tail replaced; the middle left for the owner to rewrite
+    assert path.stat().st_size == 5 * size + len(jr.encode(lost(b"k5"), 5))
     j.append([put(b"z", 9)])
     j.close()
-    assert jr.Journal(path).open()[-2:] == [records[4], put(b"z", 9)]
+    assert jr.Journal(path).open()[-3:] == [records[4], lost(b"k5"), put(b"z", 9)]
+
+
+def test_a_damaged_span_of_several_records_names_each_of_their_keys_or_any_key(tmp_path):
+    path = tmp_path / "j"
+    records = [put(b"k%d" % i, i) for i in range(5)]
+    data = bytearray(b"".join(jr.encode(r, i) for i, r in enumerate(records)))
+    size = len(jr.encode(records[0]))
+    data[size + 3] ^= 1      # record 1's magic: its first tag is found by search
+    data[2 * size + 14] ^= 1  # record 2's first tag: its last one holds
+    path.write_bytes(bytes(data))
+    assert jr.Journal(path).open() == [records[0], lost(b"k1"), lost(b"k2"), *records[3:]]
+    data[2 * size - 3] ^= 1  # record 1's last tag too: record 1's key is still in its first
+    data[3 * size - 3] ^= 1  # record 2's last tag too: no copy of its key is left
+    path.write_bytes(bytes(data))
+    assert jr.Journal(path).open() == [records[0], lost(b""), *records[3:]]
+
+
+def test_a_version_2_record_is_still_read(tmp_path):
+    path = tmp_path / "j"
+    path.write_bytes(jr.encode_v2(put(b"a", 1), 0) + jr.encode_v2(jr.Record(jr.DELETE, b"a"), 1))
+    j = jr.Journal(path)
+    assert j.open() == [put(b"a", 1), jr.Record(jr.DELETE, b"a")] and j.legacy_records == 2
+    j.append([put(b"b", 2)])
+    j.close()
+    data = bytearray(path.read_bytes())
+    data[len(jr.encode_v2(put(b"a", 1), 0)) + 14] ^= 1  # the version-2 Delete: no tag to name its key
+    path.write_bytes(bytes(data))
+    assert jr.Journal(path).open() == [put(b"a", 1), lost(b""), put(b"b", 2)]
 
 
 def test_garbage_inserted_between_records_loses_nothing_and_is_reported(tmp_path):
@@ -106,7 +142,7 @@ def test_a_version_1_journal_is_read_and_appended_to(tmp_path):
     damaged[len(jr.encode_v1(old[0])) + 2] ^= 4  # the version-1 Delete
     path.write_bytes(bytes(damaged))
     j = jr.Journal(path)
-    assert j.open() == [old[0], old[2], put(b"c", 3)] and j.skipped_records == 1
+    assert j.open() == [old[0], lost(b""), old[2], put(b"c", 3)] and j.skipped_records == 1
 
 
 def layout(records: list[jr.Record]) -> tuple[bytearray, list[int]]:
