@@ -3,6 +3,9 @@
 Each service package has a `node.py` with its `serve(settings)`; its `main.py` only parses the
 command line, loads the settings and hands the node to `run`, which is the common tail of every
 `kvtb serve NAME`: start, announce the ready line, wait for SIGTERM or SIGINT, stop.
+
+`run` makes the process private (umask 077, kvtb.private) before the node starts, so that what a
+service makes is its user's only however it was started (`kvtb serve` does so already, first).
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import threading
 from typing import Any, Protocol
 
 from kvtb.launch import announce_ready
+from kvtb.private import make_private
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +39,7 @@ class Node(Protocol):
 def run(node: Node, **ready: Any) -> int:
     """Start the node, announce it (with `ready`'s fields too, e.g. its cpus), serve until SIGTERM or
     SIGINT, stop it; the exit code."""
+    make_private()  # before start() makes the node's files
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -111,6 +111,23 @@ def test_a_launched_service_and_its_log_are_private_without_kvtb_serve(deploymen
     assert mode(deployment_dir / "logs" / "frontend.log") == 0o600
 
 
+def test_a_service_main_run_directly_is_private_too(deployment_dir):
+    """`python -m chat_frontend.main` skips `kvtb serve`: kvtb.node.run makes it private before it starts."""
+    data = deployment_dir / "var"
+    env = {**os.environ, credentials.ENV_DIR: str(deployment_dir / "credentials"),
+           "KVTB_FRONTEND_DATA_DIR": str(data / "frontend")}
+    proc = subprocess.Popen([sys.executable, "-m", "chat_frontend.main", "--config", str(deployment_dir / "kvtb.yaml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, umask=0o022)
+    try:
+        wait_ready(proc)
+        found = modes_under(data)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert "frontend.sqlite3-wal" in {Path(p).name for p in found}
+    assert not_private(found) == {}
+
+
 def test_a_log_left_readable_is_narrowed_when_opened_again(tmp_path):
     log = tmp_path / "old.log"
     log.write_text("alice asked ...\n")
