@@ -37,6 +37,7 @@ from collections.abc import Callable
 import blake3
 
 from kvtb.credentials import Credentials, host_key, resolve_dir
+from kvtb.settings import require
 
 MODES = ("auth", "curve", "off")
 NEGOTIATE, CHALLENGE, REPLY, SUCCESS1, SUCCESS2 = 1, 2, 3, 4, 5
@@ -69,9 +70,9 @@ class FabricSecurity:
     curve_secret: bytes = dataclasses.field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
-        assert self.mode in MODES, f"fabric_security: one of {MODES}, got {self.mode!r}"
-        assert self.mode == "off" or self.key, "fabric_security auth or curve needs a secret"
-        assert self.mode != "curve" or self.curve_public, "fabric_security curve needs the CURVE public key"
+        require(self.mode in MODES, f"fabric_security: one of {MODES}, got {self.mode!r}")
+        require(self.mode == "off" or self.key, "fabric_security auth or curve needs a secret")
+        require(self.mode != "curve" or self.curve_public, "fabric_security curve needs the CURVE public key")
 
     @classmethod
     def off(cls) -> FabricSecurity:
@@ -193,7 +194,8 @@ class HostHandshake:
         return _pack(SUCCESS2, self.t_id)
 
     def channel(self) -> Channel:
-        assert self._done, "the handshake has not completed"
+        if not self._done:
+            raise AuthError("the handshake has not completed")
         send, recv = _session_keys(self.key, self._c1, self._c2, self.t_id, self.host_nqn, self.subsystem_nqn)
         return Channel(send, recv)
 
@@ -252,7 +254,8 @@ class TargetHandshake:
         return message
 
     def channel(self) -> Channel:
-        assert self.done, "the handshake has not completed"
+        if not self.done:
+            raise AuthError("the handshake has not completed")
         to_target, to_host = _session_keys(self.key, self._c1, self._c2, self.t_id, self.host_nqn,
                                            self.subsystem_nqn)
         return Channel(to_host, to_target)

@@ -28,15 +28,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Self
 
 import zmq
 
-from kvtb.crc32c import crc32c as compute_crc32c
-from kvtb.doorbell import Doorbell
-from kvtb_proto import nvmeof_pb2
 from fabric import auth
 from fabric import status as st
 from fabric.auth import AuthError, FabricSecurity
+from kvtb.crc32c import crc32c as compute_crc32c
+from kvtb.doorbell import Doorbell
+from kvtb_proto import nvmeof_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,8 @@ class FabricClient:
     def __init__(self, fabric_address: str, host_nqn: str, subsystem_nqn: str | None = None,
                  queue_depth: int = 128, timeout_s: float = 5.0, context: zmq.Context | None = None,
                  security: FabricSecurity | None = None):
-        assert queue_depth > 0 and timeout_s > 0
+        if queue_depth <= 0 or timeout_s <= 0:
+            raise ValueError(f"queue_depth ({queue_depth}) and timeout_s ({timeout_s}) must be positive")
         self.fabric_address = fabric_address
         self.host_nqn = host_nqn
         self.subsystem_nqn = subsystem_nqn or ""
@@ -215,7 +217,7 @@ class FabricClient:
         for entry in pending.values():
             entry.future.set_exception(FabricError("client closed"))
 
-    def __enter__(self) -> FabricClient:
+    def __enter__(self) -> Self:
         self.connect()
         return self
 

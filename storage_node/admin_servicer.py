@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import grpc
 
+from fabric.status import NvmeError
 from kvtb_proto import storage_admin_pb2 as pb
 from kvtb_proto import storage_admin_pb2_grpc as pb_grpc
 from storage_node.commit import GroupCommitter
@@ -10,7 +11,6 @@ from storage_node.kv_namespace import MAX_KEY_BYTES, KvNamespace
 from storage_node.namespace import LBA_BYTES, Namespace
 from storage_node.settings import WILDCARD
 from storage_node.stats import Stats
-from fabric.status import NvmeError
 from storage_node.subsystem import Subsystem
 
 MODEL_NUMBER = "kvtestbed storage node"
@@ -70,7 +70,7 @@ class StorageAdminServicer(pb_grpc.StorageAdminServicer):
                                                  request.size_bytes)
         except NvmeError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-        except AssertionError as exc:
+        except ValueError as exc:  # a size the allocator cannot lay out
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.CreateNamespaceResponse(namespace=namespace_info(ns))
 

@@ -30,7 +30,8 @@ class ExtentAllocator:
     """
 
     def __init__(self, capacity_bytes: int, block_bytes: int = 4096):
-        assert block_bytes > 0 and capacity_bytes >= 0
+        if block_bytes <= 0 or capacity_bytes < 0:
+            raise ValueError(f"block_bytes {block_bytes} must be positive, capacity_bytes {capacity_bytes} not negative")
         self.block_bytes = block_bytes
         self.capacity_bytes = capacity_bytes - capacity_bytes % block_bytes
         self._free: list[Extent] = [Extent(0, self.capacity_bytes)] if self.capacity_bytes else []
@@ -79,7 +80,8 @@ class ExtentAllocator:
             self._free_one(Extent(*ext))
 
     def _free_one(self, ext: Extent) -> None:
-        assert ext.length > 0 and ext.offset % self.block_bytes == 0 and ext.end <= self.capacity_bytes
+        if ext.length <= 0 or ext.offset % self.block_bytes or ext.offset < 0 or ext.end > self.capacity_bytes:
+            raise ValueError(f"cannot free {ext}: empty, unaligned or outside the {self.capacity_bytes} bytes")
         i = bisect.bisect_left(self._free, ext)
         if (i > 0 and self._free[i - 1].end > ext.offset) or (
                 i < len(self._free) and self._free[i].offset < ext.end):

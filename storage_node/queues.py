@@ -19,7 +19,8 @@ class QueuePair:
     """
 
     def __init__(self, qid: int, depth: int = 128):
-        assert depth > 0
+        if depth <= 0:
+            raise ValueError(f"queue depth {depth} must be positive")
         self.qid = qid
         self.depth = depth
         self._running: set[int] = set()

@@ -8,8 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
+from fabric.frames import FRAME_BYTES, MAX_HEADER_BYTES
 from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
 from kvtb.placement import parse_cpus
+from kvtb.settings import require
 
 WILDCARD = "*"
 COMMAND_SETS = ("key_value", "nvm")
@@ -22,7 +24,7 @@ def _normalise_hosts(hosts: Mapping[str, Any] | str) -> Mapping[str, Any]:
     """
     if isinstance(hosts, str):
         hosts = json.loads(hosts)
-        assert isinstance(hosts, dict), "allowed_hosts: a JSON object of host NQN -> namespace ids"
+        require(isinstance(hosts, dict), "allowed_hosts: a JSON object of host NQN -> namespace ids")
     out: dict[str, Any] = {}
     for nqn, nsids in dict(hosts).items():
         if nsids == WILDCARD or nsids == [WILDCARD] or nsids == (WILDCARD,):
@@ -66,18 +68,55 @@ class StorageSettings:
     # values of 1 MiB or more are sent from the data file's mapping (no copy); off: read with preadv
     mapped_reads: bool = True
 
+    # -- work before authentication (fabric_security auth or curve) -------------------------------
+    # the largest ZeroMQ frame taken (ZMQ_MAXMSGSIZE): libzmq drops a peer that announces a larger
+    # one before buffering it. Hosts cut payloads into frames of 4 MiB (fabric.frames), so 16 MiB
+    # leaves room; at least 4 MiB.
+    max_frame_bytes: int = 16 << 20
+    # handshakes begun and not finished (half-open sessions): in all, and per peer address. Past the
+    # per-peer cap a peer's oldest goes; past the total, the oldest of the peer holding the most.
+    max_half_open: int = 256
+    max_half_open_per_peer: int = 16
+    # handshakes a peer address may begin a second (burst: two seconds' worth). Every message of a
+    # session not authenticated yet counts, a handshake being 6 of them; past it they are dropped
+    # unanswered, so a flood costs neither state nor queued replies.
+    handshakes_per_s_per_peer: float = 50.0
+    handshake_timeout_s: float = 10.0   # a half-open session older than this is forgotten
+
+    # -- every request bounded (over a cap: refused with "invalid field") ------------------------
+    # ranges of one range read, counted once adjacent or overlapping ranges of one key are merged
+    # (the list as sent may hold up to 4 times as many, within the 256 KiB capsule)
+    max_ranges: int = 1024
+    max_list_keys: int = 10_000          # keys one List may ask for (max_keys; 0 asks for 1,000)
+    max_response_bytes: int = 1 << 30    # bytes one Retrieve or range read answers; >= max_value_bytes
+    # bytes one command may read or checksum on the node (a range read with the guard check reads
+    # each value it touches whole, once)
+    max_read_bytes: int = 4 << 30
+
     def __post_init__(self) -> None:
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
         object.__setattr__(self, "allowed_hosts", _normalise_hosts(self.allowed_hosts))
         object.__setattr__(self, "namespaces", tuple(self.namespaces))
-        assert self.namespace_size_bytes >= 1 << 20, "namespace_size_bytes must be at least 1 MiB"
-        assert 1 <= self.queue_depth <= 65535, "queue_depth must be in 1..65535"
-        assert self.max_value_bytes >= 64 << 20, "max_value_bytes must be at least 64 MiB"
-        assert self.io_threads >= 1, "io_threads must be at least 1"
-        assert all(cs in COMMAND_SETS for cs in self.namespaces), f"namespaces: one of {COMMAND_SETS}"
-        assert self.fabric_address.startswith(("tcp://", "ipc://", "inproc://")), \
-            "fabric_address: a ZeroMQ endpoint"
-        assert self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}"
+        require(self.namespace_size_bytes >= 1 << 20, "namespace_size_bytes must be at least 1 MiB")
+        require(1 <= self.queue_depth <= 65535, "queue_depth must be in 1..65535")
+        require(self.max_value_bytes >= 64 << 20, "max_value_bytes must be at least 64 MiB")
+        require(self.io_threads >= 1, "io_threads must be at least 1")
+        require(all(cs in COMMAND_SETS for cs in self.namespaces), f"namespaces: one of {COMMAND_SETS}")
+        require(self.fabric_address.startswith(("tcp://", "ipc://", "inproc://")),
+                "fabric_address: a ZeroMQ endpoint")
+        require(self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}")
+        require(self.max_frame_bytes >= max(FRAME_BYTES, MAX_HEADER_BYTES),
+                f"max_frame_bytes must be at least {FRAME_BYTES} (the frames hosts send)")
+        require(1 <= self.max_half_open_per_peer <= self.max_half_open,
+                "max_half_open_per_peer must be in 1..max_half_open")
+        require(self.handshakes_per_s_per_peer > 0, "handshakes_per_s_per_peer must be positive")
+        require(self.handshake_timeout_s > 0, "handshake_timeout_s must be positive")
+        require(1 <= self.max_ranges <= 4096, "max_ranges must be in 1..4096")
+        require(self.max_list_keys >= 1000, "max_list_keys must be at least 1,000 (a List's default)")
+        require(self.max_response_bytes >= self.max_value_bytes,
+                "max_response_bytes must be at least max_value_bytes (a whole value must be readable)")
+        require(self.max_read_bytes >= self.max_response_bytes,
+                "max_read_bytes must be at least max_response_bytes")
 
     def allowed_namespaces(self, host_nqn: str) -> Any:
         """The namespace ids host_nqn may reach ("*" for all), or None when it is refused."""

@@ -10,6 +10,7 @@ import pytest
 from fabric import auth
 from fabric.auth import AuthError, FabricSecurity, HostHandshake, TargetHandshake
 from kvtb import credentials
+from kvtb.settings import SettingsError
 
 HOST, SUBSYSTEM = "nqn.2026-11.org.kvtestbed:smartnic-0", "nqn.2026-11.org.kvtestbed:storage-0"
 KEY = bytes(range(32))
@@ -132,5 +133,5 @@ def test_security_comes_from_the_deployments_credentials(tmp_path):
     assert FabricSecurity.for_host("off", str(tmp_path / "nowhere"), HOST) == FabricSecurity.off()
     with pytest.raises(credentials.CredentialsError):
         FabricSecurity.for_host("auth", str(tmp_path / "nowhere"), HOST)
-    with pytest.raises(AssertionError):
+    with pytest.raises(SettingsError):
         FabricSecurity("tls", KEY)

@@ -34,7 +34,7 @@ def test_access_list_from_yaml_and_environment(tmp_path):
 def test_invalid_values_are_refused():
     with pytest.raises(SettingsError):
         load_settings(StorageSettings, "storage", None, environ={"KVTB_STORAGE_QUEUE_DEPTH": "0"})
-    with pytest.raises(AssertionError):
+    with pytest.raises(SettingsError):
         StorageSettings(namespaces=("tape",))
     with pytest.raises(SettingsError):
         load_settings(StorageSettings, "storage", None, environ={"KVTB_STORAGE_FABRIC_SECURITY": "tls"})
