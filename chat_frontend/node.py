@@ -24,7 +24,7 @@ from chat_frontend.store import SessionStore
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
 from kvtb.rpc import Security
-from kvtb_proto import frontend_pb2, frontend_pb2_grpc
+from kvtb_proto import frontend_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class FrontendNode:
         service = ChatService(s, store, agent)
         server = grpc.aio.server()
         servicer = ChatFrontendServicer(service, agent)
-        frontend_pb2_grpc.add_ChatFrontendServicer_to_server(servicer, server)
+        server.add_generic_rpc_handlers((servicer.handler(),))  # it parses requests: INVALID_ARGUMENT, not UNKNOWN
         self.health = add_health_and_reflection(server, [SERVICE_NAME], aio=True)
         host = s.listen_address.rsplit(":", 1)[0]
         port = server.add_insecure_port(s.listen_address)

@@ -1,9 +1,14 @@
-"""The whole system's figures: the frontend's own, the agent's, the compute node's, each storage node's."""
+"""The whole system's figures: the frontend's own, the agent's, the compute node's, each storage node's.
+
+`gather` collects them in detail (for an operator); `aggregates` keeps what any user may see:
+counts and sizes, never a storage host's NQN, a storage node's name or a backing file's path.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -44,3 +49,39 @@ async def gather(frontend: dict[str, Any], agent: AgentClient,
         *(storage_figures(a, agent.security) for a in storage_addresses))
     return {"frontend": frontend, "agent": {"address": agent.address, **agent_figs},
             "compute": compute_figs, "storage": storage}
+
+
+# maps whose keys name hosts or storage nodes: left out of the aggregates
+NAMED_BY_HOST = ("queue_depth_by_host", "bytes_by_storage_node")
+# text fields the aggregates keep (kinds and names of the system's own, never of a host or a file)
+PUBLIC_TEXT = ("address", "command_set", "opcode", "status")
+AGGREGATES_NOTE = "aggregates only: the detail (hosts, files) is for an operator's token"
+
+
+def aggregates(figures: dict[str, Any]) -> dict[str, Any]:
+    """The figures without hosts' NQNs, storage nodes' names, files' paths or errors' details: numbers,
+    maps of kinds to numbers, the services' addresses, and an error's status code only."""
+    out = {key: _public(value) for key, value in figures.items()}
+    out["detail"] = AGGREGATES_NOTE
+    return out
+
+
+def _public(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_public(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if key in NAMED_BY_HOST:
+            continue
+        if key == "error" and isinstance(item, str):
+            out[key] = item.split(":", 1)[0]  # the status code; its details may name files or hosts
+        elif key == "offline_namespaces" and isinstance(item, dict):
+            out[key] = {nsid: "offline" for nsid in item}  # why (a damaged file) is the operator's
+        elif isinstance(item, str):
+            if key in PUBLIC_TEXT:
+                out[key] = item
+        else:
+            out[key] = _public(item)
+    return out

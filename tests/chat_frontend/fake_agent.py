@@ -47,7 +47,7 @@ def encode(request: compute_pb2.EncodeChatRequest) -> list[int]:
 
 
 class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
-    """Replies ' ok' then the stop token; each reply waits for `gate` to be set."""
+    """Replies ' ok' then the stop token; each reply (of `held_users`, if set) waits for `gate` to be set."""
 
     def __init__(self):
         # (id, text) per generated token; [(12, " o"), (13, "k")] is " ok" as a model may generate
@@ -55,6 +55,7 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
         self.reply = [(REPLY_ID, REPLY)]
         self.gate = threading.Event()
         self.gate.set()
+        self.held_users: set[str] | None = None  # whose turns wait for the gate (None: everyone's)
         self.started = threading.Semaphore(0)
         self.requests: list[compute_pb2.TurnRequest] = []
 
@@ -67,7 +68,8 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
     def Generate(self, request, context):
         self.requests.append(request)
         self.started.release()
-        if not self.gate.wait(30):
+        held = self.held_users is None or request.user_id in self.held_users
+        if held and not self.gate.wait(30):
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "gate never opened")
         reply = list(self.reply)
         for token_id, text in reply:
