@@ -58,6 +58,8 @@ _EXTENT = struct.Struct("<QQ")
 MAX_RECORD_BYTES = 1 << 24
 MAX_KEY_BYTES = 16
 MAX_SEARCH_BYTES = 1 << 20  # a damaged span longer than this is not searched for keys (unknown)
+SECTOR = 512  # a record's head never crosses a multiple of this: a crash that tears the file there
+              # (sector or page) leaves each record either whole up to its first tag or not there
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,32 @@ def encode(record: Record, seq: int = 0) -> bytes:
     copy = tag(record, seq)
     body = copy + payload(record)[2 + len(record.key):] + copy
     return HEADER2.pack(MAGIC3, len(body), crc32c(body)) + body
+
+
+def encode_at(records: list[Record], first_seq: int, offset: int) -> bytes:
+    """records numbered from first_seq, as written at offset: each one's head (its frame and first
+    tag) is kept inside one SECTOR by zeros before it when it would cross a sector's end."""
+    out = bytearray()
+    for i, record in enumerate(records):
+        encoded = encode(record, first_seq + i)
+        pad = -(offset + len(out)) % SECTOR
+        if pad < head_size(record):
+            out += bytes(pad)
+        out += encoded
+    return bytes(out)
+
+
+def head_size(record: Record) -> int:
+    """The bytes of a version-3 record up to the end of its first tag (its key's first copy)."""
+    return HEADER2.size + SEQ.size + 2 + len(record.key) + CRC.size
+
+
+def padding_at(data: bytes, pos: int) -> int:
+    """The length of the zeros encode_at put at pos before a record (0: none)."""
+    pad = -pos % SECTOR
+    if 0 < pad < HEADER2.size + SEQ.size + 2 + MAX_KEY_BYTES + CRC.size and not data[pos:pos + pad].strip(b"\0"):
+        return pad if pos + pad <= len(data) else 0
+    return 0
 
 
 def encode_v2(record: Record, seq: int = 0) -> bytes:
@@ -299,6 +327,9 @@ def tail_keys(data: bytes, start: int, next_seq: int) -> Keys:
         return frozenset()
     keys, pos, seq = set(), start, next_seq
     while pos < len(data):
+        pos += padding_at(data, pos)
+        if not data[pos:].strip(b"\0"):
+            return frozenset(keys)
         length = None
         if data[pos:pos + 4] == MAGIC3 and pos + HEADER2.size <= len(data):
             length = HEADER2.unpack_from(data, pos)[1]
@@ -332,6 +363,9 @@ def scan(data: bytes) -> Scan:
     out, pos = Scan(), 0
     versioned = False  # a version-2 record was seen: no version-1 record can follow
     while pos < len(data):
+        pad = padding_at(data, pos)
+        if pad and pos + pad < len(data) and parse_at(data, pos + pad) is not None:
+            pos += pad
         parsed = parse_at(data, pos)
         if parsed is not None and parsed[2] is not None and parsed[2] < out.next_seq:
             parsed = None  # a record repeated or out of order is damage too
@@ -399,7 +433,7 @@ class Journal:
             self._report_damage(found)
         self.torn_bytes = len(data) - found.end
         tail = markers(found.tail_lost) if self.torn_bytes else []
-        marks = b"".join(encode(r, found.next_seq + i) for i, r in enumerate(tail))
+        marks = encode_at(tail, found.next_seq, found.end)
         if self.torn_bytes:
             keys = "any key" if found.tail_lost is None else ", ".join(k.hex() for k in sorted(found.tail_lost))
             logger.warning("journal %s: a torn tail of %d bytes at offset %d replaced by %d LOST records "
@@ -435,8 +469,8 @@ class Journal:
 
     def append(self, records: Iterable[Record]) -> None:
         """Append records in one write and make them durable (one fsync for the batch)."""
-        encoded = [encode(r, self._next_seq + i) for i, r in enumerate(records)]
-        data = b"".join(encoded)
+        records = list(records)
+        data = encode_at(records, self._next_seq, self.size_bytes)
         if not data:
             return
         try:
@@ -448,8 +482,8 @@ class Journal:
             os.ftruncate(self._fd, self.size_bytes)
             raise
         self.size_bytes += len(data)
-        self.records_written += len(encoded)
-        self._next_seq += len(encoded)
+        self.records_written += len(records)
+        self._next_seq += len(records)
 
     def _sync(self) -> None:
         if self.fsync_enabled:
@@ -460,7 +494,7 @@ class Journal:
         """Compaction: replace the file by records, atomically (write, fsync, rename, fsync dir)."""
         tmp = self.path + ".compact"
         with open(tmp, "wb") as f:
-            f.writelines(encode(record, seq) for seq, record in enumerate(records))
+            f.write(encode_at(list(records), 0, 0))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -107,6 +107,26 @@ def test_a_damaged_span_of_several_records_names_each_of_their_keys_or_any_key(t
     assert jr.Journal(path).open() == [records[0], lost(b""), *records[3:]]
 
 
+def test_a_tear_at_a_sector_boundary_never_hides_a_key(tmp_path):
+    """A crash tears a file at a sector (or page) boundary: no record's key is cut there."""
+    path = tmp_path / "j"
+    records = [put(b"k" * (1 + i % 16), i) if i % 3 else jr.Record(jr.DELETE, b"d" * (1 + i % 16))
+               for i in range(300)]
+    j = jr.Journal(path)
+    j.open()
+    j.append(records[:7])
+    j.append(records[7:])
+    j.close()
+    whole = path.read_bytes()
+    assert jr.Journal(path).open() == records
+    for cut in range(jr.SECTOR, len(whole), jr.SECTOR):
+        path.write_bytes(whole[:cut])
+        found = jr.Journal(path).open()
+        kept = [r for r in found if r.kind != jr.LOST]
+        assert kept == records[:len(kept)]
+        assert found[len(kept):] in ([], [lost(records[len(kept)].key)]), f"cut at {cut}"
+
+
 def test_a_version_2_record_is_still_read(tmp_path):
     path = tmp_path / "j"
     path.write_bytes(jr.encode_v2(put(b"a", 1), 0) + jr.encode_v2(jr.Record(jr.DELETE, b"a"), 1))
