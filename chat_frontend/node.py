@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["ChatFrontend"].full_name
 
 
-def serve(settings: FrontendSettings) -> "FrontendNode":
+def serve(settings: FrontendSettings) -> FrontendNode:
     """The frontend of these settings, not started yet."""
     return FrontendNode(settings)
 
@@ -83,7 +83,7 @@ class FrontendNode:
     def _run(self, started: concurrent.futures.Future) -> None:
         try:
             uvloop.run(self._serve(started))
-        except BaseException as exc:  # noqa: BLE001 - reported to start(), which raises it
+        except BaseException as exc:
             if not started.done():
                 started.set_exception(exc)
             else:

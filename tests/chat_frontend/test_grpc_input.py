@@ -53,7 +53,7 @@ MALFORMED = [
 def frontend(start_service, tmp_path):
     """A frontend process with a real storage node behind its SystemStats (carol is an operator)."""
     storage = start_service("storage-s0", "serve", "storage", env=storage_env(tmp_path, "s0"))
-    addresses, node, server = start_frontend(start_service, tmp_path, operators=["carol"],
+    addresses, _node, server = start_frontend(start_service, tmp_path, operators=["carol"],
                                              storage_admin_addresses=[storage.addresses["admin"]])
     yield addresses, storage
     server.stop(0)
