@@ -396,9 +396,10 @@ def scan(data: bytes) -> Scan:
 class Journal:
     """One namespace's journal file.
 
-    Invariant: after open() the file ends with a whole, valid record (a torn tail is cut, and a
-    failed append is cut back); damage in the middle stays until the owner rewrites the file,
-    a copy of it is kept beside it (`<path>.damaged`). Not thread-safe: one committer appends.
+    Invariant: after open() the file ends with a whole, valid record (a torn tail is replaced by
+    LOST records of the keys it held, durably, and a failed append is cut back); damage in the
+    middle stays until the owner rewrites the file, a copy of it is kept beside it
+    (`<path>.damaged`). Not thread-safe: one committer appends.
     """
 
     def __init__(self, path: str | os.PathLike, fsync: bool = True):
