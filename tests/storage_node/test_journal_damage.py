@@ -9,6 +9,9 @@ from fabric import status as st
 from fabric.status import NvmeError
 from storage_node import journal as jr
 from storage_node.kv_namespace import KvNamespace, PendingDelete
+from tests.conftest import fabric_client
+
+from .conftest import GOOD_HOST
 
 MIB = 1 << 20
 
@@ -158,3 +161,30 @@ def test_random_damage_never_serves_a_deleted_or_older_value(tmp_path):
             got = read(ns, key)
             assert got is None or got == value, f"trial {trial}: {key!r} read back an older or deleted value"
         ns.close()
+
+
+def test_a_real_node_killed_after_a_delete_whose_record_is_then_damaged_does_not_serve_the_value(
+        start_service, node_config, tmp_path):
+    config = node_config()
+    node = start_service("storage", "serve", "storage", "--config", config)
+    journal = tmp_path / "data" / "ns1.data.journal"
+    with fabric_client(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
+        client.store(1, b"B", [b"b" * 5000])
+        client.store(1, b"A", [b"a" * 5000])
+        client.store(1, b"D", [b"d"])
+        start = journal.stat().st_size  # acknowledged: the records are durable, the file this long
+        client.delete(1, b"A")
+        end = journal.stat().st_size
+        client.store(1, b"C", [b"c" * 20000])
+    node.kill()  # kill -9: no clean shutdown
+    whole = journal.read_bytes()
+    for name, damaged in (("flipped", whole[:start + 20] + bytes([whole[start + 20] ^ 4]) + whole[start + 21:]),
+                          ("torn", whole[:end - 3])):
+        journal.write_bytes(damaged)
+        node = start_service(f"storage-{name}", "serve", "storage", "--config", config)
+        with fabric_client(node.addresses["fabric"], GOOD_HOST, timeout_s=30) as client:
+            assert not client.exist(1, b"A"), f"{name}: the deleted value came back"
+            assert bytes(client.retrieve(1, b"B").payload()) == b"b" * 5000
+            if name == "flipped":
+                assert bytes(client.retrieve(1, b"C").payload()) == b"c" * 20000
+        node.kill()
