@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "eviction"): "bench.eviction:main",
     ("bench", "decode"): "bench.decode:main",
     ("bench", "replay"): "bench.replay:main",
+    ("bench", "fairness"): "bench.fairness:main",
     ("bench", "all"): "bench.suite:main",
     ("simulate",): "bench.simulate:main",
     ("study", "poster"): "bench.study.poster:main",
