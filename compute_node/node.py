@@ -18,7 +18,7 @@ from compute_node.turn import StepSpan
 from hostmem.region_reclaim import reclaim_abandoned
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
-from kvtb.rpc import Authorizer, Security, add_port
+from kvtb.rpc import Authorizer, Security, add_port, server_options
 from kvtb.service_metrics import compute_families
 from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc
@@ -82,7 +82,7 @@ class ComputeNode:
         self.pool = KvPool.create(s.shm_name, layout)
         self.security = Security.of("compute", s.credentials_dir, s.insecure)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="compute-grpc"),
-                                  interceptors=[Authorizer(ACCESS, self.security)])
+                                  options=server_options(), interceptors=[Authorizer(ACCESS, self.security)])
         port = add_port(self.server, s.listen_address, self.security)
         if not port:
             raise OSError(f"cannot listen on {s.listen_address}")

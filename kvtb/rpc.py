@@ -66,6 +66,24 @@ def add_port(server, address: str, security: Security) -> int:
     return server.add_secure_port(address, security.server_credentials())
 
 
+# Bounds every gRPC server of the deployment sets (server_options), before and after authentication.
+MAX_MESSAGE_BYTES = 4 << 20  # a request or reply message (gRPC's default receive limit, made explicit)
+MAX_CONCURRENT_STREAMS = 256  # calls in flight on one connection
+HANDSHAKE_TIMEOUT_MS = 10_000  # a connection that has not finished its TLS handshake by then is closed
+MAX_METADATA_BYTES = 16 << 10  # a call's headers
+
+
+def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES,
+                   handshake_timeout_ms: int = HANDSHAKE_TIMEOUT_MS) -> list[tuple[str, int]]:
+    """A gRPC server's bounds: message size both ways, calls per connection, header bytes, and how long
+    a peer may hold a connection open without completing the TLS handshake (unauthenticated work)."""
+    return [("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.server_handshake_timeout_ms", handshake_timeout_ms)]
+
+
 def _options(peer: str, options: Iterable[tuple[str, object]]) -> list[tuple[str, object]]:
     return [("grpc.ssl_target_name_override", peer or COMMON_NAME), *options]
 

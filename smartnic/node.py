@@ -9,7 +9,7 @@ import grpc
 
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
-from kvtb.rpc import Authorizer, CallCounter, Security, add_port
+from kvtb.rpc import Authorizer, CallCounter, Security, add_port, server_options
 from kvtb.service_metrics import agent_families
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 from smartnic.agent import Agent
@@ -63,8 +63,7 @@ class AgentNode:
         s = self.settings
         security = Security.of("smartnic", s.credentials_dir, s.insecure)
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(s.grpc_workers),
-                                  options=[("grpc.max_receive_message_length", 64 << 20),
-                                           ("grpc.max_send_message_length", 64 << 20)],
+                                  options=server_options(max_message_bytes=64 << 20),
                                   interceptors=[self.calls, Authorizer(ACCESS, security)])
         host = s.listen_address.rpartition(":")[0]
         port = add_port(self.server, s.listen_address, security)
