@@ -33,6 +33,7 @@ from typing import Self
 import zmq
 
 from fabric import auth
+from fabric import frames as frames_
 from fabric import status as st
 from fabric.auth import AuthError, FabricSecurity
 from kvtb.crc32c import crc32c as compute_crc32c
@@ -42,6 +43,7 @@ from kvtb_proto import nvmeof_pb2
 logger = logging.getLogger(__name__)
 
 CID_SPACE = 1 << 16  # command ids rotate through 16 bits, skipping those still outstanding
+LIST_PAGE_KEYS = 1000  # keys asked per List command (every node takes at least this many)
 
 
 class FabricError(Exception):
@@ -231,7 +233,8 @@ class FabricClient:
                on_data: Callable[[int, list], None] | None = None) -> concurrent.futures.Future:
         """Send capsule (its command id is assigned here) and frames; return a Future of Completion.
 
-        The frames are sent with copy=False: leave them unmodified until the Future resolves.
+        The frames are sent with copy=False (a buffer over fabric.frames.FRAME_BYTES as views of it, the
+        most a node takes in one frame): leave them unmodified until the Future resolves.
         After timeout_s (default: the client's) the Future fails with FabricTimeout, and a late
         completion is dropped.
 
@@ -255,7 +258,7 @@ class FabricClient:
             header = capsule.SerializeToString()
             if self._channel is not None:  # sealed in submission order, which is sending order
                 header = self._channel.seal(header)
-            self._outbox.append([header, *frames])
+            self._outbox.append([header, *frames_.split(frames)])  # a node takes frames of FRAME_BYTES
         self._wake.ring()
         return future
 
@@ -315,10 +318,19 @@ class FabricClient:
         return done.raise_for_status().response.exists
 
     def list_keys(self, nsid: int, start_key: bytes = b"", max_keys: int = 1000) -> list[bytes]:
-        """Keys greater than start_key, in order, at most max_keys."""
-        capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_LIST,
-                                            namespace_id=nsid, list_start_key=start_key, max_keys=max_keys)
-        return list(self._wait(self.submit(capsule)).raise_for_status().response.keys)
+        """Keys greater than start_key, in order, at most max_keys: asked LIST_PAGE_KEYS at a time (a node
+        refuses a List over its max_list_keys)."""
+        keys: list[bytes] = []
+        while len(keys) < max_keys:
+            want = min(LIST_PAGE_KEYS, max_keys - len(keys))
+            capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_LIST,
+                                                namespace_id=nsid, list_start_key=start_key, max_keys=want)
+            page = list(self._wait(self.submit(capsule)).raise_for_status().response.keys)
+            keys += page
+            if len(page) < want:
+                break
+            start_key = page[-1]
+        return keys
 
     def flush(self, nsid: int) -> Completion:
         """NVM Flush: everything written to nsid is on stable storage when this returns."""

@@ -1,4 +1,10 @@
-"""Capsules in, responses out: authentication, parsing, access control, queue admission and dispatch."""
+"""Capsules in, responses out: authentication, parsing, access control, queue admission and dispatch.
+
+Bounded before anything else: a capsule (header frame) of at most MAX_HEADER_BYTES and a message of at
+most MAX_FRAMES frames, refused before they are copied or parsed. Before a session authenticates
+(`fabric_security` auth or curve) its messages are rate-limited per peer address (over the rate:
+dropped unanswered) and at most MAX_PRE_AUTH_BYTES each (`storage_node.pre_auth`).
+"""
 from __future__ import annotations
 
 import logging
@@ -8,15 +14,17 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from kvtb_proto import nvmeof_pb2 as pb
-from storage_node import handlers
 from fabric import status as st
 from fabric.auth import TRAILER_BYTES, AuthError, FabricSecurity
-from storage_node.handlers import OPS, Command, Result
-from storage_node.namespace import byte_view
-from storage_node.stats import Stats
+from fabric.frames import MAX_HEADER_BYTES
 from fabric.status import NvmeError, Status
+from kvtb_proto import nvmeof_pb2 as pb
+from storage_node import handlers
+from storage_node.handlers import OPS, Command, RequestLimits, Result
+from storage_node.namespace import byte_view
+from storage_node.pre_auth import PreAuthLimits
 from storage_node.sessions import Sessions
+from storage_node.stats import Stats
 from storage_node.subsystem import Controller, Subsystem
 
 logger = logging.getLogger(__name__)
@@ -38,6 +46,9 @@ class Reply:
 
 
 Post = Callable[[Command, Result], None]
+Peer = Callable[[], str]  # the peer address of a message's connection, asked only when needed
+
+MAX_FRAMES = 1 << 16  # frames of one message (a 1 GiB value cut into 4 MiB frames is 256)
 
 # Reads of at most this many bytes run on the fabric thread: a page-cache copy of 128 KiB
 # takes tens of microseconds, less than two hand-offs between threads. (Writes stay on the
@@ -84,7 +95,8 @@ class CommandProcessor:
     Invariants: a capsule from a session without a controller is never executed; with
     `security` auth or curve a session gets its controller only once it authenticated, and a
     capsule of an authenticated session is executed only when its seal checks out; each
-    received capsule gets exactly one reply. Thread-safety: receive(), complete() and header()
+    received capsule gets exactly one reply, except the messages of sessions not authenticated that
+    go over their peer's rate (dropped unanswered, so a flood queues no replies). Thread-safety: receive(), complete() and header()
     run on the fabric thread only; executions post their Result back through `post` (thread-safe).
     """
 
@@ -94,12 +106,26 @@ class CommandProcessor:
         self.executor = executor
         self.post = post
         self.stats = stats
-        self.sessions = Sessions(security or FabricSecurity.off())
-        self.max_value_bytes = subsystem.settings.max_value_bytes
+        self.sessions = Sessions(security or FabricSecurity.off(), PreAuthLimits.of(subsystem.settings))
+        self.limits = RequestLimits.of(subsystem.settings)
         self.env = {"committers": subsystem.committers}
 
-    def receive(self, session: bytes, frames: list) -> list[Reply]:
-        """Handle one received message: [header, payload buffers...] (buffers, not copied)."""
+    def receive(self, session: bytes, frames: list, peer: Peer | str = "") -> list[Reply]:
+        """Handle one received message: [header, payload buffers...] (buffers, not copied) from the
+        connection at peer (an address, or a function that tells it)."""
+        address = ""
+        if self.sessions.required and not self.sessions.sealed(session):  # before authentication
+            address = peer() if callable(peer) else peer
+            if not self.sessions.admit(address):
+                return []
+            size = handlers.payload_size(frames)
+            if size > self.sessions.limits.max_pre_auth_bytes:
+                return [self._error(session, 0, None, st.INVALID_FIELD, f"a message of {size} bytes before "
+                                    f"authentication (at most {self.sessions.limits.max_pre_auth_bytes})")]
+        header_bytes = memoryview(frames[0]).nbytes if frames else 0
+        if header_bytes > MAX_HEADER_BYTES or len(frames) > MAX_FRAMES:
+            return [self._error(session, 0, None, st.INVALID_FIELD, f"a capsule of {header_bytes} bytes and "
+                                f"{len(frames)} frames (at most {MAX_HEADER_BYTES} bytes, {MAX_FRAMES} frames)")]
         capsule = pb.CommandCapsule()
         try:
             header = self.sessions.open(session, frames[0] if frames else b"")
@@ -115,7 +141,7 @@ class CommandProcessor:
             return [self._error(session, 0, None, st.INVALID_FIELD, f"unparsable command capsule: {exc}")]
         payload = frames[1:]
         if capsule.command_set == pb.FABRICS:
-            return [self._fabrics(session, capsule, payload)]
+            return [self._fabrics(session, capsule, payload, address)]
         controller = self.subsystem.controller_for(session)
         if controller is None:
             return [self._error(session, capsule.command_id, None, st.CONNECT_INVALID_HOST,
@@ -170,7 +196,7 @@ class CommandProcessor:
         nbytes = handlers.payload_size(payload)
         if nbytes and not spec.carries_payload:
             raise NvmeError(st.INVALID_FIELD, f"{spec.name} carries no payload, got {nbytes} bytes")
-        spec.validate(capsule, ns, nbytes, self.max_value_bytes)
+        spec.validate(capsule, ns, nbytes, self.limits)
         return Command(session, capsule, payload, nbytes, controller, ns, spec)
 
     def _start(self, cmd: Command) -> None:
@@ -192,14 +218,18 @@ class CommandProcessor:
             self.sessions.drop(reply.session)
         return data
 
-    def _fabrics(self, session: bytes, capsule: pb.CommandCapsule, payload: list) -> Reply:
+    def expire(self) -> int:
+        """Forget half-open sessions past the handshake timeout (the fabric thread calls it each turn)."""
+        return self.sessions.expire()
+
+    def _fabrics(self, session: bytes, capsule: pb.CommandCapsule, payload: list, peer: str = "") -> Reply:
         """Connect binds the session to a controller, or starts its authentication (or refuses it);
         AUTH_SEND / AUTH_RECV carry the handshake; Disconnect unbinds the session."""
         try:
             if payload:
                 raise NvmeError(st.INVALID_FIELD, "fabrics commands carry no payload")
             if capsule.opcode == pb.FABRICS_CONNECT:
-                return self._connect(session, capsule)
+                return self._connect(session, capsule, peer)
             if capsule.opcode in (pb.FABRICS_AUTH_SEND, pb.FABRICS_AUTH_RECV):
                 return self._authenticate(session, capsule)
             if capsule.opcode == pb.FABRICS_DISCONNECT:
@@ -216,7 +246,7 @@ class CommandProcessor:
             logger.info("fabrics command refused: %s", exc.message)
             return self._error(session, capsule.command_id, None, exc.status, exc.message)
 
-    def _connect(self, session: bytes, capsule: pb.CommandCapsule) -> Reply:
+    def _connect(self, session: bytes, capsule: pb.CommandCapsule, peer: str) -> Reply:
         if self.sessions.sealed(session):
             raise NvmeError(st.INVALID_FIELD, "already connected and authenticated (Disconnect first)")
         if not self.sessions.required:
@@ -225,7 +255,7 @@ class CommandProcessor:
             return self._reply(session, capsule.command_id, controller, st.SUCCESS, "")
         self.subsystem.check_allowed(capsule.host_nqn, capsule.subsystem_nqn)
         self.subsystem.disconnect_session(session)  # a session that connects again starts over
-        self.sessions.begin(session, capsule.host_nqn, self.subsystem.settings.subsystem_nqn)
+        self.sessions.begin(session, capsule.host_nqn, self.subsystem.settings.subsystem_nqn, peer)
         reply = self._reply(session, capsule.command_id, None, st.SUCCESS, "")
         reply.capsule.authentication_required = True
         return reply

@@ -6,6 +6,11 @@ Wire (per message): host -> node [routing id, CommandCapsule, payload...]; node 
 byte is encrypted (ZeroMQ's CurveZMQ), with the same authentication on top. Frames are received with copy=False and handed on
 as memoryviews; replies go out with copy=False from buffers made for that reply alone, or from
 views of a namespace's mapping that keep their extents pinned until ZeroMQ lets go of them.
+
+Bounded: a frame over `max_frame_bytes` (ZMQ_MAXMSGSIZE) makes libzmq drop its peer's connection
+before buffering it, and at most `rcv_hwm` messages wait per connection while the node does not
+read (then TCP's own window stops the peer). The processor learns each connection's peer address
+(ZeroMQ's "Peer-Address") for its limits on work before authentication.
 """
 from __future__ import annotations
 
@@ -23,6 +28,9 @@ from storage_node.handlers import Command, Result
 logger = logging.getLogger(__name__)
 
 RECV_BATCH = 64  # messages taken per loop turn before completions get their turn
+MAX_FRAME_BYTES = 16 << 20  # as StorageSettings.max_frame_bytes
+RCV_HWM = 1024  # messages queued per connection in ZeroMQ while the node does not read (a host has
+                # at most its queue depth outstanding; the node's queue_depth is at most 65535)
 
 
 def bindable(address: str) -> str:
@@ -37,7 +45,8 @@ class FabricServer:
     so ZeroMQ's and TCP's buffers fill and the hosts' sends block; nothing is dropped.
     """
 
-    def __init__(self, address: str, context: zmq.Context | None = None, security: FabricSecurity | None = None):
+    def __init__(self, address: str, context: zmq.Context | None = None, security: FabricSecurity | None = None,
+                 max_frame_bytes: int = MAX_FRAME_BYTES, rcv_hwm: int = RCV_HWM):
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         if security is not None and security.mode == "curve":  # encryption; who the host is, the handshake says
@@ -46,7 +55,8 @@ class FabricServer:
             self._sock.curve_publickey = security.curve_public
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)
-        self._sock.setsockopt(zmq.RCVHWM, 0)
+        self._sock.setsockopt(zmq.RCVHWM, rcv_hwm)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)  # per frame: larger ones cost a disconnect
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable reply raises, not vanishes
         self._sock.bind(bindable(address))
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -87,6 +97,7 @@ class FabricServer:
             if self._wake.fd in events:
                 self._wake.answer()
             self._drain_completions()
+            self.processor.expire()
             if self._sock in events:
                 self._receive_batch()
             backlogged = self._backlogged()
@@ -106,7 +117,8 @@ class FabricServer:
                 return
             session = frames[0].bytes
             try:
-                replies = self.processor.receive(session, [f.buffer for f in frames[1:]])
+                replies = self.processor.receive(session, [f.buffer for f in frames[1:]],
+                                                 lambda f=frames[0]: _peer_address(f))
             except Exception:  # one bad message must not stop the node
                 logger.exception("unexpected failure handling a capsule")
                 continue
@@ -129,3 +141,11 @@ class FabricServer:
                 self._sock.send_multipart(message, copy=False)
             except zmq.ZMQError as exc:
                 logger.warning("reply to a departed host dropped: %s", exc)
+
+
+def _peer_address(frame: zmq.Frame) -> str:
+    """The address a message came from ("" where the transport has none: ipc, inproc)."""
+    try:
+        return frame.get("Peer-Address") or ""
+    except zmq.ZMQError:
+        return ""

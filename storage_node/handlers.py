@@ -1,4 +1,10 @@
-"""Per-opcode validation (cheap, on the fabric thread) and execution (on an I/O worker)."""
+"""Per-opcode validation (cheap, on the fabric thread) and execution (on an I/O worker).
+
+Every request is bounded before it runs (`RequestLimits`, from the node's settings): a value's
+size, the ranges of a range read (merged first, `storage_node.ranges`), the keys of a List, the
+bytes a response carries and the bytes a command reads or checksums on the node. Over a cap a
+command is refused whole with "invalid field" (NVMe's generic 0x02).
+"""
 from __future__ import annotations
 
 import logging
@@ -6,13 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fabric import status as st
+from fabric.status import NvmeError, Status
 from kvtb.crc32c import crc32c
 from kvtb_proto import nvmeof_pb2 as pb
-from fabric import status as st
+from storage_node import ranges as rg
 from storage_node.commit import GroupCommitter
 from storage_node.kv_namespace import KvNamespace, PendingDelete, check_key
 from storage_node.namespace import LBA_BYTES, BlockNamespace, Namespace, byte_view
-from fabric.status import NvmeError, Status
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +55,25 @@ class Result:
 
 Finish = Callable[[Result], None]
 
+RANGE_ENTRIES_PER_RANGE = 4  # a range read's list, as sent, may hold this many times max_ranges
+LIST_DEFAULT_KEYS = 1000     # the keys a List answers when it asks for none in particular
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one command may ask for (defaults as StorageSettings'; see there for each one)."""
+
+    max_value_bytes: int = 1 << 30
+    max_ranges: int = 1024
+    max_list_keys: int = 10_000
+    max_response_bytes: int = 1 << 30
+    max_read_bytes: int = 4 << 30
+
+    @classmethod
+    def of(cls, settings) -> RequestLimits:
+        return cls(settings.max_value_bytes, settings.max_ranges, settings.max_list_keys,
+                   settings.max_response_bytes, settings.max_read_bytes)
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -55,7 +81,7 @@ class OpSpec:
 
     name: str
     kind: type
-    validate: Callable[[pb.CommandCapsule, Namespace, int, int], None]
+    validate: Callable[[pb.CommandCapsule, Namespace, int, RequestLimits], None]
     execute: Callable[[Command, Finish, dict], None]
     inline: bool = False  # cheap enough to run on the fabric thread
     size: Callable[[Command], int] | None = None  # bytes it moves; small ones run inline too
@@ -64,16 +90,29 @@ class OpSpec:
 
 # -- validation ---------------------------------------------------------------------------------
 
-def _no_checks(capsule, ns, payload_bytes, max_value) -> None:
+def _no_checks(capsule, ns, payload_bytes, limits: RequestLimits) -> None:
     pass
 
 
-def _check_key(capsule, ns, payload_bytes, max_value) -> None:
+def _check_key(capsule, ns, payload_bytes, limits: RequestLimits) -> None:
     check_key(capsule.key)
 
 
-def _check_store(capsule, ns, payload_bytes, max_value) -> None:
+def _check_retrieve(capsule, ns: KvNamespace, payload_bytes, limits: RequestLimits) -> None:
+    """A Retrieve answers at most max_response_bytes (a value stored before the cap was lowered may not)."""
     check_key(capsule.key)
+    length = ns.value_length(capsule.key)
+    answer = max(0, length - capsule.value_offset)
+    if capsule.value_length:
+        answer = min(answer, capsule.value_length)
+    if answer > limits.max_response_bytes:
+        raise NvmeError(st.INVALID_FIELD, f"a Retrieve of {answer} bytes, over the {limits.max_response_bytes} "
+                                          f"one response may carry (ask for part of it: value_length)")
+
+
+def _check_store(capsule, ns, payload_bytes, limits: RequestLimits) -> None:
+    check_key(capsule.key)
+    max_value = limits.max_value_bytes
     if capsule.value_length > max_value:
         raise NvmeError(st.INVALID_VALUE_SIZE, f"value of {capsule.value_length} bytes over {max_value}")
     if payload_bytes != capsule.value_length:
@@ -83,24 +122,47 @@ def _check_store(capsule, ns, payload_bytes, max_value) -> None:
         raise NvmeError(st.INVALID_FIELD, "store_only_if_absent and store_only_if_present both set")
 
 
-MAX_RANGES = 4096
-
-
-def _check_ranges(capsule, ns, payload_bytes, max_value) -> None:
-    if not 1 <= len(capsule.ranges) <= MAX_RANGES:
-        raise NvmeError(st.INVALID_FIELD, f"{len(capsule.ranges)} ranges (1..{MAX_RANGES})")
-    for r in capsule.ranges:
+def _check_ranges(capsule, ns: KvNamespace, payload_bytes, limits: RequestLimits) -> None:
+    """A range read within the caps: ranges (merged), bytes answered, bytes read or checked."""
+    asked = capsule.ranges
+    most = limits.max_ranges * RANGE_ENTRIES_PER_RANGE
+    if not 1 <= len(asked) <= most:
+        raise NvmeError(st.INVALID_FIELD, f"{len(asked)} ranges (1..{most} as sent, {limits.max_ranges} merged)")
+    for r in asked:
         check_key(r.key)
+    merged = rg.merged_count(asked)
+    if merged > limits.max_ranges:
+        raise NvmeError(st.INVALID_FIELD, f"{merged} ranges once adjacent or overlapping ones are merged, "
+                                          f"over {limits.max_ranges}")
+    answer = sum(r.length for r in asked)
+    if answer > limits.max_response_bytes:
+        raise NvmeError(st.INVALID_FIELD, f"ranges of {answer} bytes in all, over the "
+                                          f"{limits.max_response_bytes} one response may carry")
+    read = sum(_span_read_bytes(capsule, ns, key, lo, hi) for key, (lo, hi) in rg.covering(asked).items())
+    if read > limits.max_read_bytes:
+        raise NvmeError(st.INVALID_FIELD, f"ranges that read or check {read} bytes on the node, over "
+                                          f"{limits.max_read_bytes}")
 
 
-def _check_lbas(capsule, ns, payload_bytes, max_value) -> None:
+def _span_read_bytes(capsule, ns: KvNamespace, key: bytes, lo: int, hi: int) -> int:
+    """Bytes read or checksummed for [lo, hi) of key: the whole value under the guard check."""
+    return ns.value_length(key) if not capsule.skip_guard_check else hi - lo
+
+
+def _check_list(capsule, ns, payload_bytes, limits: RequestLimits) -> None:
+    if capsule.max_keys > limits.max_list_keys:
+        raise NvmeError(st.INVALID_FIELD, f"a List of {capsule.max_keys} keys, over {limits.max_list_keys} "
+                                          f"(ask again from the last key)")
+
+
+def _check_lbas(capsule, ns, payload_bytes, limits: RequestLimits) -> None:
     ns.check_range(capsule.starting_lba, capsule.number_of_lbas)
-    if capsule.number_of_lbas * LBA_BYTES > max_value:
+    if capsule.number_of_lbas * LBA_BYTES > limits.max_value_bytes:
         raise NvmeError(st.INVALID_FIELD, "transfer larger than the maximum data transfer size")
 
 
-def _check_write(capsule, ns, payload_bytes, max_value) -> None:
-    _check_lbas(capsule, ns, payload_bytes, max_value)
+def _check_write(capsule, ns, payload_bytes, limits: RequestLimits) -> None:
+    _check_lbas(capsule, ns, payload_bytes, limits)
     if payload_bytes != capsule.number_of_lbas * LBA_BYTES:
         raise NvmeError(st.INVALID_FIELD,
                         f"payload of {payload_bytes} bytes for {capsule.number_of_lbas} LBAs")
@@ -141,17 +203,26 @@ def _kv_retrieve(cmd: Command, finish: Finish, env: dict) -> None:
 
 
 def _kv_retrieve_ranges(cmd: Command, finish: Finish, env: dict) -> None:
-    """Each range on its own: its bytes (a view, no copy, for a mapped value) or its status."""
+    """Each range on its own: its bytes (a view, no copy) or its status. Each key is read once, over the
+    bytes covering its ranges (and with the guard check its whole value checked once)."""
     ns: KvNamespace = cmd.namespace
-    frames, statuses, failed = [], [], ""
-    for i, r in enumerate(cmd.capsule.ranges):
+    asked = cmd.capsule.ranges
+    answers: list = [None] * len(asked)
+    for key, indexes in rg.by_key(asked).items():
+        spans = [(asked[i].offset, asked[i].length) for i in indexes]
         try:
-            data, _, _ = ns.retrieve_range(r.key, r.offset, r.length, not cmd.capsule.skip_guard_check)
+            got = ns.retrieve_spans(key, spans, not cmd.capsule.skip_guard_check)
         except NvmeError as exc:
-            statuses.append(exc.status.sct << 8 | exc.status.sc)
-            failed = failed or f"range {i} (key {r.key.hex()}): {exc.message}"
+            got = [exc] * len(indexes)
+        for i, answer in zip(indexes, got):
+            answers[i] = answer
+    frames, statuses, failed = [], [], ""
+    for i, answer in enumerate(answers):
+        if isinstance(answer, NvmeError):
+            statuses.append(answer.status.sct << 8 | answer.status.sc)
+            failed = failed or f"range {i} (key {asked[i].key.hex()}): {answer.message}"
             continue
-        frames.append(data)
+        frames.append(answer)
         statuses.append(0)
     nbytes = sum(byte_view(f).nbytes for f in frames)
     finish(Result(message=failed, value_length=nbytes, frames=frames, bytes_read=nbytes, range_status=statuses))
@@ -169,7 +240,7 @@ def _kv_exist(cmd: Command, finish: Finish, env: dict) -> None:
 
 
 def _kv_list(cmd: Command, finish: Finish, env: dict) -> None:
-    max_keys = cmd.capsule.max_keys or 1000
+    max_keys = cmd.capsule.max_keys or LIST_DEFAULT_KEYS
     finish(Result(keys=cmd.namespace.list_keys(cmd.capsule.list_start_key, max_keys)))
 
 
@@ -213,7 +284,7 @@ def _retrieve_bytes_of(cmd: Command, key: bytes) -> int:
 
 def _ranges_bytes(cmd: Command) -> int:
     """Bytes a range Retrieve copies or checksums (none for mapped values the host checks itself)."""
-    return sum(_retrieve_bytes_of(cmd, r.key) for r in cmd.capsule.ranges)
+    return sum(_retrieve_bytes_of(cmd, key) for key in rg.by_key(cmd.capsule.ranges))
 
 
 def _lba_bytes(cmd: Command) -> int:
@@ -223,13 +294,13 @@ def _lba_bytes(cmd: Command) -> int:
 OPS: dict[tuple[int, int], OpSpec] = {
     (pb.KEY_VALUE, pb.KV_STORE): OpSpec("kv_store", KvNamespace, _check_store, _kv_store,
                                         carries_payload=True),
-    (pb.KEY_VALUE, pb.KV_RETRIEVE): OpSpec("kv_retrieve", KvNamespace, _check_key, _kv_retrieve,
+    (pb.KEY_VALUE, pb.KV_RETRIEVE): OpSpec("kv_retrieve", KvNamespace, _check_retrieve, _kv_retrieve,
                                            size=_retrieve_bytes),
     (pb.KEY_VALUE, pb.KV_RETRIEVE_RANGES): OpSpec("kv_retrieve_ranges", KvNamespace, _check_ranges,
                                                   _kv_retrieve_ranges, size=_ranges_bytes),
     (pb.KEY_VALUE, pb.KV_DELETE): OpSpec("kv_delete", KvNamespace, _check_key, _kv_delete, inline=True),
     (pb.KEY_VALUE, pb.KV_EXIST): OpSpec("kv_exist", KvNamespace, _check_key, _kv_exist, inline=True),
-    (pb.KEY_VALUE, pb.KV_LIST): OpSpec("kv_list", KvNamespace, _no_checks, _kv_list, inline=True),
+    (pb.KEY_VALUE, pb.KV_LIST): OpSpec("kv_list", KvNamespace, _check_list, _kv_list, inline=True),
     (pb.NVM, pb.NVM_WRITE): OpSpec("nvm_write", BlockNamespace, _check_write, _nvm_write,
                                    carries_payload=True),
     (pb.NVM, pb.NVM_READ): OpSpec("nvm_read", BlockNamespace, _check_lbas, _nvm_read, size=_lba_bytes),

@@ -12,18 +12,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fabric import status as st
+from fabric.status import NvmeError, Status
 from kvtb.crc32c import crc32c
 from storage_node import journal as jr
-from fabric import status as st
 from storage_node.allocator import AllocationError, Extent, ExtentAllocator
 from storage_node.namespace import (
     LBA_BYTES,
     Namespace,
+    byte_view,
     new_buffer,
     read_extents,
     write_extents,
 )
-from fabric.status import NvmeError, Status
 from storage_node.replay import replay
 
 logger = logging.getLogger(__name__)
@@ -291,6 +292,32 @@ class KvNamespace(Namespace):
         must lie inside the value (INVALID_FIELD otherwise). With check_guard the whole value's crc32c
         is checked first: only a whole value can vouch for a part of it."""
         return self._read(key, offset, length, check_guard, exact=True)
+
+    def retrieve_spans(self, key: bytes, spans: Sequence[tuple[int, int]],
+                       check_guard: bool = True) -> list[memoryview | NvmeError]:
+        """Each span (offset, length) of key's value, read once for them all: one read of the bytes
+        that cover them (and with check_guard one crc32c check of the whole value), then a view per span
+        (views of a mapped value keep it pinned, as retrieve's do). A span outside the value gets its
+        INVALID_FIELD error in its place; KEY_DOES_NOT_EXIST and a failed check raise for them all."""
+        check_key(key)
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None:
+                raise NvmeError(st.KEY_DOES_NOT_EXIST)
+            length = entry.length
+        bounds: list[tuple[int, int] | NvmeError] = []
+        for offset, n in spans:
+            try:
+                bounds.append((offset, _range_end(length, offset, n, exact=True)))
+            except NvmeError as exc:
+                bounds.append(exc)
+        inside = [b for b in bounds if not isinstance(b, NvmeError)]
+        if not inside:
+            return bounds
+        lo, hi = min(b[0] for b in inside), max(b[1] for b in inside)
+        data, _, _ = self._read(key, lo, hi - lo, check_guard, exact=True)
+        view = byte_view(data)  # slices of it keep `data` (and a mapped value's pin) alive
+        return [b if isinstance(b, NvmeError) else view[b[0] - lo:b[1] - lo] for b in bounds]
 
     def _read(self, key: bytes, offset: int, length: int, check_guard: bool, exact: bool) -> tuple[object, int, int]:
         check_key(key)

@@ -14,7 +14,7 @@ from kvtb.service_metrics import storage_families
 from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
 from storage_node.admin_servicer import StorageAdminServicer
 from storage_node.commands import CommandProcessor
-from storage_node.fabric_server import FabricServer
+from storage_node.fabric_server import RCV_HWM, FabricServer
 from storage_node.settings import StorageSettings
 from storage_node.stats import Stats
 from storage_node.subsystem import Subsystem
@@ -25,9 +25,15 @@ ADMIN_SERVICE = storage_admin_pb2.DESCRIPTOR.services_by_name["StorageAdmin"].fu
 # Who may call what on the admin port (the operator may call everything): the frontend gathers
 # the system's figures for `kvtb stats`.
 ADMIN_ACCESS = {f"/{ADMIN_SERVICE}/Stats": {"frontend"}}
+# The admin port's bounds: its requests are a few hundred bytes (1 MiB is ample), its metadata a
+# certificate's worth, and calls beyond 64 at once are refused RESOURCE_EXHAUSTED rather than queued.
+ADMIN_MAX_MESSAGE_BYTES = 1 << 20
+ADMIN_MAX_CONCURRENT_RPCS = 64
+ADMIN_OPTIONS = [("grpc.max_receive_message_length", ADMIN_MAX_MESSAGE_BYTES),
+                 ("grpc.max_metadata_size", 16 << 10)]
 
 
-def serve(settings: StorageSettings) -> "StorageNode":
+def serve(settings: StorageSettings) -> StorageNode:
     """The storage node of these settings, not started yet."""
     return StorageNode(settings)
 
@@ -56,11 +62,14 @@ class StorageNode:
         fabric_security = FabricSecurity.for_target(self.settings.fabric_security, self.settings.credentials_dir)
         self.subsystem.open()
         self.executor = futures.ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="io")
-        self.fabric = FabricServer(self.settings.fabric_address, security=fabric_security)
+        self.fabric = FabricServer(self.settings.fabric_address, security=fabric_security,
+                                   max_frame_bytes=self.settings.max_frame_bytes,
+                                   rcv_hwm=max(RCV_HWM, 2 * self.settings.queue_depth))
         processor = CommandProcessor(self.subsystem, self.executor, self.fabric.post, self.stats, fabric_security)
         security = Security.of("storage", self.settings.credentials_dir, self.settings.insecure)
         self.grpc_server = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="admin"),
-                                       interceptors=[Authorizer(ADMIN_ACCESS, security)])
+                                       interceptors=[Authorizer(ADMIN_ACCESS, security)], options=ADMIN_OPTIONS,
+                                       maximum_concurrent_rpcs=ADMIN_MAX_CONCURRENT_RPCS)
         storage_admin_pb2_grpc.add_StorageAdminServicer_to_server(
             StorageAdminServicer(self.subsystem, self.stats, self.fabric.address), self.grpc_server)
         self.health = add_health_and_reflection(self.grpc_server, [ADMIN_SERVICE])

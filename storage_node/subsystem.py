@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabric import status as st
+from fabric.status import NvmeError
 from storage_node import manifest
 from storage_node.commit import GroupCommitter
 from storage_node.kv_namespace import KvNamespace
 from storage_node.namespace import BlockNamespace, Namespace
 from storage_node.queues import QueuePair
 from storage_node.settings import WILDCARD, StorageSettings
-from fabric.status import NvmeError
 
 logger = logging.getLogger(__name__)
 
