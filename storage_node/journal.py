@@ -64,7 +64,8 @@ SECTOR = 512  # a record's head never crosses a multiple of this: a crash that t
 
 @dataclass(frozen=True)
 class Record:
-    """One journal entry: a PUT binds key to a value's extents; a DELETE unbinds it."""
+    """One journal entry: a PUT binds key to a value's extents; a DELETE unbinds it; a LOST says
+    that records of key (of any key when it is empty) were lost to damage there."""
 
     kind: int
     key: bytes
@@ -82,7 +83,7 @@ class Damage:
     records: int  # from the sequence numbers around it (0: garbage inserted, nothing lost)
 
 
-Keys = "frozenset[bytes] | None"  # the keys lost records held; None: unknown (any key)
+Keys = frozenset[bytes] | None  # the keys lost records held; None: unknown (any key)
 
 
 @dataclass
@@ -319,34 +320,55 @@ def lost_keys(data: bytes, start: int, end: int, first_seq: int, next_seq: int) 
 def tail_keys(data: bytes, start: int, next_seq: int) -> Keys:
     """The keys of the records in the torn tail data[start:], or None when one cannot be read.
 
-    The tail must be version-3 records back to back from start, numbered from next_seq on, each
-    with a tag that holds (the first, or the last when the record is whole), the last one perhaps
-    cut short. A tail of zeros holds no record (what a file system can leave after a crash).
+    The tail must be version-3 records back to back from start (zeros may pad before each),
+    numbered from next_seq on: each whole one ending with a tag that holds, the last one perhaps
+    cut short but then with its first tag. A tail of zeros holds no record (what a file system
+    can leave after a crash).
     """
-    if not data[start:].strip(b"\0"):
-        return frozenset()
     keys, pos, seq = set(), start, next_seq
-    while pos < len(data):
+    while True:
         pos += padding_at(data, pos)
         if not data[pos:].strip(b"\0"):
             return frozenset(keys)
-        length = None
-        if data[pos:pos + 4] == MAGIC3 and pos + HEADER2.size <= len(data):
-            length = HEADER2.unpack_from(data, pos)[1]
-            length = length if length <= MAX_RECORD_BYTES else None
-        end = pos + HEADER2.size + length if length is not None else None
         front = tag_at(data, pos + HEADER2.size)
-        back = _tag_ending_at(data, end) if end is not None and end <= len(data) else None
-        known = [t for t in (front, back) if t is not None and t[0] == seq]
-        if not known or end is None:
+        front = front if front is not None and front[0] == seq else None
+        ends = record_ends(data, pos, front)
+        backs = [(end, back) for end in ends if end <= len(data)
+                 and (back := _tag_ending_at(data, end)) is not None and back[0] == seq]
+        if len(backs) == 1:  # a whole record: the next one starts at its end
+            keys.update({backs[0][1][2]} | ({front[2]} if front else set()))
+            pos, seq = backs[0][0], seq + 1
+            continue
+        if front is None or backs:
             return None
-        keys.update(t[2] for t in known)
-        if end >= len(data):
-            return frozenset(keys)
-        if back is None or back[0] != seq:  # a whole record must end with its tag
-            return None
-        pos, seq = end, seq + 1
-    return frozenset(keys)
+        keys.add(front[2])
+        agreed = min(ends) if len(ends) == 1 and data[pos:pos + 4] == MAGIC3 else len(data)
+        if agreed < len(data):  # its last tag is damaged, but its frame and first tag agree on its end
+            pos, seq = agreed, seq + 1
+            continue
+        if any(end < len(data) for end in ends) or MAGIC3 in data[pos + 4:]:
+            return None  # where this record ends, or whether another follows, is unknown
+        return frozenset(keys)  # the last record, cut short
+
+
+def record_ends(data: bytes, pos: int, front: tuple[int, int, bytes, int] | None) -> set[int]:
+    """Where the version-3 record at pos may end: by its frame's length, and by its first tag's
+    type (and a PUT's extent count); len(data) + 1 for a PUT cut before its count."""
+    ends = set()
+    if data[pos:pos + 4] == MAGIC3 and pos + HEADER2.size <= len(data):
+        length = HEADER2.unpack_from(data, pos)[1]
+        if length <= MAX_RECORD_BYTES:
+            ends.add(pos + HEADER2.size + length)
+    if front is not None:
+        size = front[3] - pos - HEADER2.size  # the tag's
+        if front[1] != PUT:
+            ends.add(front[3] + size)
+        elif front[3] + _PUT_FIXED.size <= len(data):
+            count = _PUT_FIXED.unpack_from(data, front[3])[2]
+            ends.add(front[3] + _PUT_FIXED.size + count * _EXTENT.size + size)
+        else:
+            ends.add(len(data) + 1)
+    return ends
 
 
 def _tag_ending_at(data: bytes, end: int) -> tuple[int, int, bytes, int] | None:
@@ -363,10 +385,10 @@ def scan(data: bytes) -> Scan:
     out, pos = Scan(), 0
     versioned = False  # a version-2 record was seen: no version-1 record can follow
     while pos < len(data):
-        pad = padding_at(data, pos)
-        if pad and pos + pad < len(data) and parse_at(data, pos + pad) is not None:
-            pos += pad
         parsed = parse_at(data, pos)
+        pad = padding_at(data, pos) if parsed is None else 0
+        if pad and (padded := parse_at(data, pos + pad)) is not None:
+            pos, parsed = pos + pad, padded
         if parsed is not None and parsed[2] is not None and parsed[2] < out.next_seq:
             parsed = None  # a record repeated or out of order is damage too
         start = pos

@@ -127,6 +127,24 @@ def test_a_tear_at_a_sector_boundary_never_hides_a_key(tmp_path):
         assert found[len(kept):] in ([], [lost(records[len(kept)].key)]), f"cut at {cut}"
 
 
+def test_a_tail_of_several_damaged_records_names_each_key_or_any_key(tmp_path):
+    path = tmp_path / "j"
+    records = [put(b"a", 1), put(b"x", 2), jr.Record(jr.DELETE, b"y")]
+    x, y = jr.encode(records[1], 1), jr.encode(records[2], 2)
+    head = jr.encode(records[0], 0)
+
+    def tail(x_at: int, y_cut: int) -> list[jr.Record]:
+        damaged = bytearray(x)
+        damaged[x_at] ^= 0x20
+        path.write_bytes(head + bytes(damaged) + y[:len(y) - y_cut])
+        return jr.Journal(path).open()
+
+    assert tail(5, 3) == [records[0], lost(b"x"), lost(b"y")]           # x's length, y torn
+    assert tail(len(x) - 2, 3) == [records[0], lost(b"x"), lost(b"y")]  # x's last tag, y torn
+    assert tail(14, 3) == [records[0], lost(b"x"), lost(b"y")]          # x's first tag, y torn
+    assert tail(14, len(y) - 20) == [records[0], lost(b"")]             # y cut before its key
+
+
 def test_a_version_2_record_is_still_read(tmp_path):
     path = tmp_path / "j"
     path.write_bytes(jr.encode_v2(put(b"a", 1), 0) + jr.encode_v2(jr.Record(jr.DELETE, b"a"), 1))

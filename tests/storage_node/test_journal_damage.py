@@ -125,42 +125,48 @@ def test_a_record_whose_key_cannot_be_read_drops_every_older_value_and_keeps_the
 
 
 def test_random_damage_never_serves_a_deleted_or_older_value(tmp_path):
-    """Seeded: flips, inserted garbage and a torn last record; each key reads as its last stored value
-    or not at all. (A cut that takes whole records off the end is out of replay's sight: see
-    docs/contracts.md.)"""
+    """Seeded: batches of Stores and Deletes, then flips, inserted garbage and a torn last record;
+    each key reads as its last stored value or not at all. (A cut that takes whole records off
+    the end is out of replay's sight: see docs/contracts.md.)"""
     rng = random.Random(31)
-    for trial in range(150):
+    for trial in range(200):
         path = tmp_path / f"t{trial}" / "ns1.data"
         path.parent.mkdir()
         ns = open_namespace(path)
         latest: dict[bytes, bytes | None] = {}
-        for _ in range(rng.randrange(5, 40)):
-            key = b"k%d" % rng.randrange(10)
-            if key in latest and latest[key] is not None and rng.random() < 0.3:
-                last = delete(ns, key)
-                latest[key] = None
-            else:
-                latest[key] = rng.randbytes(rng.randrange(1, 9000))
-                last = store(ns, key, latest[key])
+        for _ in range(rng.randrange(3, 25)):
+            ops, values = [], []
+            for _ in range(rng.randrange(1, 5)):
+                key = b"k%d" % rng.randrange(10)
+                if latest.get(key) is not None and rng.random() < 0.3:
+                    ops.append(PendingDelete(key))
+                    values.append(None)
+                else:
+                    values.append(rng.randbytes(rng.randrange(1, 9000)))
+                    ops.append(ns.reserve(key, len(values[-1])))
+                    ns.write(ops[-1], [values[-1]])
+            for op, value, status in zip(ops, values, ns.commit(ops)):
+                if status.ok:
+                    latest[op.key] = value
         ns.close()
         journal = path.parent / "ns1.data.journal"
-        data = bytearray(journal.read_bytes())
+        whole = journal.read_bytes()
+        data, last = bytearray(whole), whole.rindex(jr.MAGIC3)
         for _ in range(rng.randrange(1, 4)):
             kind, at = rng.randrange(3), rng.randrange(len(data))
             if kind == 0:
                 data[at] ^= 1 << rng.randrange(8)
-            elif kind == 1 and len(data) == last[1]:  # torn inside the last record
-                del data[rng.randrange(last[0] + 1, last[1]):]
-            else:
+            elif kind == 1 and len(data) == len(whole):  # torn inside the last record
+                del data[rng.randrange(last + 1, len(whole)):]
+            elif kind == 2:
                 data[at:at] = rng.randbytes(rng.randrange(1, 64))
-            if not data:
-                break
         journal.write_bytes(bytes(data))
-        ns = open_namespace(path)
-        for key, value in latest.items():
-            got = read(ns, key)
-            assert got is None or got == value, f"trial {trial}: {key!r} read back an older or deleted value"
-        ns.close()
+        for _ in range(2):  # and again on the journal the first open rewrote
+            ns = open_namespace(path)
+            for key, value in latest.items():
+                got = read(ns, key)
+                assert got is None or got == value, f"trial {trial}: {key!r} read back an older or deleted value"
+            ns.close()
 
 
 def test_a_real_node_killed_after_a_delete_whose_record_is_then_damaged_does_not_serve_the_value(
