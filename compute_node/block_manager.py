@@ -51,6 +51,7 @@ class BlockManager:
         self._plain: collections.deque[int] = collections.deque(range(num_blocks))
         self._cached: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._pinned_free: set[int] = set()
+        self._quarantined: set[int] = set()  # pinned by I/O that may never end (quarantine)
         self.prefix_cache_queries = 0  # tokens looked up (vLLM's prefix_cache_queries)
         self.prefix_cache_hits = 0  # tokens found
 
@@ -70,8 +71,13 @@ class BlockManager:
 
     @property
     def num_pinned_free_blocks(self) -> int:
-        """Free blocks held back by I/O in flight: allocatable once unpinned."""
-        return len(self._pinned_free)
+        """Free blocks held back by I/O in flight that will end: allocatable once unpinned (quarantined
+        ones are not counted: nobody should wait for them)."""
+        return len(self._pinned_free) - sum(1 for b in self._quarantined if b in self._pinned_free)
+
+    @property
+    def num_quarantined_blocks(self) -> int:
+        return len(self._quarantined)
 
     @property
     def num_pinned_blocks(self) -> int:
@@ -287,6 +293,20 @@ class BlockManager:
         if block.ref_count == 0 and block.pins == 0:
             self._pinned_free.discard(block_id)
             self._park(block)
+
+    def quarantine(self, block_id: int) -> None:
+        """One of the block's pins is for I/O that outlived its timeout and may never end: the block stays
+        out of use (its pin is kept) but is not counted among the blocks I/O in flight will free soon."""
+        if self.blocks[block_id].pins <= 0:
+            raise RuntimeError(f"block {block_id} is not pinned")
+        self._quarantined.add(block_id)
+
+    def end_quarantine(self, block_id: int) -> None:
+        """The quarantined I/O on the block ended at last: its pin goes."""
+        if block_id not in self._quarantined:
+            raise RuntimeError(f"block {block_id} is not quarantined")
+        self._quarantined.discard(block_id)
+        self.unpin(block_id)
 
     def _unpark(self, block_id: int) -> None:
         if block_id in self._cached:

@@ -17,6 +17,7 @@ submit() and snapshot().
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import secrets
 import threading
@@ -47,6 +48,7 @@ LATE_PIN_S = 300.0  # how long a block a timed-out GET may still write stays out
 # restores (Engine._housekeeping): at 32 sequences a step takes ~120 ms here, and a follow-up
 # waited for the step's end before its restore was even asked for.
 HOUSEKEEPING_S = 0.005
+INTERNAL_MESSAGE = "the compute node's engine failed this turn's work (a bug); see its log"
 
 
 class Stats:
@@ -98,6 +100,9 @@ class Engine:
         self.restores: dict[int, TurnState] = {}  # restoring sequences by seq id (outside the batch)
         self.joined: dict[int, TurnState] = {}    # sequences in the batch whose later layer groups still land
         self.late_pins: list[tuple[Sequence, rs.BlockRestore, float]] = []  # (seq, block, give up at): GETs that may still write
+        self.stuck_puts: dict[int, PendingPut] = {}  # by block id: PUTs past drain_timeout_s, their block still pinned
+        self._touched: set[int] | None = None  # seq ids the work under way touches (None: every live turn)
+        self.steps_failed = 0
         self._poll_cost: list[tuple[TurnState, float]] = []  # this loop's share of polling PUTs, per turn
         self.known: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         self.stats = Stats()
@@ -110,7 +115,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
     # -- service threads
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         self._thread.start()
         return self
 
@@ -151,7 +156,8 @@ class Engine:
                     "preemptions": dict(sched.stats.preemptions), "preempted_tokens": dict(sched.stats.preempted_tokens),
                     "prefix_cache_queries": bm.prefix_cache_queries, "prefix_cache_hits": bm.prefix_cache_hits,
                     "kv_source": dict(self.stats.kv_source), "fallbacks": dict(self.stats.fallbacks),
-                    "steps": self.steps, **self.stats.totals, **self.cost.as_dict(), **self._host_swap_snapshot()}
+                    "steps": self.steps, "steps_failed": self.steps_failed,
+                    "blocks_quarantined": len(self.stuck_puts), **self.stats.totals, **self.cost.as_dict(), **self._host_swap_snapshot()}
 
     def _host_swap_snapshot(self) -> dict:
         if self.host_swap is not None:
@@ -171,9 +177,9 @@ class Engine:
                 self._intake.clear()
             try:
                 worked = self._iterate(new)
-            except Exception:  # noqa: BLE001 - a bug must fail the turns it touches, not the node
+            except Exception:  # a bug must fail the turns it touches, not the node
                 logger.exception("engine step failed")
-                self._fail_all("INTERNAL", "the compute node's engine failed a step; see its log")
+                self._fail_touched()
                 worked = False
             if worked:
                 idle_sleep = 50e-6
@@ -181,19 +187,23 @@ class Engine:
             with self.lock:
                 if self._intake or self._stopping:
                     continue
-                busy = self.restores or self.joined or self.puts or self.late_pins
+                busy = self.restores or self.joined or self.puts or self.late_pins or self.stuck_puts
                 self.lock.wait(idle_sleep if busy else 0.5)
             idle_sleep = min(idle_sleep * 2, 1e-3)
         self._fail_all("UNAVAILABLE", "the compute node is shutting down")
 
     def _iterate(self, new: list[Turn]) -> bool:
-        """One turn of the loop; whether it did anything."""
-        for turn in new:
-            self._admit_turn(turn)
+        """One turn of the loop; whether it did anything. What a failure fails: the turn being taken in or
+        polled, the step's sequences once scheduled, every live turn otherwise (`_touched`)."""
+        self._touched = None
+        self._take_in(new)
         self._drop_cancelled()
         self._poll_cost = []
         progressed = self._poll_puts() | self._poll_restores() | self._poll_joined() | self._poll_late_pins()
+        progressed |= self._poll_stuck_puts()
         out = self.scheduler.schedule()
+        self._touched = {s.seq.seq_id for s in out.scheduled} | {seq.seq_id for seq, _ in out.preempted} \
+            | {r.seq.seq_id for r in out.restores} | {seq.seq_id for seq in out.admitted}
         self._swap_out(out)
         self._drop_joined([seq for seq, _ in out.preempted])
         for request in out.restores:
@@ -202,7 +212,9 @@ class Engine:
             else:
                 self._start_restore(self.states[request.seq.seq_id], request)
         if self.host_swap is not None and len(self.host_swap):
+            touched, self._touched = self._touched, None
             self._drop_unused_copies()
+            self._touched = touched
         if out.is_empty:
             return progressed or bool(new)
         self._charge_poll_cost()
@@ -210,6 +222,28 @@ class Engine:
         return True
 
     # -- turns in and out
+    def _take_in(self, turns: list[Turn]) -> None:
+        """New turns into the engine; one that fails (a bug) fails alone."""
+        for turn in turns:
+            try:
+                self._admit_turn(turn)
+            except Exception:  # a bug in one turn's admission fails that turn, not the node
+                logger.exception("taking turn %s in failed", turn.request_id, extra={"request_id": turn.request_id})
+                state = next((s for s in self.states.values() if s.turn is turn), None)
+                if state is not None:
+                    self._abort(state, "INTERNAL", INTERNAL_MESSAGE)
+                else:
+                    turn.emit("error", "INTERNAL", INTERNAL_MESSAGE)
+
+    @contextlib.contextmanager
+    def _only(self, state: TurnState):
+        """Work on one turn's state: a failure (a bug) aborts that turn alone, and the engine goes on."""
+        try:
+            yield
+        except Exception:
+            logger.exception("turn %s failed", state.turn.request_id, extra={"request_id": state.turn.request_id})
+            self._abort(state, "INTERNAL", INTERNAL_MESSAGE)
+
     def _admit_turn(self, turn: Turn) -> None:
         if turn.cancelled.is_set():
             return
@@ -220,6 +254,7 @@ class Engine:
                        turn.context_id, salt, payload=turn, ignore_eos=turn.ignore_eos,
                        can_swap=offloader.offloads)
         state = TurnState(turn, seq, self.tokenizer, self.known.get(turn.context, 0) > 0)
+        self.states[seq.seq_id] = state  # from here a failure aborts it (_take_in)
         stored = turn.stored_tokens if turn.policy == "triggered" else 0
         if turn.policy == "cpu" and self.cpu_store is not None:
             stored = self.cpu_store.stored_tokens(seq, self.bm)
@@ -227,7 +262,6 @@ class Engine:
             if stored and self.bm.can_allocate(seq):
                 request = self.scheduler.start_restore(seq, stored)
                 if request is not None:
-                    self.states[seq.seq_id] = state
                     self._start_restore(state, request)
                     return
             else:
@@ -235,17 +269,44 @@ class Engine:
             if seq.status.value == "waiting" and seq not in self.scheduler.ready:
                 self.scheduler.add(seq)
         except NeverFits as exc:
+            del self.states[seq.seq_id]
             return turn.emit("error", "INVALID_ARGUMENT", str(exc))
         except QueueFull as exc:
+            del self.states[seq.seq_id]
             return turn.emit("error", "RESOURCE_EXHAUSTED", str(exc))
-        self.states[seq.seq_id] = state
 
     def _drop_cancelled(self) -> None:
         for state in [s for s in self.states.values() if s.turn.cancelled.is_set() and not s.finished]:
-            self.scheduler.abort(state.seq)
-            in_flight = self.restores.pop(state.seq.seq_id, None) or self.joined.pop(state.seq.seq_id, None)
+            self._abort(state)
+
+    def _abort(self, state: TurnState, code: str = "", message: str = "") -> None:
+        """End a live turn wherever it is (cancelled, or failed with code and message): every transition of
+        its sequence's cleanup, in one place. Its sequence leaves the scheduler and its blocks are freed;
+        a block its I/O may still touch stays pinned until that I/O ends: a restore's GETs (late pins), a
+        PUT (released when its counter moves, as any PUT's); any other pin goes at once."""
+        seq = state.seq
+        if code:
+            state.turn.emit("error", code, message)
+            state.aborted = True  # it had its answer: never a record after it
+        state.finished = True  # before anything that may raise: never aborted twice
+        try:
+            self.scheduler.abort(seq)
+        finally:
+            in_flight = self.restores.pop(seq.seq_id, None) or self.joined.pop(seq.seq_id, None)
             if in_flight is not None:  # its GETs may still write
-                self._late_pin(state.seq, state.restore)
+                self._late_pin(seq, state.restore)
+            held = collections.Counter(block.block_id for s, block, _ in self.late_pins if s is seq)
+            held.update(b for b, (_, _, owner, _) in self.puts.items() if owner is seq)
+            idle = []
+            for block_id in seq.pinned_blocks:  # pins no I/O in flight will release
+                if held[block_id]:
+                    held[block_id] -= 1
+                else:
+                    idle.append(block_id)
+            self.scheduler.release_pins(seq, idle)
+            for waiters in self.put_waiters.values():
+                if state in waiters:
+                    waiters.remove(state)
             self._forget(state)
 
     def _forget(self, state: TurnState) -> None:
@@ -255,10 +316,26 @@ class Engine:
         if self.host_swap is not None:
             self.host_swap.discard(state.seq.seq_id)
 
+    def _fail_touched(self) -> None:
+        """A failed step: abort the live turns it touched (every one when that is not known)."""
+        self.steps_failed += 1
+        touched, self._touched = self._touched, None
+        for state in [s for s in self.states.values() if not s.finished and (touched is None or s.seq.seq_id in touched)]:
+            try:
+                self._abort(state, "INTERNAL", INTERNAL_MESSAGE)
+            except Exception:  # a state too broken to clean: forget it at least
+                logger.exception("aborting turn %s failed", state.turn.request_id)
+                self._forget(state)
+
     def _fail_all(self, code: str, message: str) -> None:
         for state in list(self.states.values()):
-            state.turn.emit("error", code, message)
-            self._forget(state)
+            if state.finished:
+                continue
+            try:
+                self._abort(state, code, message)
+            except Exception:
+                logger.exception("aborting turn %s failed", state.turn.request_id)
+                self._forget(state)
         with self.lock:
             for turn in self._intake:
                 turn.emit("error", code, message)
@@ -325,11 +402,11 @@ class Engine:
         only, and frees only blocks of sequences outside the step (finished, swapped out, restoring).
         Cancellations, joined restores and scheduling wait for the step's end.
         """
+        touched, self._touched = self._touched, None  # what fails in here is not the step's
         with self.lock:
             new = list(self._intake)
             self._intake.clear()
-        for turn in new:
-            self._admit_turn(turn)
+        self._take_in(new)
         # only the PUTs something waits for: a finished turn's record, a swap-out's pins (a running
         # turn's own PUTs are read once per step, as before: reading them more often would only add
         # to its offload stall)
@@ -337,6 +414,7 @@ class Engine:
                          if owner is not None or state is None or state.finished_ns])
         self._poll_restores()
         self._charge_poll_cost()  # polled during a step: engine time the step waits for
+        self._touched = touched
 
     def _write_token_ids(self, seq: Sequence, start: int, ids: list[int]) -> None:
         """The token ids of positions [start, start + len(ids)) into their blocks' rows of the pool."""
@@ -395,6 +473,9 @@ class Engine:
         """Hand a described block to its policy's offloader, unless stored already or in flight for another turn."""
         if block.hash in state.stored:  # this block, with these tokens, is stored already
             return
+        if block_id in self.stuck_puts:  # a PUT that outlived its timeout may still read it: no second one
+            state.offload_failures += 1
+            return
         if block_id in self.puts:  # another turn's PUT of this shared block is in flight: wait for it
             state.awaiting.add(block_id)  # (a second PUT would rewrite its descriptor under the first)
             self.put_waiters.setdefault(block_id, []).append(state)
@@ -427,11 +508,15 @@ class Engine:
         for block_id, success, error in ended:
             start = time.perf_counter()
             put, state, owner, name = self.puts.pop(block_id)
-            if not put.ended(success, error):
-                logger.warning("block %d: PUT not done after %.0f s; releasing it", block_id,
-                               self.settings.drain_timeout_s)
             self._wake_waiters(block_id, name, put.stored(success, error))
-            self.bm.unpin(block_id)
+            if put.ended(success, error):
+                self.bm.unpin(block_id)
+            else:  # the turn goes on without it, but the NIC may still read the block: it stays pinned
+                logger.warning("block %d: PUT not done after %.0f s; the block stays out of use until it ends",
+                               block_id, self.settings.drain_timeout_s)
+                self.stats.totals["puts_timed_out"] += 1
+                self.stuck_puts[block_id] = put
+                self.bm.quarantine(block_id)
             if owner is not None:  # a swap-out's block: the scheduler held it too
                 self.scheduler.release_pins(owner, [block_id])
             if state is not None:
@@ -444,6 +529,17 @@ class Engine:
                     state.offload_failures += 1
                 state.offload.stall_s += time.perf_counter() - start
                 self._maybe_record(state)
+        return bool(ended)
+
+    def _poll_stuck_puts(self) -> bool:
+        """PUTs past their drain timeout whose counter moved at last: their blocks may be reused now."""
+        if not self.stuck_puts:
+            return False
+        words = self.pool.words
+        ended = [b for b, put in self.stuck_puts.items() if put.ended(words[2 * put.counter], words[2 * put.counter + 1])]
+        for block_id in ended:
+            del self.stuck_puts[block_id]
+            self.bm.end_quarantine(block_id)
         return bool(ended)
 
     def _charge_poll_cost(self) -> None:
@@ -557,29 +653,34 @@ class Engine:
         done = False
         now = time.monotonic()
         for seq_id, state in list(self.restores.items()):
-            pending, seq = state.restore, state.seq
-            rows = self.pool.counters[np.asarray(pending.counters, dtype=np.intp)]
-            if not pending.landed_ns and bool(pending.landed(rows).any()):
-                pending.landed_ns = time.time_ns()
-            complete = pending.complete(rows)
-            if not complete and now < pending.deadline:
-                if not pending.whole and pending.landed(rows)[:, 0].all():
-                    done |= self._join(state, rows)
-                continue
-            del self.restores[seq_id]
-            done = True
-            outcome = rs.decide(pending, self.pool.read_counter, self._restored_ids, seq.token_ids)
-            state.restored(outcome, self.layout.chunk_payload_bytes)
-            for block in pending.blocks[:outcome.blocks_ok]:  # they came from storage: stored there
-                state.stored.add(block.hash)
-                self._stored(state.turn.policy, block.hash)
-            self._swap_waited(seq)
-            if not complete:  # late GETs may still write: never use those blocks
-                self.scheduler.requeue(seq)
-                self._late_pin(seq, pending)
-            else:
-                self.scheduler.restore_done(seq, outcome.covered)
+            with self._only(state):
+                done |= self._poll_restore(seq_id, state, now)
         return done
+
+    def _poll_restore(self, seq_id: int, state: TurnState, now: float) -> bool:
+        """One restore outside the batch: joins, is decided, or waits (whether something happened)."""
+        pending, seq = state.restore, state.seq
+        rows = self.pool.counters[np.asarray(pending.counters, dtype=np.intp)]
+        if not pending.landed_ns and bool(pending.landed(rows).any()):
+            pending.landed_ns = time.time_ns()
+        complete = pending.complete(rows)
+        if not complete and now < pending.deadline:
+            if not pending.whole and pending.landed(rows)[:, 0].all():
+                return self._join(state, rows)
+            return False
+        del self.restores[seq_id]
+        outcome = rs.decide(pending, self.pool.read_counter, self._restored_ids, seq.token_ids)
+        state.restored(outcome, self.layout.chunk_payload_bytes)
+        for block in pending.blocks[:outcome.blocks_ok]:  # they came from storage: stored there
+            state.stored.add(block.hash)
+            self._stored(state.turn.policy, block.hash)
+        self._swap_waited(seq)
+        if not complete:  # late GETs may still write: never use those blocks
+            self.scheduler.requeue(seq)
+            self._late_pin(seq, pending)
+        else:
+            self.scheduler.restore_done(seq, outcome.covered)
+        return True
 
     def _restored_ids(self, block: rs.BlockRestore) -> np.ndarray:
         return self.pool.read_token_ids(block.block_id, block.token_count)
@@ -612,14 +713,15 @@ class Engine:
         done = False
         now = time.monotonic()
         for state in list(self.joined.values()):
-            pending = state.restore
-            rows = self.pool.counters[np.asarray(pending.counters, dtype=np.intp)]
-            if pending.errors(rows).any() or (now >= pending.deadline and not pending.complete(rows)):
-                self._unjoin(state, "a layer group failed or had not landed by the deadline")
-                done = True
-            elif pending.complete(rows):
-                self._landed(state)
-                done = True
+            with self._only(state):
+                pending = state.restore
+                rows = self.pool.counters[np.asarray(pending.counters, dtype=np.intp)]
+                if pending.errors(rows).any() or (now >= pending.deadline and not pending.complete(rows)):
+                    self._unjoin(state, "a layer group failed or had not landed by the deadline")
+                    done = True
+                elif pending.complete(rows):
+                    self._landed(state)
+                    done = True
         return done
 
     def _layer_wait(self, out: SchedulerOutput) -> rs.LayerWait | None:
@@ -715,7 +817,7 @@ class Engine:
         self._maybe_record(state)
 
     def _maybe_record(self, state: TurnState) -> None:
-        if not state.finished_ns or state.storing or state.awaiting or state.recorded:
+        if not state.finished_ns or state.storing or state.awaiting or state.recorded or state.aborted:
             return
         rec = state.record(self.policy_name(state), time.time_ns())
         if self.setup_span is not None:

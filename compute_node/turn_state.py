@@ -49,7 +49,8 @@ class TurnState:
     token_times: list[float] = dataclasses.field(default_factory=list)
     finished_ns: int = 0
     recorded: bool = False
-    finished: bool = False
+    finished: bool = False  # the engine forgot it (recorded, cancelled or aborted)
+    aborted: bool = False   # failed: its error was sent, no record follows
 
     def __post_init__(self):
         self.sampler = Sampler(self.turn.sampling)
