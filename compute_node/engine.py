@@ -157,7 +157,8 @@ class Engine:
                     "prefix_cache_queries": bm.prefix_cache_queries, "prefix_cache_hits": bm.prefix_cache_hits,
                     "kv_source": dict(self.stats.kv_source), "fallbacks": dict(self.stats.fallbacks),
                     "steps": self.steps, "steps_failed": self.steps_failed,
-                    "blocks_quarantined": len(self.stuck_puts), **self.stats.totals, **self.cost.as_dict(), **self._host_swap_snapshot()}
+                    "puts_timed_out": self.stats.totals["puts_timed_out"], "blocks_quarantined": len(self.stuck_puts),
+                    **self.stats.totals, **self.cost.as_dict(), **self._host_swap_snapshot()}
 
     def _host_swap_snapshot(self) -> dict:
         if self.host_swap is not None:

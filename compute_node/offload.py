@@ -4,7 +4,8 @@
   (step 1). Here the engine only writes the block's descriptor into the region and stores its
   generation into the block's PUT trigger counter: no RPC, no copy, and no syscall unless the
   agent's watcher went to sleep since the last burst of stores (then one, to ring its doorbell:
-  hostmem.bell). The block stays pinned until the agent's PUT-done counter moves.
+  hostmem.bell). The block stays pinned until the agent's PUT-done counter moves, however long that
+  takes (past drain_timeout_s the turn no longer waits for it, but the block is not reused).
 - cpu (the CPU-centric baseline): the compute process copies the block out and stores it through
   the fabric itself, waiting for the acknowledgement before it goes on (compute_node.cpu_offload).
 - resident and recompute: nothing leaves.
@@ -42,7 +43,11 @@ class Block(NamedTuple):
 
 
 class PendingPut(NamedTuple):
-    """A triggered PUT in flight: done once its PUT-done counter moved past `base` (success or error)."""
+    """A triggered PUT in flight: done once its PUT-done counter moved past `base` (success or error).
+
+    Past `deadline` (drain_timeout_s) the turn goes on without it (counted as not stored), but the block
+    stays pinned until the counter moves: the NIC may still be reading it (the engine's stuck_puts).
+    """
 
     block_id: int
     counter: int

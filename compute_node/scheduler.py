@@ -304,7 +304,7 @@ class Scheduler:
         prefills = [seq for seq in self.running if not seq.is_decode]
         if prefills and budget:  # then the prefills already under way, the budget split across users
             admitting = not out.preempted and len(self.running) < self.max_num_seqs
-            shares = self._prefill_shares(prefills, budget, self._users_waiting(prefills) if admitting else False)
+            shares = self._prefill_shares(prefills, budget, admitting and self._other_user_admissible(prefills))
             for seq in prefills:
                 tokens = min(seq.num_tokens_to_compute, shares[seq.user_id], budget)
                 if tokens:
@@ -314,10 +314,13 @@ class Scheduler:
             self._admit(out, budget)
         return out
 
-    def _users_waiting(self, prefills: list[Sequence]) -> bool:
-        """Whether a user without a prefill under way has a sequence waiting for the batch."""
-        users = {seq.user_id for seq in prefills}
-        return any(seq.user_id not in users for queue in (self.ready, self.waiting) for seq in queue)
+    def _other_user_admissible(self, prefills: list[Sequence]) -> bool:
+        """Whether the next sequence admission would take is another user's than those prefilling, and could
+        be admitted now (its blocks are there): then the prefills leave it a share of the budget."""
+        seq = self.ready[0] if self.ready else self._next_waiting(self._in_service())
+        if seq is None or seq.user_id in {s.user_id for s in prefills}:
+            return False
+        return seq in self.ready or (not seq.pinned_blocks and self.bm.can_allocate(seq))
 
     @staticmethod
     def _prefill_shares(prefills: list[Sequence], budget: int, reserve: bool) -> dict:

@@ -97,3 +97,14 @@ def test_the_victim_is_the_latest_sequence_of_the_user_with_the_most_running():
     out = step(sched)
     assert [s for s, _ in out.preempted] == [greedy[2]] and m in sched.running
     assert {s.seq.seq_id for s in out.scheduled} == {greedy[0].seq_id, greedy[1].seq_id, m.seq_id}
+
+
+def test_no_share_is_held_back_for_a_turn_that_cannot_be_admitted_yet():
+    sched = make(num_blocks=56, max_num_seqs=8, budget=32)
+    long = seq("greedy", n=200, start=1000)  # 50 blocks
+    sched.add(long)
+    step(sched)
+    big = seq("modest", n=40, start=9000)  # 10 blocks: 6 are left
+    sched.add(big)
+    out = step(sched)
+    assert big not in out.admitted and {s.seq.seq_id: s.num_tokens for s in out.scheduled} == {long.seq_id: 32}
