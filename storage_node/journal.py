@@ -58,6 +58,7 @@ _EXTENT = struct.Struct("<QQ")
 MAX_RECORD_BYTES = 1 << 24
 MAX_KEY_BYTES = 16
 MAX_SEARCH_BYTES = 1 << 20  # a damaged span longer than this is not searched for keys (unknown)
+FILE_MODE = 0o600  # journals name users' keys: their owner's only
 SECTOR = 512  # a record's head never crosses a multiple of this: a crash that tears the file there
               # (sector or page) leaves each record either whole up to its first tag or not there
 
@@ -447,7 +448,7 @@ class Journal:
     def open(self) -> list[Record]:
         """Open (create) the file, skip damage, replace a torn tail by LOST records, and return every
         valid record in order with LOST markers where damage took records (see Scan.with_markers)."""
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
         with open(self.path, "rb") as f:
             data = f.read()
         found = scan(data)
@@ -483,7 +484,7 @@ class Journal:
 
     def _report_damage(self, found: Scan) -> None:
         copy = self.path + ".damaged"
-        shutil.copyfile(self.path, copy)
+        copy_private(self.path, copy)
         spans = ", ".join(f"{d.nbytes} bytes at offset {d.offset} ({d.records} records)" for d in found.damage)
         kept = len(found.records)
         logger.error("journal %s: damage in the middle: %d records and %d bytes skipped (%s); "
@@ -516,7 +517,7 @@ class Journal:
     def rewrite(self, records: Iterable[Record]) -> None:
         """Compaction: replace the file by records, atomically (write, fsync, rename, fsync dir)."""
         tmp = self.path + ".compact"
-        with open(tmp, "wb") as f:
+        with open_private(tmp) as f:
             f.write(encode_at(list(records), 0, 0))
             f.flush()
             os.fsync(f.fileno())
@@ -533,6 +534,19 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def open_private(path: str, mode: str = "wb"):
+    """A new (or emptied) file only its owner may read (FILE_MODE, whatever the umask), opened for writing."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)  # an older file keeps its mode through O_CREAT
+    return os.fdopen(fd, mode)
+
+
+def copy_private(src: str, dst: str) -> None:
+    """Copy src to dst, readable by its owner only."""
+    with open(src, "rb") as f, open_private(dst) as out:
+        shutil.copyfileobj(f, out)
 
 
 def fsync_dir(path: str) -> None:

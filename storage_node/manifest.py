@@ -5,9 +5,8 @@ import json
 import logging
 import os
 import re
-import shutil
 
-from storage_node.journal import fsync_dir
+from storage_node.journal import copy_private, fsync_dir, open_private
 from storage_node.namespace import LBA_BYTES
 from storage_node.settings import COMMAND_SETS
 
@@ -85,7 +84,7 @@ def load(data_dir: str, configured: list[dict], default_size: int) -> list[dict]
     found = [e for e in from_files(data_dir, default_size) if e["nsid"] not in known]
     if not entries and not found:  # nothing was ever stored: as at first start
         found = configured
-    shutil.copyfile(path, path + ".damaged")
+    copy_private(path, path + ".damaged")
     logger.error("manifest %s is damaged (%s): a copy is in %s.damaged; kept %d entries, rebuilt %s "
                  "from the data files", path, "; ".join(problems), path, len(entries),
                  [e["nsid"] for e in found] or "none")
@@ -95,7 +94,7 @@ def load(data_dir: str, configured: list[dict], default_size: int) -> list[dict]
 def save(data_dir: str, subsystem_nqn: str, entries: list[dict]) -> None:
     """Write the manifest atomically (write, fsync, rename, fsync the directory)."""
     path = os.path.join(data_dir, MANIFEST)
-    with open(path + ".tmp", "w") as f:
+    with open_private(path + ".tmp", "w") as f:
         json.dump({"subsystem_nqn": subsystem_nqn, "namespaces": sorted(entries, key=lambda e: e["nsid"])},
                   f, indent=1)
         f.flush()

@@ -249,3 +249,23 @@ def match(found: list[jr.Record], records: list[jr.Record], hurt: set[int], data
         kept.append(i)
         i += 1
     return kept
+
+
+def test_journal_files_are_private_whatever_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "j"
+        j = jr.Journal(path)
+        j.open()
+        j.append([put(b"a", 1), put(b"b", 2)])
+        assert path.stat().st_mode & 0o777 == 0o600
+        j.rewrite([put(b"b", 2)])  # a new file replaces it
+        j.append([put(b"c", 3), put(b"d", 4)])
+        j.close()
+        data = bytearray(path.read_bytes())
+        data[len(jr.encode(put(b"b", 2))) + 20] ^= 1
+        path.write_bytes(bytes(data))
+        assert jr.Journal(path).open()[1] == lost(b"c")  # damage in the middle: a copy is kept beside it
+        assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {"j": 0o600, "j.damaged": 0o600}
+    finally:
+        os.umask(old)
