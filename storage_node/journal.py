@@ -309,6 +309,8 @@ def tags_in(data: bytes, start: int, end: int) -> list[tuple[int, bytes]] | None
 def lost_keys(data: bytes, start: int, end: int, first_seq: int, next_seq: int) -> Keys:
     """The keys of records first_seq .. next_seq - 1, lost in data[start:end]: read from their tags,
     or None when a record's tag is found nowhere (version 1 and 2 records have none)."""
+    if next_seq - first_seq > (end - start) // (HEADER2.size + 2 * (SEQ.size + 2 + CRC.size)):
+        return None  # more records lost than the span's bytes could hold: some were cut out whole
     found = tags_in(data, start, end)
     if found is None:
         return None
