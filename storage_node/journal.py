@@ -21,15 +21,16 @@ file may hold records of every version in order. Sequence numbers count a file's
 A bad record followed by a valid one is damage in the middle: the scan resynchronises on the
 next record (found by its magic, with a sequence number not below the one expected), keeps it
 and everything valid after it, and reports the span. A bad region that no valid record follows
-is a torn tail (an append cut short, or the journal cut): it is cut.
+is a torn tail (an append cut short, or the journal cut).
 
 What a damaged span held matters: a lost DELETE or PUT would leave an older value of its key in
 the index. A version-3 record carries its key twice, each copy with its own checksum, so one
-flipped byte (or one damaged stretch shorter than a record) leaves one copy readable; a torn
-record keeps its first copy when the cut falls after it. The scan reports, for each damaged
-span and for the torn tail, the keys its lost records held, or "unknown" when a lost record's
-key cannot be read (see lost_keys and tail_keys). open() puts that in the records it returns,
-as LOST markers, for replay to drop those keys' older values.
+flipped byte leaves one copy readable; a torn record keeps its first copy when the cut falls
+after it, and zeros before a record keep its head (frame and first copy) inside one 512-byte
+sector, so a crash's tear never falls in it. The scan reports, for each damaged span and for
+the torn tail, the keys its lost records held, or "unknown" when a lost record's key cannot be
+read (see lost_keys and tail_keys). open() puts that in the records it returns as LOST markers,
+for replay to drop those keys' older values, and writes the torn tail's over the tail.
 """
 from __future__ import annotations
 
