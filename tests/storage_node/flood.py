@@ -1,0 +1,53 @@
+"""Unauthenticated Fabrics Connects from many connections of one source address (tests' attacker)."""
+from __future__ import annotations
+
+import zmq
+
+from kvtb_proto import nvmeof_pb2 as pb
+
+
+class ConnectFlood:
+    """n DEALER connections from source_ip, each sending one Connect (as host_nqn) and never finishing."""
+
+    def __init__(self, address: str, host_nqn: str, n: int, source_ip: str = "127.0.0.2"):
+        host_port = address.removeprefix("tcp://")
+        self.ctx = zmq.Context()
+        self.ctx.set(zmq.MAX_SOCKETS, n + 64)
+        self.socks = []
+        connect = pb.CommandCapsule(command_id=1, command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT,
+                                    host_nqn=host_nqn).SerializeToString()
+        for _ in range(n):
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://{source_ip}:0;{host_port}")
+            sock.send(connect)
+            self.socks.append(sock)
+
+    def answered(self) -> int:
+        """How many connections got their Connect answered so far."""
+        return sum(1 for s in self.socks if s.poll(0))
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close(linger=0)
+        self.ctx.term()
+
+
+def send_frame(address: str, nbytes: int, source_ip: str = "127.0.0.3") -> zmq.Socket:
+    """A DEALER that sends one message of one nbytes frame, unauthenticated; close it when done."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)  # once dropped, stay away
+    sock.connect(f"tcp://{source_ip}:0;{address.removeprefix('tcp://')}")
+    sock.send(bytearray(nbytes), copy=False)
+    return sock
+
+
+def vm_rss_bytes(pid: int) -> int:
+    """The resident memory of a process (VmRSS in /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise LookupError(f"no VmRSS for process {pid}")

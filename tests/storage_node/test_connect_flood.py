@@ -1,0 +1,125 @@
+"""A flood of unauthenticated Connects and an oversized unauthenticated frame, on loopback (real sockets):
+the half-open handshakes stay within their caps, a host whose handshake is under way (and one that
+connects during the flood) authenticates and stores promptly, and the node's memory does not grow by
+what the attacker sends."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fabric import auth
+from fabric import status as st
+from kvtb_proto import nvmeof_pb2 as pb
+from storage_node.node import StorageNode
+from tests.conftest import fabric_client, fabric_security
+from tests.fabric.raw_host import RawHost
+
+from .conftest import GOOD_HOST, settings_for
+from .flood import ConnectFlood, send_frame, vm_rss_bytes
+
+FLOOD = 1100
+ATTACKER = "127.0.0.2"
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = StorageNode(settings_for(tmp_path, metrics_address="127.0.0.1:0", fabric_security="auth"))
+    n.start()
+    yield n
+    n.stop()
+
+
+def store_and_read(address: str, key: bytes) -> float:
+    """Seconds a new authenticated client takes to connect, store and read back."""
+    start = time.monotonic()
+    with fabric_client(address, GOOD_HOST, timeout_s=5) as client:
+        client.store(1, key, [b"fine"])
+        assert bytes(client.retrieve(1, key).payload()) == b"fine"
+    return time.monotonic() - start
+
+
+def test_a_connect_flood_keeps_to_the_caps_and_a_handshake_under_way_completes(node):
+    address = node.addresses["fabric"]
+    sessions = node.fabric.processor.sessions
+    limits = sessions.limits
+    host = RawHost(address, GOOD_HOST, fabric_security(GOOD_HOST).key)
+    try:
+        rsp = host.connect()  # the host begins its handshake ...
+        assert rsp.authentication_required
+        hs = auth.HostHandshake(host.key, GOOD_HOST)
+        assert host.auth_send(hs.negotiate()).status_code == 0
+        flood = ConnectFlood(address, GOOD_HOST, FLOOD, ATTACKER)  # ... and 1,100 Connects arrive meanwhile
+        try:
+            wait_for(lambda: sessions.limited + sessions.evicted + sessions.half_open_of(ATTACKER) >= FLOOD, 60,
+                     "the flood to be handled")
+            assert sessions.half_open <= limits.max_half_open
+            assert sessions.half_open_of(ATTACKER) <= limits.max_half_open_per_peer
+            assert sessions.limited > 0  # the peer's rate held most of it back
+            # the host's handshake survived the flood: it finishes and its sealed capsules work
+            challenge = host.auth_recv()
+            assert challenge.status_code == 0, challenge.message
+            assert host.auth_send(hs.reply(challenge.auth_message)).status_code == 0
+            assert host.auth_send(hs.success2(host.auth_recv().auth_message)).status_code == 0
+            host.channel = hs.channel()
+            rsp, _ = host.request(command_set=pb.KEY_VALUE, opcode=pb.KV_EXIST, namespace_id=1, key=b"nothing")
+            assert (rsp.status_code_type, rsp.status_code) == tuple(st.KEY_DOES_NOT_EXIST)
+            # and a host connecting during the flood gets in at once
+            assert store_and_read(address, b"during") < 2.0
+        finally:
+            flood.close()
+    finally:
+        host.close()
+
+
+def test_half_open_sessions_of_a_flood_are_forgotten_after_the_timeout(tmp_path):
+    n = StorageNode(settings_for(tmp_path, metrics_address="127.0.0.1:0", handshake_timeout_s=0.5))
+    n.start()
+    try:
+        sessions = n.fabric.processor.sessions
+        flood = ConnectFlood(n.addresses["fabric"], GOOD_HOST, 40, ATTACKER)
+        try:
+            wait_for(lambda: sessions.half_open_of(ATTACKER) + sessions.evicted >= 40, 30, "the Connects")
+            wait_for(lambda: sessions.half_open == 0, 5, "the half-open sessions to expire")
+            assert sessions.expired > 0 and not sessions._by_peer
+        finally:
+            flood.close()
+    finally:
+        n.stop()
+
+
+def test_a_real_node_drops_an_oversized_frame_unbuffered_and_bears_a_flood(start_service, node_config):
+    proc = start_service("storage", "serve", "storage", "--config", node_config(handshake_timeout_s=2))
+    address, pid = proc.addresses["fabric"], proc.proc.pid
+    assert store_and_read(address, b"warm") < 5.0
+    baseline = vm_rss_bytes(pid)
+
+    big = 512 << 20  # over max_frame_bytes (16 MiB): libzmq drops the connection at the frame's header
+    sock = send_frame(address, big)
+    peak, deadline = 0, time.monotonic() + 3
+    while time.monotonic() < deadline:
+        peak = max(peak, vm_rss_bytes(pid))
+        time.sleep(0.02)
+    sock.close(linger=0)
+    assert peak - baseline < 64 << 20, f"the node grew {(peak - baseline) >> 20} MiB for a {big >> 20} MiB frame"
+    assert store_and_read(address, b"after-frame") < 2.0
+
+    flood = ConnectFlood(address, GOOD_HOST, FLOOD, ATTACKER)
+    try:
+        time.sleep(1.0)
+        assert store_and_read(address, b"during-flood") < 2.0
+        grown = vm_rss_bytes(pid) - baseline
+        assert grown < 256 << 20, f"the node grew {grown >> 20} MiB under {FLOOD} Connects"
+    finally:
+        flood.close()
+    time.sleep(3)  # past the handshake timeout: the half-open state is gone
+    assert store_and_read(address, b"after-flood") < 2.0
+    assert vm_rss_bytes(pid) - baseline < 256 << 20
