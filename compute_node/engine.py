@@ -251,7 +251,8 @@ class Engine:
         salt = (Salts(secrets.token_bytes(16)) if turn.policy == "recompute"  # nothing reused, ever
                 else Salts.of(turn.tenant, turn.user_id, turn.shared_prefix_tokens, self.layout.block_tokens))
         offloader = self.offloaders[turn.policy]
-        seq = Sequence(turn.token_ids, turn.max_new_tokens, self.layout.block_tokens, turn.user_id,
+        # the scheduler's fair share is per user of a tenant
+        seq = Sequence(turn.token_ids, turn.max_new_tokens, self.layout.block_tokens, (turn.tenant, turn.user_id),
                        turn.context_id, salt, payload=turn, ignore_eos=turn.ignore_eos,
                        can_swap=offloader.offloads)
         state = TurnState(turn, seq, self.tokenizer, self.known.get(turn.context, 0) > 0)
