@@ -68,3 +68,25 @@ def test_the_schedulers_restore_bookkeeping_holds_under_python_O():
             print("refused", list(sched.ready) == [b])
     """)
     assert out.split() == ["False", "True", "False", "True", "refused", "True"]
+
+
+def test_the_block_managers_and_sequences_checks_raise_under_python_O():
+    out = run_optimized("""
+        from compute_node.block_manager import BlockManager
+        from compute_node.sequence import Sequence
+        def refused(make):
+            try:
+                make()
+            except (TypeError, ValueError, IndexError, RuntimeError) as exc:
+                return type(exc).__name__
+            return "accepted"
+        bm = BlockManager(4, 4)
+        print(refused(lambda: bm.unpin(0)))  # a pin count below zero would free a block under I/O
+        a = Sequence(list(range(5)), 2, block_tokens=4)
+        bm.allocate(a)
+        print(refused(lambda: bm.allocate(a)))  # twice: the first blocks would leak
+        print(refused(lambda: bm.mark_computed(a, 6)))
+        print(refused(lambda: Sequence([], 1)))
+        print(refused(lambda: Sequence([1], 1, salt="text")))
+    """)
+    assert out.split() == ["RuntimeError", "ValueError", "ValueError", "ValueError", "TypeError"]
