@@ -292,18 +292,20 @@ class Engine:
             state.aborted = True  # it had its answer: never a record after it
         state.finished = True  # before anything that may raise: never aborted twice
         try:
-            self.scheduler.abort(seq)
+            self.scheduler.abort(seq)  # its blocks are freed; the pins of a restore move to seq.pinned_blocks
         finally:
-            in_flight = self.restores.pop(seq.seq_id, None) or self.joined.pop(seq.seq_id, None)
-            if in_flight is not None:  # its GETs may still write
-                self._late_pin(seq, state.restore)
+            self.restores.pop(seq.seq_id, None)
+            self.joined.pop(seq.seq_id, None)
             held = collections.Counter(block.block_id for s, block, _ in self.late_pins if s is seq)
             held.update(b for b, (_, _, owner, _) in self.puts.items() if owner is seq)
-            idle = []
-            for block_id in seq.pinned_blocks:  # pins no I/O in flight will release
-                if held[block_id]:
+            landing = {b.block_id: b for b in state.restore.blocks} if state.restore is not None else {}
+            idle, give_up = [], time.monotonic() + LATE_PIN_S
+            for block_id in seq.pinned_blocks:
+                if held[block_id]:  # released when its I/O ends, as any
                     held[block_id] -= 1
-                else:
+                elif block_id in landing and not self._gets_ended(landing[block_id]):  # GETs may still write
+                    self.late_pins.append((seq, landing.pop(block_id), give_up))
+                else:  # no I/O in flight will release it
                     idle.append(block_id)
             self.scheduler.release_pins(seq, idle)
             for waiters in self.put_waiters.values():
