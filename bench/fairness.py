@@ -1,12 +1,12 @@
 """`kvtb bench fairness`: a modest user's turns alone and beside a greedy user holding many streams.
 
 Every service runs as a process (`kvtb up`'s wiring, bench.stack) with the real model and the
-frontend's admission settings as a deployment has them (its defaults, unless given). First the
-modest user runs --modest-turns turns one after the other, alone (each a new context with the
-same kind of short question). Then a greedy user opens --greedy-streams streams (default 130, the
+frontend's admission settings as a deployment has them (its defaults, unless given). The modest
+user runs --modest-turns turns one after the other alone (each a new context with the same kind
+of short question; half before the load, half after it, so that the machine's drift falls on both
+sides), and the same number beside a greedy user's --greedy-streams streams (default 130, the
 load of issue 31), each sending turns back to back and, when refused, trying again after the
-Retry-After the frontend sends; once they have run --settle-s seconds the modest user runs the same
-turns again. Reported side by side from one run: the modest user's turns served of attempted and
+Retry-After the frontend sends, from --settle-s seconds after they began. Reported side by side from one run: the modest user's turns served of attempted and
 TTFT (the client's, from the request to the first text; and the frontend's) alone and under the
 load, their ratio, and the greedy user's turns served and refused. Target: every modest turn served
 and its TTFT p50 within 2x of alone (`ceilings`).
@@ -44,6 +44,7 @@ QUESTIONS = ("What is a storage node?", "What does a SmartNIC do?", "What is a K
 FLOORS = {"modest_served_loaded": 1.0}                 # every modest turn served under the load
 CEILINGS = {"modest_ttft_p50_loaded_vs_alone": 2.0}    # issue 31's target
 RETRY_CAP_S = 5.0   # a refused greedy stream waits Retry-After, at most this
+WARM_UP_TURNS = 2   # the modest user's turns before any measured (the model's first turns are slower)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -177,8 +178,9 @@ async def measure(frontend: str, args: argparse.Namespace, tokens: dict[str, str
     """Both phases against the running stack: {alone, loaded, greedy}."""
     async with grpc.aio.insecure_channel(frontend) as channel:
         stub = frontend_pb2_grpc.ChatFrontendStub(channel)
-        await modest_phase(stub, tokens[MODEST], 1, args.max_new_tokens)  # warm-up (the model's first turn)
-        alone = await modest_phase(stub, tokens[MODEST], args.modest_turns, args.max_new_tokens)
+        await modest_phase(stub, tokens[MODEST], WARM_UP_TURNS, args.max_new_tokens)  # the model's first turns
+        before = -(-args.modest_turns // 2)
+        alone = await modest_phase(stub, tokens[MODEST], before, args.max_new_tokens)
         load = GreedyLoad(stub, tokens[GREEDY], args.greedy_streams, args.greedy_max_new_tokens)
         load.start()
         try:
@@ -188,6 +190,8 @@ async def measure(frontend: str, args: argparse.Namespace, tokens: dict[str, str
             loaded_s = time.perf_counter() - began
         finally:
             await load.stop()
+        await asyncio.sleep(args.settle_s)  # the greedy turns cancelled, their KV offloaded
+        alone += await modest_phase(stub, tokens[MODEST], args.modest_turns - before, args.max_new_tokens)
     return {"alone": phase_figures(alone), "loaded": {**phase_figures(loaded), "wall_s": loaded_s},
             "greedy": load.figures()}
 
