@@ -131,3 +131,20 @@ def test_a_block_whose_put_outlived_its_timeout_is_not_reused_while_the_nic_may_
         ids, _, count = node.nic.stored[d.hash]
         assert np.frombuffer(ids, dtype="<u4").tolist() == computed[d.chunk_index * bt:d.chunk_index * bt + count]
     assert engine.snapshot()["blocks_quarantined"] == 0 and node.nic.refused == 0
+
+
+def test_a_cancelled_turn_leaves_through_the_same_cleanup_and_frees_its_blocks(make_node):
+    from compute_node.sampling import SamplingParams
+    from compute_node.turn import Turn
+    node = make_node()
+    engine = node.engine
+    free = engine.bm.num_free_blocks
+    turn = Turn("r-cancel", "u", "c", "default", list(range(100, 140)), 200, SamplingParams(), "resident",
+                ignore_eos=True)
+    engine.submit(turn)
+    assert turn.events.get(timeout=30)[0] == "token"
+    turn.cancel()
+    wait_for(lambda: not engine.states)
+    assert engine.bm.num_free_blocks == free and not engine.scheduler.has_work()
+    _, rec, _ = run_turn(node, list(range(100, 140)), "after", n=4)
+    assert rec.tokens_out == 4
