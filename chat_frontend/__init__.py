@@ -5,7 +5,7 @@ Pure logic:
 Service:
     chat_service.py    one turn from the user's request to the stored transcript (any transport)
     prompt.py          the token ids a turn sends (kept, first, or a resent whole conversation)
-    admission.py       the bound on turns in flight and the wait queue
+    admission.py       turns in flight: a fair share per user, round-robin across users, bounded waits
     store.py           sessions and transcripts in SQLite
     agent_client.py    the link to the SmartNIC agent (which serves the compute node's service)
     frontend_servicer.py, http_api.py (the OpenAI API), metrics.py, system_stats.py
