@@ -64,7 +64,7 @@ class StorageNode:
         self.executor = futures.ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="io")
         self.fabric = FabricServer(self.settings.fabric_address, security=fabric_security,
                                    max_frame_bytes=self.settings.max_frame_bytes,
-                                   rcv_hwm=max(RCV_HWM, 2 * self.settings.queue_depth))
+                                   rcv_hwm=RCV_HWM)
         processor = CommandProcessor(self.subsystem, self.executor, self.fabric.post, self.stats, fabric_security)
         security = Security.of("storage", self.settings.credentials_dir, self.settings.insecure)
         self.grpc_server = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="admin"),
