@@ -7,9 +7,10 @@ from kvtb_proto import nvmeof_pb2 as pb
 
 
 class ConnectFlood:
-    """n DEALER connections from source_ip, each sending one Connect (as host_nqn) and never finishing."""
+    """n DEALER connections from source_ip, each sending `repeat` Connects (as host_nqn), never finishing
+    a handshake nor reading a reply."""
 
-    def __init__(self, address: str, host_nqn: str, n: int, source_ip: str = "127.0.0.2"):
+    def __init__(self, address: str, host_nqn: str, n: int, source_ip: str = "127.0.0.2", repeat: int = 1):
         host_port = address.removeprefix("tcp://")
         self.ctx = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, n + 64)
@@ -19,9 +20,12 @@ class ConnectFlood:
         for _ in range(n):
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
             sock.connect(f"tcp://{source_ip}:0;{host_port}")
-            sock.send(connect)
             self.socks.append(sock)
+        for _ in range(repeat):
+            for sock in self.socks:
+                sock.send(connect)
 
     def answered(self) -> int:
         """How many connections got their Connect answered so far."""
