@@ -19,6 +19,11 @@ from storage_node.settings import WILDCARD, StorageSettings
 
 logger = logging.getLogger(__name__)
 
+# Fabric sessions one host may hold: a host's queue pair takes one each (a FabricClient); past it
+# the host's oldest goes ("invalid host" to it), so Connects without authentication
+# (fabric_security off) cannot grow the table.
+MAX_SESSIONS_PER_HOST = 256
+
 
 @dataclass
 class Controller:
@@ -27,7 +32,7 @@ class Controller:
     host_nqn: str
     queue: QueuePair
     allowed: Any  # "*" or a frozenset of namespace ids
-    sessions: set[bytes] = field(default_factory=set)
+    sessions: dict[bytes, None] = field(default_factory=dict)  # oldest first
 
     @property
     def qid(self) -> int:
@@ -148,8 +153,13 @@ class Subsystem:
         with self._lock:
             old = self._sessions.get(session)
             if old is not None and old is not controller:
-                old.sessions.discard(session)
-            controller.sessions.add(session)
+                old.sessions.pop(session, None)
+            controller.sessions.pop(session, None)
+            while len(controller.sessions) >= MAX_SESSIONS_PER_HOST:
+                oldest = next(iter(controller.sessions))
+                del controller.sessions[oldest]
+                self._sessions.pop(oldest, None)
+            controller.sessions[session] = None
             self._sessions[session] = controller
         logger.info("host %s connected (queue %d)", host_nqn, controller.qid)
         return controller
@@ -160,7 +170,7 @@ class Subsystem:
             controller = self._sessions.pop(session, None)
             if controller is None:
                 return
-            controller.sessions.discard(session)
+            controller.sessions.pop(session, None)
             if not controller.sessions:
                 self._controllers.pop(controller.host_nqn, None)
         logger.info("host %s disconnected", controller.host_nqn)

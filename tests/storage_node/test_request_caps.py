@@ -122,3 +122,17 @@ def test_a_large_message_before_authentication_is_refused_unread(tmp_path):
         assert status(rsp) == st.SUCCESS
     finally:
         h.close()
+
+
+def test_connects_without_authentication_keep_the_session_table_bounded(harness):
+    from storage_node.subsystem import MAX_SESSIONS_PER_HOST
+    for i in range(MAX_SESSIONS_PER_HOST * 4):
+        assert status(harness.connect(session=b"s%d" % i)) == st.SUCCESS
+    assert len(harness.subsystem._sessions) == MAX_SESSIONS_PER_HOST
+    (controller,) = harness.subsystem.controllers()
+    assert len(controller.sessions) == MAX_SESSIONS_PER_HOST
+    newest = b"s%d" % (MAX_SESSIONS_PER_HOST * 4 - 1)
+    rsp, _ = harness.command(session=newest, command_set=KV, opcode=pb.KV_EXIST, namespace_id=1, key=b"k")
+    assert status(rsp) == st.KEY_DOES_NOT_EXIST
+    rsp, _ = harness.command(session=b"s0", command_set=KV, opcode=pb.KV_EXIST, namespace_id=1, key=b"k")
+    assert status(rsp) == st.CONNECT_INVALID_HOST
