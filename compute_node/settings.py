@@ -62,7 +62,7 @@ class ComputeSettings:
     # sequence's output of the step is dropped and it waits outside the batch for the rest (the others
     # go on).
     restore_layer_wait_s: float = 1.0
-    drain_timeout_s: float = 10.0     # a PUT not done by then releases its block anyway
+    drain_timeout_s: float = 10.0     # a PUT not done by then: the turn stops waiting; the block stays out of use until the PUT ends
     register_timeout_s: float = 60.0
     queue_bound: int = 256            # turns waiting for the batch; past it RESOURCE_EXHAUSTED
     default_max_new_tokens: int = 256

@@ -76,6 +76,12 @@ def compute_families(s: Mapping) -> Iterable:
                   s.get("kv_source", {}), ("kv_source",))
     yield counter("fallbacks_total", "Turns that fell back to recomputing, by reason.",
                   s.get("fallbacks", {}), ("reason",))
+    yield counter("engine_steps_failed_total", "Engine steps that raised (their turns failed INTERNAL; the node "
+                  "went on serving).", s.get("steps_failed", 0))
+    yield counter("puts_timed_out_total", "Offload PUTs a turn stopped waiting for (drain_timeout_s).",
+                  s.get("puts_timed_out", 0))
+    yield gauge("blocks_quarantined", "Pool blocks kept out of use while a timed-out PUT may still read them.",
+                s.get("blocks_quarantined", 0))
     yield counter("kv_restore_bytes_total", "KV bytes restored into the pool (steps 6-7).",
                   s.get("bytes_restored", 0))
     yield counter("kv_offload_bytes_total", "KV bytes offloaded from the pool (steps 2, 4, 8).",
