@@ -117,6 +117,7 @@ class CommandProcessor:
         if self.sessions.required and not self.sessions.sealed(session):  # before authentication
             address = peer() if callable(peer) else peer
             if not self.sessions.admit(address):
+                self.stats.count("pre_auth_message", "rate limited")
                 return []
             size = handlers.payload_size(frames)
             if size > self.sessions.limits.max_pre_auth_bytes:
@@ -220,7 +221,9 @@ class CommandProcessor:
 
     def expire(self) -> int:
         """Forget half-open sessions past the handshake timeout (the fabric thread calls it each turn)."""
-        return self.sessions.expire()
+        gone = self.sessions.expire()
+        self.stats.count("handshake", "expired", gone)
+        return gone
 
     def _fabrics(self, session: bytes, capsule: pb.CommandCapsule, payload: list, peer: str = "") -> Reply:
         """Connect binds the session to a controller, or starts its authentication (or refuses it);
@@ -255,7 +258,10 @@ class CommandProcessor:
             return self._reply(session, capsule.command_id, controller, st.SUCCESS, "")
         self.subsystem.check_allowed(capsule.host_nqn, capsule.subsystem_nqn)
         self.subsystem.disconnect_session(session)  # a session that connects again starts over
+        evicted, expired = self.sessions.evicted, self.sessions.expired
         self.sessions.begin(session, capsule.host_nqn, self.subsystem.settings.subsystem_nqn, peer)
+        self.stats.count("handshake", "evicted", self.sessions.evicted - evicted)
+        self.stats.count("handshake", "expired", self.sessions.expired - expired)
         reply = self._reply(session, capsule.command_id, None, st.SUCCESS, "")
         reply.capsule.authentication_required = True
         return reply

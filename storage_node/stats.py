@@ -23,6 +23,13 @@ class Stats:
             self.bytes_written += bytes_written
             self.bytes_read += bytes_read
 
+    def count(self, opcode: str, status: str, n: int = 1) -> None:
+        """Count n events that are not completed commands (a message dropped before authentication, a
+        half-open handshake dropped): they show with the commands, by opcode and status."""
+        if n:
+            with self._lock:
+                self.commands[(opcode, status)] += n
+
     def snapshot(self) -> dict:
         """A consistent copy of the counters."""
         with self._lock:

@@ -116,6 +116,9 @@ def test_a_large_message_before_authentication_is_refused_unread(tmp_path):
         # over the peer's rate: dropped unanswered, and no state is kept for them
         replies = [h.processor.receive(b"s%d" % i, [memoryview(connect)], "10.0.0.5") for i in range(2000)]
         assert sum(1 for r in replies if not r) > 1000 and h.processor.sessions.limited > 1000
+        counts = h.processor.stats.snapshot()["commands"]
+        assert counts[("pre_auth_message", "rate limited")] == h.processor.sessions.limited
+        assert counts[("handshake", "evicted")] == h.processor.sessions.evicted > 0
         assert h.processor.sessions.half_open_of("10.0.0.5") <= h.processor.sessions.limits.max_half_open_per_peer
         # another address is not held back
         rsp = h.processor.receive(b"other", [memoryview(connect)], "10.0.0.6")[0].capsule
