@@ -96,8 +96,9 @@ class CommandProcessor:
     `security` auth or curve a session gets its controller only once it authenticated, and a
     capsule of an authenticated session is executed only when its seal checks out; each
     received capsule gets exactly one reply, except the messages of sessions not authenticated that
-    go over their peer's rate (dropped unanswered, so a flood queues no replies). Thread-safety: receive(), complete() and header()
-    run on the fabric thread only; executions post their Result back through `post` (thread-safe).
+    go over their peer's rate (dropped unanswered, so a flood queues no replies). Thread-safety:
+    receive(), complete(), header() and expire() run on the fabric thread only; executions post
+    their Result back through `post` (thread-safe).
     """
 
     def __init__(self, subsystem: Subsystem, executor: Executor, post: Post, stats: Stats,

@@ -11,10 +11,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from kvtb.crc32c import extend as crc32c_extend
 from fabric import status as st
-from storage_node.allocator import Extent
 from fabric.status import NvmeError
+from kvtb.crc32c import extend as crc32c_extend
+from storage_node.allocator import Extent
 
 logger = logging.getLogger(__name__)
 
