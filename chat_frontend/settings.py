@@ -61,7 +61,7 @@ class FrontendSettings:
     # Each user's fair share (chat_frontend.admission): turns running at once, turns waiting (never
     # more than half the waiting room), and prompt tokens of its turns running or waiting (estimated
     # from the text's bytes; one turn alone always passes). Past them RESOURCE_EXHAUSTED (HTTP 429).
-    user_max_concurrent_turns: int = 4       # 4 meets issue 31's target on 2 cores (bench fairness)
+    user_max_concurrent_turns: int = 2       # 2 meets issue 31's target on 2 cores (kvtb bench fairness)
     user_max_waiting_turns: int = 4
     user_max_queued_prompt_tokens: int = 16384
     # tenant -> overrides of the user_* limits for that tenant's users ({"team-b": {"user_max_concurrent_turns": 16}})

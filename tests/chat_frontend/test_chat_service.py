@@ -233,7 +233,7 @@ def test_user_limits_come_from_the_settings_and_the_tenants_overrides():
                                                         "user_max_queued_prompt_tokens": 99}})
     gold, plain = settings.limits_of("alice"), settings.limits_of("bob")
     assert (gold.max_concurrent_turns, gold.max_waiting_turns, gold.max_queued_prompt_tokens) == (6, 4, 99)
-    assert (plain.max_concurrent_turns, plain.max_queued_prompt_tokens) == (2, 16384)
+    assert (plain.max_concurrent_turns, plain.max_queued_prompt_tokens) == (2, 16384)  # user_max_concurrent_turns=2 given
     for bad, match in [({"tenant_limits": {"gold": {"user_max_turns": 1}}}, "unknown limits"),
                        ({"tenant_limits": {"nobody": {}}}, "no user belongs to"),
                        ({"tenant_limits": {"gold": {"user_max_concurrent_turns": 0}}}, "must be positive"),
