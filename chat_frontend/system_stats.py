@@ -1,7 +1,7 @@
 """The whole system's figures: the frontend's own, the agent's, the compute node's, each storage node's.
 
 `gather` collects them in detail (for an operator); `aggregates` keeps what any user may see:
-counts and sizes, never a storage host's NQN, a storage node's name or a backing file's path.
+counts and sizes, never a host's NQN, a backing file's path or an error's details.
 """
 from __future__ import annotations
 
@@ -51,16 +51,17 @@ async def gather(frontend: dict[str, Any], agent: AgentClient,
             "compute": compute_figs, "storage": storage}
 
 
-# maps whose keys name hosts or storage nodes: left out of the aggregates
-NAMED_BY_HOST = ("queue_depth_by_host", "bytes_by_storage_node")
+# maps whose keys are hosts' NQNs: left out of the aggregates (storage nodes' configured names,
+# as in the agent's bytes_by_storage_node, stay: `kvtb stats` shows the bytes on each)
+NAMED_BY_HOST = ("queue_depth_by_host",)
 # text fields the aggregates keep (kinds and names of the system's own, never of a host or a file)
 PUBLIC_TEXT = ("address", "command_set", "opcode", "status")
 AGGREGATES_NOTE = "aggregates only: the detail (hosts, files) is for an operator's token"
 
 
 def aggregates(figures: dict[str, Any]) -> dict[str, Any]:
-    """The figures without hosts' NQNs, storage nodes' names, files' paths or errors' details: numbers,
-    maps of kinds to numbers, the services' addresses, and an error's status code only."""
+    """The figures without hosts' NQNs, files' paths or errors' details: numbers, maps of kinds (and
+    storage nodes' names) to numbers, the services' addresses, and an error's status code only."""
     out = {key: _public(value) for key, value in figures.items()}
     out["detail"] = AGGREGATES_NOTE
     return out

@@ -105,3 +105,21 @@ def test_system_stats_detail_is_for_the_operator_only(frontend):
         with pytest.raises(grpc.RpcError) as err:
             stub.SystemStats(frontend_pb2.SystemStatsRequest(), metadata=(("authorization", "Bearer nope"),))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_aggregates_keep_counts_and_drop_hosts_files_and_error_details():
+    from chat_frontend.system_stats import aggregates
+    figures = {"frontend": {"turns_completed": 3},
+               "agent": {"address": "127.0.0.1:1", "hits": 2, "bytes_by_storage_node": {"s0": 10}},
+               "compute": {"error": "UNAVAILABLE: connect to /run/kvtb/compute.sock failed"},
+               "storage": [{"address": "127.0.0.1:2", "bytes_written": 5,
+                            "queue_depth_by_host": {"nqn.2026-11.org.kvtestbed:smartnic-0": 1},
+                            "offline_namespaces": {"2": "/data/s0/ns2.journal is damaged"},
+                            "namespaces": [{"namespace_id": 1, "command_set": "key_value", "key_count": 4,
+                                            "backing_file": "/data/s0/ns1.data"}]}]}
+    public = aggregates(figures)
+    assert public["frontend"] == {"turns_completed": 3} and public["compute"] == {"error": "UNAVAILABLE"}
+    assert public["agent"] == {"address": "127.0.0.1:1", "hits": 2, "bytes_by_storage_node": {"s0": 10}}
+    assert public["storage"] == [{"address": "127.0.0.1:2", "bytes_written": 5, "offline_namespaces": {"2": "offline"},
+                                  "namespaces": [{"namespace_id": 1, "command_set": "key_value", "key_count": 4}]}]
+    assert "nqn" not in json.dumps(public) and "/data" not in json.dumps(public)
