@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 import zmq
 
@@ -24,6 +25,7 @@ from fabric.auth import FabricSecurity
 from kvtb.doorbell import Doorbell
 from storage_node.commands import CommandProcessor, Reply
 from storage_node.handlers import Command, Result
+from storage_node.idle_trim import IdleTrim
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class FabricServer:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.processor: CommandProcessor | None = None
+        self.idle_trim = IdleTrim()  # freed memory goes back to the system after a burst
 
     def post(self, cmd: Command, result: Result) -> None:
         """Hand a finished command to the fabric thread (thread-safe; dropped once stopped)."""
@@ -101,8 +104,12 @@ class FabricServer:
                 self._wake.answer()
             self._drain_completions()
             self.processor.expire()
+            now = time.monotonic()
             if self._sock in events:
+                self.idle_trim.seen(now)
                 self._receive_batch()
+            else:
+                self.idle_trim.tick(now)
             backlogged = self._backlogged()
             if backlogged == reading:
                 reading = not backlogged

@@ -37,14 +37,15 @@ class ConnectFlood:
         self.ctx.term()
 
 
-def send_frame(address: str, nbytes: int, source_ip: str = "127.0.0.3") -> zmq.Socket:
-    """A DEALER that sends one message of one nbytes frame, unauthenticated; close it when done."""
+def send_frame(address: str, nbytes: int, source_ip: str = "127.0.0.3", parts: int = 1) -> zmq.Socket:
+    """A DEALER that sends one message of `parts` frames of nbytes, unauthenticated; close it when done."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RECONNECT_IVL, -1)  # once dropped, stay away
     sock.connect(f"tcp://{source_ip}:0;{address.removeprefix('tcp://')}")
-    sock.send(bytearray(nbytes), copy=False)
+    frame = bytearray(nbytes)
+    sock.send_multipart([frame] * parts, copy=False)
     return sock
 
 
