@@ -109,6 +109,7 @@ class CommandProcessor:
         self.stats = stats
         self.sessions = Sessions(security or FabricSecurity.off(), PreAuthLimits.of(subsystem.settings))
         self.limits = RequestLimits.of(subsystem.settings)
+        self.refused_before_auth = 0  # messages dropped or refused before authentication (rate, size)
         self.env = {"committers": subsystem.committers}
 
     def receive(self, session: bytes, frames: list, peer: Peer | str = "") -> list[Reply]:
@@ -119,9 +120,11 @@ class CommandProcessor:
             address = peer() if callable(peer) else peer
             if not self.sessions.admit(address):
                 self.stats.count("pre_auth_message", "rate limited")
+                self.refused_before_auth += 1
                 return []
             size = handlers.payload_size(frames)
             if size > self.sessions.limits.max_pre_auth_bytes:
+                self.refused_before_auth += 1
                 return [self._error(session, 0, None, st.INVALID_FIELD, f"a message of {size} bytes before "
                                     f"authentication (at most {self.sessions.limits.max_pre_auth_bytes})")]
         header_bytes = memoryview(frames[0]).nbytes if frames else 0

@@ -70,7 +70,8 @@ class FabricServer:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.processor: CommandProcessor | None = None
-        self.idle_trim = IdleTrim()  # freed memory goes back to the system after a burst
+        self.idle_trim = IdleTrim()  # what refused unauthenticated work held goes back to the system
+        self._refused_seen = 0
 
     def post(self, cmd: Command, result: Result) -> None:
         """Hand a finished command to the fabric thread (thread-safe; dropped once stopped)."""
@@ -108,6 +109,9 @@ class FabricServer:
             if self._sock in events:
                 self.idle_trim.seen(now)
                 self._receive_batch()
+                if self.processor.refused_before_auth != self._refused_seen:
+                    self._refused_seen = self.processor.refused_before_auth
+                    self.idle_trim.want()
             else:
                 self.idle_trim.tick(now)
             backlogged = self._backlogged()

@@ -1,10 +1,11 @@
-"""Give freed heap memory back to the system once the fabric has been idle a while.
+"""Give freed heap memory back to the system once the fabric is idle after refusing unauthenticated work.
 
 The node keeps large buffers in glibc's heap and trims it only past 1 GiB free
-(`kvtb.heap.keep_large_buffers_in_the_heap`), so that a value's pages serve the next one. After a
-burst (a flood of messages before authentication, or a large message the node refused) that
-memory would stay resident; `IdleTrim` calls malloc_trim(0) once the fabric has received nothing
-for `idle_s`, at most once per burst, where it costs no throughput.
+(`kvtb.heap.keep_large_buffers_in_the_heap`), so that a value's pages serve the next one. What a
+peer that never authenticated made the node (or libzmq) hold would then stay resident: a flood
+of Connects, a large message refused. `IdleTrim` calls malloc_trim(0) once such work was refused
+(`want`) and the fabric has received nothing for `idle_s`; the hosts' own traffic never triggers
+it, so their buffers keep their pages.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _malloc_trim():
 
 
 class IdleTrim:
-    """seen(now) on every message received; tick(now) each loop turn trims once idle. Not thread-safe."""
+    """seen(now) on every message received, want() when unauthenticated work was refused; tick(now) each
+    loop turn trims once idle after a want(). Not thread-safe."""
 
     def __init__(self, idle_s: float = IDLE_S, trim=None):
         self.idle_s = idle_s
@@ -38,10 +40,13 @@ class IdleTrim:
         self.trims = 0
 
     def seen(self, now: float) -> None:
-        self._last, self._dirty = now, True
+        self._last = now
+
+    def want(self) -> None:
+        self._dirty = True
 
     def tick(self, now: float) -> bool:
-        """Trim when something arrived since the last trim and nothing has for idle_s; True if it did."""
+        """Trim when wanted since the last trim and nothing arrived for idle_s; True if it did."""
         if not self._dirty or now - self._last < self.idle_s or self._trim is None:
             return False
         self._dirty = False
