@@ -13,8 +13,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvtb stats", description="Print the whole system's figures.")
     parser.add_argument("--frontend", default=DEFAULT_FRONTEND, help="frontend address (host:port)")
     parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    parser.add_argument("--token", default="", help="an operator's bearer token: the detail (storage hosts, "
+                        "files) too; without it the aggregates")
     args = parser.parse_args(argv)
-    client = FrontendClient(args.frontend, token="")
+    client = FrontendClient(args.frontend, token=args.token)
     try:
         stats = client.system_stats()
     except RpcFailure as exc:
