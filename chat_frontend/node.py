@@ -23,7 +23,7 @@ from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import SessionStore
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
-from kvtb.rpc import Security
+from kvtb.rpc import Security, server_options
 from kvtb_proto import frontend_pb2
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class FrontendNode:
         agent = AgentClient(s.agent_address, Security.of("frontend", s.credentials_dir, s.insecure),
                             s.agent_timeout_s)
         service = ChatService(s, store, agent)
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=server_options())
         servicer = ChatFrontendServicer(service, agent)
         server.add_generic_rpc_handlers((servicer.handler(),))  # it parses requests: INVALID_ARGUMENT, not UNKNOWN
         self.health = add_health_and_reflection(server, [SERVICE_NAME], aio=True)
