@@ -22,6 +22,8 @@ import sys
 import threading
 from typing import Sequence
 
+from kvtb.private import FILE_MODE, private_dir
+
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS contexts (
         user_id TEXT NOT NULL,
@@ -136,18 +138,31 @@ class StoreConflict(RuntimeError):
     """A turn was written on top of a context that changed meanwhile."""
 
 
+def _private_place(path: str) -> None:
+    """The database's directory 0700 (made, or narrowed; a shared sticky one such as /tmp is left as it is)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        private_dir(directory)
+    except ValueError:
+        private_dir(directory, narrow=False)
+
+
 class SessionStore:
     """The frontend's SQLite database. Thread-safe: one connection behind a lock."""
 
     def __init__(self, path: str):
         if path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            _private_place(path)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # an acknowledged turn survives a crash
             self._transaction(self._create_schema)
+        if path != ":memory:":  # the transcripts: 0600, also a database an older run left 0644
+            for name in (path, path + "-wal", path + "-shm"):
+                if os.path.exists(name):
+                    os.chmod(name, FILE_MODE)
 
     def _transaction(self, work, *args):
         cur = self._db.cursor()

@@ -1,4 +1,6 @@
+import os
 import sqlite3
+import stat
 
 import pytest
 
@@ -93,3 +95,22 @@ def test_a_transcript_finds_the_users_latest_context_holding_it(tmp_path):
     assert store.find_transcript("alice", None, two) is None            # another system message
     assert store.find_transcript("bob", "be brief", two) is None        # another user
     assert store.find_transcript("alice", "be brief", [("question 1 °C", "answer 2"), two[1]]) is None
+
+
+def test_the_database_is_private_whatever_the_umask(tmp_path):
+    """Transcripts are the user's words: the directory 0700 and the files 0600, an older run's too."""
+    directory = tmp_path / "frontend"
+    directory.mkdir(mode=0o755)
+    os.chmod(directory, 0o755)
+    path = directory / "frontend.sqlite3"
+    path.write_bytes(b"")
+    os.chmod(path, 0o644)
+    old = os.umask(0o022)
+    try:
+        SessionStore(str(path))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    for name in ("frontend.sqlite3", "frontend.sqlite3-wal", "frontend.sqlite3-shm"):
+        if (directory / name).exists():
+            assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600, name
