@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import Sequence
 
-from kvtb.private import FILE_MODE, private_dir
+from kvtb.private import FILE_MODE, data_dir
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS contexts (
@@ -138,21 +138,12 @@ class StoreConflict(RuntimeError):
     """A turn was written on top of a context that changed meanwhile."""
 
 
-def _private_place(path: str) -> None:
-    """The database's directory 0700 (made, or narrowed; a shared sticky one such as /tmp is left as it is)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        private_dir(directory)
-    except ValueError:
-        private_dir(directory, narrow=False)
-
-
 class SessionStore:
     """The frontend's SQLite database. Thread-safe: one connection behind a lock."""
 
     def __init__(self, path: str):
         if path != ":memory:":
-            _private_place(path)
+            data_dir(os.path.dirname(os.path.abspath(path)))  # 0700
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:

@@ -47,6 +47,15 @@ def private_dir(path: str | os.PathLike, narrow: bool = True) -> Path:
     return path
 
 
+def data_dir(path: str | os.PathLike) -> Path:
+    """A service's data directory: private_dir(path), except that a shared sticky directory (such as /tmp,
+    given as the directory itself) is left as it is rather than refused; the files in it are 0600 anyway."""
+    try:
+        return private_dir(path)
+    except ValueError:
+        return private_dir(path, narrow=False)
+
+
 def private_tree(path: str | os.PathLike) -> int:
     """Narrow every directory under path (itself included) to 0700 and every file to 0600; symbolic links
     are not followed. How many modes it changed."""

@@ -155,8 +155,9 @@ class Namespace:
         self.fd = -1
 
     def open(self) -> None:
-        """Open (create) the backing file and make it size_bytes long."""
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        """Open (create) the backing file, 0600 (also one an older run left wider), size_bytes long."""
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.fchmod(self.fd, 0o600)  # the users' KV: this node's user alone reads it
         if os.fstat(self.fd).st_size < self.size_bytes:
             os.ftruncate(self.fd, self.size_bytes)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from fabric import status as st
 from fabric.status import NvmeError
+from kvtb.private import data_dir
 from storage_node import manifest
 from storage_node.commit import GroupCommitter
 from storage_node.kv_namespace import KvNamespace
@@ -67,7 +68,7 @@ class Subsystem:
 
     def open(self) -> None:
         """Open the namespaces of the manifest (creating the configured ones on first start)."""
-        os.makedirs(self.data_dir, exist_ok=True)
+        data_dir(self.data_dir)  # 0700, also one an older run left 0755
         configured = [{"nsid": i + 1, "command_set": cs, "size_bytes": self.settings.namespace_size_bytes}
                       for i, cs in enumerate(self.settings.namespaces)]
         for entry in manifest.load(self.data_dir, configured, self.settings.namespace_size_bytes):

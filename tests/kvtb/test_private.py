@@ -163,6 +163,17 @@ def test_private_dir_makes_or_narrows_and_refuses_a_shared_sticky_directory(tmp_
         private.private_dir(tmp_path / "file")
 
 
+def test_a_data_dir_is_narrowed_but_a_shared_sticky_one_is_left_as_it_is(tmp_path):
+    wide = tmp_path / "data"
+    wide.mkdir()
+    wide.chmod(0o755)
+    assert mode(private.data_dir(wide)) == 0o700
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert mode(private.data_dir(sticky)) == 0o1777
+
+
 def test_kvtb_up_narrows_what_an_older_run_left(tmp_path):
     data = tmp_path / "var"
     for part in ("logs", "frontend", "storage-0", "elsewhere"):
