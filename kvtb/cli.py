@@ -26,6 +26,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "decode"): "bench.decode:main",
     ("bench", "replay"): "bench.replay:main",
     ("bench", "fairness"): "bench.fairness:main",
+    ("bench", "abuse"): "bench.abuse:main",
     ("bench", "all"): "bench.suite:main",
     ("simulate",): "bench.simulate:main",
     ("study", "poster"): "bench.study.poster:main",
