@@ -243,7 +243,7 @@ def test_multiround_texts_are_seeded_and_messages_resend_the_history():
     assert multiround.system_prompt(multiround.QaWorkload(system_words=0)) is None
     msgs = messages_of("S", [("q1", "a1")], "q2")
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"] and msgs[2]["content"] == "a1"
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="two rounds"):
         multiround.QaWorkload(rounds=1)
 
 
