@@ -74,11 +74,13 @@ MAX_METADATA_BYTES = 16 << 10  # a call's headers
 
 
 def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES,
-                   handshake_timeout_ms: int = HANDSHAKE_TIMEOUT_MS) -> list[tuple[str, int]]:
-    """A gRPC server's bounds: message size both ways, calls per connection, header bytes, and how long
-    a peer may hold a connection open without completing the TLS handshake (unauthenticated work)."""
+                   handshake_timeout_ms: int = HANDSHAKE_TIMEOUT_MS,
+                   max_send_bytes: int | None = None) -> list[tuple[str, int]]:
+    """A gRPC server's bounds: message size (received; sent: max_send_bytes, else the same), calls per
+    connection, header bytes, and how long a peer may hold a connection open without completing the
+    TLS handshake (unauthenticated work)."""
     return [("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_send_bytes or max_message_bytes),
             ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
             ("grpc.max_metadata_size", MAX_METADATA_BYTES),
             ("grpc.server_handshake_timeout_ms", handshake_timeout_ms)]

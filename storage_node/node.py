@@ -9,7 +9,7 @@ import grpc
 from fabric.auth import FabricSecurity
 from kvtb.grpc_health import Health, add_health_and_reflection
 from kvtb.metrics import MetricsEndpoint
-from kvtb.rpc import Authorizer, Security, add_port
+from kvtb.rpc import MAX_MESSAGE_BYTES, Authorizer, Security, add_port, server_options
 from kvtb.service_metrics import storage_families
 from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
 from storage_node.admin_servicer import StorageAdminServicer
@@ -29,8 +29,8 @@ ADMIN_ACCESS = {f"/{ADMIN_SERVICE}/Stats": {"frontend"}}
 # certificate's worth, and calls beyond 64 at once are refused RESOURCE_EXHAUSTED rather than queued.
 ADMIN_MAX_MESSAGE_BYTES = 1 << 20
 ADMIN_MAX_CONCURRENT_RPCS = 64
-ADMIN_OPTIONS = [("grpc.max_receive_message_length", ADMIN_MAX_MESSAGE_BYTES),
-                 ("grpc.max_metadata_size", 16 << 10)]
+# requests of 1 MiB at most (replies as gRPC's default, 4 MiB), and the deployment's other bounds
+ADMIN_OPTIONS = server_options(ADMIN_MAX_MESSAGE_BYTES, max_send_bytes=MAX_MESSAGE_BYTES)
 
 
 def serve(settings: StorageSettings) -> StorageNode:
