@@ -44,7 +44,11 @@ def started_at(pid: int) -> float | None:
 
 
 def maker_alive(pid: int, made_at: float) -> bool:
-    """Whether pid may be the live process that made a file at `made_at` (epoch seconds)."""
+    """Whether pid may be the live process that made a file at `made_at` (epoch seconds). Never this
+    process: it reclaims before it makes its own region, so a name with its pid is a dead process's
+    (in a container a restarted node gets the same pid, often within a second)."""
+    if pid == os.getpid():
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -17,7 +17,7 @@ import pytest
 from compute_node.settings import ComputeSettings
 from hostmem import region
 from hostmem.region import Region
-from hostmem.region_reclaim import maker_alive, reclaim_abandoned
+from hostmem.region_reclaim import reclaim_abandoned
 
 SIZE = 1 << 20
 OWNER = f"""
@@ -82,15 +82,34 @@ def test_an_unlocked_region_of_a_live_maker_is_left_but_of_a_reused_pid_is_recla
     """Between its create and its lock a maker holds no lock: its pid (alive, started before the file)
     keeps it. A pid that a later process reuses (started after the file was made) does not."""
     prefix = ComputeSettings(node_name=node_name).shm_prefix
+    maker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        time.sleep(0.2)
+        path = region.SHM_DIR / f"{prefix}{maker.pid}"
+        path.write_bytes(b"\0" * 4096)  # made now, while the maker lives, and not locked
+        assert reclaim_abandoned(prefix) == []
+        hour_ago = time.time() - 3600  # the maker started less than an hour ago: as if its pid was reused
+        os.utime(path, (hour_ago, hour_ago))
+        assert reclaim_abandoned(prefix) == [path.name]
+        assert not path.exists()
+    finally:
+        maker.kill()
+        maker.wait()
+
+
+def test_a_region_with_this_processs_own_pid_is_reclaimed_however_fresh(node_name):
+    """A restarted container's node often gets its dead predecessor's pid within a second: the name it
+    is about to create is an abandoned region, whatever its time, unless this process holds it."""
+    prefix = ComputeSettings(node_name=node_name).shm_prefix
     path = region.SHM_DIR / f"{prefix}{os.getpid()}"
-    path.write_bytes(b"\0" * 4096)  # made now, by this live process, and not locked
-    assert reclaim_abandoned(prefix) == []
-    hour_ago = time.time() - 3600  # this process started less than an hour ago: the pid was reused
-    os.utime(path, (hour_ago, hour_ago))
-    if maker_alive(os.getpid(), hour_ago):
-        pytest.skip("this process started over an hour ago")
+    path.write_bytes(b"\0" * 4096)  # made just now, not locked
     assert reclaim_abandoned(prefix) == [path.name]
-    assert not path.exists()
+    held = Region.create(path.name, 4096, 0, 1)  # this process's own, locked: never reclaimed
+    try:
+        assert reclaim_abandoned(prefix) == []
+        assert path.exists()
+    finally:
+        held.close()
 
 
 def test_only_this_nodes_names_are_looked_at(node_name, tmp_path):
