@@ -7,12 +7,11 @@ also those inside functions; tests/ are the one place asserts belong.
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.optimized import run_optimized
 from tests.test_layers import PRODUCT, ROOT
 
 CHECKED = (*PRODUCT, "bench", "deploy")
@@ -41,7 +40,12 @@ def test_the_finder_sees_an_assert(tmp_path, monkeypatch):
 
 def test_a_setting_check_holds_under_python_O():
     """The settings' checks are real errors also where asserts are gone."""
-    code = ("from kvtb.settings import require, SettingsError\n"
-            "try:\n    require(False, 'no')\nexcept SettingsError as e:\n    print('raised', e)\n")
-    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert out.stdout.strip() == "raised no", out.stderr
+    out = run_optimized("""
+        from kvtb.settings import require, SettingsError
+        assert False, "not optimized"
+        try:
+            require(False, "no")
+        except SettingsError as e:
+            print("raised", e)
+    """)
+    assert out.strip() == "raised no"

@@ -2,24 +2,10 @@
 kernel's type and layout guards, and the scheduler's bookkeeping that once sat inside an assert."""
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
 from compute_node import paged_attention
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_optimized(code: str) -> str:
-    """Run code under python -O from the repo's root; its stdout (it must exit 0)."""
-    proc = subprocess.run([sys.executable, "-O", "-c", textwrap.dedent(code)], check=False, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+from tests.optimized import run_optimized
 
 
 @pytest.mark.skipif(not paged_attention.kernel_built(), reason="the attention kernel was not built")

@@ -3,12 +3,7 @@ assert): kvtb, hostmem, smartnic's policies and the compute node's and agent's s
 they guard against with a real error."""
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.optimized import run_optimized
 
 CHECKS = """
     import numpy as np
@@ -65,9 +60,6 @@ CHECKS = """
 
 
 def test_the_guards_raise_under_python_O():
-    proc = subprocess.run([sys.executable, "-O", "-c", textwrap.dedent(CHECKS)], check=False, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    results = dict(line.split(": ") for line in proc.stdout.splitlines())
+    results = dict(line.split(": ") for line in run_optimized(CHECKS).splitlines())
     assert len(results) == 19
     assert {name: how for name, how in results.items() if how == "taken"} == {}

@@ -1,10 +1,6 @@
 """The storage node's and the fabric's guards are real errors: they hold under `python -O` too."""
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from fabric import frames
@@ -14,8 +10,7 @@ from kvtb.settings import SettingsError
 from storage_node.allocator import Extent, ExtentAllocator
 from storage_node.queues import QueuePair
 from storage_node.settings import StorageSettings
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.optimized import run_optimized
 
 # each line: an expression that must raise the named error
 GUARDS = [
@@ -62,6 +57,4 @@ def test_the_guards_hold_under_python_O():
     for error, expression in GUARDS:
         lines += ["try:", f"    {expression}", f"except {error}:", "    held += 1"]
     lines.append("print(held)")
-    out = subprocess.run([sys.executable, "-O", "-c", "\n".join(lines)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120, check=False)
-    assert out.stdout.strip() == str(len(GUARDS)), out.stderr
+    assert run_optimized("\n".join(lines)).strip() == str(len(GUARDS))
