@@ -26,6 +26,7 @@ from typing import Callable
 
 from aiohttp import web
 
+from chat_frontend import completions_api
 from chat_frontend import openai_format as oa
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
@@ -63,6 +64,7 @@ class OpenAiApi:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
         app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
                         web.get("/v1/models", self.models), web.get("/health", self.health)])
+        app.add_routes(completions_api.routes(self))
         return app
 
     async def health(self, request: web.Request) -> web.Response:
