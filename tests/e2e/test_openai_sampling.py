@@ -129,7 +129,7 @@ def test_a_json_schema_reply_validates(client):
 
 
 def test_json_object_gives_a_json_object(client):
-    done = greedy(client, "Give me a JSON object describing a book.", max_tokens=80,
+    done = greedy(client, "Give me a JSON object describing a book.", max_tokens=200,
                   response_format={"type": "json_object"})
     assert isinstance(json.loads(done.choices[0].message.content), dict)
 
