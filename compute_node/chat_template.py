@@ -29,17 +29,26 @@ class ChatEncoder:
         self.after_reply = base[cut + len(self.eos_text):]
         self._probe_text = base
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+    def _render(self, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  continue_final_message=continue_final_message)
 
     def _tokens(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def encode(self, messages: list[dict], continuation: bool = False,
-               add_generation_prompt: bool = True, close_previous_turn: bool = False) -> list[int]:
-        """Ids for a first turn, or (continuation) the ids to append after the previous reply."""
+    def encode(self, messages: list[dict], continuation: bool = False, add_generation_prompt: bool = True,
+               close_previous_turn: bool = False, continue_final_message: bool = False) -> list[int]:
+        """Ids for a first turn, or (continuation) the ids to append after the previous reply. With
+        continue_final_message the last message, an assistant's, is left open for the reply to continue
+        (no end of turn after it, no generation prompt), as vLLM's option of that name."""
         check_messages(messages)
+        if continue_final_message:
+            if add_generation_prompt or continuation:
+                raise ChatError("continue_final_message cannot be used with add_generation_prompt or continuation")
+            if messages[-1]["role"] != "assistant":
+                raise ChatError(f"continue_final_message needs the last message to be the assistant's, "
+                                f"got {messages[-1]['role']!r}")
+            return self._tokens(self._render(messages, False, continue_final_message=True))
         if not continuation:
             return self._tokens(self._render(messages, add_generation_prompt))
         full = self._render(_PROBE + messages, add_generation_prompt)
@@ -49,6 +58,10 @@ class ChatEncoder:
         if close_previous_turn:
             text = self.eos_text + text
         return self._tokens(text)
+
+    def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The ids of text alone, without the chat template (with the tokenizer's BOS and the like if asked)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -85,3 +98,18 @@ class StreamDecoder:
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return new
         return ""
+
+
+class TokenPieces:
+    """Each token's text alone (tokenizer.decode([id]), special tokens kept), cached: logprobs name the
+    likeliest tokens at every position. Bounded by the vocabulary. Engine thread only."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        piece = self.cache.get(token_id)
+        if piece is None:
+            piece = self.cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return piece

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 
 import grpc
 import numpy as np
 
-from kvtb_proto import compute_pb2, compute_pb2_grpc
-
 from compute_node.chat_template import ChatEncoder, ChatError
 from compute_node.model_loader import MODEL_NAME
-from compute_node.sampling import SamplingParams, check_sampling
+from compute_node.sampling import SamplingParams, check_params
 from compute_node.scheduler import NeverFits, QueueFull
 from compute_node.turn import Turn, TurnRecordData
+from kvtb_proto import compute_pb2, compute_pb2_grpc
 
 # snapshot() keys that ComputeStatsResponse carries under the same name
 STATS_FIELDS = ("preempt_recompute_s", "preempt_recompute_tokens", "preempt_swap_s", "preempt_swap_out_s",
@@ -38,12 +38,13 @@ def check_token_ids(ids: np.ndarray, vocab_size: int, what: str = "token_ids") -
                          f"{what}[{bad}] = {int(ids[bad])} is outside the vocabulary [0, {vocab_size})")
 
 
-def make_turn(request: compute_pb2.TurnRequest, engine) -> Turn:
+def make_turn(request: compute_pb2.TurnRequest, engine, compile_grammar=None) -> Turn:
     """Validate a TurnRequest into a Turn (raises BadRequest).
 
     Every number is checked before it reaches torch: token ids against the vocabulary, the
-    length against the context and the pool, temperature and top_p against their ranges (NaN and
+    length against the context and the pool, every sampling parameter as vLLM checks it (NaN and
     infinities refused; a temperature too small to divide by samples as sampling.MIN_TEMPERATURE).
+    compile_grammar(structured) -> a matcher for a structured reply (BadRequest when it cannot be).
     """
     s, invalid = engine.settings, grpc.StatusCode.INVALID_ARGUMENT
     ids = np.asarray(request.token_ids, dtype=np.uint32)
@@ -63,8 +64,9 @@ def make_turn(request: compute_pb2.TurnRequest, engine) -> Turn:
         raise BadRequest(grpc.StatusCode.FAILED_PRECONDITION,
                          f"policy {policy!r} is not available on this node (it runs {engine.policies()}): "
                          "triggered needs the SmartNIC agent, cpu needs storage nodes")
-    sampling = request.sampling
-    if (why := check_sampling(sampling.temperature, sampling.top_p)) is not None:
+    params = sampling_params(request.sampling, engine.vocab_size)
+    if (why := check_params(params, engine.vocab_size, request.max_new_tokens or s.default_max_new_tokens,
+                            request.ignore_eos)) is not None:
         raise BadRequest(invalid, why)
     if request.stored_tokens > ids.size or request.shared_prefix_tokens > ids.size:
         raise BadRequest(invalid, f"stored_tokens ({request.stored_tokens}) and shared_prefix_tokens "
@@ -74,10 +76,38 @@ def make_turn(request: compute_pb2.TurnRequest, engine) -> Turn:
         engine.check_fits(int(ids.size), max_new)
     except NeverFits as exc:
         raise BadRequest(invalid, str(exc)) from exc
+    matcher = None
+    if params.structured is not None:
+        if compile_grammar is None:
+            raise BadRequest(grpc.StatusCode.UNIMPLEMENTED, "sampling.structured: this node has no grammar compiler")
+        matcher = compile_grammar(params.structured)  # BadRequest when it cannot be compiled
     return Turn(request.request_id, request.user_id, request.context_id, request.tenant or "default",
-                ids.tolist(), max_new, SamplingParams(sampling.temperature, sampling.top_p, sampling.seed), policy,
+                ids.tolist(), max_new, params, policy,
                 ignore_eos=request.ignore_eos, stored_tokens=request.stored_tokens,
-                shared_prefix_tokens=request.shared_prefix_tokens)
+                shared_prefix_tokens=request.shared_prefix_tokens, matcher=matcher)
+
+
+def sampling_params(sampling: compute_pb2.Sampling, vocab_size: int) -> SamplingParams:
+    """The proto's Sampling as SamplingParams (top_k past the vocabulary is off); check_params validates it."""
+    return SamplingParams(
+        temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+        top_k=sampling.top_k if sampling.top_k < vocab_size else 0, min_p=sampling.min_p,
+        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty, logit_bias=dict(sampling.logit_bias),
+        stop_token_ids=tuple(sampling.stop_token_ids), stop=tuple(sampling.stop),
+        include_stop_str_in_output=sampling.include_stop_str_in_output, min_tokens=sampling.min_tokens,
+        logprobs=sampling.logprobs, top_logprobs=sampling.top_logprobs,
+        structured=sampling.structured if sampling.HasField("structured") else None)
+
+
+def token_to_proto(token_id: int, text: str, logprobs) -> compute_pb2.TurnEvent:
+    """A token event; with logprobs (turn.TokenEventLogprobs) its logprob, piece and likeliest tokens."""
+    token = compute_pb2.TurnEvent.Token(id=token_id, text=text)
+    if logprobs is not None:
+        token.logprob, token.piece = logprobs.logprob, logprobs.piece
+        token.top_logprobs.extend(compute_pb2.TopLogprob(id=i, logprob=lp, piece=piece)
+                                  for i, lp, piece in logprobs.top)
+    return compute_pb2.TurnEvent(token=token)
 
 
 def record_to_proto(rec: TurnRecordData) -> compute_pb2.TurnRecord:
@@ -92,7 +122,7 @@ def record_to_proto(rec: TurnRecordData) -> compute_pb2.TurnRecord:
         offload_stall_ms=rec.offload_stall_ms, chunks_offloaded=rec.chunks_offloaded,
         finish_reason=rec.finish_reason, queue_ms=rec.queue_ms, policy=rec.policy,
         blocks_restored=rec.blocks_restored, blocks_failed=rec.blocks_failed, preemptions=rec.preemptions,
-        tokens_cached=rec.tokens_cached)
+        tokens_cached=rec.tokens_cached, stop_reason=rec.stop_reason)
 
 
 def restore_to_proto(blocks, layer_groups: int) -> compute_pb2.RestoreRequest:
@@ -107,10 +137,23 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
     def __init__(self, engine, encoder: ChatEncoder):
         self.engine = engine
         self.encoder = encoder
+        self._grammars = None  # the node's one grammar compiler, built at the first structured turn
+        self._grammars_lock = threading.Lock()
+
+    def _compile(self, structured):
+        """A fresh matcher for a structured reply, compiled here in the servicer's thread (never the engine's)."""
+        from compute_node import grammar
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = grammar.GrammarCompiler(self.encoder.tokenizer, self.engine.vocab_size)
+        try:
+            return self._grammars.matcher(structured)
+        except grammar.GrammarError as exc:
+            raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.structured: {exc}") from exc
 
     def Generate(self, request, context):
         try:
-            turn = make_turn(request, self.engine)
+            turn = make_turn(request, self.engine, self._compile)
             self.engine.submit(turn)
         except BadRequest as exc:
             context.abort(exc.code, str(exc))
@@ -127,7 +170,7 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
                 continue
             kind = event[0]
             if kind == "token":
-                yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=event[1], text=event[2]))
+                yield token_to_proto(*event[1:])
             elif kind == "restore":
                 yield compute_pb2.TurnEvent(restore=restore_to_proto(event[1], event[2]))
             elif kind == "record":
@@ -146,8 +189,13 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
     def EncodeChat(self, request, context):
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
         try:
-            ids = self.encoder.encode(messages, request.continuation, request.add_generation_prompt,
-                                      request.close_previous_turn)
+            if request.text and messages:
+                raise ChatError("send either messages or text, not both")
+            if request.text:
+                ids = self.encoder.encode_text(request.text, request.add_special_tokens)
+            else:
+                ids = self.encoder.encode(messages, request.continuation, request.add_generation_prompt,
+                                          request.close_previous_turn, request.continue_final_message)
         except ChatError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return compute_pb2.EncodeChatResponse(token_ids=ids)
@@ -167,7 +215,7 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
             num_blocks=L.num_blocks, block_tokens=L.block_tokens, policy=s.policy, num_layers=L.num_layers,
             num_kv_heads=L.num_kv_heads, head_dim=L.head_dim, kv_bytes_per_token=L.kv_bytes_per_token,
             stop_token_ids=sorted(self.engine.stop_token_ids), policies=self.engine.policies(),
-            region_id=self.engine.region_id())
+            region_id=self.engine.region_id(), generation_defaults=self.engine.generation_defaults)
 
     def Stats(self, request, context):
         snap = self.engine.snapshot()

@@ -28,10 +28,13 @@ import torch
 
 from compute_node import restore as rs
 from compute_node.block_manager import BlockManager
+from compute_node.chat_template import TokenPieces
 from compute_node.host_swap import HostSwapStore, capacity_bytes
+from compute_node.model_loader import generation_defaults
 from compute_node.model_runner import ModelRunner, SeqRun
 from compute_node.offload import Block, PendingPut
 from compute_node.preemption_cost import PreemptionCost, restore_wait
+from compute_node.sampling import SequenceSampler, TokenLogprobs, sample
 from compute_node.scheduler import NeverFits, QueueFull, RestoreRequest, Scheduler, SchedulerOutput, SwapOut
 from compute_node.sequence import Sequence, SequenceStatus
 from compute_node.settings import ComputeSettings
@@ -83,6 +86,8 @@ class Engine:
         self.offloaders, self.cpu_store = offloaders, cpu_store
         self.stop_token_ids = {tokenizer.eos_token_id} - {None}
         self.vocab_size = model.config.vocab_size
+        self.pieces = TokenPieces(tokenizer)  # each token's text alone (logprobs)
+        self.generation_defaults = generation_defaults(model)
         self.bm = BlockManager(self.layout.num_blocks, self.layout.block_tokens)
         self.scheduler = Scheduler(self.bm, settings.max_num_seqs, settings.max_num_batched_tokens,
                                    settings.preemption, settings.queue_bound, self.stop_token_ids)
@@ -252,10 +257,15 @@ class Engine:
                 else Salts.of(turn.tenant, turn.user_id, turn.shared_prefix_tokens, self.layout.block_tokens))
         offloader = self.offloaders[turn.policy]
         # the scheduler's fair share is per user of a tenant
+        params = turn.sampling
         seq = Sequence(turn.token_ids, turn.max_new_tokens, self.layout.block_tokens, (turn.tenant, turn.user_id),
                        turn.context_id, salt, payload=turn, ignore_eos=turn.ignore_eos,
-                       can_swap=offloader.offloads)
-        state = TurnState(turn, seq, self.tokenizer, self.known.get(turn.context, 0) > 0)
+                       can_swap=offloader.offloads, stop_token_ids=frozenset(params.stop_token_ids),
+                       min_tokens=params.min_tokens)
+        eos = () if turn.ignore_eos else self.stop_token_ids
+        sampler = SequenceSampler(params, self.vocab_size, turn.token_ids if params.repetition_penalty_on else (),
+                                  eos, turn.matcher)
+        state = TurnState(turn, seq, self.tokenizer, self.known.get(turn.context, 0) > 0, sampler, self.pieces)
         self.states[seq.seq_id] = state  # from here a failure aborts it (_take_in)
         stored = turn.stored_tokens if turn.policy == "triggered" else 0
         if turn.policy == "cpu" and self.cpu_store is not None:
@@ -365,7 +375,8 @@ class Engine:
         self.cost.add_step(time.perf_counter() - start, [(s.start, s.num_tokens, s.seq.kv_mark) for s in out.scheduled])
         dropped = self._settle_joined(wait)
         rows = [i for i, s in enumerate(out.scheduled) if s.samples]
-        sampled = self._sample(logits, rows, [out.scheduled[i].seq for i in rows])
+        sampled, logprobs = self._sample(logits, rows, [out.scheduled[i].seq for i in rows])
+        by_seq = {out.scheduled[i].seq.seq_id: lp for i, lp in zip(rows, logprobs)}
         finished = self.scheduler.postprocess(out, sampled)  # skips the dropped: no longer running
         self.steps += 1
         now = time.perf_counter()
@@ -375,10 +386,12 @@ class Engine:
                 continue
             for index in s.filled_blocks:
                 self._offload(state, index, table[index], bt)
-            if s.samples:
-                state.token(s.seq.token_ids[-1], now)
+            if s.samples and s.seq.status in (SequenceStatus.RUNNING, SequenceStatus.FINISHED):
+                self._streamed(state, by_seq[s.seq.seq_id], now, finished)
         for seq in finished:
-            state = self.states[seq.seq_id]
+            state = self.states.get(seq.seq_id)
+            if state is None:  # failed while streaming its last token (aborted: its blocks went then)
+                continue
             table, computed = tables[[x.seq for x in out.scheduled].index(seq)]
             self._finish(state, table, computed)
 
@@ -429,16 +442,28 @@ class Engine:
             self.pool.write_token_ids(block, offset, ids[done:done + n])
             pos, done = pos + n, done + n
 
-    def _sample(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int]:
+    def _sample(self, logits: torch.Tensor, rows: list[int],
+                seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """The next token of each sampling row (and its logprobs when asked), every sequence by its own
+        parameters (compute_node.sampling: the argmax alone when all are plain greedy)."""
         if not rows:
-            return []
+            return [], []
         picked = logits if len(rows) == logits.shape[0] else logits[rows]  # [n, vocab]; no copy when all sample
-        greedy = self.runner.greedy(picked)
-        out = []
-        for k, seq in enumerate(seqs):
-            state = self.states[seq.seq_id]
-            out.append(greedy[k] if state.turn.sampling.greedy else state.sampler(picked[k]))
-        return out
+        return sample(picked, [self.states[seq.seq_id].sampler for seq in seqs])
+
+    def _streamed(self, state: TurnState, logprobs: TokenLogprobs | None, now: float, finished: list[Sequence]) -> None:
+        """Stream the token the sequence appended; a stop string it completed (or its grammar's end) ends
+        the sequence now, as a stop token would (its blocks then go as any finished sequence's)."""
+        seq = state.seq
+        with self._only(state):
+            why = state.token(seq.token_ids[-1], now, logprobs)
+            if why is None:
+                return
+            if seq.is_finished:  # by length or a stop token in the same token: the stop string says why
+                seq.finish_reason, seq.stop_reason = "stop", why
+                return
+            self.scheduler.stop(seq, why)
+            finished.append(seq)
 
     # -- offload
     def _describe(self, state: TurnState, index: int, block_id: int, tokens: int) -> Block:

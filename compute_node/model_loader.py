@@ -85,3 +85,16 @@ def load_tokenizer(cache_dir: str | os.PathLike):
         return AutoTokenizer.from_pretrained(cache_dir)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE)
+
+
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def generation_defaults(model) -> dict[str, float]:
+    """The sampling defaults the model's generation config sets (vLLM's "auto" generation_config): only
+    those its file names, not transformers' own defaults."""
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        return {}
+    given = config.to_diff_dict()
+    return {name: float(given[name]) for name in GENERATION_DEFAULTS if given.get(name) is not None}

@@ -474,16 +474,35 @@ class Scheduler:
             if token is None:
                 continue
             seq.append_token(token)
-            if token in self.stop_token_ids and not seq.ignore_eos:
-                reason = "stop"
-            elif seq.num_completion_tokens >= seq.max_new_tokens:
-                reason = "length"
-            else:
+            reason = self._stop_check(seq, token)
+            if reason is None:
                 continue
             self.running.remove(seq)
             self._finish(seq, reason)
             finished.append(seq)
         return finished
+
+    def _stop_check(self, seq: Sequence, token: int) -> str | None:
+        """Why seq ends with this token just appended, or None (as vLLM's check_stop: nothing stops it before
+        min_tokens; the end of turn unless ignore_eos, then its own stop tokens, then the length)."""
+        if seq.num_completion_tokens >= seq.min_tokens:
+            if token in self.stop_token_ids and not seq.ignore_eos:
+                return "stop"
+            if token in seq.stop_token_ids:
+                seq.stop_reason = str(token)
+                return "stop"
+        if seq.num_completion_tokens >= seq.max_new_tokens:
+            return "length"
+        return None
+
+    def stop(self, seq: Sequence, stop_reason: str = "") -> None:
+        """End a running sequence after its step's postprocess (a stop string matched, or its grammar ended),
+        its blocks released (or pinned) as any finished sequence's."""
+        if seq.status is not RUNNING:
+            raise ValueError(f"sequence {seq.seq_id} is not running")
+        self.running.remove(seq)
+        seq.stop_reason = stop_reason
+        self._finish(seq, "stop")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if seq.block_table:

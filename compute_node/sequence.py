@@ -60,9 +60,12 @@ class Sequence:
     num_restore_tokens: int = 0  # the restore in flight brings tokens [0, this) (with the cached ones)
     pinned_blocks: list[int] = dataclasses.field(default_factory=list)  # block ids pinned for our I/O
     finish_reason: str = ""  # "stop", "length" or "abort"
+    stop_reason: str = ""  # with "stop": the stop token's id (as text) or stop string that ended it; "": end of turn
     num_stored_tokens: int = 0  # tokens of its prefix on storage (the agent found them): restore on admission
     ignore_eos: bool = False  # decode max_new_tokens tokens even past a stop token (benchmarks)
     can_swap: bool = True  # its KV can be stored (an offloading policy); False: preempted by recompute always
+    stop_token_ids: frozenset[int] = frozenset()  # the request's own stop tokens (besides the end of turn)
+    min_tokens: int = 0  # no stop before this many generated tokens
 
     def __post_init__(self):
         self.token_ids = list(self.token_ids)

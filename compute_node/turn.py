@@ -47,6 +47,7 @@ class TurnRecordData:
     offload_stall_ms: float = 0.0
     chunks_offloaded: int = 0
     finish_reason: str = ""
+    stop_reason: str = ""
     batch_size: float = 0.0
     blocks_restored: int = 0
     blocks_failed: int = 0
@@ -66,12 +67,23 @@ class RestoreBlockEvent:
     shared: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenEventLogprobs:
+    """With Sampling.logprobs: a token's raw log probability, its text alone, and the likeliest
+    tokens at its position as (id, logprob, piece)."""
+
+    logprob: float
+    piece: str
+    top: list[tuple[int, float, str]]
+
+
 @dataclasses.dataclass(eq=False)
 class Turn:
     """One Generate call: input for the engine, and a queue of events back to the servicer.
 
-    Events: ("token", id, text), ("restore", [RestoreBlockEvent], layer_groups),
-    ("record", TurnRecordData) or ("error", code_name, message).
+    Events: ("token", id, text, TokenEventLogprobs | None), ("restore", [RestoreBlockEvent], layer_groups),
+    ("record", TurnRecordData) or ("error", code_name, message). matcher: the grammar matcher of a
+    structured reply (compute_node.grammar), compiled by the servicer; None otherwise.
     """
 
     request_id: str
@@ -85,6 +97,7 @@ class Turn:
     ignore_eos: bool = False
     stored_tokens: int = 0
     shared_prefix_tokens: int = 0
+    matcher: object = None
     arrived_ns: int = dataclasses.field(default_factory=time.time_ns)
     arrived_perf: float = dataclasses.field(default_factory=time.perf_counter)
     events: queue.Queue = dataclasses.field(default_factory=queue.Queue)

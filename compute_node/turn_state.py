@@ -9,9 +9,10 @@ import numpy as np
 from compute_node.chat_template import StreamDecoder
 from compute_node.offload import OffloadStats
 from compute_node.restore import PendingRestore, RestoreOutcome
-from compute_node.sampling import Sampler
+from compute_node.sampling import SequenceSampler, TokenLogprobs
 from compute_node.sequence import Sequence
-from compute_node.turn import StepSpan, Turn, TurnRecordData
+from compute_node.stop_strings import StopStrings
+from compute_node.turn import StepSpan, TokenEventLogprobs, Turn, TurnRecordData
 from kvtb.steps import Step
 
 NO_STORED_KV = {
@@ -30,6 +31,8 @@ class TurnState:
     seq: Sequence
     tokenizer: object
     follow_up: bool
+    sampler: SequenceSampler
+    pieces: object = None  # token id -> its text alone (logprobs); default: the tokenizer's decode
     stored: set[bytes] = dataclasses.field(default_factory=set)        # names of its blocks on storage
     storing: dict[int, int] = dataclasses.field(default_factory=dict)  # block index -> pool block, PUT in flight
     awaiting: set[int] = dataclasses.field(default_factory=set)  # pool blocks another turn's PUT is storing
@@ -53,8 +56,11 @@ class TurnState:
     aborted: bool = False   # failed: its error was sent, no record follows
 
     def __post_init__(self):
-        self.sampler = Sampler(self.turn.sampling)
         self.decoder = StreamDecoder(self.tokenizer)
+        params = self.turn.sampling
+        self.stops = StopStrings(params.stop, params.include_stop_str_in_output) if params.stop else None
+        if self.pieces is None:
+            self.pieces = lambda token_id: self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def scheduled(self, batch_size: int) -> None:
         """The sequence is in this step's batch of batch_size sequences."""
@@ -70,10 +76,28 @@ class TurnState:
         if not self.token_times:
             self.first_step_perf, self.first_step_ns = 0.0, 0
 
-    def token(self, token_id: int, now_perf: float) -> None:
-        """A sampled token: stream it."""
+    def token(self, token_id: int, now_perf: float, logprobs: TokenLogprobs | None = None) -> str | None:
+        """A sampled token the sequence appended: stream its text, up to a stop string (text that may start
+        one is held back; the rest goes out once the sequence finished). What ends the reply here, for
+        the caller to stop the sequence: the stop string it completed, "" when its grammar ended; None."""
         self.token_times.append(now_perf)
-        self.turn.emit("token", token_id, self.decoder.push(token_id))
+        self.sampler.accept(token_id)
+        text, matched = self.decoder.push(token_id), None
+        if self.stops is not None:
+            text, matched = self.stops.push(text, self.seq.num_completion_tokens >= self.turn.sampling.min_tokens)
+            if matched is None and self.seq.is_finished:
+                text += self.stops.flush()
+        self.turn.emit("token", token_id, text, self._logprobs_event(token_id, logprobs))
+        matcher = self.sampler.matcher
+        if matched is None and matcher is not None and matcher.is_terminated():
+            return ""
+        return matched
+
+    def _logprobs_event(self, token_id: int, logprobs: TokenLogprobs | None) -> TokenEventLogprobs | None:
+        if logprobs is None:
+            return None
+        return TokenEventLogprobs(logprobs.logprob, self.pieces(token_id),
+                                  [(i, lp, self.pieces(i)) for i, lp in logprobs.top])
 
     def restored(self, outcome: RestoreOutcome, block_bytes) -> None:
         self.outcome, self.restore_end_ns = outcome, time.time_ns()
@@ -113,6 +137,7 @@ class TurnState:
         rec.output_token_ids = seq.completion_token_ids
         rec.tokens_out = len(rec.output_token_ids)
         rec.finish_reason = "cancelled" if turn.cancelled.is_set() else seq.finish_reason
+        rec.stop_reason = seq.stop_reason if rec.finish_reason == "stop" else ""
         rec.bytes_restored = self.restored_bytes
         rec.bytes_offloaded, rec.chunks_offloaded = self.offload.bytes, self.offload.chunks
         rec.offload_stall_ms = self.offload.stall_s * 1e3
