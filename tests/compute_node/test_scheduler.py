@@ -341,6 +341,40 @@ def test_sequences_finish_on_a_stop_token_or_at_max_new_tokens_and_free_their_bl
     assert sched.bm.num_free_blocks == sched.bm.num_blocks and not sched.has_work()
 
 
+def test_a_requests_own_stop_tokens_end_it_with_the_id_as_stop_reason_but_not_before_min_tokens():
+    sched = make(stop={7})
+    a = Sequence(list(range(5)), max_new_tokens=10, block_tokens=BT, stop_token_ids=frozenset({9}), min_tokens=3)
+    b = Sequence(list(range(20, 25)), max_new_tokens=10, block_tokens=BT, ignore_eos=True,
+                 stop_token_ids=frozenset({9}))
+    sched.add(a)
+    sched.add(b)
+    script = {id(a): [9, 7, 9, 3], id(b): [7, 9]}
+    finished = []
+    for _ in range(5):
+        _, done = step(sched, next_token=lambda s: script[id(s)][s.num_completion_tokens])
+        finished += done
+    assert finished == [b, a]
+    assert (b.finish_reason, b.stop_reason, b.completion_token_ids) == ("stop", "9", [7, 9])  # eos ignored
+    assert (a.finish_reason, a.stop_reason, a.completion_token_ids) == ("stop", "9", [9, 7, 9])
+    assert not sched.has_work() and sched.bm.num_free_blocks == sched.bm.num_blocks
+
+
+def test_a_running_sequence_stopped_after_postprocess_frees_or_pins_its_blocks_as_a_finish_does():
+    for pin in (False, True):
+        sched = make(pin_finished=pin)
+        a, b = seq(9, max_new=10), seq(5, max_new=10, start=30)
+        sched.add(a)
+        sched.add(b)
+        step(sched)
+        sched.stop(a, "END")
+        assert (a.status, a.finish_reason, a.stop_reason) == (SequenceStatus.FINISHED, "stop", "END")
+        assert sched.running == [b] and len(a.pinned_blocks) == (3 if pin else 0)
+        with pytest.raises(ValueError):
+            sched.stop(a)
+        out, _ = step(sched)
+        assert [s.seq for s in out.scheduled] == [b]
+
+
 def test_pin_finished_keeps_a_finished_sequences_kv_blocks_until_released():
     sched = make(pin_finished=True)
     a = seq(9, max_new=1)
