@@ -6,8 +6,15 @@ import math
 import pytest
 import torch
 
-from compute_node.sampling import (Sampler, SamplingParams, SequenceSampler, check_params, check_sampling, sample,
-                                   top_p_filter)
+from compute_node.sampling import (
+    Sampler,
+    SamplingParams,
+    SequenceSampler,
+    check_params,
+    check_sampling,
+    sample,
+    top_p_filter,
+)
 
 
 def test_greedy_is_argmax():
