@@ -1,0 +1,200 @@
+"""Structured output by constrained decoding: JSON (any object, or valid against a JSON schema)
+compiled by llguidance into a grammar over the model's tokens, and the per-step token masks.
+
+A reply under a grammar starts at the grammar's start (no leading whitespace) and ends with the
+tokenizer's end-of-turn token (eos), which the grammar allows only where the JSON is complete;
+once the JSON is complete eos is the only token allowed. Whitespace between JSON tokens is
+allowed (the model's compact or indented habits both fit) but bounded to WHITESPACE_MAX_CHARS
+at each place, so a small model cannot loop on blank lines. A request's grammar, once compiled,
+is kept in a bounded LRU cache keyed by its spec: a repeated schema compiles once.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+
+import llguidance
+import llguidance.hf
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+MAX_SCHEMA_BYTES = 64 * 1024
+CACHE_ENTRIES = 64
+WHITESPACE_MAX_CHARS = 24
+# At most once at each place JSON allows whitespace (llguidance's whitespace_pattern semantics).
+WHITESPACE_PATTERN = r"[\x20\x0A\x0D\x09]{1,%d}" % WHITESPACE_MAX_CHARS
+ANY_OBJECT_SCHEMA = '{"type": "object"}'
+# llguidance's bounds on one grammar: compile work, per-token mask work, lexer memory (1-2 kB a
+# state). Tighter than its defaults on memory (250k states) since 64 grammars may be cached;
+# errors without the parser's internal state, since their text goes back to the client.
+LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
+              max_lexer_states=20_000, max_grammar_size=200_000, verbose_errors=False)
+
+
+class GrammarError(ValueError):
+    """A structured-output request that cannot be compiled, or a token its grammar forbids;
+    the message says why (a compile error goes to the client as 400)."""
+
+
+class Matcher:
+    """One sequence's position in its grammar. Used by the engine thread only.
+
+    Invariant: after a GrammarError from accept the matcher stays in error (every later accept
+    raises) and its mask allows eos alone."""
+
+    def __init__(self, ll_matcher: llguidance.LLMatcher, eos_token_id: int, vocab_size: int):
+        self._ll = ll_matcher
+        self._eos = eos_token_id
+        self.vocab_size = vocab_size
+        self._terminated = False
+
+    def accept(self, token_id: int) -> None:
+        """Advance by the sampled token; GrammarError if the grammar forbids it."""
+        if self._terminated:
+            raise GrammarError(f"token {token_id} after the end of the structured reply")
+        if not self._ll.consume_token(int(token_id)):
+            raise GrammarError(f"token {token_id} breaks the structured output: {self._ll.get_error()}")
+        if token_id == self._eos:
+            self._terminated = True
+
+    def is_terminated(self) -> bool:
+        """The grammar's end (eos) was accepted: the reply must stop now."""
+        return self._terminated
+
+    def is_complete(self) -> bool:
+        """The JSON is complete: eos is the only token the grammar allows next."""
+        return self._ll.is_stopped() and not self._ll.is_error()
+
+    def eos_allowed(self) -> bool:
+        """The grammar may end here (the JSON so far is a whole valid reply)."""
+        return not self._terminated and self._ll.is_accepting()
+
+    def error(self) -> str:
+        """Why the matcher is in error ('' when it is not)."""
+        return self._ll.get_error()
+
+
+class GrammarCompiler:
+    """Compiles StructuredOutput specs against one tokenizer. Thread-safe: the cache is guarded by
+    a lock and compiles run outside it (llguidance releases the GIL), so two threads compiling
+    one new spec at once may both compile it; the cache keeps CACHE_ENTRIES specs, LRU."""
+
+    def __init__(self, tokenizer, vocab_size: int, cache_entries: int = CACHE_ENTRIES):
+        if vocab_size < len(tokenizer):
+            raise ValueError(f"vocab_size {vocab_size} is below the tokenizer's {len(tokenizer)} tokens")
+        self.vocab_size = vocab_size  # the logits' width; tokens past the tokenizer's are never allowed
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self._ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
+                                                          eos_token=self.eos_token_id)
+        self._limits = llguidance.LLParserLimits(**LIMITS)
+        self._cache: collections.OrderedDict[tuple[str, str], llguidance.LLMatcher | str] = \
+            collections.OrderedDict()
+        self._cache_entries = cache_entries
+        self._lock = threading.Lock()
+        self.compilations = 0  # grammars compiled (cache misses)
+
+    def matcher(self, structured) -> Matcher:
+        """A fresh matcher at the start of the reply; GrammarError for a bad, oversized or
+        uncompilable spec. structured: kvtb_proto.compute_pb2.StructuredOutput."""
+        key = spec_key(structured)
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
+        if entry is None:
+            entry = self._compile(key)
+            with self._lock:
+                self._cache[key] = entry
+                self._cache.move_to_end(key)
+                while len(self._cache) > self._cache_entries:
+                    self._cache.popitem(last=False)
+        if isinstance(entry, str):  # a compile error, cached too: a bad schema resent costs nothing
+            raise GrammarError(entry)
+        return Matcher(entry.deep_copy(), self.eos_token_id, self.vocab_size)
+
+    def _compile(self, key: tuple[str, str]) -> llguidance.LLMatcher | str:
+        """A pristine matcher (copied for each request), or the error message."""
+        with self._lock:
+            self.compilations += 1
+        kind, text = key
+        try:
+            schema = ANY_OBJECT_SCHEMA if kind == "json_object" else parse_schema(text)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                schema, overrides={"whitespace_pattern": WHITESPACE_PATTERN})
+        except GrammarError as e:
+            return str(e)
+        except ValueError as e:
+            return f"json_schema cannot be compiled: {e}"
+        ll_matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0, limits=self._limits)
+        if ll_matcher.is_error():
+            return f"json_schema cannot be compiled: {ll_matcher.get_error()}"
+        for warning in ll_matcher.get_grammar_warnings():
+            logger.info("json_schema compiled with a warning: %s", warning)
+        return ll_matcher
+
+
+def spec_key(structured) -> tuple[str, str]:
+    """(kind, schema text) of a StructuredOutput; GrammarError when it names no kind or is too big."""
+    kind = structured.WhichOneof("kind")
+    if kind == "json_object":
+        if not structured.json_object:
+            raise GrammarError("json_object must be true when set")
+        return kind, ""
+    if kind == "json_schema":
+        size = len(structured.json_schema.encode())
+        if size > MAX_SCHEMA_BYTES:
+            raise GrammarError(f"json_schema is {size} bytes; at most {MAX_SCHEMA_BYTES} are accepted")
+        return kind, structured.json_schema
+    raise GrammarError("structured output names no kind (json_object or json_schema)")
+
+
+def parse_schema(text: str) -> dict:
+    """The schema as a dict; GrammarError if the text is not JSON or not a JSON object."""
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+    except RecursionError:
+        raise GrammarError("json_schema is nested too deeply") from None
+    if not isinstance(schema, dict):
+        raise GrammarError(f"json_schema must be a JSON object (a schema), got {type(schema).__name__}")
+    return schema
+
+
+_executor: llguidance.LLExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _get_executor() -> llguidance.LLExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = llguidance.LLExecutor(num_threads=1)
+        return _executor
+
+
+def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:
+    """In place: for each k, logits[rows[k]] of the tokens matchers[k] forbids next become -inf
+    (one bitmask for the batch). logits: [batch, vocab_size]."""
+    if len(rows) != len(matchers):
+        raise ValueError(f"{len(rows)} rows for {len(matchers)} matchers")
+    if not rows:
+        return
+    vocab = logits.shape[-1]
+    for m in matchers:
+        if m.vocab_size != vocab:
+            raise ValueError(f"logits are {vocab} wide; a matcher was compiled for {m.vocab_size} tokens")
+    words = (vocab + 31) // 32
+    bitmask = np.zeros((len(rows), words), dtype=np.int32)  # [rows, words]: bit j of word w = token 32w+j
+    _get_executor().unsafe_compute_mask_ptr([(m._ll, k) for k, m in enumerate(matchers)],
+                                            bitmask.ctypes.data, words * 4, len(rows))
+    # Little-endian int32 words: byte order and bit order within bytes both follow token order.
+    little = bitmask.astype("<i4", copy=False).view(np.uint8)  # [rows, words * 4]
+    allowed = np.unpackbits(little, axis=1, count=vocab, bitorder="little")  # [rows, vocab]: 1 allowed
+    forbidden = torch.from_numpy(allowed).to(logits.device) == 0
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
