@@ -6,8 +6,13 @@ import json
 import pytest
 import torch
 
-from compute_node.grammar import (MAX_SCHEMA_BYTES, WHITESPACE_MAX_CHARS, GrammarCompiler, GrammarError,
-                                  mask_logits)
+from compute_node.grammar import (
+    MAX_SCHEMA_BYTES,
+    WHITESPACE_MAX_CHARS,
+    GrammarCompiler,
+    GrammarError,
+    mask_logits,
+)
 from kvtb_proto.compute_pb2 import StructuredOutput
 
 VOCAB = 49152  # SmolLM2-135M's logits width
