@@ -251,7 +251,7 @@ def apply_min_tokens(x: torch.Tensor, samplers: list[SequenceSampler]) -> None:
     """No end of turn or stop token before min_tokens."""
     rows, ids = [], []
     for k, s in enumerate(samplers):
-        if s.masks_stops:
+        if s.masks_stops and not (s.matcher is not None and s.matcher.is_complete()):  # the grammar's end wins
             rows.extend([k] * len(s.stop_ids))
             ids.extend(s.stop_ids)
     if rows:

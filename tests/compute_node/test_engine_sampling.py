@@ -201,3 +201,17 @@ def test_raw_text_and_a_continued_final_message_are_encoded(make_node, tokenizer
         with pytest.raises(grpc.RpcError) as info:
             stub.EncodeChat(request)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_structured_reply_follows_its_schema_and_ends_where_the_grammar_does(make_node):
+    node = make_node()
+    schema = '{"enum": ["yes", "no"]}'
+    tokens, rec = generate(node, n=12, ignore_eos=False, structured=compute_pb2.StructuredOutput(json_schema=schema))
+    assert text_of(tokens) in ('"yes"', '"no"') and ids_of(tokens)[-1] == 2 and rec.finish_reason == "stop"
+    # min_tokens cannot hold off the grammar's end: the reply ends there all the same
+    tokens, rec = generate(node, n=12, ignore_eos=False, min_tokens=10,
+                           structured=compute_pb2.StructuredOutput(json_schema=schema))
+    assert text_of(tokens) in ('"yes"', '"no"') and rec.finish_reason == "stop"
+    with pytest.raises(grpc.RpcError) as info:
+        generate(node, ignore_eos=False, structured=compute_pb2.StructuredOutput(json_schema="{not json"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "json_schema" in info.value.details()
