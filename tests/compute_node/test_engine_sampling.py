@@ -7,6 +7,7 @@ import copy
 
 import grpc
 import pytest
+import torch
 
 from kvtb_proto import compute_pb2
 
@@ -215,3 +216,70 @@ def test_a_structured_reply_follows_its_schema_and_ends_where_the_grammar_does(m
     with pytest.raises(grpc.RpcError) as info:
         generate(node, ignore_eos=False, structured=compute_pb2.StructuredOutput(json_schema="{not json"))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "json_schema" in info.value.details()
+
+
+# -- the real model (slow): behaviour a user would see
+
+@pytest.fixture(scope="module")
+def real_model():
+    from compute_node.model_loader import load_model
+    from compute_node.settings import ComputeSettings
+    model, _ = load_model(ComputeSettings().model_cache_dir)
+    return model
+
+
+def chat(tokenizer, text: str) -> list[int]:
+    from compute_node.chat_template import ChatEncoder
+    return ChatEncoder(tokenizer).encode([{"role": "user", "content": text}])
+
+
+@pytest.mark.slow
+def test_real_model_penalties_stop_strings_seeds_and_logprobs(make_node, real_model, tokenizer):
+    import math
+    node = make_node(model=real_model, pool_tokens=2048, max_context_tokens=512)
+    ids = chat(tokenizer, "List ten fruits, one per line.")
+    plain, rec = generate(node, ids, n=48, ignore_eos=False)
+    text = text_of(plain)
+    penalised, _ = generate(node, ids, n=48, ignore_eos=False, presence_penalty=1.5, frequency_penalty=1.0)
+    assert text_of(penalised) != text
+    # a stop string that occurs: the reply ends before it, and it is not streamed
+    lines = text.split("\n")
+    stop = lines[2][:3]
+    at = text.find(stop)
+    stopped, rec = generate(node, ids, n=48, ignore_eos=False, stop=[stop])
+    assert text_of(stopped) == text[:at] and (rec.finish_reason, rec.stop_reason) == ("stop", stop)
+    # sampled with a seed: the same reply alone or beside another, another seed another reply
+    kw = dict(temperature=1.0, top_p=0.95, seed=7)
+    alone, _ = generate(node, ids, n=24, **kw)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(generate, node, chat(tokenizer, "Hello!"), 24, "other", True, temperature=0.9, seed=1)
+        again = pool.submit(generate, node, ids, 24, "again", True, **kw)
+        assert ids_of(again.result()[0]) == ids_of(alone)
+        beside.result()
+    other, _ = generate(node, ids, n=24, temperature=1.0, top_p=0.95, seed=8)
+    assert ids_of(other) != ids_of(alone)
+    # logprobs: the model's own log probabilities (as transformers gives them), the greedy token the likeliest
+    tokens, _ = generate(node, ids, n=8, logprobs=True, top_logprobs=20)
+    assert ids_of(tokens) == ids_of(plain)[:8]
+    with torch.inference_mode():
+        logits = real_model(input_ids=torch.tensor([ids])).logits[0, -1]
+    expected = torch.log_softmax(logits.float(), dim=-1).topk(20)
+    first = tokens[0].top_logprobs
+    assert [t.id for t in first] == expected.indices.tolist()
+    assert [t.logprob for t in first] == pytest.approx(expected.values.tolist(), abs=1e-3)
+    for token in tokens:
+        mass = sum(math.exp(t.logprob) for t in token.top_logprobs)
+        assert token.top_logprobs[0].id == token.id and 0.0 < mass <= 1.0 + 1e-4
+
+
+@pytest.mark.slow
+def test_real_model_json_schema_reply_validates(make_node, real_model, tokenizer):
+    import json
+    node = make_node(model=real_model, pool_tokens=2048, max_context_tokens=512)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    ids = chat(tokenizer, "Describe a person named Ann who is 31, as JSON with name and age.")
+    tokens, rec = generate(node, ids, n=64, ignore_eos=False,
+                           structured=compute_pb2.StructuredOutput(json_schema=json.dumps(schema)))
+    reply = json.loads(text_of(tokens))
+    assert rec.finish_reason == "stop" and set(reply) == {"name", "age"} and isinstance(reply["age"], int)
