@@ -28,6 +28,7 @@ WHITESPACE_MAX_CHARS = 24
 # At most once at each place JSON allows whitespace (llguidance's whitespace_pattern semantics).
 WHITESPACE_PATTERN = r"[\x20\x0A\x0D\x09]{1,%d}" % WHITESPACE_MAX_CHARS
 ANY_OBJECT_SCHEMA = '{"type": "object"}'
+NUMPY_DTYPES = (torch.float32, torch.float16, torch.float64)  # masked through a numpy view
 # llguidance's bounds on one grammar: compile work, per-token mask work, lexer memory (1-2 kB a
 # state). Tighter than its defaults on memory (250k states) since 64 grammars may be cached;
 # errors without the parser's internal state, since their text goes back to the client.
@@ -165,18 +166,6 @@ def parse_schema(text: str) -> dict:
     return schema
 
 
-_executor: llguidance.LLExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def _get_executor() -> llguidance.LLExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = llguidance.LLExecutor(num_threads=1)
-        return _executor
-
-
 def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:
     """In place: for each k, logits[rows[k]] of the tokens matchers[k] forbids next become -inf
     (one bitmask for the batch). logits: [batch, vocab_size]."""
@@ -189,12 +178,18 @@ def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) 
         if m.vocab_size != vocab:
             raise ValueError(f"logits are {vocab} wide; a matcher was compiled for {m.vocab_size} tokens")
     words = (vocab + 31) // 32
-    bitmask = np.zeros((len(rows), words), dtype=np.int32)  # [rows, words]: bit j of word w = token 32w+j
-    _get_executor().unsafe_compute_mask_ptr([(m._ll, k) for k, m in enumerate(matchers)],
-                                            bitmask.ctypes.data, words * 4, len(rows))
-    # Little-endian int32 words: byte order and bit order within bytes both follow token order.
-    little = bitmask.astype("<i4", copy=False).view(np.uint8)  # [rows, words * 4]
-    allowed = np.unpackbits(little, axis=1, count=vocab, bitorder="little")  # [rows, vocab]: 1 allowed
-    forbidden = torch.from_numpy(allowed).to(logits.device) == 0
+    bitmask = np.zeros((len(rows), words), dtype="<i4")  # [rows, words]: bit j of word w = token 32w+j
+    for k, m in enumerate(matchers):  # on this thread: no handoff to a pool a loaded CPU may delay
+        m._ll.unsafe_compute_mask_ptr(bitmask[k].ctypes.data, words * 4)
+    # Little-endian words: byte order, then bit order within a byte, follow token order.
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, count=vocab, bitorder="little")  # [rows, vocab]
+    forbidden = allowed == 0
+    if logits.device.type == "cpu" and logits.dtype in NUMPY_DTYPES:
+        # numpy on a view, one thread: torch would split a 49k-wide op across its OpenMP team,
+        # and one descheduled thread of it stalls the step by milliseconds on a shared CPU.
+        view = logits.detach().numpy()  # [batch, vocab], the same memory
+        for k, row in enumerate(rows):
+            np.putmask(view[row], forbidden[k], -np.inf)
+        return
     index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
+    logits[index] = logits[index].masked_fill(torch.from_numpy(forbidden).to(logits.device), float("-inf"))

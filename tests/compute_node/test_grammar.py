@@ -158,11 +158,12 @@ def test_identical_schema_compiles_once_and_the_cache_is_bounded(tokenizer):
     assert compiler.compilations == 4
 
 
-def test_mask_batch_leaves_unconstrained_rows_untouched(compiler, tokenizer):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # numpy's path and torch's
+def test_mask_batch_leaves_unconstrained_rows_untouched(compiler, tokenizer, dtype):
     a, b = compiler.matcher(json_object()), compiler.matcher(json_schema(PERSON))
     for token in tokenizer.encode('{"name'):
         b.accept(token)
-    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))  # [3, vocab]
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0)).to(dtype)  # [3, vocab]
     before = logits.clone()
     mask_logits(logits, [2, 0], [a, b])
     assert torch.equal(logits[1], before[1])
