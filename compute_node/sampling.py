@@ -27,6 +27,7 @@ MAX_LOGIT_BIAS = 300
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
+TOP_P_CANDIDATES = (256, 4096)  # top_p looks among this many likeliest tokens first (top_p_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,26 +132,55 @@ class TokenLogprobs:
     top: list[tuple[int, float]]
 
 
+class GrowingIds:
+    """Distinct token ids in the order first seen, in a tensor that grows by doubling (ids: a view, no copy)."""
+
+    def __init__(self, vocab_size: int, ids=()):
+        unique = torch.unique(torch.as_tensor(list(ids), dtype=torch.long))
+        self.member = torch.zeros(vocab_size, dtype=torch.bool)  # [vocab]
+        self.member[unique] = True
+        self.buffer = torch.zeros(max(64, 2 * unique.numel()), dtype=torch.long)
+        self.buffer[:unique.numel()] = unique
+        self.size = unique.numel()
+
+    def add(self, token_id: int) -> None:
+        if self.member[token_id]:
+            return
+        if self.size == self.buffer.numel():
+            self.buffer = torch.cat([self.buffer, torch.zeros_like(self.buffer)])
+        self.member[token_id] = True
+        self.buffer[self.size] = token_id
+        self.size += 1
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.buffer[:self.size]
+
+
 class SequenceSampler:
     """One sequence's sampling state: its parameters, generator, output token counts and grammar matcher.
 
     The counts (penalties) are kept incrementally by accept(), from the prompt's tokens on: never
-    recounted over the sequence. Engine thread only.
+    recounted over the sequence; the penalties touch only the distinct tokens seen. Engine thread only.
     """
 
     def __init__(self, params: SamplingParams, vocab_size: int, prompt_ids=(), stop_ids=(), matcher=None):
+        with torch.inference_mode(False):  # taken in between two layers of a forward: tensors accept() may update
+            self._init(params, vocab_size, prompt_ids, stop_ids, matcher)
+
+    def _init(self, params: SamplingParams, vocab_size: int, prompt_ids, stop_ids, matcher) -> None:
         self.params, self.vocab_size, self.matcher = params, vocab_size, matcher
         self.stop_ids = sorted({*stop_ids, *params.stop_token_ids})  # masked until min_tokens
         self.num_output = 0
         self.generator = None if params.greedy else torch.Generator().manual_seed(params.seed)
         self.counts = None  # [vocab] int32: times each token was generated (presence, frequency)
-        self.seen = None    # [vocab] bool: in the prompt or generated (repetition)
+        self.output = None  # the distinct generated tokens
+        self.seen = None    # the distinct tokens of the prompt and the output (repetition)
         if params.presence_penalty or params.frequency_penalty:
             self.counts = torch.zeros(vocab_size, dtype=torch.int32)
+            self.output = GrowingIds(vocab_size)
         if params.repetition_penalty_on:
-            self.seen = torch.zeros(vocab_size, dtype=torch.bool)
-            if len(prompt_ids):
-                self.seen[torch.as_tensor(list(prompt_ids), dtype=torch.long)] = True
+            self.seen = GrowingIds(vocab_size, prompt_ids)
 
     @property
     def masks_stops(self) -> bool:
@@ -168,8 +198,9 @@ class SequenceSampler:
         self.num_output += 1
         if self.counts is not None:
             self.counts[token_id] += 1
+            self.output.add(token_id)
         if self.seen is not None:
-            self.seen[token_id] = True
+            self.seen.add(token_id)
         if self.matcher is not None:
             self.matcher.accept(token_id)
 
@@ -224,27 +255,33 @@ def apply_logit_bias(x: torch.Tensor, samplers: list[SequenceSampler]) -> None:
         x.index_put_((torch.tensor(rows), torch.tensor(ids)), torch.tensor(values, dtype=x.dtype), accumulate=True)
 
 
+def _pairs(rows: list[int], ids: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token) indexes into x: rows[j] with each of ids[j]."""
+    lengths = torch.tensor([t.numel() for t in ids])
+    return torch.repeat_interleave(torch.tensor(rows), lengths), torch.cat(ids)
+
+
 def apply_repetition_penalty(x: torch.Tensor, samplers: list[SequenceSampler]) -> None:
     """Logits of tokens in the prompt or the output: divided by the penalty when positive, times it when not."""
     rows = [k for k, s in enumerate(samplers) if s.seen is not None]
     if not rows:
         return
-    seen = torch.stack([samplers[k].seen for k in rows])  # [r, vocab]
-    penalty = torch.tensor([samplers[k].params.repetition_penalty for k in rows], dtype=x.dtype)[:, None]
-    sub = x[rows]
-    penalised = torch.where(sub > 0, sub / penalty, sub * penalty)
-    x[rows] = torch.where(seen, penalised, sub)
+    r, t = _pairs(rows, [samplers[k].seen.ids for k in rows])
+    penalty = torch.tensor([s.params.repetition_penalty for s in samplers], dtype=x.dtype)[r]
+    values = x[r, t]
+    x[r, t] = torch.where(values > 0, values / penalty, values * penalty)
 
 
 def apply_presence_frequency(x: torch.Tensor, samplers: list[SequenceSampler]) -> None:
-    """logit -= frequency * count + presence * (count > 0), over the output's token counts."""
-    rows = [k for k, s in enumerate(samplers) if s.counts is not None]
+    """logit -= frequency * count + presence, for each token the output holds (count times)."""
+    rows = [k for k, s in enumerate(samplers) if s.output is not None and s.output.size]
     if not rows:
         return
-    counts = torch.stack([samplers[k].counts for k in rows]).to(x.dtype)  # [r, vocab]
-    freq = torch.tensor([samplers[k].params.frequency_penalty for k in rows], dtype=x.dtype)[:, None]
-    pres = torch.tensor([samplers[k].params.presence_penalty for k in rows], dtype=x.dtype)[:, None]
-    x[rows] -= freq * counts + pres * (counts > 0).to(x.dtype)
+    r, t = _pairs(rows, [samplers[k].output.ids for k in rows])
+    counts = torch.cat([samplers[k].counts[samplers[k].output.ids] for k in rows]).to(x.dtype)
+    freq = torch.tensor([s.params.frequency_penalty for s in samplers], dtype=x.dtype)[r]
+    pres = torch.tensor([s.params.presence_penalty for s in samplers], dtype=x.dtype)[r]
+    x[r, t] -= freq * counts + pres
 
 
 def apply_min_tokens(x: torch.Tensor, samplers: list[SequenceSampler]) -> None:
@@ -281,13 +318,24 @@ def samplers_draw(x: torch.Tensor, samplers: list[SequenceSampler]) -> list[int]
     if any(0 < k < x.shape[-1] for k in ks):
         x = top_k_filter(x, [k if 0 < k < x.shape[-1] else x.shape[-1] for k in ks])
     probs = torch.softmax(x, dim=-1)  # [r, vocab]
-    for k, s in enumerate(samplers):
-        if 0.0 < s.params.top_p < 1.0:
-            probs[k] = top_p_filter(probs[k], s.params.top_p)
+    rows = [k for k, s in enumerate(samplers) if 0.0 < s.params.top_p < 1.0]
+    if rows:
+        probs[rows] = top_p_rows(probs[rows], [samplers[k].params.top_p for k in rows])
     min_p = torch.tensor([s.params.min_p for s in samplers], dtype=probs.dtype)[:, None]
     if bool((min_p > 0).any()):
         probs = torch.where(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0, probs)
-    return [int(torch.multinomial(probs[k], 1, generator=s.generator)) for k, s in enumerate(samplers)]
+    return draw(probs, [s.generator for s in samplers])
+
+
+def draw(probs: torch.Tensor, generators: list[torch.Generator]) -> list[int]:
+    """One token per row of probs [r, vocab] (weights, not necessarily normalised), by the inverse of its
+    cumulative distribution at one uniform number from the row's own generator: a row's draw depends on
+    its seed and its probabilities alone, and costs one number, not one per token of the vocabulary."""
+    u = torch.cat([torch.rand(1, dtype=torch.float64, generator=g) for g in generators])  # [r]
+    cdf = probs.double().cumsum(dim=-1)  # [r, vocab]
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].tolist()  # first cdf > u * mass
+    vocab = probs.shape[-1]
+    return [t if t < vocab else int((probs[k] > 0).nonzero().max()) for k, t in enumerate(tokens)]  # rounding
 
 
 def top_k_filter(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
@@ -295,6 +343,31 @@ def top_k_filter(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
     top = torch.topk(x, max(ks), dim=-1).values  # [r, kmax]
     kth = top.gather(1, torch.tensor(ks)[:, None] - 1)  # [r, 1]
     return x.masked_fill(x < kth, -math.inf)
+
+
+def top_p_rows(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
+    """Each row of probs [r, vocab] kept to its smallest set of likeliest tokens whose mass reaches its
+    top_p (not renormalised). Looked for among the likeliest TOP_P_CANDIDATES[0], then [1], tokens:
+    when their mass reaches top_p the kept set is among them (sorting all 49k probabilities took
+    5 ms a row here); a row whose mass is spread wider is sorted whole."""
+    kept = torch.zeros_like(probs)
+    todo = list(range(probs.shape[0]))
+    for size in TOP_P_CANDIDATES:
+        if not todo or size >= probs.shape[-1]:
+            break
+        values, ids = torch.topk(probs[todo], size, dim=-1)  # [t, size], descending
+        cum = torch.cumsum(values, dim=-1)
+        p = torch.tensor([top_ps[row] for row in todo], dtype=probs.dtype)[:, None]
+        enough = (cum[:, -1] >= p[:, 0]).tolist()
+        done = [j for j, ok in enumerate(enough) if ok]
+        if done:
+            rows = [todo[j] for j in done]
+            kept[rows] = torch.zeros_like(probs[rows]).scatter_(1, ids[done], values[done].masked_fill(
+                (cum - values)[done] >= p[done], 0.0))
+        todo = [row for row, ok in zip(todo, enough) if not ok]
+    for row in todo:
+        kept[row] = top_p_filter(probs[row], top_ps[row])
+    return kept
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -14,6 +14,7 @@ from compute_node.sampling import (
     check_sampling,
     sample,
     top_p_filter,
+    top_p_rows,
 )
 
 
@@ -152,16 +153,22 @@ def test_a_seed_gives_the_same_draws_whatever_else_is_in_the_batch():
     assert got == mine and len(set(mine)) > 1
 
 
-def test_temperature_and_top_p_alone_draw_as_the_one_row_sampler_did():
-    logits = rows(1, seed=8)
-    params = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
-    gen = torch.Generator().manual_seed(5)
-    before = []
-    for _ in range(10):  # the sampler of before this change, inline
-        probs = top_p_filter(torch.softmax(logits[0] / 0.8, dim=-1), 0.9)
-        before.append(int(torch.multinomial(probs, 1, generator=gen)))
-    s = SequenceSampler(params, VOCAB)
-    assert [sample(logits, [s])[0][0] for _ in range(10)] == before
+def test_draws_follow_the_distribution_after_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [0.0] * (VOCAB - 4)]) + 1e-30)
+    s = seq(temperature=1.0, top_p=0.85, seed=11)
+    counts = torch.bincount(torch.tensor([sample(logits, [s])[0][0] for _ in range(4000)]), minlength=VOCAB)
+    assert counts[3:].sum() == 0  # top_p 0.85 keeps 0.5, 0.3 and 0.15 (renormalised: 0.526, 0.316, 0.158)
+    assert (counts[:3] / 4000).tolist() == pytest.approx([0.526, 0.316, 0.158], abs=0.03)
+
+
+def test_top_p_among_the_candidates_equals_a_full_sort_and_falls_back_when_the_mass_is_wide():
+    probs = torch.softmax(torch.randn(4, 5000, generator=torch.Generator().manual_seed(12)) * 4, dim=-1)
+    probs[2:] = torch.softmax(torch.randn(2, 5000, generator=torch.Generator().manual_seed(13)) * 0.1, dim=-1)
+    top_ps = [0.9, 0.5, 0.5, 0.9]  # flat rows: among 4096 candidates (82% of the mass), then by a full sort
+    kept = top_p_rows(probs.clone(), top_ps)
+    for row, p in enumerate(top_ps):
+        full = top_p_filter(probs[row].clone(), p)
+        assert torch.equal(kept[row] > 0, full > 0) and float(kept[row].sum()) >= p
 
 
 def test_logprobs_are_raw_log_probabilities_with_the_likeliest_sorted():
@@ -233,3 +240,13 @@ def test_good_values_pass():
                             frequency_penalty=2.0, repetition_penalty=1.2, logit_bias={63: -100.0},
                             stop_token_ids=(5,), stop=("x" * 256,), min_tokens=16, logprobs=True, top_logprobs=20)
     assert check_params(params, VOCAB, 16) is None
+
+
+def test_a_sampler_made_inside_a_forward_counts_after_it():
+    with torch.inference_mode():  # the engine takes turns in between two layers of a forward
+        s = SequenceSampler(SamplingParams(presence_penalty=1.0, repetition_penalty=1.5), 500, [1, 2])
+    tokens = [3, 3, 4] + list(range(5, 100)) * 2  # past the first buffer of 64 distinct ids
+    for token in tokens:
+        s.accept(token)
+    assert int(s.counts[3]) == 2 and int(s.counts[99]) == 2 and int(s.counts.sum()) == len(tokens)
+    assert s.output.ids.tolist() == list(range(3, 100)) and s.seen.ids.tolist() == list(range(1, 100))
