@@ -37,3 +37,20 @@ def test_streamed_text_adds_up_to_the_decoded_reply(tokenizer):
     ids = tokenizer.encode("Preheat the oven to 160 °C — ünïcödé ✓.", add_special_tokens=False)
     decoder = StreamDecoder(tokenizer)
     assert "".join(decoder.push(i) for i in ids) == tokenizer.decode(ids)
+
+
+def test_a_continued_final_message_is_left_open_for_the_reply(tokenizer):
+    from compute_node.chat_template import TokenPieces
+    enc = ChatEncoder(tokenizer)
+    messages = [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "A ripe"}]
+    ids = enc.encode(messages, add_generation_prompt=False, continue_final_message=True)
+    closed = enc.encode(messages, add_generation_prompt=False)
+    assert closed[:len(ids)] == ids and tokenizer.decode(ids).endswith("assistant\nA ripe")
+    assert closed[len(ids)] == tokenizer.eos_token_id  # the template's end of turn is what is left out
+    with pytest.raises(ChatError, match="add_generation_prompt"):
+        enc.encode(messages, continue_final_message=True)
+    with pytest.raises(ChatError, match="assistant"):
+        enc.encode(messages[:1], add_generation_prompt=False, continue_final_message=True)
+    assert enc.encode_text("A ripe") == tokenizer.encode("A ripe", add_special_tokens=False)
+    pieces = TokenPieces(tokenizer)
+    assert pieces(tokenizer.eos_token_id) == tokenizer.eos_token and pieces(ids[-1]) == pieces.cache[ids[-1]]
