@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import time
 
 import grpc
 import pytest
 import torch
 
 from kvtb_proto import compute_pb2
+from tests.compute_node.conftest import run_turn
 
 PROMPT = list(range(300, 330))
 
@@ -136,6 +138,19 @@ def test_a_stop_string_across_two_tokens_ends_the_reply_and_is_not_streamed(make
     # the turn after a stop string's finish reuses the blocks as after any finish
     _, follow = generate(node, PROMPT + list(rec.output_token_ids) + [7, 8], n=4)
     assert follow.kv_source == "resident" and follow.tokens_reused > 0
+
+
+def test_a_reply_ended_by_a_stop_string_stores_its_blocks_and_is_restored_as_any(make_node):
+    plain, _ = generate(make_node(), n=24)
+    stop, _ = split_stop(plain)
+    node = make_node(nic=True)
+    ids, rec, _ = run_turn(node, PROMPT, "ctx", "triggered", n=24, sampling=compute_pb2.Sampling(stop=[stop]))
+    assert rec.finish_reason == "stop" and rec.stop_reason == stop and len(ids) < 24
+    computed = len(PROMPT) + len(ids) - 1  # the last token has no KV, as after any finish
+    assert rec.chunks_offloaded == -(-computed // node.settings.block_tokens)
+    time.sleep(0.05)
+    _, follow, _ = run_turn(node, PROMPT + ids + [7, 8], "ctx", "triggered", n=4)
+    assert follow.kv_source == "restored" and follow.tokens_reused == computed, follow.fallback_reason
 
 
 def test_held_back_text_goes_out_at_the_end_when_no_stop_string_matched(make_node):
