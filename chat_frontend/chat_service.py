@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -18,7 +19,7 @@ from typing import AsyncIterator, Iterable, Protocol
 from chat_frontend import conversation, limits, prompt, sessions
 from chat_frontend.admission import Admission, estimate_tokens
 from chat_frontend.auth import Authenticator, token_from
-from chat_frontend.conversation import History
+from chat_frontend.conversation import History, Whole
 from chat_frontend.errors import ChatError
 from chat_frontend.metrics import Tenants, TurnTimer
 from chat_frontend.record import TurnClock, build_summary
@@ -65,17 +66,21 @@ class ChatService:
         return ctx
 
     async def chat(self, request: frontend_pb2.ChatRequest, metadata: Iterable[tuple[str, str]] = (),
-                   history: History = (), system: str | None = None) -> AsyncIterator[frontend_pb2.ChatEvent]:
-        """Run one turn: yields the context id, text deltas, then the turn's summary.
+                   history: History = (), system: str | None = None, *, whole: Whole | None = None,
+                   ignore_eos: bool = False) -> AsyncIterator[frontend_pb2.ChatEvent]:
+        """Run one turn: yields the context id, text deltas (with their tokens, per choice), then each
+        choice's summary (in choice order, once the transcript is stored).
 
         history: the (role, content) messages a client resent before this one; system: its system
-        message (None: the configured one applies to a new context).
+        message (None: the configured one applies to a new context); whole: messages the template
+        renders whole instead (request.message is then unused).
         """
         clock = TurnClock(start_ns=time.time_ns())
         user = self.user(request.token, metadata)
         tenant = self.settings.tenant_of(user)  # metrics name tenants, never users
+        turn = _Turn(request, history, system, whole, ignore_eos)
         try:
-            async with contextlib.aclosing(self._admitted(user, request, history, system, clock)) as events:
+            async with contextlib.aclosing(self._admitted(user, turn, clock)) as events:
                 async for event in events:  # closed at once when the user goes away
                     yield event
         except ChatError as exc:
@@ -88,11 +93,15 @@ class ChatService:
             self.tenants.failed(tenant, "INTERNAL")
             raise
 
-    async def _admitted(self, user: str, request: frontend_pb2.ChatRequest, history: History,
-                        system: str | None, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
-        """Check the request's limits and context, wait for admission (the user's fair share), run the turn."""
-        limits.check_message(request.message, self.settings.message_max_chars)
+    async def _admitted(self, user: str, turn: _Turn, clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
+        """Check the request's limits and context, wait for admission (the user's fair share), run the turn.
+
+        n choices hold one place (they are one turn of one context) but count n times the prompt's
+        tokens against the user's share of queued prompt tokens: the compute node runs n sequences.
+        """
+        request = turn.request
         limits.check_sampling(request.sampling.temperature, request.sampling.top_p)
+        n = limits.check_n(request.n, self.settings.max_n)
         max_new = limits.resolve_max_new_tokens(request.max_new_tokens,
                                                 self.settings.max_new_tokens_default,
                                                 self.settings.max_new_tokens_cap)
@@ -100,28 +109,40 @@ class ChatService:
             context_id = sessions.check_session_id(request.context_id, "context_id")
         else:
             context_id = sessions.new_context_id()
-        prompt_tokens = estimate_tokens(request.message, system or "", *(text for _, text in history))
+        if turn.whole is not None:
+            texts = [content for _, content in turn.whole.messages]
+        else:
+            texts = [request.message, turn.system or "", *(text for _, text in turn.history)]
+        prompt_tokens = estimate_tokens(*texts) * n
         async with self.admission.turn(user, (user, context_id), prompt_tokens):
             try:
-                async for event in self._turn(user, context_id, request, history, system, max_new, clock):
+                async for event in self._turn(user, context_id, turn, n, max_new, clock):
                     yield event
             except BaseException:
                 self.turns_failed += 1
                 raise
 
-    async def _turn(self, user: str, context_id: str, request: frontend_pb2.ChatRequest, history: History,
-                    system: str | None, max_new: int,
-                    clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
+    async def _plan(self, user: str, context_id: str, turn: _Turn) -> tuple[Context | None, prompt.Prompt, object]:
+        """(the stored context or None, the turn's prompt, the context its resent history was served in)."""
         ctx = self.store.get_context(user, context_id)  # now: an earlier turn may have just ended
+        if turn.whole is not None:
+            return ctx, await prompt.build_whole(self.agent, self.settings.system_prompt, ctx, turn.whole), None
+        history, system = turn.history, turn.system
         stored = self.store.turns(user, context_id) if ctx is not None and history else []
         source = None
         if ctx is None and history:  # a conversation this frontend served the user, resent?
             source = self.store.find_transcript(
                 user, conversation.effective_system(system, self.settings.system_prompt),
                 conversation.turn_pairs(history))
-        info = await self.agent.info()
-        plan = await prompt.build(self.agent, self.settings.system_prompt, ctx, stored, request.message,
+        plan = await prompt.build(self.agent, self.settings.system_prompt, ctx, stored, turn.request.message,
                                   history, system, source)
+        return ctx, plan, source
+
+    async def _turn(self, user: str, context_id: str, turn: _Turn, n: int, max_new: int,
+                    clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
+        request = turn.request
+        ctx, plan, source = await self._plan(user, context_id, turn)
+        info = await self.agent.info()
         room = info.max_context_tokens - len(plan.kept_ids) - len(plan.new_ids)
         max_new = limits.fit_default(max_new, request.max_new_tokens, room)
         limits.check_context_fits(len(plan.kept_ids), len(plan.new_ids), max_new, info.max_context_tokens)
@@ -131,49 +152,144 @@ class ChatService:
         request_id = uuid.uuid4().hex
         log_request_id.set(request_id)  # this task serves this turn only
         timer = TurnTimer(tenant, clock.start_ns)
-        turn_request = compute_pb2.TurnRequest(
-            request_id=request_id, user_id=user, context_id=context_id, tenant=tenant, token_ids=token_ids,
-            max_new_tokens=max_new, sampling=request.sampling, shared_prefix_tokens=shared)
+        choices = []
+        for i in range(n):  # the same prompt: the compute node's prefix cache shares its blocks
+            sampling = compute_pb2.Sampling()
+            sampling.CopyFrom(request.sampling)
+            sampling.seed = (sampling.seed + i) % (1 << 64)
+            choices.append(_Choice(i, compute_pb2.TurnRequest(
+                request_id=request_id if i == 0 else f"{request_id}-{i}", user_id=user, context_id=context_id,
+                tenant=tenant, token_ids=token_ids, max_new_tokens=max_new, sampling=sampling,
+                shared_prefix_tokens=shared, ignore_eos=turn.ignore_eos)))
         turn_no = (ctx.turns if ctx else len(plan.resent)) + 1
-        logger.info("turn %s: user %s context %s turn %d, %d tokens (%d turns resent%s, %d shared)",
+        logger.info("turn %s: user %s context %s turn %d, %d tokens (%d turns resent%s, %d shared), %d choices",
                     request_id, user, context_id, turn_no, len(token_ids), len(plan.resent),
-                    f" as in {source[0].context_id}" if source else "", shared)
+                    f" as in {source[0].context_id}" if source else "", shared, n)
         yield frontend_pb2.ChatEvent(context_id=context_id)
-        texts: list[str] = []
-        out_ids: list[int] = []
-        record = None
-        async for event in self.agent.generate(turn_request):
-            if event.HasField("token"):
-                out_ids.append(event.token.id)
-                if event.token.text:
-                    now_ns = time.time_ns()
-                    clock.first_text_ns = clock.first_text_ns or now_ns
-                    timer.text(now_ns)
-                    texts.append(event.token.text)
-                    yield frontend_pb2.ChatEvent(text=event.token.text)
-            elif event.HasField("record"):
-                record = event.record
-        if record is None:
-            raise ChatError("UNAVAILABLE", "the agent ended the turn without its record")
-        reply = "".join(texts)
-        reply_ids = list(record.output_token_ids) or out_ids
+        async for event in merged([c.events(self.agent, clock, timer if c.index == 0 else None)
+                                   for c in choices]):
+            yield event
         clock.end_ns = time.time_ns()
-        finish = record.finish_reason or (
-            "stop" if reply_ids and reply_ids[-1] in info.stop_token_ids else "length")
-        summary = build_summary(turn_no, context_id, request_id, reply, record, clock, finish)
-        row = TurnRow(turn_no, request.message, reply, plan.new_ids, tuple(reply_ids),
-                      summary.SerializeToString())
-        kept = [*token_ids, *conversation.closed_reply(reply_ids, info.stop_token_ids)]
+        summaries = [c.summary(turn_no, context_id, clock, info.stop_token_ids) for c in choices]
+        first = choices[0]
+        user_message = turn.whole.user_message if turn.whole is not None else request.message
+        row = TurnRow(turn_no, user_message, first.reply, plan.new_ids, tuple(first.reply_ids),
+                      summaries[0].SerializeToString())
+        kept = [*token_ids, *conversation.closed_reply(first.reply_ids, info.stop_token_ids)]
         # off the event loop: the commit waits for fsync
         await asyncio.to_thread(self.store.add_turns, user, context_id, [*plan.resent, row], kept,
                                 time.time(), plan.system)
         self.turns_completed += 1
         timer.done(clock.end_ns)
-        self.tenants.finished(tenant, summary)
+        counted = frontend_pb2.TurnSummary()
+        counted.CopyFrom(summaries[0])
+        counted.tokens_out = sum(s.tokens_out for s in summaries)
+        self.tenants.finished(tenant, counted)
+        summary = summaries[0]
         logger.info("turn %s done: kv_source %s, %d tokens out, e2e %.1f ms, gateway %.1f ms",
-                    request_id, summary.kv_source, summary.tokens_out, summary.e2e_ms,
+                    request_id, summary.kv_source, counted.tokens_out, summary.e2e_ms,
                     summary.gateway_ms,
                     extra={"event": "turn", "user_id": user, "context_id": context_id,
                            "kv_source": summary.kv_source, "duration_ms": summary.e2e_ms,
                            "bytes": summary.bytes_restored})
-        yield frontend_pb2.ChatEvent(summary=summary)
+        for i, summary in enumerate(summaries):
+            yield frontend_pb2.ChatEvent(summary=summary, choice=i)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Turn:
+    """What a chat call asks: the request, and what the OpenAI API adds to it."""
+
+    request: frontend_pb2.ChatRequest
+    history: History = ()
+    system: str | None = None
+    whole: Whole | None = None
+    ignore_eos: bool = False
+
+
+class _Choice:
+    """One of a turn's n generate streams: its events, and what it leaves (reply, ids, record)."""
+
+    def __init__(self, index: int, request: compute_pb2.TurnRequest):
+        self.index = index
+        self.request = request
+        self.texts: list[str] = []
+        self.out_ids: list[int] = []
+        self.record: compute_pb2.TurnRecord | None = None
+
+    async def events(self, agent: Agent, clock: TurnClock,
+                     timer: TurnTimer | None) -> AsyncIterator[frontend_pb2.ChatEvent]:
+        """Text events, each with the tokens whose text it is (a token that added no text rides on the
+        next one; with logprobs, the last such tokens on an empty text event at the end)."""
+        pending: list[compute_pb2.TurnEvent.Token] = []
+        async for event in agent.generate(self.request):
+            if event.HasField("token"):
+                self.out_ids.append(event.token.id)
+                pending.append(event.token)
+                if event.token.text:
+                    now_ns = time.time_ns()
+                    clock.first_text_ns = clock.first_text_ns or now_ns
+                    if timer is not None:
+                        timer.text(now_ns)
+                    self.texts.append(event.token.text)
+                    yield frontend_pb2.ChatEvent(text=event.token.text, tokens=pending, choice=self.index)
+                    pending = []
+            elif event.HasField("record"):
+                self.record = event.record
+        if self.record is None:
+            raise ChatError("UNAVAILABLE", "the agent ended the turn without its record")
+        if pending and self.request.sampling.logprobs:  # only their logprobs have anything to say
+            yield frontend_pb2.ChatEvent(text="", tokens=pending, choice=self.index)
+
+    @property
+    def reply(self) -> str:
+        return "".join(self.texts)
+
+    @property
+    def reply_ids(self) -> list[int]:
+        return list(self.record.output_token_ids) or self.out_ids
+
+    def summary(self, turn_no: int, context_id: str, clock: TurnClock, stop_ids) -> frontend_pb2.TurnSummary:
+        ids = self.reply_ids
+        finish = self.record.finish_reason or ("stop" if ids and ids[-1] in stop_ids else "length")
+        return build_summary(turn_no, context_id, self.request.request_id, self.reply, self.record, clock,
+                             finish, choice=self.index)
+
+
+_DONE = object()
+
+
+async def merged(streams: list) -> AsyncIterator:
+    """The events of several async iterators as they come (one: itself, no task); the first error
+    ends all of them."""
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]) as events:
+            async for event in events:
+                yield event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(stream) -> None:
+        try:
+            async with contextlib.aclosing(stream) as events:
+                async for event in events:
+                    queue.put_nowait(event)
+            queue.put_nowait(_DONE)
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            queue.put_nowait(exc)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        done = 0
+        while done < len(tasks):
+            item = await queue.get()
+            if item is _DONE:
+                done += 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -15,12 +15,43 @@ differs from there on; the agent finds the stored prefix by content either way.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from chat_frontend.errors import ChatError
 from kvtb_proto import compute_pb2
 
 History = Sequence[tuple[str, str]]   # (role, content) of the messages before the new one
+
+
+@dataclasses.dataclass(frozen=True)
+class Whole:
+    """A conversation the chat template renders whole, as vLLM renders any sequence of messages: not
+    the alternation a context's turns make (two messages of one role in a row, an assistant first, a
+    system message later, a trailing assistant message), or without the generation prompt. With
+    continue_final_message the last message (the assistant's) is left open for the reply to go on."""
+
+    messages: tuple[tuple[str, str], ...]   # (role, content), roles system, user, assistant
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @property
+    def user_message(self) -> str:
+        """The last user message (the transcript's user message of the turn), "" when there is none."""
+        return next((content for role, content in reversed(self.messages) if role == "user"), "")
+
+    @property
+    def system(self) -> str | None:
+        """The leading system message, if any."""
+        return self.messages[0][1] if self.messages and self.messages[0][0] == "system" else None
+
+    def encode(self, default_system: str) -> compute_pb2.EncodeChatRequest:
+        """The EncodeChat request: the configured system message first when the client sent none."""
+        messages = [_message(role, content) for role, content in self.messages]
+        if default_system and not any(role == "system" for role, _ in self.messages):
+            messages.insert(0, _message("system", default_system))
+        return compute_pb2.EncodeChatRequest(messages=messages, add_generation_prompt=self.add_generation_prompt,
+                                             continue_final_message=self.continue_final_message)
 
 
 def effective_system(client_system: str | None, default: str) -> str | None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from chat_frontend import sessions, system_stats
+from chat_frontend import limits, sessions, system_stats
 from chat_frontend.agent_client import AgentClient
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
@@ -46,6 +47,16 @@ def parse(message_type: type[M], data: bytes) -> M:
         raise ChatError("INVALID_ARGUMENT", f"the request is not a valid {message_type.DESCRIPTOR.name}: "
                         f"{detail}") from None
     return message
+
+
+def chat_request(request: frontend_pb2.ChatRequest, draw_seed=lambda: secrets.randbits(64)) -> frontend_pb2.ChatRequest:
+    """The gRPC Chat request as the service runs it: INVALID_ARGUMENT for an empty message; a sampled
+    turn (temperature > 0) without a seed (0) gets a random one, as the proto says. Greedy stays the
+    default here (temperature 0), unlike the OpenAI API's 1.0."""
+    limits.check_message(request.message)
+    if request.sampling.temperature > 0 and request.sampling.seed == 0:
+        request.sampling.seed = draw_seed()
+    return request
 
 
 def _internal(what: str, exc: Exception) -> ChatError:
@@ -83,7 +94,7 @@ class ChatFrontendServicer:
 
     async def Chat(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[frontend_pb2.ChatEvent]:
         try:
-            request = parse(frontend_pb2.ChatRequest, data)
+            request = chat_request(parse(frontend_pb2.ChatRequest, data))
             async for event in self.service.chat(request, self._metadata(context)):
                 yield event
         except ChatError as exc:

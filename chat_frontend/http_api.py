@@ -7,10 +7,13 @@ settings name (`session_headers`, e.g. AIPerf's X-Correlation-ID), else OpenAI's
 the settings say so (`session_from_user_field`); none: a new context. A response always carries
 the context id in X-Session-Id.
 
-A stream is: a chunk whose delta carries the role, one chunk per piece of text as it comes,
-a chunk with an empty delta and the finish_reason (as OpenAI sends it: the text is never held
-back to learn whether it is the last), the usage chunk when asked, `data: [DONE]`. An error
-after the stream began is one `data: {"error": ...}` event before `[DONE]`.
+A stream is: for each choice a chunk whose delta carries the role, one chunk per piece of text as it
+comes (with its index, and its tokens' logprobs when asked), a chunk with an empty delta and the
+finish_reason per choice (as OpenAI sends it: the text is never held back to learn whether it is
+the last), the usage chunk when asked, `data: [DONE]`. The response begins with the first
+generated token (or the turn's end), so a refusal of the compute node (a JSON schema it cannot
+compile, a stop token outside the vocabulary) is still a 400; an error after that is one
+`data: {"error": ...}` event before `[DONE]`.
 
 Every error is OpenAI's JSON (`{"error": {"message", "type", "param", "code"}}`) with its status:
 the handlers' refusals here, aiohttp's own errors through `http_errors`. A turn past the user's
@@ -18,6 +21,8 @@ fair share or a full frontend is 429 with `Retry-After` (seconds), as OpenAI's r
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
 import logging
 import math
@@ -36,7 +41,7 @@ from kvtb_proto import frontend_pb2
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 1 << 20
+MAX_BODY_BYTES = 4 << 20  # the model's whole context of text, JSON-escaped, with room
 
 
 def error_response(code: str, message: str, headers: dict | None = None,
@@ -49,7 +54,10 @@ def refusal(exc: ChatError, headers: dict | None = None) -> web.Response:
     """The refusal in OpenAI's shape; a busy frontend's (429) says when to try again (Retry-After, s)."""
     if exc.retry_after_s is not None:
         headers = {**(headers or {}), "Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-    return error_response(exc.code, exc.message, headers, exc.param)
+    param = exc.param
+    if param is None and exc.code == "INVALID_ARGUMENT":  # the compute node's: it names sampling.<field>
+        param = oa.param_of(exc.message)
+    return error_response(exc.code, exc.message, headers, param)
 
 
 class OpenAiApi:
@@ -84,39 +92,45 @@ class OpenAiApi:
         except ChatError as exc:
             logger.info("chat completion refused: %s", exc)
             return refusal(exc)
-        turn = frontend_pb2.ChatRequest(context_id=session, message=req.message,
+        turn = frontend_pb2.ChatRequest(context_id=session, message=req.message, n=req.n,
                                         max_new_tokens=req.max_new_tokens, sampling=req.sampling)
-        events = self.service.chat(turn, list(request.headers.items()), req.history, req.system)
-        completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        events = self.service.chat(turn, list(request.headers.items()), req.history, req.system,
+                                   whole=req.whole, ignore_eos=req.ignore_eos)
+        completion_id = "chatcmpl-" + (req.request_id or uuid.uuid4().hex[:24])
+        headers = None
         try:
             first = await anext(events)  # validated, admitted: the context id is known
+            headers = {SESSION_HEADER: first.context_id}
+            second = await anext(events)  # the compute node took the turn: its first text (or the end)
         except ChatError as exc:
             logger.info("chat completion refused: %s", exc)
-            return refusal(exc)
+            return refusal(exc, headers)
         except Exception as exc:  # a bug or a broken store: say so, keep serving
             logger.exception("chat completion failed")
-            return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}")
-        headers = {SESSION_HEADER: first.context_id}
+            return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}", headers)
         if req.stream:
-            return await self._stream(request, req, events, completion_id, headers)
+            return await self._stream(request, req, _chain(second, events), completion_id, headers)
         try:
-            summary = await _last_summary(events)
+            choices = await _choices(_chain(second, events), req.n)
         except ChatError as exc:
             logger.info("chat completion failed: %s", exc)
             return refusal(exc, headers)
         except Exception as exc:
             logger.exception("chat completion failed")
             return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}", headers)
-        return web.json_response(oa.completion(completion_id, req.model, summary), headers=headers)
+        return web.json_response(oa.completion(completion_id, req, choices), headers=headers)
 
     async def _parse(self, request: web.Request) -> tuple[oa.CompletionRequest, str]:
-        """The request and the session it names ("" for a new context)."""
+        """The request (its sampling defaults filled in) and the session it names ("" for a new context)."""
         self.service.user("", request.headers.items())  # 401 before anything else
         settings = self.service.settings
-        req = oa.parse_request(await request.read(), settings.max_new_tokens_cap)
+        req = oa.parse_request(await request.read(), settings.max_new_tokens_cap, settings.max_n)
         if req.model != self.model():
             raise ChatError("NOT_FOUND", f"the model {req.model!r} does not exist; this frontend "
                             f"serves {self.model()!r} (GET /v1/models)")
+        info = await self.service.agent.info()
+        req = dataclasses.replace(req, sampling=oa.apply_defaults(req.sampling, req.given,
+                                                                  info.generation_defaults))
         session = named_session(request.headers, settings.session_headers,
                                 req.user if settings.session_from_user_field else None)
         return req, session
@@ -126,18 +140,26 @@ class OpenAiApi:
         response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
         await response.prepare(request)
-        await response.write(oa.sse(oa.chunk(completion_id, req.model, {"role": "assistant", "content": ""})))
+        for i in range(req.n):
+            await response.write(oa.sse(oa.chunk(completion_id, req.model, {"role": "assistant", "content": ""},
+                                                 index=i)))
+        summaries = []
         try:
             async for event in events:
                 if event.WhichOneof("event") == "text":
-                    await response.write(oa.sse(oa.chunk(completion_id, req.model, {"content": event.text})))
+                    if not event.text and not req.logprobs:
+                        continue  # tokens that added no text, logprobs not asked: nothing to say
+                    lp = oa.logprobs(event.tokens, req.token_ids_as_tokens) if req.logprobs else None
+                    await response.write(oa.sse(oa.chunk(completion_id, req.model, {"content": event.text},
+                                                         index=event.choice, logprobs_object=lp)))
                 elif event.WhichOneof("event") == "summary":
                     summary = event.summary
-                    await response.write(oa.sse(oa.chunk(completion_id, req.model, {},
-                                                         summary.finish_reason or "stop")))
-                    if req.include_usage:
-                        await response.write(oa.sse(oa.chunk(completion_id, req.model, None,
-                                                             summary=summary)))
+                    summaries.append(summary)
+                    await response.write(oa.sse(oa.chunk(
+                        completion_id, req.model, {}, summary.finish_reason or "stop", index=event.choice,
+                        reason=oa.stop_reason(summary, req.sampling))))
+            if req.include_usage and summaries:
+                await response.write(oa.sse(oa.chunk(completion_id, req.model, None, summaries=summaries)))
         except ConnectionResetError:  # the client went away: stop the turn (the agent call ends)
             logger.info("chat completion %s: the client went away", completion_id)
             await events.aclose()
@@ -153,14 +175,26 @@ class OpenAiApi:
         return response
 
 
-async def _last_summary(events) -> frontend_pb2.TurnSummary:
-    summary = None
+async def _chain(first, events):
+    """first, then the rest of events (closing them when this is closed)."""
+    async with contextlib.aclosing(events):
+        yield first
+        async for event in events:
+            yield event
+
+
+async def _choices(events, n: int) -> list[tuple[frontend_pb2.TurnSummary, list]]:
+    """(summary, tokens) per choice, in choice order, from a turn's events."""
+    tokens: list[list] = [[] for _ in range(n)]
+    summaries: dict[int, frontend_pb2.TurnSummary] = {}
     async for event in events:
-        if event.WhichOneof("event") == "summary":
-            summary = event.summary
-    if summary is None:
-        raise ChatError("INTERNAL", "the turn ended without its summary")
-    return summary
+        if event.WhichOneof("event") == "text":
+            tokens[event.choice].extend(event.tokens)
+        elif event.WhichOneof("event") == "summary":
+            summaries[event.choice] = event.summary
+    if len(summaries) != n:
+        raise ChatError("INTERNAL", f"the turn ended with {len(summaries)} of its {n} choices' summaries")
+    return [(summaries[i], tokens[i]) for i in range(n)]
 
 
 async def start(api: OpenAiApi, address: str) -> tuple[web.AppRunner, str]:

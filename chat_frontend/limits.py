@@ -1,4 +1,8 @@
-"""Limits on a turn: message length, tokens to generate, sampling, the model's context. Pure."""
+"""Limits on a turn: tokens to generate, choices, sampling, the model's context. Pure.
+
+A prompt's length is bounded in tokens, against the model's context (`check_context_fits`); what
+bounds it before tokenizing is the request's size (the HTTP body's and the gRPC message's bound).
+"""
 from __future__ import annotations
 
 import math
@@ -8,14 +12,17 @@ from chat_frontend.errors import ChatError
 MAX_TEMPERATURE = 100.0  # the compute node's bound (compute_node.sampling.check_sampling)
 
 
-def check_message(message: str, max_chars: int) -> None:
-    """INVALID_ARGUMENT when the message is empty or longer than max_chars."""
+def check_message(message: str) -> None:
+    """INVALID_ARGUMENT when the gRPC Chat message is empty (the proto says so)."""
     if not message.strip():
-        raise ChatError("INVALID_ARGUMENT", "message is empty")
-    if len(message) > max_chars:
-        raise ChatError("INVALID_ARGUMENT",
-                        f"message is {len(message)} characters, over the limit of {max_chars} "
-                        f"by {len(message) - max_chars}")
+        raise ChatError("INVALID_ARGUMENT", "message is empty", "message")
+
+
+def check_n(n: int, max_n: int) -> int:
+    """The choices to generate: 1 when 0 is asked; INVALID_ARGUMENT above max_n."""
+    if n > max_n:
+        raise ChatError("INVALID_ARGUMENT", f"n is {n}, over the limit of {max_n} choices", "n")
+    return max(1, n)
 
 
 def resolve_max_new_tokens(requested: int, default: int, cap: int) -> int:

@@ -1,28 +1,42 @@
 """OpenAI chat-completions requests and responses, to and from a frontend turn. Pure.
 
+`FIELDS` is the one list of every request field and what happens to it (the README's table says
+the same): supported (honoured, as vLLM's server honours it), accepted when it is the default
+(a value that changes nothing here, e.g. `store: false`; any other value is 400 naming it) or
+refused (400 naming it). A field not in the list is 400 naming it: nothing is silently dropped.
+
 A request maps onto a turn of a context (the frontend keeps each context's transcript; its KV
 lives on the storage nodes and is found by content):
 
-- The last message (role `user`) is the new turn; the messages before it are an optional system
-  message first, then the history, alternating user and assistant.
-- A session the request names (X-Session-Id, or the header or `user` field the settings name)
-  that its user already has continues that context: the history may be left out, or must be the
-  stored transcript exactly, as a client that resends the whole history sends it.
-- Otherwise (no session: a new context; or a session seen for the first time: that context) the
-  whole conversation is the turn's prompt.
+- Messages that are an optional system message, then user and assistant in turn, ending with the
+  user's (the usual case): the last one is the new turn, the others its history. A session the
+  request names (X-Session-Id, or the header or `user` field the settings name) that its user
+  already has continues that context: the history may be left out, or must be the stored
+  transcript exactly. Otherwise the whole conversation is the turn's prompt.
+- Any other sequence (two messages of one role in a row, an assistant message first, a system
+  message later, a trailing assistant message; or `add_generation_prompt: false`) is rendered whole
+  by the chat template, as vLLM does, and starts a new context (`Whole`). A trailing assistant
+  message is closed and followed by a new assistant turn, or with `continue_final_message` continued.
 - A client's system message is part of the prompt; the configured one applies when it sends none.
   (`developer`, OpenAI's newer name for it, is taken as `system`.)
+
+Sampling defaults are vLLM's: temperature 1.0 (top_p, top_k, min_p, repetition_penalty off) unless
+the model's generation config sets them (`apply_defaults`); a random seed when none is sent.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import re
+import secrets
 import time
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any
 
 from chat_frontend import limits
+from chat_frontend.conversation import Whole
 from chat_frontend.errors import ChatError
 from kvtb_proto import compute_pb2, frontend_pb2
 
@@ -41,12 +55,155 @@ HTTP_STATUS = {
 
 SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # OpenAI's (and vLLM's): int64
 TEMPERATURE_RANGE = (0.0, limits.MAX_TEMPERATURE)
-MAX_STOP = 4                             # OpenAI's limit on stop sequences
+MAX_STOP = 16                # stop strings (the compute node's bound)
+MAX_STOP_CHARS = 256         # characters of one
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 300         # entries
+MAX_TOKEN_ID = (1 << 31) - 1  # the compute node checks ids against its vocabulary
+MAX_TOP_LOGPROBS = 20        # OpenAI's and vLLM's
+MAX_SCHEMA_BYTES = 64 * 1024  # a response_format json_schema as JSON text (the compute node's bound)
+MAX_REQUEST_ID_CHARS = 240
+LOGPROB_FLOOR = -9999.0      # vLLM's stand-in for -inf (JSON has no infinity)
+TOOLS_REFUSED = "this model's chat template has no tool-call format; tool calling is not supported"
+# vLLM's defaults when neither the request nor the model's generation config sets them
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 0.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 0.0}
+
+SUPPORTED = "supported"
+DEFAULT_ONLY = "accepted when it is the default"
+REFUSED = "refused (400)"
+
+
+def _null_or(*values: Any) -> Callable[[Any, dict], bool]:
+    return lambda value, body: value is None or any(value == v and type(value) is type(v) for v in values)
+
+
+def _empty(value: Any, body: dict) -> bool:
+    return value is None or value in ([], {}, "")
+
+
+def _no_tools(value: Any, body: dict) -> bool:
+    """tools: none, or any with tool_choice "none" (then they are not offered to the model)."""
+    return _empty(value, body) or body.get("tool_choice") == "none"
+
+
+def _tool_choice(value: Any, body: dict) -> bool:
+    return value is None or value == "none" or (value == "auto" and _empty(body.get("tools"), body))
+
+
+def _function_call(value: Any, body: dict) -> bool:
+    return value is None or value == "none" or (value == "auto" and _empty(body.get("functions"), body))
+
+
+def _best_of(value: Any, body: dict) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool)
+                             and value == (body.get("n") or 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """What the API does with a request field: `handling` (SUPPORTED, DEFAULT_ONLY, REFUSED);
+    `note`: the values accepted (DEFAULT_ONLY), or why it is refused, or what it does."""
+
+    handling: str
+    note: str = ""
+    accepts: Callable[[Any, dict], bool] = _null_or()  # DEFAULT_ONLY: (value, body) -> accepted
+
+
+def _yes(note: str = "") -> Field:
+    return Field(SUPPORTED, note)
+
+
+def _default(note: str, accepts: Callable[[Any, dict], bool]) -> Field:
+    return Field(DEFAULT_ONLY, note, accepts)
+
+
+def _no(note: str) -> Field:
+    return Field(REFUSED, note)
+
+
+# Every field of a chat-completions request (OpenAI's, then vLLM's extras): the one place that says
+# what happens to each. A null value is the field left out.
+FIELDS: dict[str, Field] = {
+    "model": _yes("must be the served model"),
+    "messages": _yes("roles system/developer, user, assistant in any order; text content (parts)"),
+    "frequency_penalty": _yes("[-2, 2]"),
+    "presence_penalty": _yes("[-2, 2]"),
+    "logit_bias": _yes("token id -> [-100, 100], at most 300"),
+    "logprobs": _yes(),
+    "top_logprobs": _yes("0-20, needs logprobs"),
+    "max_tokens": _yes("1 to the frontend's cap"),
+    "max_completion_tokens": _yes("as max_tokens; wins over it"),
+    "n": _yes("1 to the frontend's max_n; the choices share the prompt's blocks"),
+    "seed": _yes("int64; absent: a random one per request"),
+    "stop": _yes("a string or up to 16, not streamed"),
+    "stream": _yes(),
+    "stream_options": _yes("include_usage; continuous_usage_stats false"),
+    "temperature": _yes("default: the model's generation config, else 1.0"),
+    "top_p": _yes("(0, 1]"),
+    "user": _yes("names the session when the settings say so"),
+    "response_format": _yes("text, json_object, json_schema (constrained decoding)"),
+    "tools": _default("[] or with tool_choice \"none\" (not rendered): " + TOOLS_REFUSED, _no_tools),
+    "tool_choice": _default("\"none\", or \"auto\" with no tools", _tool_choice),
+    "parallel_tool_calls": _default("any, with no tools", lambda value, body: _empty(body.get("tools"), body)
+                                    or body.get("tool_choice") == "none"),
+    "functions": _default("[]: " + TOOLS_REFUSED, _empty),
+    "function_call": _default("\"none\", or \"auto\" with no functions", _function_call),
+    "audio": _no("text output only"),
+    "modalities": _default("[\"text\"]", _null_or(["text"])),
+    "prediction": _no("predicted outputs are not supported"),
+    "reasoning_effort": _no("the model does not reason"),
+    "service_tier": _default("\"auto\" or \"default\"", _null_or("auto", "default")),
+    "store": _default("false (completions are not stored for OpenAI's dashboard)", _null_or(False)),
+    "metadata": _default("{} (only meaningful with store)", _empty),
+    "web_search_options": _no("web search is not supported"),
+    # vLLM's sampling parameters
+    "top_k": _yes("-1 or 0: off"),
+    "min_p": _yes("[0, 1]"),
+    "repetition_penalty": _yes("(0, 2]"),
+    "stop_token_ids": _yes("up to 64"),
+    "include_stop_str_in_output": _yes(),
+    "ignore_eos": _yes(),
+    "min_tokens": _yes("at most max_tokens"),
+    "skip_special_tokens": _default("true", _null_or(True)),
+    "spaces_between_special_tokens": _default("true", _null_or(True)),
+    "use_beam_search": _default("false", _null_or(False)),
+    "best_of": _default("n", _best_of),
+    "length_penalty": _default("1.0 (beam search only)", _null_or(1, 1.0)),
+    "truncate_prompt_tokens": _no("prompts are not truncated: a prompt past the context is 400"),
+    "prompt_logprobs": _no("prompt logprobs are not computed"),
+    "allowed_token_ids": _no("use logit_bias"),
+    "bad_words": _default("[]", _empty),
+    "logits_processors": _no("custom logits processors are not loaded"),
+    # vLLM's extra parameters
+    "echo": _default("false", _null_or(False)),
+    "add_generation_prompt": _yes("default true"),
+    "continue_final_message": _yes("needs a trailing assistant message and add_generation_prompt false"),
+    "add_special_tokens": _default("false (the template adds them)", _null_or(False)),
+    "documents": _default("[] (the template has no documents)", _empty),
+    "chat_template": _no("the model's own template only"),
+    "chat_template_kwargs": _default("{} (the template takes none)", _empty),
+    "mm_processor_kwargs": _default("{} (text only)", _empty),
+    "guided_json": _yes("as response_format json_schema"),
+    "guided_regex": _no("only JSON (response_format, guided_json)"),
+    "guided_choice": _no("only JSON (response_format, guided_json)"),
+    "guided_grammar": _no("only JSON (response_format, guided_json)"),
+    "structural_tag": _no("only JSON (response_format, guided_json)"),
+    "structured_outputs": _no("use response_format"),
+    "guided_decoding_backend": _no("one backend (llguidance)"),
+    "guided_whitespace_pattern": _no("not configurable"),
+    "priority": _default("0 (no priority scheduling)", _null_or(0)),
+    "request_id": _yes("the response's id is chatcmpl-<request_id>"),
+    "return_tokens_as_token_ids": _yes("logprobs' tokens as token_id:<id>"),
+    "cache_salt": _yes("accepted: KV is always salted by tenant and user"),
+    "include_reasoning": _default("any (the model produces no reasoning)", lambda value, body: True),
+    "kv_transfer_params": _no("no disaggregated serving"),
+    "vllm_xargs": _no("no custom extensions"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class CompletionRequest:
-    """What a chat-completions request asks of one turn."""
+    """What a chat-completions request asks of one turn (and its n choices)."""
 
     message: str
     history: tuple[tuple[str, str], ...]   # (role, content) between the system message and the last
@@ -57,6 +214,13 @@ class CompletionRequest:
     include_usage: bool
     max_new_tokens: int
     sampling: compute_pb2.Sampling
+    n: int = 1
+    ignore_eos: bool = False
+    whole: Whole | None = None             # messages the template renders whole (not alternation)
+    logprobs: bool = False
+    token_ids_as_tokens: bool = False      # return_tokens_as_token_ids
+    request_id: str = ""
+    given: frozenset[str] = frozenset()    # sampling fields the request set (the rest take defaults)
 
 
 def error_body(code: str, message: str, param: str | None = None) -> tuple[int, dict]:
@@ -74,6 +238,19 @@ def http_error_body(status: int, message: str) -> dict:
     except ValueError:
         code = str(status)
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+# The compute node's names of Sampling fields (in its INVALID_ARGUMENT messages) -> the request's
+NODE_PARAMS = {"structured": "response_format", "stop": "stop"}
+
+
+def param_of(message: str) -> str | None:
+    """The request field a compute node's refusal names (`sampling.top_k` -> top_k), or None."""
+    found = re.search(r"sampling\.(\w+)", message)
+    if found is None:
+        return "response_format" if "json_schema" in message or "json_object" in message else None
+    name = found.group(1)
+    return NODE_PARAMS.get(name, name if name in FIELDS else None)
 
 
 def _bad(message: str, param: str | None = None) -> ChatError:
@@ -113,11 +290,36 @@ def lone_surrogate(body: Any) -> str | None:
     return None
 
 
+def check_fields(body: dict) -> None:
+    """INVALID_ARGUMENT naming the first field that is unknown, refused, or not its default."""
+    for name, value in body.items():
+        field = FIELDS.get(name)
+        if field is None:
+            raise _bad(f"unknown field {_printable(name)[:60]!r}: not part of the chat completions API "
+                       "this server implements", _printable(name)[:60])
+        if value is None or field.handling == SUPPORTED:
+            continue
+        if field.handling == REFUSED:
+            raise _bad(f"{name} is not supported: {field.note}", name)
+        if not field.accepts(value, body):
+            raise _bad(f"{name} {_shown(value)} is not supported; accepted: {field.note}", name)
+
+
 def _content(message: Any, index: int) -> tuple[str, str]:
     where = f"messages[{index}]"
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise _bad(f"{where} must be an object with a role", where)
+    role = "system" if message["role"] == "developer" else message["role"]
+    if role in ("tool", "function"):
+        raise _bad(f"{where} has role {role!r}: {TOOLS_REFUSED}", f"{where}.role")
+    if message.get("tool_calls") or message.get("function_call"):
+        name = "tool_calls" if message.get("tool_calls") else "function_call"
+        raise _bad(f"{where} has {name}: {TOOLS_REFUSED}", f"{where}.{name}")
+    if role not in ("system", "user", "assistant"):
+        raise _bad(f"{where}: unsupported role {role[:40]!r}", f"{where}.role")
     content = message.get("content")
+    if content is None:  # an assistant message may leave it out (OpenAI's schema)
+        content = ""
     if isinstance(content, list):  # content parts: only text
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in content):
@@ -128,12 +330,15 @@ def _content(message: Any, index: int) -> tuple[str, str]:
         raise _bad(f"{where}.content must be a string", f"{where}.content")
     if not isinstance(message.get("name", ""), str):
         raise _bad(f"{where}.name must be a string", f"{where}.name")
-    return message["role"], content
+    return role, content
 
 
 def _number(body: dict, name: str, kind: type, default: Any, low: float, high: float) -> Any:
     """The field as int or float within [low, high]; INVALID_ARGUMENT if it is not one."""
-    value = body.get(name)
+    return _number_value(body.get(name), name, kind, default, low, high)
+
+
+def _number_value(value: Any, name: str, kind: type, default: Any, low: float, high: float) -> Any:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
@@ -144,54 +349,152 @@ def _number(body: dict, name: str, kind: type, default: Any, low: float, high: f
     return kind(value)
 
 
-def _flag(body: dict, name: str, where: str = "") -> bool:
+def _flag(body: dict, name: str, where: str = "", default: bool = False) -> bool:
     value = body.get(name)
-    if value is not None and not isinstance(value, bool):
+    if value is None:
+        return default
+    if not isinstance(value, bool):
         raise _bad(f"{where or name} must be true or false, got {_shown(value)}", where or name)
-    return bool(value)
+    return value
 
 
-def _check_other_fields(body: dict) -> None:
-    """stop (only empty: not supported), user and stream_options must have OpenAI's types."""
+def _stop(body: dict) -> list[str]:
     stop = body.get("stop")
-    if not (stop is None or isinstance(stop, str) or
-            (isinstance(stop, list) and len(stop) <= MAX_STOP and all(isinstance(s, str) for s in stop))):
-        raise _bad(f"stop must be a string or a list of at most {MAX_STOP} strings", "stop")
-    if stop:
-        raise _bad("stop sequences are not supported: the reply ends at the model's end of turn "
-                   "or at max_tokens", "stop")
-    if not isinstance(body.get("user", ""), str):
-        raise _bad("user must be a string", "user")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise _bad("stream_options must be an object", "stream_options")
+    stops = [stop] if isinstance(stop, str) else stop
+    if not (stops is None or (isinstance(stops, list) and len(stops) <= MAX_STOP and
+                              all(isinstance(s, str) and 1 <= len(s) <= MAX_STOP_CHARS for s in stops))):
+        raise _bad(f"stop must be a string or a list of at most {MAX_STOP} strings, each of 1 to "
+                   f"{MAX_STOP_CHARS} characters", "stop")
+    return stops or []
 
 
-def split_messages(pairs: list[tuple[str, str]]) -> tuple[str | None, list[tuple[str, str]], str]:
-    """(system message or None, history, new user message); INVALID_ARGUMENT unless the messages
-    are an optional system message, then user and assistant in turn, ending with the user."""
+def _token_ids(body: dict, name: str, bound: int) -> list[int]:
+    ids = body.get(name) or []
+    if not (isinstance(ids, list) and len(ids) <= bound and
+            all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_TOKEN_ID for i in ids)):
+        raise _bad(f"{name} must be a list of at most {bound} token ids", name)
+    return ids
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    bias = body.get("logit_bias") or {}
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+        raise _bad(f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids", "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and int(key) <= MAX_TOKEN_ID):
+            raise _bad(f"logit_bias keys must be token ids, got {_shown(key)}", "logit_bias")
+        out[int(key)] = _number_value(value, "logit_bias", float, 0.0, -100.0, 100.0)
+    return out
+
+
+def _structured(body: dict) -> compute_pb2.StructuredOutput | None:
+    """response_format (or vLLM's guided_json) as the compute node's StructuredOutput; None: free text."""
+    schema = body.get("guided_json")
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+            raise _bad("response_format.type must be \"text\", \"json_object\" or \"json_schema\"",
+                       "response_format")
+        if fmt["type"] == "json_object":
+            return compute_pb2.StructuredOutput(json_object=True)
+        if fmt["type"] == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
+                    or not isinstance(spec.get("schema", {}), dict):
+                raise _bad("response_format.json_schema must be an object with a name and a schema object",
+                           "response_format")
+            schema = spec.get("schema", {})
+    if schema is None:
+        return None
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    if not isinstance(schema, (str, dict)) or len(text.encode()) > MAX_SCHEMA_BYTES:
+        raise _bad(f"the JSON schema must be an object of at most {MAX_SCHEMA_BYTES} bytes as JSON",
+                   "guided_json" if fmt is None else "response_format")
+    return compute_pb2.StructuredOutput(json_schema=text)
+
+
+def _sampling(body: dict, max_new: int, draw_seed: Callable[[], int]) -> compute_pb2.Sampling:
+    """The Sampling the request's fields set (the ones left out stay 0: apply_defaults fills them)."""
+    logprobs = _flag(body, "logprobs")
+    top_logprobs = _number(body, "top_logprobs", int, 0, 0, MAX_TOP_LOGPROBS)
+    if top_logprobs and not logprobs:
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    seed = _number(body, "seed", int, None, *SEED_RANGE)
+    top_p = _number(body, "top_p", float, 0.0, 0.0, 1.0)
+    if body.get("top_p") is not None and top_p == 0.0:
+        raise _bad("top_p must be in (0, 1], got 0", "top_p")
+    repetition = _number(body, "repetition_penalty", float, 0.0, 0.0, 2.0)
+    if body.get("repetition_penalty") is not None and repetition == 0.0:
+        raise _bad("repetition_penalty must be in (0, 2], got 0", "repetition_penalty")
+    min_tokens = _number(body, "min_tokens", int, 0, 0, max_new)
+    sampling = compute_pb2.Sampling(
+        temperature=_number(body, "temperature", float, 0.0, *TEMPERATURE_RANGE), top_p=top_p,
+        seed=(draw_seed() if seed is None else seed) % (1 << 64),  # int64 to the proto's uint64, one to one
+        top_k=_number(body, "top_k", int, 0, -1, MAX_TOKEN_ID),
+        min_p=_number(body, "min_p", float, 0.0, 0.0, 1.0),
+        presence_penalty=_number(body, "presence_penalty", float, 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", float, 0.0, -2.0, 2.0),
+        repetition_penalty=repetition, logit_bias=_logit_bias(body),
+        stop_token_ids=_token_ids(body, "stop_token_ids", MAX_STOP_TOKEN_IDS), stop=_stop(body),
+        include_stop_str_in_output=_flag(body, "include_stop_str_in_output"), min_tokens=min_tokens,
+        logprobs=logprobs, top_logprobs=top_logprobs)
+    structured = _structured(body)
+    if structured is not None:
+        sampling.structured.CopyFrom(structured)
+    return sampling
+
+
+def apply_defaults(sampling: compute_pb2.Sampling, given: frozenset[str],
+                   generation_defaults: Mapping[str, float]) -> compute_pb2.Sampling:
+    """The sampling with the fields the request left out set as vLLM sets them: the model's
+    generation config's value (Info.generation_defaults), else vLLM's default (temperature 1.0)."""
+    out = compute_pb2.Sampling()
+    out.CopyFrom(sampling)
+    for name, default in SAMPLING_DEFAULTS.items():
+        if name not in given:
+            value = generation_defaults.get(name, default)
+            setattr(out, name, int(value) if name == "top_k" else float(value))
+    return out
+
+
+def split_messages(pairs: list[tuple[str, str]]) -> tuple[str | None, list[tuple[str, str]], str] | None:
+    """(system message or None, history, new user message) when the messages are an optional system
+    message, then user and assistant in turn, ending with the user; else None (rendered whole)."""
     system = None
-    if pairs and pairs[0][0] in ("system", "developer"):
+    if pairs and pairs[0][0] == "system":
         system, pairs = pairs[0][1], pairs[1:]
-    for i, (role, _) in enumerate(pairs):
-        if role in ("system", "developer"):
-            raise _bad("a system message must be the first message", "messages")
-        if role not in ("user", "assistant"):
-            raise _bad(f"unsupported role {role[:40]!r}", "messages")
-        if role != ("user" if i % 2 == 0 else "assistant"):
-            raise _bad("after the system message, messages must alternate user and assistant, starting "
-                       "with the user", "messages")
-    if not pairs or pairs[-1][0] != "user":
-        raise _bad("the last message must be from the user", "messages")
+    expected = ("user", "assistant")
+    if not pairs or pairs[-1][0] != "user" or any(role != expected[i % 2] for i, (role, _) in enumerate(pairs)):
+        return None
     return system, pairs[:-1], pairs[-1][1]
 
 
-def parse_request(raw: bytes, max_tokens_cap: int) -> CompletionRequest:
-    """The turn a request body asks for (INVALID_ARGUMENT when it is not one).
+def _messages(body: dict) -> tuple[list[tuple[str, str]], bool, bool]:
+    """(role, content) of each message, add_generation_prompt, continue_final_message."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages must be a non-empty list", "messages")
+    pairs = [_content(m, i) for i, m in enumerate(messages)]
+    generation_prompt = _flag(body, "add_generation_prompt", default=True)
+    continue_final = _flag(body, "continue_final_message")
+    if continue_final and generation_prompt:
+        raise _bad("continue_final_message and add_generation_prompt cannot both be true: set "
+                   "add_generation_prompt to false to continue the last message", "continue_final_message")
+    if continue_final and pairs[-1][0] != "assistant":
+        raise _bad("continue_final_message needs the last message to be the assistant's", "continue_final_message")
+    return pairs, generation_prompt, continue_final
 
-    Every number is range-checked here, before it reaches protobuf (whose fields are 32- and
-    64-bit) or the compute node's torch.
-    """
+
+def _request_id(body: dict) -> str:
+    rid = body.get("request_id") or ""
+    if not isinstance(rid, str) or len(rid) > MAX_REQUEST_ID_CHARS or not rid.isprintable():
+        raise _bad(f"request_id must be printable text of at most {MAX_REQUEST_ID_CHARS} characters",
+                   "request_id")
+    return rid
+
+
+def _load(raw: bytes) -> dict:
     try:
         body = json.loads(raw or b"null")
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, an int of 4300+ digits
@@ -201,52 +504,115 @@ def parse_request(raw: bytes, max_tokens_cap: int) -> CompletionRequest:
     if (where := lone_surrogate(body)) is not None:
         raise _bad(f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): not Unicode text",
                    where)
+    return body
+
+
+def parse_request(raw: bytes, max_tokens_cap: int, max_n: int = 1,
+                  draw_seed: Callable[[], int] = lambda: secrets.randbits(64)) -> CompletionRequest:
+    """The turn a request body asks for (INVALID_ARGUMENT when it is not one).
+
+    Every number is range-checked here, before it reaches protobuf (whose fields are 32- and
+    64-bit) or the compute node's torch.
+    """
+    body = _load(raw)
+    check_fields(body)
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _bad("model is required", "model")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages must be a non-empty list", "messages")
-    system, history, message = split_messages([_content(m, i) for i, m in enumerate(messages)])
-    if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
-        raise _bad(f"n must be 1 (one choice per request), got {_shown(body['n'])}", "n")
-    max_new = _number(body, "max_completion_tokens", int, None, 0, max_tokens_cap)
-    max_new = _number(body, "max_tokens", int, 0, 0, max_tokens_cap) if max_new is None else max_new
-    _check_other_fields(body)
-    options = body.get("stream_options") or {}
-    seed = _number(body, "seed", int, 0, *SEED_RANGE)
-    sampling = compute_pb2.Sampling(temperature=_number(body, "temperature", float, 0.0, *TEMPERATURE_RANGE),
-                                    top_p=_number(body, "top_p", float, 0.0, 0.0, 1.0),
-                                    seed=seed % (1 << 64))  # int64 to the proto's uint64, one to one
+    pairs, generation_prompt, continue_final = _messages(body)
+    split = split_messages(pairs) if generation_prompt else None
+    n = _number(body, "n", int, 1, 1, max_n)
+    max_new = _number(body, "max_completion_tokens", int, None, 1, max_tokens_cap)
+    max_new = _number(body, "max_tokens", int, 0, 1, max_tokens_cap) if max_new is None else max_new
+    if not isinstance(body.get("user", ""), (str, type(None))):
+        raise _bad("user must be a string", "user")
+    options = {} if body.get("stream_options") is None else body["stream_options"]
+    if body.get("stream_options") is not None and not _flag(body, "stream"):
+        raise _bad("stream_options needs stream: true", "stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+        raise _bad("stream_options must be an object of include_usage (and continuous_usage_stats false)",
+                   "stream_options")
+    if _flag(options, "continuous_usage_stats", "stream_options.continuous_usage_stats"):
+        raise _bad("stream_options.continuous_usage_stats is not supported: usage comes in the last chunk",
+                   "stream_options.continuous_usage_stats")
+    sampling = _sampling(body, max_new or max_tokens_cap, draw_seed)
+    given = frozenset(name for name in SAMPLING_DEFAULTS if body.get(name) is not None)
+    if split is None:
+        message = next((content for role, content in reversed(pairs) if role == "user"), "")
+        system, history, whole = None, (), Whole(tuple(pairs), generation_prompt, continue_final)
+    else:
+        (system, history, message), whole = split, None
     return CompletionRequest(message, tuple(history), system, body.get("user") or "", body["model"],
                              _flag(body, "stream"),
-                             _flag(options, "include_usage", "stream_options.include_usage"), max_new, sampling)
+                             _flag(options, "include_usage", "stream_options.include_usage"), max_new, sampling,
+                             n=n, ignore_eos=_flag(body, "ignore_eos"), whole=whole, logprobs=sampling.logprobs,
+                             token_ids_as_tokens=_flag(body, "return_tokens_as_token_ids"),
+                             request_id=_request_id(body), given=given)
 
 
-def usage(summary: frontend_pb2.TurnSummary) -> dict:
-    """The OpenAI usage object of a turn: cached tokens are the ones whose KV was reused."""
-    prompt = summary.tokens_prefilled + summary.tokens_reused
-    return {"prompt_tokens": prompt, "completion_tokens": summary.tokens_out,
-            "total_tokens": prompt + summary.tokens_out,
-            "prompt_tokens_details": {"cached_tokens": summary.tokens_reused}}
+# Responses
+
+def usage(summaries: list[frontend_pb2.TurnSummary]) -> dict:
+    """The OpenAI usage object of a turn's choices: the prompt once (cached tokens are the ones whose
+    KV was reused), the completion tokens of every choice."""
+    first = summaries[0]
+    prompt = first.tokens_prefilled + first.tokens_reused
+    completion_tokens = sum(s.tokens_out for s in summaries)
+    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+            "total_tokens": prompt + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": first.tokens_reused}}
 
 
-def completion(completion_id: str, model: str, summary: frontend_pb2.TurnSummary) -> dict:
-    """A `chat.completion` object."""
-    return {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": summary.reply},
-                         "logprobs": None, "finish_reason": summary.finish_reason or "stop"}],
-            "usage": usage(summary)}
+def _token_entry(text: str, token_id: int, logprob: float, as_ids: bool) -> dict:
+    token = f"token_id:{token_id}" if as_ids else text
+    return {"token": token, "logprob": max(float(logprob), LOGPROB_FLOOR), "bytes": list(text.encode())}
+
+
+def logprobs(tokens, as_ids: bool = False) -> dict:
+    """OpenAI's chat logprobs object of these TurnEvent.Tokens: {"content": [...]}."""
+    content = []
+    for t in tokens:
+        entry = _token_entry(t.piece, t.id, t.logprob, as_ids)
+        entry["top_logprobs"] = [_token_entry(top.piece, top.id, top.logprob, as_ids) for top in t.top_logprobs]
+        content.append(entry)
+    return {"content": content}
+
+
+def stop_reason(summary: frontend_pb2.TurnSummary, sampling: compute_pb2.Sampling) -> str | int | None:
+    """vLLM's choices[i].stop_reason: the stop string, or the id of the request's stop token, that ended
+    the reply; None for the model's own end of turn or max_tokens."""
+    reason = summary.stop_reason
+    if summary.finish_reason != "stop" or not reason:
+        return None
+    if reason in sampling.stop:
+        return reason
+    if reason.isdigit() and int(reason) in sampling.stop_token_ids:
+        return int(reason)
+    return None
+
+
+def completion(completion_id: str, req: CompletionRequest, choices: list[tuple[frontend_pb2.TurnSummary, list]],
+               ) -> dict:
+    """A `chat.completion` object: choices [(summary, tokens)] in choice order."""
+    out = [{"index": i, "message": {"role": "assistant", "content": summary.reply},
+            "logprobs": logprobs(tokens, req.token_ids_as_tokens) if req.logprobs else None,
+            "finish_reason": summary.finish_reason or "stop",
+            "stop_reason": stop_reason(summary, req.sampling)}
+           for i, (summary, tokens) in enumerate(choices)]
+    return {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": req.model,
+            "choices": out, "usage": usage([summary for summary, _ in choices])}
 
 
 def chunk(completion_id: str, model: str, delta: dict | None, finish_reason: str | None = None,
-          summary: frontend_pb2.TurnSummary | None = None) -> dict:
-    """A `chat.completion.chunk`; with summary (and no delta), the usage chunk."""
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish_reason}]
+          summaries: list[frontend_pb2.TurnSummary] | None = None, index: int = 0,
+          logprobs_object: dict | None = None, reason: str | int | None = None) -> dict:
+    """A `chat.completion.chunk` of choice `index`; with summaries (and no delta), the usage chunk."""
+    choice = {"index": index, "delta": delta, "logprobs": logprobs_object, "finish_reason": finish_reason}
+    if finish_reason is not None:
+        choice["stop_reason"] = reason
     body = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model, "choices": choices}
-    if summary is not None:
-        body["usage"] = usage(summary)
+            "model": model, "choices": [] if delta is None else [choice]}
+    if summaries is not None:
+        body["usage"] = usage(summaries)
     return body
 
 

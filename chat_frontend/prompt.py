@@ -12,7 +12,10 @@ Four cases, by what the store holds for the user and what the client sent:
 - no such context and a history it did not serve: the whole conversation through the template
   (the replies re-tokenised from their text).
 
-In the last two, the earlier turns are recorded in the new context as resent turns.
+In the last two, the earlier turns are recorded in the new context as resent turns. Messages that
+are not that alternation (`conversation.Whole`) are rendered whole by the template into a new
+context, recorded as one turn (its user message: the last user message); they cannot continue a
+stored context, whose ids the template would not reproduce.
 `SharedPrefix` says how many leading ids are the tenant's shared system prompt.
 """
 from __future__ import annotations
@@ -23,7 +26,8 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from chat_frontend import conversation
-from chat_frontend.conversation import History
+from chat_frontend.conversation import History, Whole
+from chat_frontend.errors import ChatError
 from chat_frontend.store import Context, TurnRow
 from kvtb_proto import compute_pb2
 
@@ -69,6 +73,17 @@ async def build(encoder: Encoder, default_system: str, ctx: Context | None, stor
     resent = tuple(TurnRow(i + 1, user, reply, (), (), b"")
                    for i, (user, reply) in enumerate(conversation.turn_pairs(history)))
     return Prompt((), tuple(new_ids), resent, system)
+
+
+async def build_whole(encoder: Encoder, default_system: str, ctx: Context | None, whole: Whole) -> Prompt:
+    """The prompt of messages rendered whole (INVALID_ARGUMENT when they name a stored context)."""
+    if ctx is not None:
+        raise ChatError("INVALID_ARGUMENT", "these messages are not a system message then user and assistant "
+                        "in turn ending with the user's, so they cannot continue the session's transcript; send "
+                        "them without a session (a new context)", "messages")
+    new_ids = await encoder.encode_chat(whole.encode(default_system))
+    system = whole.system if whole.system is not None else (default_system or None)
+    return Prompt((), tuple(new_ids), (), system)
 
 
 class SharedPrefix:

@@ -32,8 +32,8 @@ def stream_step(clock: TurnClock, reply_bytes: int) -> compute_pb2.Step:
 
 def build_summary(turn: int, context_id: str, request_id: str, reply: str,
                   record: compute_pb2.TurnRecord, clock: TurnClock,
-                  finish_reason: str = "") -> frontend_pb2.TurnSummary:
-    """The TurnSummary of a completed turn (steps absolute, sorted by start)."""
+                  finish_reason: str = "", choice: int = 0) -> frontend_pb2.TurnSummary:
+    """The TurnSummary of a completed turn, or of one of its choices (steps absolute, sorted by start)."""
     e2e_ms = (clock.end_ns - clock.start_ns) / 1e6
     ttft_ms = ((clock.first_text_ns or clock.end_ns) - clock.start_ns) / 1e6
     steps = [*record.steps, stream_step(clock, len(reply.encode()))]
@@ -46,5 +46,6 @@ def build_summary(turn: int, context_id: str, request_id: str, reply: str,
         tokens_prefilled=record.tokens_prefilled, tokens_reused=record.tokens_reused,
         tokens_out=record.tokens_out, bytes_restored=record.bytes_restored,
         bytes_offloaded=record.bytes_offloaded, steps=steps, turn_start_unix_ns=clock.start_ns,
-        request_id=request_id, engine_ms=round(record.engine_ms, 3), finish_reason=finish_reason)
+        request_id=request_id, engine_ms=round(record.engine_ms, 3), finish_reason=finish_reason,
+        choice=choice, stop_reason=record.stop_reason if finish_reason == "stop" else "")
 

@@ -3,7 +3,9 @@ import asyncio
 import pytest
 
 from chat_frontend.chat_service import ChatService
+from chat_frontend.conversation import Whole
 from chat_frontend.errors import ChatError
+from chat_frontend.frontend_servicer import chat_request
 from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import SessionStore, TurnRow
 from kvtb.settings import SettingsError
@@ -79,7 +81,7 @@ def test_transcript_survives_a_new_service(tmp_path):
 
 
 def test_refusals(tmp_path):
-    service = make(tmp_path, FakeEngine(max_context_tokens=30), message_max_chars=20)
+    service = make(tmp_path, FakeEngine(max_context_tokens=30))
     ctx = run_turn(service, "hello")[0].context_id
     err = refusal(service, "hello", token="nope")
     assert (err.code, err.message) == ("UNAUTHENTICATED", "unknown token")
@@ -87,8 +89,8 @@ def test_refusals(tmp_path):
     for bad in ("a b", "x" * 241, "ctx/../1", "-x", "é"):
         err = refusal(service, "hello", context_id=bad)
         assert (err.code, err.param) == ("INVALID_ARGUMENT", "context_id"), bad
-    assert refusal(service, " ").message == "message is empty"
-    assert "over the limit of 20 by 5" in refusal(service, "x" * 25).message
+    err = refusal(service, "x " * 40)  # a message is bounded in tokens, against the context
+    assert err.code == "INVALID_ARGUMENT" and "over the model's context of 30 tokens" in err.message
     err = refusal(service, "a b c d", context_id=ctx, max_new_tokens=20)
     assert err.code == "INVALID_ARGUMENT" and "over the model's context of 30 tokens" in err.message
     # nothing of the refused turns was kept
@@ -217,7 +219,7 @@ def test_metrics_count_tenants_never_users(tmp_path):
     service = make(tmp_path, tenants={"alice": "team-a"})
     run_turn(service, "hi")
     run_turn(service, "hi", token="tb")
-    refusal(service, "", token="tb")
+    refusal(service, "hi", token="tb", max_new_tokens=5000)
     turns, tokens = service.tenants.snapshot()
     assert turns == {("team-a", "ok"): 1, ("default", "ok"): 1, ("default", "INVALID_ARGUMENT"): 1}
     assert {tenant for tenant, _ in tokens} == {"team-a", "default"}
@@ -260,3 +262,90 @@ def test_store_refuses_turns_out_of_order_with_a_real_error(tmp_path):
 def test_an_unknown_status_code_is_a_real_error():
     with pytest.raises(ValueError, match="unknown status code"):
         ChatError("NOPE", "x")
+
+
+def run_chat(service, request, **kwargs):
+    async def go():
+        return [e async for e in service.chat(request, **kwargs)]
+    return asyncio.run(go())
+
+
+def test_n_choices_share_the_prompt_with_consecutive_seeds_and_the_context_keeps_the_first(tmp_path):
+    engine = FakeEngine(seeded=True)
+    service = make(tmp_path, engine)
+    request = frontend_pb2.ChatRequest(token="ta", message="hi there", n=3, max_new_tokens=8,
+                                       sampling=compute_pb2.Sampling(temperature=1.0, seed=2**64 - 1))
+    events = run_chat(service, request)
+    assert [t.sampling.seed for t in engine.turns] == [2**64 - 1, 0, 1]
+    assert len({tuple(t.token_ids) for t in engine.turns}) == 1 and len({t.request_id for t in engine.turns}) == 3
+    texts = {i: "".join(e.text for e in events if e.WhichOneof("event") == "text" and e.choice == i)
+             for i in range(3)}
+    assert texts == {0: f" s{2**64 - 1}w0 s{2**64 - 1}w1 s{2**64 - 1}w2", 1: " s0w0 s0w1 s0w2",
+                     2: " s1w0 s1w1 s1w2"}
+    summaries = [e for e in events if e.WhichOneof("event") == "summary"]
+    assert [(e.choice, e.summary.choice, e.summary.reply) for e in summaries] == \
+        [(i, i, texts[i]) for i in range(3)]
+    ctx = events[0].context_id
+    stored = service.store.turns("alice", ctx)
+    assert [(t.user_message, t.reply) for t in stored] == [("hi there", texts[0])]
+    assert service.store.get_context("alice", ctx).token_ids[-4:] == (50, 51, 52, STOP)
+    assert service.tenants.snapshot()[1][("default", "generation")] == 12  # every choice's tokens
+    with pytest.raises(ChatError) as err:
+        run_chat(service, frontend_pb2.ChatRequest(token="ta", message="hi", n=9))
+    assert err.value.param == "n"
+
+
+def test_n_choices_count_n_times_the_prompt_against_the_users_share(tmp_path):
+    service = make(tmp_path, FakeEngine())
+    estimated = []
+    enter = service.admission._enter
+    service.admission._enter = lambda user, ctx, tokens: estimated.append(tokens) or enter(user, ctx, tokens)
+    run_chat(service, frontend_pb2.ChatRequest(token="ta", message="one two three", n=1))
+    run_chat(service, frontend_pb2.ChatRequest(token="ta", message="one two three", n=4))
+    assert estimated[1] == 4 * estimated[0]
+
+
+def test_text_events_carry_their_tokens_and_logprobs_the_trailing_ones_last(tmp_path):
+    service = make(tmp_path, FakeEngine())
+    sampling = compute_pb2.Sampling(logprobs=True, top_logprobs=2)
+    events = run_chat(service, frontend_pb2.ChatRequest(token="ta", message="hi", sampling=sampling))
+    texts = [e for e in events if e.WhichOneof("event") == "text"]
+    assert [(e.text, [t.id for t in e.tokens]) for e in texts] == \
+        [(" w0", [50]), (" w1", [51]), (" w2", [52]), ("", [STOP])]
+    assert texts[0].tokens[0].logprob == -0.25 and len(texts[0].tokens[0].top_logprobs) == 2
+    events = run_chat(service, frontend_pb2.ChatRequest(token="ta", message="hi"))
+    assert [e.text for e in events if e.WhichOneof("event") == "text"] == [" w0", " w1", " w2"]
+
+
+def test_a_whole_conversation_is_one_turn_of_a_new_context(tmp_path):
+    engine = FakeEngine()
+    service = make(tmp_path, engine, system_prompt="be kind")
+    whole = Whole((("assistant", "hello"), ("user", "a"), ("user", "b")))
+    events = run_chat(service, frontend_pb2.ChatRequest(token="ta"), whole=whole, ignore_eos=True)
+    encoded = engine.encoded[-1]
+    assert [(m.role, m.content) for m in encoded.messages] == \
+        [("system", "be kind"), ("assistant", "hello"), ("user", "a"), ("user", "b")]
+    assert encoded.add_generation_prompt and not encoded.continuation and engine.turns[-1].ignore_eos
+    ctx = events[0].context_id
+    assert [(t.turn, t.user_message, t.reply) for t in service.store.turns("alice", ctx)] == [(1, "b", " w0 w1 w2")]
+    # the context goes on as any other
+    events = run_turn(service, "more", context_id=ctx)
+    assert events[-1].summary.turn == 2 and engine.encoded[-1].continuation
+    # but messages rendered whole cannot continue it
+    with pytest.raises(ChatError) as err:
+        run_chat(service, frontend_pb2.ChatRequest(token="ta", context_id=ctx), whole=whole)
+    assert err.value.param == "messages" and "without a session" in err.value.message
+    run_chat(service, frontend_pb2.ChatRequest(token="ta"),
+             whole=Whole((("user", "a"), ("assistant", "The")), False, True))
+    assert engine.encoded[-1].continue_final_message and not engine.encoded[-1].add_generation_prompt
+
+
+def test_a_grpc_request_is_greedy_by_default_and_draws_a_seed_only_when_sampled():
+    request = chat_request(frontend_pb2.ChatRequest(message="hi"), draw_seed=lambda: 5)
+    assert (request.sampling.temperature, request.sampling.seed) == (0.0, 0)
+    sampled = frontend_pb2.ChatRequest(message="hi", sampling=compute_pb2.Sampling(temperature=0.7))
+    assert chat_request(sampled, draw_seed=lambda: 5).sampling.seed == 5
+    seeded = frontend_pb2.ChatRequest(message="hi", sampling=compute_pb2.Sampling(temperature=0.7, seed=3))
+    assert chat_request(seeded, draw_seed=lambda: 5).sampling.seed == 3
+    with pytest.raises(ChatError, match="message is empty"):
+        chat_request(frontend_pb2.ChatRequest(message=" "))

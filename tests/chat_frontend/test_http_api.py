@@ -110,9 +110,10 @@ BAD_REQUESTS = [  # body, token, session, HTTP status, error code
     ({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}, "nope", "", 401, "unauthenticated"),
     (b"{not json", TOKEN, "", 400, "invalid_argument"),
     ({"model": "fake", "messages": []}, TOKEN, "", 400, "invalid_argument"),
-    ({"model": "fake", "messages": [{"role": "user", "content": ""}]}, TOKEN, "", 400, "invalid_argument"),
-    ({"model": "fake", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "c"}]},
-     TOKEN, "", 400, "invalid_argument"),
+    ({"model": "fake", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "c"}],
+      "continue_final_message": True}, TOKEN, "", 400, "invalid_argument"),
+    ({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "store": True}, TOKEN, "", 400,
+     "invalid_argument"),
     ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, TOKEN, "", 404, "not_found"),
     ({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}, TOKEN, "ctx none", 400,
      "invalid_argument"),
@@ -176,7 +177,7 @@ BAD_INPUTS = [  # (what, body, HTTP status, param or None): each is refused in O
     *[(f"temperature {v!r}", {**GOOD, "temperature": v}, 400, "temperature")
       for v in (float("nan"), float("inf"), -1, 101, "hot")],
     *[(f"top_p {v!r}", {**GOOD, "top_p": v}, 400, "top_p") for v in (float("nan"), -0.1, 1.5, [])],
-    *[(f"n {v!r}", {**GOOD, "n": v}, 400, "n") for v in (2, 0, 2**70, float("nan"), True)],
+    *[(f"n {v!r}", {**GOOD, "n": v}, 400, "n") for v in (9, 0, 2**70, float("nan"), True)],
     ("a lone surrogate in a message", {**GOOD, "messages": [{"role": "user", "content": "hi \ud800"}]}, 400,
      "messages[0].content"),
     ("a lone surrogate in a content part", {**GOOD, "messages": [{"role": "user", "content": [
@@ -184,7 +185,10 @@ BAD_INPUTS = [  # (what, body, HTTP status, param or None): each is refused in O
     ("a lone surrogate in the model", {**GOOD, "model": "\ud800"}, 400, "model"),
     ("a lone surrogate in a key", {**GOOD, "\ud800": 1}, 400, None),
     ("a role that is not a string", {**GOOD, "messages": [{"role": 5, "content": "hi"}]}, 400, "messages[0]"),
-    ("a tool message", {**GOOD, "messages": [{"role": "tool", "content": "hi"}]}, 400, "messages"),
+    ("a tool message", {**GOOD, "messages": [{"role": "tool", "content": "hi"}]}, 400, "messages[0].role"),
+    ("tools", {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("an unknown field", {**GOOD, "temprature": 0}, 400, "temprature"),
+    ("max_tokens 0", {**GOOD, "max_tokens": 0}, 400, "max_tokens"),
     ("an image part", {**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages[0].content"),
     ("a text part that is a number", {**GOOD, "messages": [{"role": "user", "content": [
@@ -193,21 +197,20 @@ BAD_INPUTS = [  # (what, body, HTTP status, param or None): each is refused in O
      "messages[0].name"),
     ("messages that are an object", {**GOOD, "messages": {"role": "user"}}, 400, "messages"),
     ("a message that is a string", {**GOOD, "messages": ["hi"]}, 400, "messages[0]"),
-    ("stop sequences", {**GOOD, "stop": ["\n"]}, 400, "stop"),
-    ("five stop sequences", {**GOOD, "stop": ["a"] * 5}, 400, "stop"),
+    ("17 stop sequences", {**GOOD, "stop": ["a"] * 17}, 400, "stop"),
     ("stop that is a number", {**GOOD, "stop": 5}, 400, "stop"),
     ("stream that is a string", {**GOOD, "stream": "yes"}, 400, "stream"),
     ("stream_options that is a list", {**GOOD, "stream": True, "stream_options": []}, 400, "stream_options"),
     ("include_usage that is a string", {**GOOD, "stream": True, "stream_options": {"include_usage": "yes"}},
      400, "stream_options.include_usage"),
     ("user that is an object", {**GOOD, "user": {}}, 400, "user"),
-    ("a message over message_max_chars", {**GOOD, "messages": [{"role": "user", "content": "a" * 4001}]},
+    ("a message past the model's context", {**GOOD, "messages": [{"role": "user", "content": "a " * 300}]},
      400, None),
     ("JSON nested 100,000 deep", NESTED, 400, None),
     ("an integer of 5,000 digits", b'{"model": "fake", "messages": [], "seed": ' + b"9" * 5000 + b"}", 400, None),
     ("bytes that are not UTF-8", b'{"model": "\xff\xfe"}', 400, None),
     ("an empty body", b"", 400, None),
-    ("a body over 1 MiB", {**GOOD, "user": "u" * (1 << 20)}, 413, None),
+    ("a body over 4 MiB", {**GOOD, "user": "u" * (4 << 20)}, 413, None),
 ]
 
 
@@ -294,5 +297,5 @@ def test_fuzzed_fields_never_give_a_500_or_a_body_that_is_not_json(frontend):
         assert status in (200, 400, 404), (body, got)
         if status != 200:
             assert_openai_error(status, got, status)
-    assert statuses.count(400) > 50 and statuses.count(200) > 5  # both kinds were tried
+    assert statuses.count(400) > 50 and statuses.count(200) > 2  # both kinds were tried (most fields now checked)
     assert post(frontend["http"], GOOD)[0] == 200

@@ -11,11 +11,15 @@ def refusal(fn, *args) -> ChatError:
     return err.value
 
 
-def test_message_empty_or_too_long():
-    assert "empty" in refusal(limits.check_message, "  \n", 10).message
-    assert refusal(limits.check_message, "x" * 13, 10).message == \
-        "message is 13 characters, over the limit of 10 by 3"
-    limits.check_message("x" * 10, 10)
+def test_a_grpc_message_may_be_long_but_not_empty():
+    err = refusal(limits.check_message, "  \n")
+    assert err.message == "message is empty" and err.param == "message"
+    limits.check_message("x" * 100_000)  # bounded in tokens, against the context, later
+
+
+def test_n_is_one_to_max_n():
+    assert (limits.check_n(0, 8), limits.check_n(1, 8), limits.check_n(8, 8)) == (1, 1, 8)
+    assert refusal(limits.check_n, 9, 8).param == "n"
 
 
 def test_max_new_tokens_default_and_cap():

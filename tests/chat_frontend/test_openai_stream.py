@@ -97,3 +97,69 @@ def test_a_client_that_goes_away_ends_the_turn():
                 return client.app[SERVICE].turns_failed
         return None
     assert run(SlowEngine(), scenario) == 1
+
+
+def test_n_choices_and_logprobs_in_openai_s_shape():
+    async def scenario(client):
+        body = {**BODY, "n": 2, "seed": 7, "logprobs": True, "top_logprobs": 1, "stop_token_ids": [2]}
+        r = await client.post("/v1/chat/completions", headers=AUTH, json=body)
+        return r.status, await r.json()
+    engine = FakeEngine(seeded=True)
+    status, body = run(engine, scenario)
+    assert status == 200 and [t.sampling.seed for t in engine.turns] == [7, 8]
+    assert engine.turns[0].sampling.temperature == 1.0  # vLLM's default
+    choices = body["choices"]
+    assert [(c["index"], c["message"]["content"]) for c in choices] == [(0, " s7w0 s7w1 s7w2"), (1, " s8w0 s8w1 s8w2")]
+    assert [c["stop_reason"] for c in choices] == [2, 2] and choices[0]["finish_reason"] == "stop"
+    content = choices[1]["logprobs"]["content"]
+    assert [c["token"] for c in content] == [" s8w0", " s8w1", " s8w2", "<|im_end|>"]
+    assert content[0] == {"token": " s8w0", "logprob": -0.25, "bytes": list(b" s8w0"),
+                          "top_logprobs": [{"token": "t0", "logprob": -0.25, "bytes": [116, 48]}]}
+    assert body["usage"]["completion_tokens"] == 8  # both choices'
+
+
+def test_n_choices_stream_with_their_index_and_logprobs_per_chunk():
+    async def scenario(client):
+        body = {**BODY, "n": 2, "stream": True, "logprobs": True, "stream_options": {"include_usage": True}}
+        r = await client.post("/v1/chat/completions", headers=AUTH, json=body)
+        return r.status, await r.text()
+    status, text = run(FakeEngine(), scenario)
+    chunks = [json.loads(d) for d in events(text)[:-1]]
+    assert status == 200 and [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
+    for i in range(2):
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert "".join(c["delta"].get("content", "") for c in mine) == " w0 w1 w2"
+        tokens = [t["token"] for c in mine if c["logprobs"] for t in c["logprobs"]["content"]]
+        assert tokens == [" w0", " w1", " w2", "<|im_end|>"]
+        assert mine[-1]["finish_reason"] == "stop" and mine[-1]["stop_reason"] is None  # the model's own end
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+class RefusingEngine(FakeEngine):
+    async def generate(self, request):
+        raise ChatError("INVALID_ARGUMENT", "agent: sampling.structured: the JSON schema does not compile")
+        yield  # an async generator
+
+
+def test_a_compute_node_refusal_is_a_400_naming_the_field_even_when_streamed():
+    async def scenario(client):
+        out = []
+        for stream in (False, True):
+            r = await client.post("/v1/chat/completions", headers=AUTH, json={
+                **BODY, "stream": stream, "response_format": {"type": "json_object"}})
+            out.append((r.status, await r.json()))
+        return out
+    for status, body in run(RefusingEngine(), scenario):
+        assert status == 400 and body["error"]["param"] == "response_format"
+        assert "does not compile" in body["error"]["message"]
+
+
+def test_a_trailing_assistant_message_is_continued_or_closed():
+    async def scenario(client):
+        messages = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "one two"}]
+        for extra in ({"continue_final_message": True, "add_generation_prompt": False}, {}):
+            r = await client.post("/v1/chat/completions", headers=AUTH, json={**BODY, "messages": messages, **extra})
+            assert r.status == 200, await r.text()
+    engine = FakeEngine()
+    run(engine, scenario)
+    assert [(e.continue_final_message, e.add_generation_prompt) for e in engine.encoded] == [(True, False), (False, True)]
