@@ -11,10 +11,10 @@ import grpc
 import pytest
 import yaml
 
-from tests.conftest import secure_channel
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import free_port
 from kvtb_proto import compute_pb2, compute_pb2_grpc
+from tests.conftest import secure_channel
 from tests.smartnic.helpers import agent_env, storage_env
 
 from .test_http_api import GOOD, TOKEN, assert_openai_error, post

@@ -13,9 +13,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtb.grpc_health import wait_serving
+from kvtb.launch import free_port
 
 from . import fake_agent
-from kvtb.launch import free_port
 
 TOKEN = "t-alice"
 HI = [{"role": "user", "content": "hi"}]

@@ -228,10 +228,15 @@ def test_stop_reason_is_the_requests_stop_string_or_token_only():
         ("END", 9, None, None)
 
 
-def test_the_readme_table_lists_every_field_of_the_parser():
+def test_the_readme_table_lists_every_field_of_the_parser_as_it_handles_it():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     section = readme.split("## OpenAI API support", 1)[1].split("\n## ", 1)[0]
     chat = section.split("### Chat completions", 1)[1].split("\n### ", 1)[0]
-    listed = {name for row in chat.splitlines() if row.startswith("|")
-              for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
-    assert listed == set(oa.FIELDS), (sorted(listed - set(oa.FIELDS)), sorted(set(oa.FIELDS) - listed))
+    support = {"yes": oa.SUPPORTED, "default only": oa.DEFAULT_ONLY, "400": oa.REFUSED}
+    listed = {}
+    for row in chat.splitlines():
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        if len(cells) == 3 and cells[1] in support:
+            listed.update({name: support[cells[1]] for name in re.findall(r"`([a-z_]+)`", cells[0])})
+    assert set(listed) == set(oa.FIELDS), (sorted(set(listed) - set(oa.FIELDS)), sorted(set(oa.FIELDS) - set(listed)))
+    assert {name: f.handling for name, f in oa.FIELDS.items()} == listed
