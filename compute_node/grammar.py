@@ -13,7 +13,12 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
+import selectors
+import subprocess
+import sys
 import threading
+import time
 
 import llguidance
 import llguidance.hf
@@ -34,6 +39,27 @@ NUMPY_DTYPES = (torch.float32, torch.float16, torch.float64)  # masked through a
 # errors without the parser's internal state, since their text goes back to the client.
 LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
               max_lexer_states=20_000, max_grammar_size=200_000, verbose_errors=False)
+
+
+# llguidance's limits bound lexing, not every part of compiling a schema (an allOf of 30 patterns
+# runs for minutes), and a thread cannot be stopped: a new schema is compiled first in a child
+# process that is killed past COMPILE_TIMEOUT_S (or COMPILE_MEMORY_BYTES).
+COMPILE_TIMEOUT_S = 3.0
+COMPILE_MEMORY_BYTES = 2 << 30
+COMPILE_QUEUE_TIMEOUT_S = 10.0  # waiting for the child while it compiles others' schemas
+_SCREEN_CODE = """
+import json, resource, sys
+from llguidance import LLMatcher, LLParserLimits
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
+limits = LLParserLimits(**json.loads(sys.argv[1]))
+for line in sys.stdin:
+    try:
+        error = LLMatcher.validate_grammar(json.loads(line), None, limits=limits)
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    sys.stdout.write(json.dumps(error) + "\\n")
+    sys.stdout.flush()
+"""
 
 
 class GrammarError(ValueError):
@@ -84,7 +110,8 @@ class GrammarCompiler:
     a lock and compiles run outside it (llguidance releases the GIL), so two threads compiling
     one new spec at once may both compile it; the cache keeps CACHE_ENTRIES specs, LRU."""
 
-    def __init__(self, tokenizer, vocab_size: int, cache_entries: int = CACHE_ENTRIES):
+    def __init__(self, tokenizer, vocab_size: int, cache_entries: int = CACHE_ENTRIES,
+                 compile_timeout_s: float = COMPILE_TIMEOUT_S):
         if vocab_size < len(tokenizer):
             raise ValueError(f"vocab_size {vocab_size} is below the tokenizer's {len(tokenizer)} tokens")
         self.vocab_size = vocab_size  # the logits' width; tokens past the tokenizer's are never allowed
@@ -96,7 +123,12 @@ class GrammarCompiler:
             collections.OrderedDict()
         self._cache_entries = cache_entries
         self._lock = threading.Lock()
+        self._screen = CompileScreen(compile_timeout_s)
         self.compilations = 0  # grammars compiled (cache misses)
+
+    def close(self) -> None:
+        """Stop the compile screen's child process."""
+        self._screen.close()
 
     def matcher(self, structured) -> Matcher:
         """A fresh matcher at the start of the reply; GrammarError for a bad, oversized or
@@ -113,12 +145,15 @@ class GrammarCompiler:
                 self._cache.move_to_end(key)
                 while len(self._cache) > self._cache_entries:
                     self._cache.popitem(last=False)
+        if isinstance(entry, GrammarError):  # not cached: the screen was busy
+            raise entry
         if isinstance(entry, str):  # a compile error, cached too: a bad schema resent costs nothing
             raise GrammarError(entry)
         return Matcher(entry.deep_copy(), self.eos_token_id, self.vocab_size)
 
-    def _compile(self, key: tuple[str, str]) -> llguidance.LLMatcher | str:
-        """A pristine matcher (copied for each request), or the error message."""
+    def _compile(self, key: tuple[str, str]) -> llguidance.LLMatcher | str | GrammarError:
+        """A pristine matcher (copied for each request), the error message, or GrammarError
+        when the compile screen is busy (not to be cached)."""
         with self._lock:
             self.compilations += 1
         kind, text = key
@@ -130,12 +165,80 @@ class GrammarCompiler:
             return str(e)
         except ValueError as e:
             return f"json_schema cannot be compiled: {e}"
+        if kind == "json_schema":
+            try:
+                error = self._screen.check(grammar)
+            except GrammarError as e:
+                return e
+            if error:
+                return f"json_schema cannot be compiled: {error}"
         ll_matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0, limits=self._limits)
         if ll_matcher.is_error():
             return f"json_schema cannot be compiled: {ll_matcher.get_error()}"
         for warning in ll_matcher.get_grammar_warnings():
             logger.info("json_schema compiled with a warning: %s", warning)
         return ll_matcher
+
+
+class CompileScreen:
+    """A child process that compiles grammars (without the tokenizer) and is killed when one takes
+    over COMPILE_TIMEOUT_S; started when first needed, again after a kill. Thread-safe: one
+    grammar at a time, callers queue on a lock for up to COMPILE_QUEUE_TIMEOUT_S."""
+
+    def __init__(self, timeout_s: float = COMPILE_TIMEOUT_S):
+        self.timeout_s = timeout_s
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def check(self, grammar: str) -> str:
+        """llguidance's error for the grammar ('' when it compiles), or a message that it took too
+        long or too much memory; GrammarError when the screen stays busy with other grammars."""
+        if not self._lock.acquire(timeout=COMPILE_QUEUE_TIMEOUT_S):
+            raise GrammarError("the schema compiler is busy with other schemas; retry later")
+        try:
+            return self._check(grammar)
+        finally:
+            self._lock.release()
+
+    def _check(self, grammar: str) -> str:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _SCREEN_CODE, json.dumps(LIMITS), str(COMPILE_MEMORY_BYTES)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            self._proc.stdin.write(json.dumps(grammar).encode() + b"\n")
+            self._proc.stdin.flush()
+            line = self._read_line(time.monotonic() + self.timeout_s)
+        except BrokenPipeError:  # it died (out of memory) before reading all of it
+            line = None
+        if line is None:
+            self.close()
+            return f"compiling it took over {self.timeout_s:g} s or {COMPILE_MEMORY_BYTES >> 20} MiB"
+        return json.loads(line)
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """The child's answer, or None past the deadline or when it died."""
+        out = bytearray()
+        fd = self._proc.stdout.fileno()
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while not out.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    return None
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return None
+                out += chunk
+        return bytes(out)
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()  # our own child, by its handle
+            self._proc.wait()
+            self._proc.stdin.close()
+            self._proc.stdout.close()
+            self._proc = None
 
 
 def spec_key(structured) -> tuple[str, str]:

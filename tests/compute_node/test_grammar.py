@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -27,7 +28,9 @@ PERSON = {"type": "object",
 
 @pytest.fixture(scope="module")
 def compiler(tokenizer):
-    return GrammarCompiler(tokenizer, VOCAB)
+    compiler = GrammarCompiler(tokenizer, VOCAB)
+    yield compiler
+    compiler.close()
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +146,27 @@ def test_oversized_schema_and_empty_spec_are_refused(compiler):
         compiler.matcher(StructuredOutput(json_object=False))
 
 
+def test_a_schema_that_compiles_for_too_long_is_refused_in_bounded_time(tokenizer):
+    # Each pattern's intersection with the others doubles llguidance's work: minutes at 40,
+    # beyond its fuel limits (which bound lexing only).
+    slow = {"type": "object", "properties": {"a": {"type": "string", "allOf": [
+        {"pattern": "^.*a.{%d}$" % i} for i in range(1, 40)]}}, "required": ["a"]}
+    compiler = GrammarCompiler(tokenizer, VOCAB, compile_timeout_s=1.0)
+    try:
+        compiler.matcher(json_schema({"type": "object"}))  # the screen's child started
+        start = time.monotonic()
+        with pytest.raises(GrammarError, match="took over 1 s"):
+            compiler.matcher(json_schema(slow))
+        assert time.monotonic() - start < 5.0
+        start = time.monotonic()
+        with pytest.raises(GrammarError, match="took over 1 s"):  # cached: refused at once
+            compiler.matcher(json_schema(slow))
+        assert time.monotonic() - start < 0.1
+        compiler.matcher(json_schema(PERSON))  # a new child compiles the next schema
+    finally:
+        compiler.close()
+
+
 def test_identical_schema_compiles_once_and_the_cache_is_bounded(tokenizer):
     compiler = GrammarCompiler(tokenizer, VOCAB, cache_entries=2)
     first, second = compiler.matcher(json_schema(PERSON)), compiler.matcher(json_schema(PERSON))
@@ -156,6 +180,7 @@ def test_identical_schema_compiles_once_and_the_cache_is_bounded(tokenizer):
     compiler.matcher(json_object())  # a third spec evicts the least recently used, PERSON
     compiler.matcher(json_schema(PERSON))
     assert compiler.compilations == 4
+    compiler.close()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # numpy's path and torch's
