@@ -41,7 +41,7 @@ from kvtb_proto import frontend_pb2
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 4 << 20  # the model's whole context of text, JSON-escaped, with room
+MAX_BODY_BYTES = 2 << 20  # the model's whole context of text, JSON-escaped, with room; under gRPC's 4 MiB to the encoder
 
 
 def error_response(code: str, message: str, headers: dict | None = None,

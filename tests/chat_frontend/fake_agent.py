@@ -46,6 +46,16 @@ def encode(request: compute_pb2.EncodeChatRequest) -> list[int]:
     return [STOP] * request.close_previous_turn + [NEWLINE] + ids
 
 
+def token(sampling: compute_pb2.Sampling, token_id: int, text: str) -> compute_pb2.TurnEvent.Token:
+    """A generated token; with logprobs, log p = -0.5 and top_logprobs of ids after it."""
+    out = compute_pb2.TurnEvent.Token(id=token_id, text=text)
+    if sampling.logprobs:
+        out.logprob, out.piece = -0.5, text or "<|im_end|>"
+        out.top_logprobs.extend(compute_pb2.TopLogprob(id=token_id + k, logprob=-0.5 - k, piece=f"t{k}")
+                                for k in range(sampling.top_logprobs))
+    return out
+
+
 class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
     """Replies ' ok' then the stop token; each reply (of `held_users`, if set) waits for `gate` to be set."""
 
@@ -72,9 +82,8 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
         if held and not self.gate.wait(30):
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "gate never opened")
         reply = list(self.reply)
-        for token_id, text in reply:
-            yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=token_id, text=text))
-        yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=STOP, text=""))
+        for token_id, text in [*reply, (STOP, "")]:
+            yield compute_pb2.TurnEvent(token=token(request.sampling, token_id, text))
         yield compute_pb2.TurnEvent(record=compute_pb2.TurnRecord(
             request_id=request.request_id, kv_source="none", engine_ms=0.5, tokens_out=len(reply) + 1,
             output_token_ids=[*(i for i, _ in reply), STOP]))

@@ -106,6 +106,27 @@ def test_openai_client_streams_and_continues(frontend):
     assert reply.usage.prompt_tokens_details.cached_tokens == 0  # the fake agent reuses nothing
 
 
+def test_openai_client_takes_n_choices_and_logprobs(frontend):
+    api = client(frontend["http"])
+    reply = api.chat.completions.create(model="fake", messages=HI, n=2, logprobs=True, top_logprobs=2, seed=1)
+    assert [(c.index, c.message.content, c.finish_reason) for c in reply.choices] == [(0, " ok", "stop"),
+                                                                                      (1, " ok", "stop")]
+    content = reply.choices[1].logprobs.content
+    assert [(t.token, t.logprob, t.bytes) for t in content] == [(" ok", -0.5, list(b" ok")),
+                                                                ("<|im_end|>", -0.5, list(b"<|im_end|>"))]
+    assert [t.token for t in content[0].top_logprobs] == ["t0", "t1"]
+    assert reply.usage.completion_tokens == 4
+    chunks = list(api.chat.completions.create(model="fake", messages=HI, n=2, stream=True, logprobs=True))
+    for i in range(2):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
+        assert "".join(c.delta.content or "" for c in mine) == " ok" and mine[-1].finish_reason == "stop"
+        assert [t.token for c in mine if c.logprobs for t in c.logprobs.content] == [" ok", "<|im_end|>"]
+    with pytest.raises(openai.BadRequestError) as err:
+        api.chat.completions.create(model="fake", messages=HI, tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    assert "tool calling is not supported" in err.value.message and err.value.body["param"] == "tools"
+
+
 BAD_REQUESTS = [  # body, token, session, HTTP status, error code
     ({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}, "nope", "", 401, "unauthenticated"),
     (b"{not json", TOKEN, "", 400, "invalid_argument"),
@@ -210,7 +231,7 @@ BAD_INPUTS = [  # (what, body, HTTP status, param or None): each is refused in O
     ("an integer of 5,000 digits", b'{"model": "fake", "messages": [], "seed": ' + b"9" * 5000 + b"}", 400, None),
     ("bytes that are not UTF-8", b'{"model": "\xff\xfe"}', 400, None),
     ("an empty body", b"", 400, None),
-    ("a body over 4 MiB", {**GOOD, "user": "u" * (4 << 20)}, 413, None),
+    ("a body over 2 MiB", {**GOOD, "user": "u" * (2 << 20)}, 413, None),
 ]
 
 
