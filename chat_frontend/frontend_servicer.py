@@ -94,7 +94,9 @@ class ChatFrontendServicer:
 
     async def Chat(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[frontend_pb2.ChatEvent]:
         try:
-            request = chat_request(parse(frontend_pb2.ChatRequest, data))
+            request = parse(frontend_pb2.ChatRequest, data)
+            self.service.user(request.token, self._metadata(context))  # UNAUTHENTICATED before anything else
+            request = chat_request(request)
             async for event in self.service.chat(request, self._metadata(context)):
                 yield event
         except ChatError as exc:

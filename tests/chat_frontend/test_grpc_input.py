@@ -40,6 +40,7 @@ MALFORMED = [
     ("Chat", chat(message="hi", max_new_tokens=1 << 31), "max_new_tokens"),
     ("Chat", frontend_pb2.ChatRequest(token="t" * 5000, message="hi").SerializeToString(), "token is 5000"),
     ("Chat", chat(message="hi", sampling={"temperature": float("nan")}), "temperature"),
+    ("Chat", chat(message="hi", n=9), "n is 9, over the limit of 8"),
     ("GetContext", frontend_pb2.ContextRequest(token=TOKEN).SerializeToString(), "context_id is empty"),
     ("GetContext", frontend_pb2.ContextRequest(token=TOKEN, context_id="../x").SerializeToString(),
      "context_id must be"),
@@ -123,3 +124,14 @@ def test_aggregates_keep_counts_and_drop_hosts_files_and_error_details():
     assert public["storage"] == [{"address": "127.0.0.1:2", "bytes_written": 5, "offline_namespaces": {"2": "offline"},
                                   "namespaces": [{"namespace_id": 1, "command_set": "key_value", "key_count": 4}]}]
     assert "nqn" not in json.dumps(public) and "/data" not in json.dumps(public)
+
+
+def test_n_choices_over_grpc_carry_their_index_and_a_summary_each(frontend):
+    addresses, _ = frontend
+    with grpc.insecure_channel(addresses["grpc"]) as channel:
+        call = channel.unary_stream(SERVICE + "Chat", response_deserializer=frontend_pb2.ChatEvent.FromString)
+        events = list(call(chat(message="hi", n=2, sampling={"logprobs": True}), timeout=10))
+    texts = [(e.choice, e.text, [t.id for t in e.tokens]) for e in events if e.WhichOneof("event") == "text"]
+    assert sorted(texts) == [(0, "", [2]), (0, " ok", [11]), (1, "", [2]), (1, " ok", [11])]
+    assert [(e.choice, e.summary.choice, e.summary.reply) for e in events if e.WhichOneof("event") == "summary"] \
+        == [(0, 0, " ok"), (1, 1, " ok")]
