@@ -349,3 +349,32 @@ def test_a_grpc_request_is_greedy_by_default_and_draws_a_seed_only_when_sampled(
     assert chat_request(seeded, draw_seed=lambda: 5).sampling.seed == 3
     with pytest.raises(ChatError, match="message is empty"):
         chat_request(frontend_pb2.ChatRequest(message=" "))
+
+
+class OneChoiceFails(FakeEngine):
+    """The second choice's stream fails after its first token; the others wait until cancelled."""
+
+    def __init__(self):
+        super().__init__()
+        self.cancelled = 0
+
+    async def generate(self, request):
+        self.turns.append(request)
+        yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=50, text=" w0"))
+        if request.sampling.seed == 1:
+            raise ChatError("UNAVAILABLE", "the compute node went away")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+def test_one_failing_choice_ends_the_turn_and_stops_the_others(tmp_path):
+    engine = OneChoiceFails()
+    service = make(tmp_path, engine)
+    request = frontend_pb2.ChatRequest(token="ta", message="hi", n=3, sampling=compute_pb2.Sampling(seed=0))
+    with pytest.raises(ChatError) as err:
+        run_chat(service, request)
+    assert err.value.code == "UNAVAILABLE" and engine.cancelled == 2
+    assert service.store.counts()["contexts"] == 0 and service.admission.active == 0
