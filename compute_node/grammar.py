@@ -6,7 +6,9 @@ tokenizer's end-of-turn token (eos), which the grammar allows only where the JSO
 once the JSON is complete eos is the only token allowed. Whitespace between JSON tokens is
 allowed (the model's compact or indented habits both fit) but bounded to WHITESPACE_MAX_CHARS
 at each place, so a small model cannot loop on blank lines. A request's grammar, once compiled,
-is kept in a bounded LRU cache keyed by its spec: a repeated schema compiles once.
+is kept in a bounded LRU cache keyed by its spec: a repeated schema compiles once. A new schema
+is compiled first in a child process with a deadline (CompileScreen), since llguidance's own
+limits do not bound every schema's compile time.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 MAX_SCHEMA_BYTES = 64 * 1024
 CACHE_ENTRIES = 64
+MAX_ERROR_CHARS = 400
 WHITESPACE_MAX_CHARS = 24
 # At most once at each place JSON allows whitespace (llguidance's whitespace_pattern semantics).
 WHITESPACE_PATTERN = r"[\x20\x0A\x0D\x09]{1,%d}" % WHITESPACE_MAX_CHARS
@@ -83,8 +86,10 @@ class Matcher:
         """Advance by the sampled token; GrammarError if the grammar forbids it."""
         if self._terminated:
             raise GrammarError(f"token {token_id} after the end of the structured reply")
+        if not 0 <= token_id < self.vocab_size:
+            raise GrammarError(f"token {token_id} is outside the vocabulary of {self.vocab_size}")
         if not self._ll.consume_token(int(token_id)):
-            raise GrammarError(f"token {token_id} breaks the structured output: {self._ll.get_error()}")
+            raise GrammarError(f"token {token_id} breaks the structured output: {self.error()}")
         if token_id == self._eos:
             self._terminated = True
 
@@ -102,7 +107,7 @@ class Matcher:
 
     def error(self) -> str:
         """Why the matcher is in error ('' when it is not)."""
-        return self._ll.get_error()
+        return short_error(self._ll.get_error())
 
 
 class GrammarCompiler:
@@ -171,10 +176,10 @@ class GrammarCompiler:
             except GrammarError as e:
                 return e
             if error:
-                return f"json_schema cannot be compiled: {error}"
+                return f"json_schema cannot be compiled: {short_error(error)}"
         ll_matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0, limits=self._limits)
         if ll_matcher.is_error():
-            return f"json_schema cannot be compiled: {ll_matcher.get_error()}"
+            return f"json_schema cannot be compiled: {short_error(ll_matcher.get_error())}"
         for warning in ll_matcher.get_grammar_warnings():
             logger.info("json_schema compiled with a warning: %s", warning)
         return ll_matcher
@@ -267,6 +272,13 @@ def parse_schema(text: str) -> dict:
     if not isinstance(schema, dict):
         raise GrammarError(f"json_schema must be a JSON object (a schema), got {type(schema).__name__}")
     return schema
+
+
+def short_error(message: str) -> str:
+    """llguidance's message without its non-verbose marker, cut to MAX_ERROR_CHARS (an error about
+    a regex quotes the whole regex)."""
+    message = message.replace("<non-verbose/>", "").strip()
+    return message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "..."
 
 
 def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:

@@ -116,7 +116,9 @@ def test_forbidden_token_is_refused(compiler, tokenizer):
     token = tokenizer.encode("hello")[0]
     with pytest.raises(GrammarError, match=f"token {token} breaks"):
         matcher.accept(token)
-    assert matcher.error()
+    assert matcher.error() and "non-verbose" not in matcher.error()
+    with pytest.raises(GrammarError, match="outside the vocabulary"):
+        compiler.matcher(json_object()).accept(VOCAB)
     logits = torch.zeros(1, VOCAB)  # a matcher in error lets only the end through
     mask_logits(logits, [0], [matcher])
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]
