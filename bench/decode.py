@@ -10,6 +10,13 @@ ratio to the first batch size of each, and the share of sequences whose greedy t
 transformers' (batched float math may differ in the last bits). Where the compiled attention kernel
 is built (compute_node._attention), a second paged runner over its own pool attends with torch
 over gathered blocks instead, in the same rounds: paged_vs_paged_torch is what the kernel gives.
+
+What per-sequence sampling costs a step: at each step of the paged runner, its logits are also
+sampled by compute_node.sampling with every parameter of vLLM's on for every row (temperature,
+top_k, top_p, min_p, the three penalties, a logit bias, logprobs with the top 5), each row with its
+own seed, as the engine does; the greedy choice is still what is decoded (so the replies stay
+comparable), and the sampler accepts it. `sampled_step_vs_greedy_step` is (forward + full sampling)
+over (forward + argmax), both timed in the same steps.
 """
 from __future__ import annotations
 
@@ -53,12 +60,25 @@ def prompts(tokenizer, batch: int, tokens: int) -> list[list[int]]:
             for i in range(batch)]
 
 
-class PagedDecode:
-    """Greedy decode of a batch with our paged model runner."""
+FULL_SAMPLING = dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.02, presence_penalty=0.5,
+                     frequency_penalty=0.5, repetition_penalty=1.1, logit_bias={13: 1.0, 28: -1.0},
+                     logprobs=True, top_logprobs=5)
 
-    def __init__(self, runner, ids: list[list[int]], blocks_per_seq: int):
+
+def full_samplers(ids: list[list[int]], vocab_size: int) -> list:
+    """One sampler per sequence with every sampling parameter on, each with its own seed."""
+    from compute_node.sampling import SamplingParams, SequenceSampler
+    return [SequenceSampler(SamplingParams(seed=i, **FULL_SAMPLING), vocab_size, seq) for i, seq in enumerate(ids)]
+
+
+class PagedDecode:
+    """Greedy decode of a batch with our paged model runner; with samplers, also the time to sample each
+    step's logits with them (greedy_s and sampling_s: the argmax's time and theirs)."""
+
+    def __init__(self, runner, ids: list[list[int]], blocks_per_seq: int, samplers: list | None = None):
         from compute_node.model_runner import SeqRun
-        self.SeqRun, self.runner = SeqRun, runner
+        self.SeqRun, self.runner, self.samplers = SeqRun, runner, samplers
+        self.greedy_s = self.sampling_s = 0.0
         order = torch.randperm(runner.pool.shape[0], generator=torch.Generator().manual_seed(len(ids))).tolist()
         self.tables = [order[s * blocks_per_seq:(s + 1) * blocks_per_seq] for s in range(len(ids))]
         self.last = [runner.greedy(runner.step([SeqRun(seq, 0, t)]))[0] for seq, t in zip(ids, self.tables)]
@@ -66,15 +86,31 @@ class PagedDecode:
         self.out = [[t] for t in self.last]
 
     def steps(self, n: int) -> float:
-        """Seconds for n decode steps."""
-        start = time.perf_counter()
+        """Seconds for n greedy decode steps (the sampling measured beside them left out)."""
+        start, sampling = time.perf_counter(), 0.0
         for _ in range(n):
             runs = [self.SeqRun([t], self.length, table) for t, table in zip(self.last, self.tables)]
-            self.last = self.runner.greedy(self.runner.step(runs))
+            logits = self.runner.step(runs)
+            picked = time.perf_counter()
+            self.last = self.runner.greedy(logits)
+            if self.samplers is not None:
+                sampling += self._sample(logits, time.perf_counter() - picked)
             self.length += 1
             for seq, t in zip(self.out, self.last):
                 seq.append(t)
-        return time.perf_counter() - start
+        return time.perf_counter() - start - sampling
+
+    def _sample(self, logits, greedy_s: float) -> float:
+        """Sample the step's logits with every parameter on, as the engine would; the seconds it took."""
+        from compute_node.sampling import sample
+        begin = time.perf_counter()
+        sample(logits, self.samplers)
+        for sampler, token in zip(self.samplers, self.last):
+            sampler.accept(token)
+        spent = time.perf_counter() - begin
+        self.greedy_s += greedy_s
+        self.sampling_s += spent
+        return spent
 
 
 class TransformersDecode:
@@ -105,17 +141,26 @@ class TransformersDecode:
 def measure(runners: dict, model, ids: list[list[int]], args, blocks_per_seq: int, progress) -> dict:
     """Every decoder over one batch (the paged runners by name, and transformers), their timed rounds
     interleaved."""
-    decoders = {kind: PagedDecode(runner, ids, blocks_per_seq) for kind, runner in runners.items()}
+    vocab = model.config.vocab_size
+    decoders = {kind: PagedDecode(runner, ids, blocks_per_seq, full_samplers(ids, vocab) if kind == "paged" else None)
+                for kind, runner in runners.items()}
     decoders["transformers"] = TransformersDecode(model, ids)
     for d in decoders.values():
         d.steps(args.warmup_steps)
+    paged = decoders["paged"]
+    paged.greedy_s = paged.sampling_s = 0.0
     rates = {k: [] for k in decoders}
     for _ in range(args.rounds):
         for kind, d in decoders.items():
             rates[kind].append(len(ids) * args.steps / d.steps(args.steps))
             progress.update(1)
     same = sum(a == b for a, b in zip(decoders["paged"].out, decoders["transformers"].out)) / len(ids)
-    row = {"identical_to_transformers": same}
+    timed = args.rounds * args.steps
+    step_s = sum(len(ids) * args.steps / r for r in rates["paged"]) / timed  # forward + argmax
+    greedy_s, sampling_s = paged.greedy_s / timed, paged.sampling_s / timed
+    row = {"identical_to_transformers": same, "step_ms": step_s * 1e3, "greedy_ms_per_step": greedy_s * 1e3,
+           "sampling_ms_per_step": sampling_s * 1e3,
+           "sampled_step_vs_greedy_step": stats.ratio(step_s - greedy_s + sampling_s, step_s)}
     for kind in decoders:
         row |= {f"{kind}_tokens_per_s": max(rates[kind]), f"{kind}_tokens_per_s_median": stats.median(rates[kind]),
                 f"{kind}_rounds_tokens_per_s": rates[kind]}
@@ -182,6 +227,7 @@ def ratios(rows: dict[int, dict]) -> dict[str, float]:
                 out[f"{kind}_tokens_per_s_{b}_vs_{first}"] = r[f"{kind}_vs_first"]
         r["paged_vs_transformers"] = stats.ratio(r["paged_tokens_per_s"], r["transformers_tokens_per_s"])
         out[f"paged_vs_transformers_{b}"] = r["paged_vs_transformers"]
+        out[f"sampled_step_vs_greedy_step_{b}"] = r["sampled_step_vs_greedy_step"]
         if "paged_torch_tokens_per_s" in r:
             r["paged_vs_paged_torch"] = stats.ratio(r["paged_tokens_per_s"], r["paged_torch_tokens_per_s"])
             out[f"paged_vs_paged_torch_{b}"] = r["paged_vs_paged_torch"]
@@ -196,7 +242,8 @@ def render(result: dict) -> str:
              round(r["transformers_tokens_per_s_median"], 1), round(r["transformers_vs_first"], 2),
              round(r["paged_vs_transformers"], 2), round(r["identical_to_transformers"], 2),
              round(r["paged_torch_tokens_per_s"], 1) if "paged_torch_tokens_per_s" in r else "-",
-             round(r["paged_vs_paged_torch"], 2) if "paged_vs_paged_torch" in r else "-"]
+             round(r["paged_vs_paged_torch"], 2) if "paged_vs_paged_torch" in r else "-",
+             round(r["step_ms"], 1), round(r["sampling_ms_per_step"], 2), round(r["sampled_step_vs_greedy_step"], 2)]
             for b, r in result["results"]["batches"].items()]
     title = (f"greedy decode after {s['context_tokens']}-token contexts, {s['rounds']} rounds of {s['steps']} steps "
              f"(tokens/s: best round, median), blocks of {s['block_tokens']} tokens, {s['torch_threads']} torch threads, "
@@ -205,7 +252,8 @@ def render(result: dict) -> str:
         title,
         format_table(["batch", "paged tok/s", "median", "x first", "transformers tok/s", "median", "x first",
                              "paged/transformers", "identical", "paged, torch attention tok/s",
-                             "paged/torch attention"], rows)])
+                             "paged/torch attention", "step ms", "full sampling ms", "sampled/greedy step"],
+                     rows)])
 
 
 if __name__ == "__main__":
