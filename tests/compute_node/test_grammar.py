@@ -1,6 +1,7 @@
 """Constrained decoding with the real tokenizer: the text a grammar lets through parses and fits."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 
@@ -186,6 +187,22 @@ def test_identical_schema_compiles_once_and_the_cache_is_bounded(tokenizer):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # numpy's path and torch's
+def test_threads_compile_at_once(tokenizer):
+    """The servicer's threads compile while others do: each gets its own schema's matcher."""
+    compiler = GrammarCompiler(tokenizer, VOCAB)
+    schemas = [{"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"]} for i in range(6)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            matchers = list(pool.map(lambda schema: compiler.matcher(json_schema(schema)), schemas))
+        for i, matcher in enumerate(matchers):
+            for token in tokenizer.encode('{"k%d":%d}' % (i, i)) + [EOS]:
+                matcher.accept(token)
+            assert matcher.is_terminated()
+        assert compiler.compilations == 6
+    finally:
+        compiler.close()
+
+
 def test_mask_batch_leaves_unconstrained_rows_untouched(compiler, tokenizer, dtype):
     a, b = compiler.matcher(json_object()), compiler.matcher(json_schema(PERSON))
     for token in tokenizer.encode('{"name'):
