@@ -1,10 +1,286 @@
-"""The OpenAI API's routes beyond chat: /v1/completions, /v1/models/{id}, /tokenize, /detokenize,
-/version and /metrics, as vLLM's server has them. (Being written: issue 32.)"""
+"""The OpenAI API's routes beyond chat, as vLLM's server has them: POST /v1/completions,
+GET /v1/models/{id}, POST /tokenize, POST /detokenize, GET /version and GET /metrics.
+
+Thin: handlers parse (completions_format, tokenize_format), run turns (completion_turns) and write
+JSON or server-sent events as http_api does for chat. /v1/completions, /tokenize and /detokenize
+take the user's bearer token (401 before anything else). /metrics takes an operator's token
+(settings `operators`; Prometheus sends it as `authorization: credentials`): it shows every
+tenant's traffic and the whole system's load, which one user may not see of the others (a user's
+token is 403; users have SystemStats' aggregates). /version and /v1/models/{id}, like /v1/models
+and /health, are open.
+
+A completions stream: with echo, each choice's prompt text first; a chunk per generated token that
+adds text (or carries logprobs), a chunk with the finish_reason per choice, the usage chunk when
+asked, `data: [DONE]`. The response begins with the first generated token, so the compute node's
+refusal is still a 400; an error after that is one `data: {"error": ...}` event before [DONE].
+"""
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import importlib.metadata
+import logging
+import time
+import uuid
+
+import grpc
 from aiohttp import web
+
+from chat_frontend import completions_format as cf
+from chat_frontend import http_api, vllm_metrics
+from chat_frontend import openai_format as oa
+from chat_frontend import tokenize_format as tf
+from chat_frontend.agent_client import chat_error
+from chat_frontend.completion_turns import CompletionTurns, Finished, Token, check_fits, encode
+from chat_frontend.errors import ChatError
+from kvtb.rpc import aio_channel
+from kvtb_proto import compute_pb2, compute_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+PACKAGE = "kvtestbed"
 
 
 def routes(api) -> list[web.RouteDef]:
     """The routes of these endpoints on the API of `api` (an http_api.OpenAiApi)."""
-    return []
+    handlers = Handlers(api)
+    return [web.post("/v1/completions", handlers.completions),
+            web.get("/v1/models/{model_id:.+}", handlers.model),
+            web.post("/tokenize", handlers.tokenize), web.post("/detokenize", handlers.detokenize),
+            web.get("/version", handlers.version), web.get("/metrics", handlers.metrics)]
+
+
+async def decode(agent, token_ids: list[int]) -> str:
+    """The text of token ids (the compute node's Decode, through the agent)."""
+    if hasattr(agent, "decode"):  # a test's fake
+        return await agent.decode(token_ids)
+    # AgentClient has no Decode call: a channel of this call's own, with the agent's address and security
+    async with aio_channel(agent.address, agent.security, peer="smartnic") as channel:
+        try:
+            reply = await compute_pb2_grpc.ComputeNodeStub(channel).Decode(
+                compute_pb2.DecodeRequest(token_ids=token_ids), timeout=30.0)
+        except grpc.aio.AioRpcError as exc:
+            raise chat_error(exc, agent.address) from None
+    return reply.text
+
+
+def _refused(what: str, exc: ChatError) -> web.Response:
+    logger.info("%s refused: %s", what, exc)
+    return http_api.refusal(exc)
+
+
+def _failed(what: str, exc: Exception) -> web.Response:
+    logger.exception("%s failed", what)
+    return http_api.error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}")
+
+
+class Handlers:
+    """The endpoints' handlers over the API's service (its agent, admission, settings, metrics)."""
+
+    def __init__(self, api):
+        self.api = api
+        self.service = api.service
+        self.finishes = vllm_metrics.FinishCounts()
+        self.turns = CompletionTurns(self.service, self.finishes)
+        self.stats = vllm_metrics.StatsCache(lambda: self.service.agent.compute_stats())
+
+    # /v1/completions
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        start_ns = time.time_ns()
+        try:
+            user = self.service.user("", request.headers.items())  # 401 before anything else
+            settings = self.service.settings
+            req = cf.parse_request(await request.read(), settings.max_new_tokens_cap, settings.max_n)
+            cf.check_model(req.model, self.api.model())
+            info = await self.service.agent.info()
+            req = dataclasses.replace(req, sampling=oa.apply_defaults(req.sampling, req.given,
+                                                                      info.generation_defaults))
+            prompts = await encode(self.service, req)
+            for i, ids in enumerate(prompts):
+                check_fits(i, len(ids), req.max_tokens, info.max_context_tokens)
+            echoes = [await self._text(p, ids) if req.echo else "" for p, ids in zip(req.prompts, prompts)]
+        except ChatError as exc:
+            return _refused("completion", exc)
+        except Exception as exc:
+            return _failed("completion", exc)
+        completion_id = "cmpl-" + (req.request_id or uuid.uuid4().hex[:24])
+        if req.max_tokens == 0:  # echo alone: the prompts, nothing generated
+            return await self._echo_only(request, req, completion_id, prompts, echoes)
+        events = self.turns.run(user, req, prompts, start_ns)
+        try:
+            first = await anext(events)  # admitted, and the compute node took the turn
+        except ChatError as exc:
+            return _refused("completion", exc)
+        except Exception as exc:
+            return _failed("completion", exc)
+        events = _chain(first, events)
+        if req.stream:
+            return await self._stream(request, req, completion_id, events, prompts, echoes)
+        try:
+            choices = await _collect(events, req, prompts, echoes)
+        except ChatError as exc:
+            return _refused("completion", exc)
+        except Exception as exc:
+            return _failed("completion", exc)
+        return web.json_response(cf.completion(completion_id, req, choices))
+
+    async def _text(self, prompt: cf.Prompt, ids: list[int]) -> str:
+        return prompt if isinstance(prompt, str) else await decode(self.service.agent, ids)
+
+    async def _echo_only(self, request, req, completion_id, prompts, echoes) -> web.StreamResponse:
+        choices = [cf.Choice(p * req.n + j, echoes[p], [], "length", prompt_tokens=len(ids))
+                   for p, ids in enumerate(prompts) for j in range(req.n)]
+        if not req.stream:
+            return web.json_response(cf.completion(completion_id, req, choices))
+        response = await _open_stream(request)
+        for c in choices:
+            await response.write(oa.sse(cf.chunk(completion_id, req.model, c.index, c.text)))
+            await response.write(oa.sse(cf.chunk(completion_id, req.model, c.index, "", None, "length")))
+        return await _close_stream(response, req, completion_id, choices)
+
+    async def _stream(self, request, req: cf.CompletionsRequest, completion_id: str, events, prompts,
+                      echoes) -> web.StreamResponse:
+        response = await _open_stream(request)
+        offsets = [0] * req.choices
+        done = []
+        try:
+            for index in range(req.choices):
+                if echoes[index // req.n]:
+                    await response.write(oa.sse(cf.chunk(completion_id, req.model, index, echoes[index // req.n])))
+            async for event in events:
+                if isinstance(event, Token):
+                    token = event.token
+                    if not token.text and req.logprobs is None:
+                        continue
+                    lp = None if req.logprobs is None else cf.logprobs([token], offsets[event.index],
+                                                                         req.token_ids_as_tokens)
+                    offsets[event.index] += len(token.text)
+                    await response.write(oa.sse(cf.chunk(completion_id, req.model, event.index, token.text, lp)))
+                elif isinstance(event, Finished):
+                    choice = _finished(event, req, prompts, "", [])
+                    done.append(choice)
+                    await response.write(oa.sse(cf.chunk(completion_id, req.model, event.index, "", None,
+                                                         choice.finish_reason, choice.stop_reason)))
+        except ConnectionResetError:  # the client went away: stop the turns (their agent calls end)
+            logger.info("completion %s: the client went away", completion_id)
+            await events.aclose()
+            return response
+        except ChatError as exc:
+            logger.info("completion failed while streaming: %s", exc)
+            await response.write(oa.sse(oa.error_body(exc.code, exc.message, exc.param)[1]))
+            done = []
+        except Exception as exc:
+            logger.exception("completion failed while streaming")
+            await response.write(oa.sse(oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")[1]))
+            done = []
+        return await _close_stream(response, req, completion_id, done)
+
+    # /v1/models/{id}, /version
+
+    async def model(self, request: web.Request) -> web.Response:
+        if not self.api.ready():
+            return http_api.error_response("UNAVAILABLE", "the model is still loading")
+        model_id = request.match_info["model_id"]
+        if model_id != self.api.model():
+            return web.json_response({"error": {
+                "message": f"The model '{model_id[:200]}' does not exist", "type": "invalid_request_error",
+                "param": "model", "code": "model_not_found"}}, status=404)
+        return web.json_response(cf.model_object(model_id))
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": importlib.metadata.version(PACKAGE)})
+
+    # /tokenize, /detokenize
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            self.service.user("", request.headers.items())
+            req = tf.parse_tokenize(await request.read())
+            if req.model is not None:
+                cf.check_model(req.model, self.api.model())
+            info = await self.service.agent.info()
+            ids = await self.service.agent.encode_chat(req.encode)
+            strs = None
+            if req.return_token_strs:
+                if len(ids) > tf.MAX_TOKEN_STRS:
+                    raise ChatError("INVALID_ARGUMENT", f"return_token_strs for {len(ids)} tokens: at most "
+                                    f"{tf.MAX_TOKEN_STRS}", "return_token_strs")
+                strs = list(await asyncio.gather(*(decode(self.service.agent, [i]) for i in ids)))
+        except ChatError as exc:
+            return _refused("tokenize", exc)
+        except Exception as exc:
+            return _failed("tokenize", exc)
+        return web.json_response(tf.tokenize_response(ids, info.max_context_tokens, strs))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        try:
+            self.service.user("", request.headers.items())
+            model, ids = tf.parse_detokenize(await request.read())
+            if model is not None:
+                cf.check_model(model, self.api.model())
+            text = await decode(self.service.agent, ids)
+        except ChatError as exc:
+            return _refused("detokenize", exc)
+        except Exception as exc:
+            return _failed("detokenize", exc)
+        return web.json_response({"prompt": text})
+
+    # /metrics
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        try:
+            user = self.service.user("", request.headers.items())
+            if user not in self.service.settings.operators:
+                raise ChatError("PERMISSION_DENIED", "/metrics shows every tenant's traffic: it takes an "
+                                "operator's token (settings operators)")
+        except ChatError as exc:
+            return _refused("metrics", exc)
+        body = await vllm_metrics.scrape(self.api.model() or "unknown", self.stats, self.finishes.counts)
+        return web.Response(body=body, headers={"Content-Type": vllm_metrics.CONTENT_TYPE})
+
+
+def _finished(event: Finished, req: cf.CompletionsRequest, prompts, text: str, tokens: list) -> cf.Choice:
+    rec = event.record
+    return cf.Choice(event.index, text, tokens, rec.finish_reason, cf.stop_reason(rec, req.sampling),
+                     completion_tokens=rec.tokens_out, prompt_tokens=len(prompts[event.index // req.n]),
+                     cached_tokens=rec.tokens_reused)
+
+
+async def _collect(events, req: cf.CompletionsRequest, prompts, echoes) -> list[cf.Choice]:
+    """Every choice, once all ended."""
+    tokens: list[list] = [[] for _ in range(req.choices)]
+    choices = {}
+    async for event in events:
+        if isinstance(event, Token):
+            tokens[event.index].append(event.token)
+        else:
+            text = echoes[event.index // req.n] + "".join(t.text for t in tokens[event.index])
+            choices[event.index] = _finished(event, req, prompts, text, tokens[event.index])
+    if len(choices) != req.choices:
+        raise ChatError("INTERNAL", f"the request ended with {len(choices)} of its {req.choices} choices")
+    return [choices[i] for i in range(req.choices)]
+
+
+async def _chain(first, events):
+    """first, then the rest of events (closing them when this is closed)."""
+    async with contextlib.aclosing(events):
+        yield first
+        async for event in events:
+            yield event
+
+
+async def _open_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    return response
+
+
+async def _close_stream(response: web.StreamResponse, req: cf.CompletionsRequest, completion_id: str,
+                        choices: list[cf.Choice]) -> web.StreamResponse:
+    if req.include_usage and choices:
+        await response.write(oa.sse(cf.usage_chunk(completion_id, req.model, choices, req.n)))
+    await response.write(oa.sse("[DONE]"))
+    await response.write_eof()
+    return response
