@@ -186,7 +186,6 @@ def test_identical_schema_compiles_once_and_the_cache_is_bounded(tokenizer):
     compiler.close()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # numpy's path and torch's
 def test_threads_compile_at_once(tokenizer):
     """The servicer's threads compile while others do: each gets its own schema's matcher."""
     compiler = GrammarCompiler(tokenizer, VOCAB)
@@ -203,6 +202,7 @@ def test_threads_compile_at_once(tokenizer):
         compiler.close()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # numpy's path and torch's
 def test_mask_batch_leaves_unconstrained_rows_untouched(compiler, tokenizer, dtype):
     a, b = compiler.matcher(json_object()), compiler.matcher(json_schema(PERSON))
     for token in tokenizer.encode('{"name'):
