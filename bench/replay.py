@@ -130,7 +130,7 @@ def stack_config(args) -> dict:
     """Users of their own for each repetition of the QA, the trace and the warm-up; the QA's system
     prompt is its tenant's shared system prompt."""
     system = multiround.system_prompt(workload(args))
-    frontend = {"message_max_chars": 200_000, **({"shared_system_prompts": {"default": system}} if system else {})}
+    frontend = {"shared_system_prompts": {"default": system}} if system else {}
     return bench_config(pool_tokens=args.pool_tokens, max_context_tokens=4096, users=args.reps * args.users + 2,
                         max_new_tokens=args.max_new_tokens, frontend=frontend)
 
@@ -142,8 +142,7 @@ def trace_stack_config(args) -> dict:
                 if args.trace_capacity_mib else {})
     return bench_config(pool_tokens=args.trace_pool_tokens, max_context_tokens=4096,
                         users=args.trace_users + 1, max_new_tokens=args.trace_max_new_tokens,
-                        smartnic=smartnic,
-                        frontend={"message_max_chars": 200_000})
+                        smartnic=smartnic)
 
 
 def storage_figures(stack: Stack) -> dict:

@@ -52,9 +52,6 @@ class FrontendSettings:
     shared_system_prompts: Mapping[str, str] = dataclasses.field(default_factory=dict)
     session_headers: tuple[str, ...] = ()    # headers naming the session after X-Session-Id (X-Correlation-ID)
     session_from_user_field: bool = False    # OpenAI's `user` field names the session when no header does
-    # Unused (kept so that configs setting it still load): a prompt is bounded in tokens by the
-    # model's context, and before that by the request's size (http_api.MAX_BODY_BYTES, gRPC's bound).
-    message_max_chars: int = 4000
     max_n: int = 8                           # choices one request may ask for (OpenAI's n)
     max_new_tokens_default: int = 256
     max_new_tokens_cap: int = 1024
@@ -77,7 +74,6 @@ class FrontendSettings:
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
         require(self.listen_address, "listen_address must be set")
         require(self.agent_address, "agent_address must be set")
-        require(self.message_max_chars > 0, "message_max_chars must be positive")
         require(isinstance(self.max_n, int) and 1 <= self.max_n <= 64, "max_n must be in [1, 64]")
         require(0 < self.max_new_tokens_default <= self.max_new_tokens_cap,
                 "need 0 < max_new_tokens_default <= max_new_tokens_cap")

@@ -79,8 +79,8 @@ def test_agent_never_restores_another_users_kv(triggered):
     ("alice", "wrong-token", "hello", "", 8, "UNAUTHENTICATED", "unknown token"),
     ("alice", "", "hello", "", 8, "UNAUTHENTICATED", "no token"),
     ("alice", None, "   ", "", 8, "INVALID_ARGUMENT", "message is empty"),
-    ("alice", None, "x" * 600, "", 8, "INVALID_ARGUMENT",
-     "message is 600 characters, over the limit of 500 by 100"),
+    ("alice", None, "lorem ipsum " * 600, "", 8, "INVALID_ARGUMENT",  # limits are in tokens, not characters
+     "over the model's context of 1024 tokens by"),
     ("alice", None, "hello", "ctx unknown", 8, "INVALID_ARGUMENT", "context_id must be ASCII letters"),
     ("alice", None, "hello", "", 2000, "INVALID_ARGUMENT",
      "max_new_tokens is 2000, over the limit of 1024 by 976"),
