@@ -73,8 +73,8 @@ class GrammarError(ValueError):
 class Matcher:
     """One sequence's position in its grammar. Used by the engine thread only.
 
-    Invariant: after a GrammarError from accept the matcher stays in error (every later accept
-    raises) and its mask allows eos alone."""
+    Invariant: once accept refused a token the grammar forbids, the matcher stays in error (every
+    later accept raises) and its mask allows eos alone."""
 
     def __init__(self, ll_matcher: llguidance.LLMatcher, eos_token_id: int, vocab_size: int):
         self._ll = ll_matcher
@@ -145,13 +145,13 @@ class GrammarCompiler:
                 self._cache.move_to_end(key)
         if entry is None:
             entry = self._compile(key)
+            if isinstance(entry, GrammarError):  # the screen was busy: not the schema's fault, not cached
+                raise entry
             with self._lock:
                 self._cache[key] = entry
                 self._cache.move_to_end(key)
                 while len(self._cache) > self._cache_entries:
                     self._cache.popitem(last=False)
-        if isinstance(entry, GrammarError):  # not cached: the screen was busy
-            raise entry
         if isinstance(entry, str):  # a compile error, cached too: a bad schema resent costs nothing
             raise GrammarError(entry)
         return Matcher(entry.deep_copy(), self.eos_token_id, self.vocab_size)

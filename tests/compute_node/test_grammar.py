@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from compute_node import grammar
 from compute_node.grammar import (
     MAX_SCHEMA_BYTES,
     WHITESPACE_MAX_CHARS,
@@ -166,6 +167,18 @@ def test_a_schema_that_compiles_for_too_long_is_refused_in_bounded_time(tokenize
             compiler.matcher(json_schema(slow))
         assert time.monotonic() - start < 0.1
         compiler.matcher(json_schema(PERSON))  # a new child compiles the next schema
+    finally:
+        compiler.close()
+
+
+def test_a_busy_compiler_refuses_without_caching_the_refusal(tokenizer, monkeypatch):
+    monkeypatch.setattr(grammar, "COMPILE_QUEUE_TIMEOUT_S", 0.1)
+    compiler = GrammarCompiler(tokenizer, VOCAB)
+    try:
+        with compiler._screen._lock:  # another thread's schema compiling
+            with pytest.raises(GrammarError, match="busy"):
+                compiler.matcher(json_schema(PERSON))
+        compiler.matcher(json_schema(PERSON))
     finally:
         compiler.close()
 
