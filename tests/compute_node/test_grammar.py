@@ -38,7 +38,7 @@ def compiler(tokenizer):
 @pytest.fixture(scope="module")
 def closer_bias(tokenizer):
     """+2 on the logits of tokens holding a quote, brace or bracket: random logits alone almost
-    never end a JSON string (a quote is one token in ~200), so the replies would not finish."""
+    never end a JSON string (291 of 49,152 tokens hold one of them), so the replies would not finish."""
     texts = [tokenizer.decode([i]) for i in range(len(tokenizer))]
     return torch.tensor([2.0 if any(c in t for c in '"}]') else 0.0 for t in texts] + [0.0] * (VOCAB - len(texts)))
 
