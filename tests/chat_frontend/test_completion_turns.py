@@ -1,0 +1,76 @@
+"""Completions' raw-token turns: the context checked in tokens, the user's fair share, the counts."""
+import asyncio
+import json
+
+import pytest
+
+from chat_frontend import completions_format as cf
+from chat_frontend.chat_service import ChatService
+from chat_frontend.completion_turns import CompletionTurns, Finished, Token, check_fits
+from chat_frontend.errors import ChatError
+from chat_frontend.settings import FrontendSettings
+from chat_frontend.store import SessionStore
+from chat_frontend.vllm_metrics import FinishCounts
+
+from .fakes import FakeEngine
+
+
+def request(**body) -> cf.CompletionsRequest:
+    return cf.parse_request(json.dumps({"model": "fake", "prompt": [[20, 21]], **body}).encode(), 64, 4,
+                            draw_seed=lambda: 3)
+
+
+def test_check_fits_says_by_how_much():
+    check_fits(0, 10, 6, 16)
+    with pytest.raises(ChatError) as info:
+        check_fits(2, 10, 8, 16)
+    assert info.value.code == "INVALID_ARGUMENT" and "prompt[2]" in info.value.message
+    assert "by 2" in info.value.message and info.value.param == "max_tokens"
+
+
+def run(engine, scenario, **settings):
+    async def main():
+        service = ChatService(FrontendSettings(users={"alice": "t-alice"}, tenants={"alice": "team-a"}, **settings),
+                              SessionStore(":memory:"), engine)
+        turns = CompletionTurns(service, FinishCounts())
+        return await scenario(service, turns)
+    return asyncio.run(main())
+
+
+def test_a_request_runs_its_choices_and_counts_them_for_the_tenant():
+    engine = FakeEngine(stop=False, reply_words=2)
+
+    async def scenario(service, turns):
+        events = [e async for e in turns.run("alice", request(n=2, prompt=[[20, 21], [22]]), [[20, 21], [22]], 0)]
+        return events, service.tenants.snapshot(), turns.finishes.counts, service.turns_completed
+    events, (by_status, tokens), finishes, completed = run(engine, scenario)
+    assert sorted(e.index for e in events if isinstance(e, Finished)) == [0, 1, 2, 3]
+    assert sum(isinstance(e, Token) for e in events) == 8
+    assert [t.request_id.split("-")[-1] for t in engine.turns[1:]] == ["1", "2", "3"]
+    assert all(t.tenant == "team-a" and t.user_id == "alice" for t in engine.turns)
+    assert by_status == {("team-a", "ok"): 1} and tokens[("team-a", "generation")] == 8
+    assert finishes == {"length": 4} and completed == 1
+
+
+def test_past_the_users_share_it_is_refused_and_counted():
+    engine = FakeEngine()
+    gate = asyncio.Event()
+
+    class Held(FakeEngine):
+        async def generate(self, request):
+            await gate.wait()
+            async for event in engine.generate(request):
+                yield event
+
+    async def scenario(service, turns):
+        first = turns.run("alice", request(), [[20, 21]], 0)
+        started = asyncio.ensure_future(anext(first))
+        await asyncio.sleep(0.05)  # the first holds the user's one place
+        with pytest.raises(ChatError) as info:
+            await anext(turns.run("alice", request(), [[20, 21]], 0))
+        gate.set()
+        await started
+        await first.aclose()
+        return info.value.code, service.tenants.snapshot()[0]
+    code, by_status = run(Held(), scenario, user_max_concurrent_turns=1, user_max_waiting_turns=0)
+    assert code == "RESOURCE_EXHAUSTED" and by_status[("team-a", "RESOURCE_EXHAUSTED")] == 1
