@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import urllib.request
 import uuid
 
-import httpx
 import openai
 import pytest
 
@@ -169,11 +169,12 @@ def test_min_tokens_lengthens_a_short_reply_and_ignore_eos_fills_max_tokens(clie
 
 def tokenize(triggered, text: str) -> list[int]:
     """The server's /tokenize of a text alone (no chat template)."""
-    answer = httpx.post(f"http://{triggered.services['frontend']['http']}/tokenize", timeout=60,
-                        headers={"Authorization": f"Bearer {USERS['carol']}"},
-                        json={"model": MODEL, "prompt": text, "add_special_tokens": False})
-    answer.raise_for_status()
-    return answer.json()["tokens"]
+    request = urllib.request.Request(
+        f"http://{triggered.services['frontend']['http']}/tokenize", method="POST",
+        headers={"Authorization": f"Bearer {USERS['carol']}", "Content-Type": "application/json"},
+        data=json.dumps({"model": MODEL, "prompt": text, "add_special_tokens": False}).encode())
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())["tokens"]
 
 
 def test_logit_bias_and_stop_token_ids(client, triggered):
