@@ -204,3 +204,16 @@ def test_the_weights_and_the_pool_are_shared_not_copied(model, attention):
     table = tables(1)[0]
     runner.step([SeqRun(prompt(12, 5), 0, table)])
     assert llama.pool.data_ptr() == before
+
+
+def test_a_chunk_after_cached_tokens_converts_no_mask_per_layer(model):
+    """Its additive mask is built once per step: scaled_dot_product_attention would turn a bool mask into
+    one at every layer (aten::where over [chunk, context])."""
+    runner, ids, table = new_runner(model, False), prompt(45, 3), tables(1)[0]
+    runner.step([SeqRun(ids[:21], 0, table)])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        logits = runner.step([SeqRun(ids[21:], 21, table)])
+    names = [e.key for e in prof.key_averages()]
+    assert "aten::scaled_dot_product_attention" in names
+    assert "aten::where" not in names
+    close(logits[0], reference(model, ids)[44])

@@ -75,3 +75,11 @@ def test_a_pool_or_query_of_another_type_or_shape_is_refused_before_the_kernel_r
         tokens.attend(pool(), 0, torch.zeros(1, HEADS, HEAD_DIM * 2))
     with pytest.raises(ValueError, match="layer 3 out of range"):
         tokens.attend(pool(), LAYERS, q)
+
+
+def test_a_prefill_chunk_sees_every_cached_key_and_its_own_up_to_itself():
+    mask = paged_attention.prefill_mask(cached=5, ctx=8, device="cpu")  # a chunk of 3 after 5 cached tokens
+    assert mask.dtype == torch.float32 and mask.shape == (3, 8)
+    visible = mask == 0
+    assert visible.tolist() == [[True] * 6 + [False] * 2, [True] * 7 + [False], [True] * 8]
+    assert torch.isneginf(mask[~visible]).all()
