@@ -70,6 +70,10 @@ class GrammarError(ValueError):
     the message says why (a compile error goes to the client as 400)."""
 
 
+class GrammarBusy(GrammarError):
+    """The compiler is busy with other schemas: the server's state, not the request's fault (retry)."""
+
+
 class Matcher:
     """One sequence's position in its grammar. Used by the engine thread only.
 
@@ -199,7 +203,7 @@ class CompileScreen:
         """llguidance's error for the grammar ('' when it compiles), or a message that it took too
         long or too much memory; GrammarError when the screen stays busy with other grammars."""
         if not self._lock.acquire(timeout=COMPILE_QUEUE_TIMEOUT_S):
-            raise GrammarError("the schema compiler is busy with other schemas; retry later")
+            raise GrammarBusy("the schema compiler is busy with other schemas; retry later")
         try:
             return self._check(grammar)
         finally:
