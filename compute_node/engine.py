@@ -374,10 +374,12 @@ class Engine:
         logits = self.runner.step(runs, self._between_layers(wait))  # [S, vocab]
         self.cost.add_step(time.perf_counter() - start, [(s.start, s.num_tokens, s.seq.kv_mark) for s in out.scheduled])
         dropped = self._settle_joined(wait)
-        rows = [i for i, s in enumerate(out.scheduled) if s.samples]
+        rows = [i for i, s in enumerate(out.scheduled) if s.samples and s.seq.seq_id not in dropped]
         sampled, logprobs = self._sample(logits, rows, [out.scheduled[i].seq for i in rows])
         by_seq = {out.scheduled[i].seq.seq_id: lp for i, lp in zip(rows, logprobs)}
-        finished = self.scheduler.postprocess(out, sampled)  # skips the dropped: no longer running
+        drawn = dict(zip(rows, sampled))  # a dropped row draws nothing: its seed's draws stay for its reply
+        tokens = [drawn.get(i, 0) for i, s in enumerate(out.scheduled) if s.samples]
+        finished = self.scheduler.postprocess(out, tokens)  # skips the dropped: no longer running
         self.steps += 1
         now = time.perf_counter()
         for s, (table, computed) in zip(out.scheduled, tables):

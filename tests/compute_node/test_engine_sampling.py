@@ -153,6 +153,18 @@ def test_a_reply_ended_by_a_stop_string_stores_its_blocks_and_is_restored_as_any
     assert follow.kv_source == "restored" and follow.tokens_reused == computed, follow.fallback_reason
 
 
+def test_a_seeded_reply_is_the_same_when_its_restore_left_the_batch_for_a_step(make_node):
+    node = make_node(nic=True, restore_layer_wait_s=0.1)
+    seeded = compute_pb2.Sampling(temperature=1.0, seed=99)
+    first, _, _ = run_turn(node, PROMPT, "ctx", "triggered", n=10)
+    time.sleep(0.05)
+    follow = PROMPT + first + [7, 8, 9]
+    reference, _, _ = run_turn(node, follow, "ref", "recompute", n=10, sampling=seeded)
+    node.nic.group_delay_s = 0.5  # past the forward's wait: its first step in the batch is dropped
+    tokens, rec, _ = run_turn(node, follow, "ctx", "triggered", n=10, sampling=seeded)
+    assert rec.kv_source == "restored" and tokens == reference  # the dropped step drew nothing from its seed
+
+
 def test_held_back_text_goes_out_at_the_end_when_no_stop_string_matched(make_node):
     node = make_node()
     plain, _ = generate(node, n=10)
