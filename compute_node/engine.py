@@ -2,8 +2,10 @@
 
 Each loop: take new turns in, see which PUTs and restores have landed (by reading counters in
 the region: no RPC), ask the scheduler for the next step, run one forward over every scheduled
-sequence (decode tokens and prefill chunks together), sample, stream the tokens, and store each
-block that filled as the turn's policy says. A sequence whose KV is being restored waits outside
+sequence (decode tokens and prefill chunks together), sample (every sequence by its own sampling
+parameters, in one batched pass: compute_node.sampling), stream the tokens (a stop string or the
+end of a structured reply's grammar finishes its sequence there, as a stop token would), and store
+each block that filled as the turn's policy says. A sequence whose KV is being restored waits outside
 the batch while the others decode, until the first layer group of every block landed; then it
 joins, and the forward waits before each later group's first layer until that group landed
 (compute_node.restore: join, LayerWait). Between layers, every few ms, the forward also takes new
