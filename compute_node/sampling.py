@@ -176,6 +176,8 @@ class SequenceSampler:
         self.counts = None  # [vocab] int32: times each token was generated (presence, frequency)
         self.output = None  # the distinct generated tokens
         self.seen = None    # the distinct tokens of the prompt and the output (repetition)
+        self.bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)  # [b]
+        self.bias_values = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)  # [b]
         if params.presence_penalty or params.frequency_penalty:
             self.counts = torch.zeros(vocab_size, dtype=torch.int32)
             self.output = GrowingIds(vocab_size)
@@ -245,14 +247,10 @@ def process(x: torch.Tensor, samplers: list[SequenceSampler]) -> None:
 
 
 def apply_logit_bias(x: torch.Tensor, samplers: list[SequenceSampler]) -> None:
-    rows, ids, values = [], [], []
-    for k, s in enumerate(samplers):
-        for token, bias in s.params.logit_bias.items():
-            rows.append(k)
-            ids.append(token)
-            values.append(bias)
+    rows = [k for k, s in enumerate(samplers) if s.params.logit_bias]
     if rows:
-        x.index_put_((torch.tensor(rows), torch.tensor(ids)), torch.tensor(values, dtype=x.dtype), accumulate=True)
+        r, t = _pairs(rows, [samplers[k].bias_ids for k in rows])
+        x.index_put_((r, t), torch.cat([samplers[k].bias_values for k in rows]).to(x.dtype), accumulate=True)
 
 
 def _pairs(rows: list[int], ids: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
