@@ -24,6 +24,9 @@ gets a stack of its own in the same run, started in it, and the whole measuremen
 keeps the first placement's figures under the usual keys, every placement's in
 `results.by_placement` and as `<ratio>@<placement>`, and compares the key figures (restore /
 resident, the restored follow-up's TTFT) as `<figure>@nic_vs_shared`.
+
+In the same stack, `--prefill-sizes` new prompts are prefilled side by side (bench.prefill): tokens/s
+by prompt length, each against the smallest, and against what exact attention allows.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ import argparse
 import logging
 from pathlib import Path
 
-
+from bench import prefill
+from bench.placements import add_placements_arg, chosen, run_placements, tables
 from bench.results import (
     add_common_args,
     fail,
@@ -47,7 +51,6 @@ from bench.results import (
     run_bench,
     services_dir,
 )
-from bench.placements import add_placements_arg, chosen, run_placements, tables
 from bench.stack import Stack, bench_config
 from bench.stats import crossover, mean, ratio, summarize
 from bench.turns import FILLER, context_prompt, encode, follow_up_ids, generate
@@ -122,12 +125,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=2, help="tokens per follow-up reply")
     parser.add_argument("--torch-threads", type=int, default=0,
                         help="the compute node's torch threads (default 0: one per CPU of its placement's)")
+    parser.add_argument("--prefill-sizes", type=int, nargs="*",
+                        help=f"new prompts' lengths whose prefill tokens/s is measured (default {prefill.SIZES}; "
+                             f"none: not measured)")
+    parser.add_argument("--prefill-reps", type=int, default=2, help="rounds of every prefill size (default 2)")
     add_placements_arg(parser)
     args = parser.parse_args(argv)
+    if args.prefill_sizes is None:
+        args.prefill_sizes = list(prefill.SMOKE_SIZES if args.smoke else prefill.SIZES)
     args.placements = chosen(args.placements)
     args.sizes = args.sizes or list(SMOKE_SIZES if args.smoke else SIZES)
     if args.smoke:
         args.reps = min(args.reps, 2)
+    if min(args.reps, args.prefill_reps, *args.sizes, *args.prefill_sizes) < 1:
+        parser.error("sizes and repetitions must be positive")
     return args
 
 
@@ -197,8 +208,9 @@ def summarize_turns(turns: list) -> dict:
             "bytes_restored": [t.record.bytes_restored for t in turns]}
 
 
-def add_ratios(result: dict) -> None:
-    """recompute_vs_restore_<n>, restore_vs_resident_<n>, the crossover and the floors."""
+def add_ratios(result: dict, model_config=None) -> None:
+    """recompute_vs_restore_<n>, restore_vs_resident_<n>, the crossover, the prefill ratios (bench.prefill,
+    against model_config's FLOPs: default the served model's) and the floors."""
     sizes, rec, res = [], [], []
     for size, row in result["results"]["sizes"].items():
         if "failed" in row:  # in result["failed"]: no ratio from a size whose runs are not what they claim
@@ -211,7 +223,10 @@ def add_ratios(result: dict) -> None:
         res.append(med["triggered"])
     result["results"]["crossover"] = (crossover(sizes, rec, res) if sizes
                                       else {"tokens": None, "where": "not_measured"})
-    result["floors"] = floors(result["ratios"], FLOORS, CEILINGS)
+    prefill_floor = {}
+    if result["results"].get("prefill"):
+        prefill_floor = prefill.add_ratios(result, model_config or prefill.model_config())
+    result["floors"] = floors(result["ratios"], {**FLOORS, **prefill_floor}, CEILINGS)
 
 
 def table(result: dict) -> str:
@@ -237,7 +252,8 @@ def table(result: dict) -> str:
     return (f"follow-up TTFT, median of {result['settings']['reps']} (client side); contexts of whole "
             f"blocks; every follow-up's kv_source checked\n"
             f"{format_table(head, rows)}\n\ncrossover (recomputing as fast as restoring): {where}\n\n"
-            f"{ratios_text(result['ratios'])}" + (f"\n\n{failed}" if failed else ""))
+            + (f"{prefill.table(result)}\n\n" if result["results"].get("prefill") else "")
+            + f"{ratios_text(result['ratios'])}" + (f"\n\n{failed}" if failed else ""))
 
 
 def plot(result: dict, out) -> Path | None:
@@ -279,6 +295,11 @@ def measure(args: argparse.Namespace, config: dict, placement: str, sub: dict, p
             warm_up(stub)
             sub["results"]["sizes"] = run_sizes(sub, stub, args.sizes, args.reps, args.max_new_tokens,
                                                 progress)
+            if args.prefill_sizes:
+                sub["results"]["prefill"] = prefill.run_prefill(
+                    sub, stub, args.prefill_sizes, args.prefill_reps, progress,
+                    lambda n: whole_blocks_prompt(lambda text: encode(stub, text, False), n, BLOCK_TOKENS),
+                    generate, USERS["recompute"])
         stats = stack.agent_stats()
         sub["results"]["agent_stats"] = {"hits": stats.hits, "misses": stats.misses}
     add_ratios(sub)
@@ -294,11 +315,14 @@ def run(args: argparse.Namespace) -> dict:
                 "torch_threads": args.torch_threads, "block_tokens": BLOCK_TOKENS,
                 "contexts": "whole blocks (size rounded to block_tokens)",
                 "kv_source_checked": EXPECTED_SOURCE, "policies": list(POLICIES), "smoke": args.smoke,
-                "placements": args.placements}
+                "placements": args.placements, "prefill_sizes": args.prefill_sizes,
+                "prefill_reps": args.prefill_reps}
     result = new_result("ttft", settings)
-    config = bench_config(pool_tokens=32768, max_context_tokens=max(4096, max(args.sizes) + 256), users=3,
+    longest = max(4096, *args.sizes, *args.prefill_sizes) + 256
+    config = bench_config(pool_tokens=32768, max_context_tokens=longest, users=3,
                           compute={"torch_threads": args.torch_threads})
-    total = len(args.placements) * len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES))
+    total = len(args.placements) * (len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES))
+                                    + len(args.prefill_sizes) * args.prefill_reps)
     with progress_for(args, total, "ttft") as progress:
         run_placements(result, args.placements, lambda p, sub: measure(args, config, p, sub, progress),
                        key_figures)
