@@ -20,7 +20,10 @@ Model side:
     llama.py, paged_attention.py   our own Llama forward, attention through block tables
     model_runner.py   one forward per step over the batch
     kv_pool.py        the region (hostmem) and its views: [block, layer, K|V, kv_head, block_tokens, head_dim]
-    sampling.py, chat_template.py   next-token choice; conversation ids without re-tokenising
+    sampling.py       next-token choice per sequence, batched: vLLM's sampling parameters, logprobs
+    stop_strings.py   stop strings on the streamed text (held back while they may still match)
+    grammar.py        structured output (JSON object, JSON schema) by constrained decoding (llguidance)
+    chat_template.py  conversation ids without re-tokenising; raw text; token pieces
     engine.py         the engine thread: intake, schedule, forward, sample, offload, restores
 Offload:
     offload.py        triggered (descriptor and counter store) and no offload

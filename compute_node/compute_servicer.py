@@ -148,8 +148,17 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
                 self._grammars = grammar.GrammarCompiler(self.encoder.tokenizer, self.engine.vocab_size)
         try:
             return self._grammars.matcher(structured)
+        except grammar.GrammarBusy as exc:  # other schemas compiling: retry, not a bad request
+            raise BadRequest(grpc.StatusCode.RESOURCE_EXHAUSTED, f"sampling.structured: {exc}") from exc
         except grammar.GrammarError as exc:
             raise BadRequest(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.structured: {exc}") from exc
+
+    def close(self) -> None:
+        """Stop the grammar compiler's child process, if one was started."""
+        with self._grammars_lock:
+            if self._grammars is not None:
+                self._grammars.close()
+                self._grammars = None
 
     def Generate(self, request, context):
         try:

@@ -52,7 +52,7 @@ class ComputeNode:
     def __init__(self, settings: ComputeSettings, model=None, tokenizer=None):
         self.settings = settings
         self.model, self.tokenizer = model, tokenizer
-        self.pool = self.agent = self.cpu_store = self.engine = None
+        self.pool = self.agent = self.cpu_store = self.engine = self.servicer = None
         self.server: grpc.Server | None = None
         self.health: Health | None = None
         self.metrics: MetricsEndpoint | None = None
@@ -101,8 +101,8 @@ class ComputeNode:
         self.engine.start()
         if self.agent is not None:
             self.agent.keep_registered(self._keeper_stop)
-        compute_pb2_grpc.add_ComputeNodeServicer_to_server(
-            ComputeNodeServicer(self.engine, ChatEncoder(self.tokenizer)), self.server)
+        self.servicer = ComputeNodeServicer(self.engine, ChatEncoder(self.tokenizer))
+        compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.server.start()
         self.metrics = MetricsEndpoint(s.metrics_address, lambda: compute_families(self.engine.snapshot()))
@@ -143,6 +143,8 @@ class ComputeNode:
             self.server.stop(grace=2.0).wait()
         if self.engine:
             self.engine.stop()
+        if self.servicer is not None:
+            self.servicer.close()
         if self.agent is not None:
             self.agent.deregister()
             self.agent.close()
