@@ -99,14 +99,15 @@ def test_every_field_of_the_table_is_accepted_or_refused_as_it_says():
                    "best_of": 1, "length_penalty": 1.0, "bad_words": [], "echo": False, "add_special_tokens": False,
                    "documents": [], "chat_template_kwargs": {}, "mm_processor_kwargs": {}, "priority": 0,
                    "tools": [], "functions": [], "function_call": "auto", "include_reasoning": False,
-                   "cache_salt": "s", "request_id": "r-1", "return_tokens_as_token_ids": False}
+                   "request_id": "r-1", "return_tokens_as_token_ids": False}
     for name, value in defaults_ok.items():
         assert name in oa.FIELDS
         parse(**{name: value})
     not_default = {"store": True, "skip_special_tokens": False, "tool_choice": "required", "service_tier": "flex",
                    "metadata": {"a": "b"}, "use_beam_search": True, "best_of": 2, "echo": True, "priority": 1,
                    "bad_words": ["x"], "documents": [{"text": "t"}], "chat_template_kwargs": {"enable_thinking": 1},
-                   "modalities": ["text", "audio"], "add_special_tokens": True, "length_penalty": 2}
+                   "modalities": ["text", "audio"], "add_special_tokens": True, "length_penalty": 2,
+                   "cache_salt": "s"}
     for name, value in not_default.items():
         err = refused(**{name: value})
         assert err.param == name and "not supported" in err.message, name
