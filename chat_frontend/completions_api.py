@@ -40,6 +40,7 @@ from kvtb_proto import compute_pb2, compute_pb2_grpc
 logger = logging.getLogger(__name__)
 
 PACKAGE = "kvtestbed"
+DECODE_BATCH = 64  # /tokenize's token_strs: Decode calls at once
 
 
 def routes(api) -> list[web.RouteDef]:
@@ -51,18 +52,32 @@ def routes(api) -> list[web.RouteDef]:
             web.get("/version", handlers.version), web.get("/metrics", handlers.metrics)]
 
 
-async def decode(agent, token_ids: list[int]) -> str:
-    """The text of token ids (the compute node's Decode, through the agent)."""
+@contextlib.asynccontextmanager
+async def decoder(agent):
+    """A function from token ids to their text (the compute node's Decode, through the agent), its calls
+    sharing one channel."""
     if hasattr(agent, "decode"):  # a test's fake
-        return await agent.decode(token_ids)
-    # AgentClient has no Decode call: a channel of this call's own, with the agent's address and security
+        yield agent.decode
+        return
+    # AgentClient has no Decode call: a channel of these calls' own, with the agent's address and security
     async with aio_channel(agent.address, agent.security, peer="smartnic") as channel:
-        try:
-            reply = await compute_pb2_grpc.ComputeNodeStub(channel).Decode(
-                compute_pb2.DecodeRequest(token_ids=token_ids), timeout=30.0)
-        except grpc.aio.AioRpcError as exc:
-            raise chat_error(exc, agent.address) from None
-    return reply.text
+        stub = compute_pb2_grpc.ComputeNodeStub(channel)
+
+        async def decode(token_ids: list[int]) -> str:
+            try:
+                reply = await stub.Decode(compute_pb2.DecodeRequest(token_ids=token_ids), timeout=30.0)
+            except grpc.aio.AioRpcError as exc:
+                raise chat_error(exc, agent.address) from None
+            return reply.text
+        yield decode
+
+
+async def token_strs(decode, token_ids: list[int]) -> list[str]:
+    """Each token's text alone, DECODE_BATCH calls at a time."""
+    out: list[str] = []
+    for start in range(0, len(token_ids), DECODE_BATCH):
+        out.extend(await asyncio.gather(*(decode([i]) for i in token_ids[start:start + DECODE_BATCH])))
+    return out
 
 
 def _refused(what: str, exc: ChatError) -> web.Response:
@@ -100,7 +115,7 @@ class Handlers:
             prompts = await encode(self.service, req)
             for i, ids in enumerate(prompts):
                 check_fits(i, len(ids), req.max_tokens, info.max_context_tokens)
-            echoes = [await self._text(p, ids) if req.echo else "" for p, ids in zip(req.prompts, prompts)]
+            echoes = await self._echoes(req, prompts)
         except ChatError as exc:
             return _refused("completion", exc)
         except Exception as exc:
@@ -126,8 +141,14 @@ class Handlers:
             return _failed("completion", exc)
         return web.json_response(cf.completion(completion_id, req, choices))
 
-    async def _text(self, prompt: cf.Prompt, ids: list[int]) -> str:
-        return prompt if isinstance(prompt, str) else await decode(self.service.agent, ids)
+    async def _echoes(self, req: cf.CompletionsRequest, prompts: list[list[int]]) -> list[str]:
+        """Each prompt's text (token ids decoded), for echo."""
+        if not req.echo:
+            return [""] * len(prompts)
+        if all(isinstance(p, str) for p in req.prompts):
+            return list(req.prompts)
+        async with decoder(self.service.agent) as decode:
+            return [p if isinstance(p, str) else await decode(ids) for p, ids in zip(req.prompts, prompts)]
 
     async def _echo_only(self, request, req, completion_id, prompts, echoes) -> web.StreamResponse:
         choices = [cf.Choice(p * req.n + j, echoes[p], [], "length", prompt_tokens=len(ids))
@@ -207,7 +228,8 @@ class Handlers:
                 if len(ids) > tf.MAX_TOKEN_STRS:
                     raise ChatError("INVALID_ARGUMENT", f"return_token_strs for {len(ids)} tokens: at most "
                                     f"{tf.MAX_TOKEN_STRS}", "return_token_strs")
-                strs = list(await asyncio.gather(*(decode(self.service.agent, [i]) for i in ids)))
+                async with decoder(self.service.agent) as decode:
+                    strs = await token_strs(decode, ids)
         except ChatError as exc:
             return _refused("tokenize", exc)
         except Exception as exc:
@@ -220,7 +242,8 @@ class Handlers:
             model, ids = tf.parse_detokenize(await request.read())
             if model is not None:
                 cf.check_model(model, self.api.model())
-            text = await decode(self.service.agent, ids)
+            async with decoder(self.service.agent) as decode:
+                text = await decode(ids)
         except ChatError as exc:
             return _refused("detokenize", exc)
         except Exception as exc:
