@@ -71,6 +71,14 @@ class AgentClient:
             raise chat_error(exc, self.address) from None
         return list(reply.token_ids)
 
+    async def decode(self, token_ids: list[int]) -> str:
+        """The text of token ids (the compute node's tokenizer)."""
+        try:
+            reply = await self._compute.Decode(compute_pb2.DecodeRequest(token_ids=token_ids), timeout=30.0)
+        except grpc.aio.AioRpcError as exc:
+            raise chat_error(exc, self.address) from None
+        return reply.text
+
     async def generate(self, request: compute_pb2.TurnRequest) -> AsyncIterator[compute_pb2.TurnEvent]:
         """The turn's token events, then its record."""
         call = self._compute.Generate(request, timeout=self.turn_timeout_s)

@@ -25,6 +25,7 @@ from chat_frontend.metrics import Tenants, TurnTimer
 from chat_frontend.record import TurnClock, build_summary
 from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import Context, SessionStore, TurnRow
+from chat_frontend.vllm_metrics import FinishCounts
 from kvtb.logs import request_id as log_request_id
 from kvtb_proto import compute_pb2, frontend_pb2
 
@@ -36,6 +37,7 @@ class Agent(Protocol):
 
     async def info(self) -> compute_pb2.InfoResponse: ...
     async def encode_chat(self, request: compute_pb2.EncodeChatRequest) -> list[int]: ...
+    async def decode(self, token_ids: list[int]) -> str: ...
     def generate(self, request: compute_pb2.TurnRequest) -> AsyncIterator[compute_pb2.TurnEvent]: ...
 
 
@@ -50,6 +52,7 @@ class ChatService:
         self.admission = Admission(settings.max_concurrent_turns, settings.max_waiting_turns,
                                    settings.queue_timeout_s, settings.limits_of)
         self.tenants = Tenants()
+        self.finishes = FinishCounts()  # choices by finish reason (vllm:request_success_total), chat and completions
         self.shared_prefix = prompt.SharedPrefix(agent, settings.shared_system_prompts)
         self.turns_completed = 0
         self.turns_failed = 0
@@ -88,6 +91,7 @@ class ChatService:
             raise
         except (GeneratorExit, asyncio.CancelledError):  # the user went away
             self.tenants.failed(tenant, "CANCELLED")
+            self.finishes.finished("abort", max(1, request.n))
             raise
         except BaseException:
             self.tenants.failed(tenant, "INTERNAL")
@@ -185,6 +189,8 @@ class ChatService:
         counted.CopyFrom(summaries[0])
         counted.tokens_out = sum(s.tokens_out for s in summaries)
         self.tenants.finished(tenant, counted)
+        for s in summaries:
+            self.finishes.finished(s.finish_reason or "stop")
         summary = summaries[0]
         logger.info("turn %s done: kv_source %s, %d tokens out, e2e %.1f ms, gateway %.1f ms",
                     request_id, summary.kv_source, counted.tokens_out, summary.e2e_ms,

@@ -24,18 +24,14 @@ import logging
 import time
 import uuid
 
-import grpc
 from aiohttp import web
 
 from chat_frontend import completions_format as cf
 from chat_frontend import http_api, vllm_metrics
 from chat_frontend import openai_format as oa
 from chat_frontend import tokenize_format as tf
-from chat_frontend.agent_client import chat_error
 from chat_frontend.completion_turns import CompletionTurns, Finished, Token, check_fits, encode
 from chat_frontend.errors import ChatError
-from kvtb.rpc import aio_channel
-from kvtb_proto import compute_pb2, compute_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -50,26 +46,6 @@ def routes(api) -> list[web.RouteDef]:
             web.get("/v1/models/{model_id:.+}", handlers.model),
             web.post("/tokenize", handlers.tokenize), web.post("/detokenize", handlers.detokenize),
             web.get("/version", handlers.version), web.get("/metrics", handlers.metrics)]
-
-
-@contextlib.asynccontextmanager
-async def decoder(agent):
-    """A function from token ids to their text (the compute node's Decode, through the agent), its calls
-    sharing one channel."""
-    if hasattr(agent, "decode"):  # a test's fake
-        yield agent.decode
-        return
-    # AgentClient has no Decode call: a channel of these calls' own, with the agent's address and security
-    async with aio_channel(agent.address, agent.security, peer="smartnic") as channel:
-        stub = compute_pb2_grpc.ComputeNodeStub(channel)
-
-        async def decode(token_ids: list[int]) -> str:
-            try:
-                reply = await stub.Decode(compute_pb2.DecodeRequest(token_ids=token_ids), timeout=30.0)
-            except grpc.aio.AioRpcError as exc:
-                raise chat_error(exc, agent.address) from None
-            return reply.text
-        yield decode
 
 
 async def token_strs(decode, token_ids: list[int]) -> list[str]:
@@ -96,7 +72,7 @@ class Handlers:
     def __init__(self, api):
         self.api = api
         self.service = api.service
-        self.finishes = vllm_metrics.FinishCounts()
+        self.finishes = self.service.finishes
         self.turns = CompletionTurns(self.service, self.finishes)
         self.stats = vllm_metrics.StatsCache(lambda: self.service.agent.compute_stats())
 
@@ -147,8 +123,8 @@ class Handlers:
             return [""] * len(prompts)
         if all(isinstance(p, str) for p in req.prompts):
             return list(req.prompts)
-        async with decoder(self.service.agent) as decode:
-            return [p if isinstance(p, str) else await decode(ids) for p, ids in zip(req.prompts, prompts)]
+        decode = self.service.agent.decode
+        return [p if isinstance(p, str) else await decode(ids) for p, ids in zip(req.prompts, prompts)]
 
     async def _echo_only(self, request, req, completion_id, prompts, echoes) -> web.StreamResponse:
         choices = [cf.Choice(p * req.n + j, echoes[p], [], "length", prompt_tokens=len(ids))
@@ -228,8 +204,7 @@ class Handlers:
                 if len(ids) > tf.MAX_TOKEN_STRS:
                     raise ChatError("INVALID_ARGUMENT", f"return_token_strs for {len(ids)} tokens: at most "
                                     f"{tf.MAX_TOKEN_STRS}", "return_token_strs")
-                async with decoder(self.service.agent) as decode:
-                    strs = await token_strs(decode, ids)
+                strs = await token_strs(self.service.agent.decode, ids)
         except ChatError as exc:
             return _refused("tokenize", exc)
         except Exception as exc:
@@ -242,8 +217,7 @@ class Handlers:
             model, ids = tf.parse_detokenize(await request.read())
             if model is not None:
                 cf.check_model(model, self.api.model())
-            async with decoder(self.service.agent) as decode:
-                text = await decode(ids)
+            text = await self.service.agent.decode(ids)
         except ChatError as exc:
             return _refused("detokenize", exc)
         except Exception as exc:

@@ -80,7 +80,8 @@ FIELDS: dict[str, oa.Field] = {
     "priority": _default("0 (no priority scheduling)", oa._null_or(0)),
     "request_id": _yes("the response's id is cmpl-<request_id>"),
     "return_tokens_as_token_ids": _yes("logprobs' tokens as token_id:<id>"),
-    "cache_salt": _yes("accepted: KV is always salted by tenant and user"),
+    "cache_salt": _default("absent: KV is always salted by tenant and user; a request's own salt is not "
+                           "supported", oa._null_or()),
     "prompt_embeds": _no("prompts are text or token ids"),
     "kv_transfer_params": _no("no disaggregated serving"),
     "vllm_xargs": _no("no custom extensions"),

@@ -3,8 +3,7 @@
 Nothing is counted twice: the engine's figures are the compute node's Stats (through the agent,
 as SystemStats reads them, cached `STATS_TTL_S`), the latencies are the frontend's own `kvtb:`
 histograms summed over tenants (chat and completions turns), and finished requests by reason are
-counted where the API sees them end (`FinishCounts`: /v1/completions' choices; ChatService does not
-count its turns' reasons yet). Labels are vLLM's (`model_name`, `engine`): never a user's name. A figure
+counted where they end (`FinishCounts`, the ChatService's: chat choices and /v1/completions' choices). Labels are vLLM's (`model_name`, `engine`): never a user's name. A figure
 whose source does not answer is left out rather than shown as 0.
 """
 from __future__ import annotations
@@ -104,7 +103,7 @@ def engine_families(model: str, stats: compute_pb2.ComputeStatsResponse) -> Iter
 
 def success_family(model: str, reasons: Mapping[str, int]) -> CounterMetricFamily:
     names, values = _labels(model)
-    family = CounterMetricFamily(PREFIX + "request_success_total", "Choices of /v1/completions requests finished, by reason (chat turns are not counted here yet).",
+    family = CounterMetricFamily(PREFIX + "request_success_total", "Choices finished (chat and /v1/completions), by reason.",
                                  labels=[*names, "finished_reason"])
     for reason in sorted({"stop", "length", "abort", *reasons}):
         family.add_metric([*values, reason], float(reasons.get(reason, 0)))

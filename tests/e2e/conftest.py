@@ -41,7 +41,7 @@ def write_config(path: Path) -> Path:
                     "key_salt": "e2e-salt", "metrics_address": "127.0.0.1:0"},
         "frontend": {"listen_address": "127.0.0.1:0", "http_address": "127.0.0.1:0",
                      "metrics_address": "127.0.0.1:0", "users": USERS, "tenants": TENANTS,
-                     "max_new_tokens_default": MAX_NEW_TOKENS,
+                     "max_new_tokens_default": MAX_NEW_TOKENS, "operators": ["demo"],
                      "shared_system_prompts": {"team-b": SHARED_PROMPT, "team-c": SHARED_PROMPT}},
     }
     path.write_text(yaml.safe_dump(config))

@@ -11,10 +11,9 @@ import uuid
 
 import openai
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import USERS, Up
+from .conftest import USERS
 
 pytestmark = pytest.mark.slow
 
@@ -24,15 +23,9 @@ PROMPT = "The three primary colors are"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """Every service (`kvtb up`), its frontend's `demo` an operator (to read /metrics)."""
-    up = Up(tmp_path_factory.mktemp("up-completions"), "triggered")
-    config = yaml.safe_load(up.config.read_text())
-    config["frontend"]["operators"] = [OPERATOR]
-    up.config.write_text(yaml.safe_dump(config))
-    up.start()
-    yield up
-    up.stop()
+def served(triggered):
+    """Every service (`kvtb up`, shared by the e2e modules); its frontend's `demo` is an operator (/metrics)."""
+    return triggered
 
 
 def client(up, user: str = "alice") -> openai.OpenAI:
