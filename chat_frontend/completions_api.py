@@ -240,7 +240,7 @@ class Handlers:
 
 def _finished(event: Finished, req: cf.CompletionsRequest, prompts, text: str, tokens: list) -> cf.Choice:
     rec = event.record
-    return cf.Choice(event.index, text, tokens, rec.finish_reason, cf.stop_reason(rec, req.sampling),
+    return cf.Choice(event.index, text, tokens, rec.finish_reason, oa.stop_reason(rec, req.sampling),
                      completion_tokens=rec.tokens_out, prompt_tokens=len(prompts[event.index // req.n]),
                      cached_tokens=rec.tokens_reused)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from chat_frontend import openai_format as oa
+from chat_frontend import request_fields as rf
 from chat_frontend.errors import ChatError
 from kvtb_proto import compute_pb2
 
@@ -27,64 +28,24 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) completions default
 ECHO_LOGPROBS_REFUSED = ("echo with logprobs needs the prompt's logprobs, which this server does not "
                          "compute; ask for one or the other")
 
-_yes, _default, _no = oa._yes, oa._default, oa._no
+_yes, _default, _no = rf.yes, rf.default, rf.no
 
 # Every field of a completions request (OpenAI's, then vLLM's extras). A null value is the field left out.
-FIELDS: dict[str, oa.Field] = {
-    "model": _yes("must be the served model"),
+FIELDS: dict[str, rf.Field] = {
+    **rf.SHARED,
     "prompt": _yes(f"a string, a list of strings, token ids, or lists of token ids (at most {MAX_PROMPTS})"),
-    "best_of": _default("n", oa._best_of),
     "echo": _yes("the prompt's text before the completion; not with logprobs"),
-    "frequency_penalty": _yes("[-2, 2]"),
-    "logit_bias": _yes("token id -> [-100, 100], at most 300"),
     "logprobs": _yes(f"0-{MAX_LOGPROBS}: the sampled token's and the likeliest that many"),
     "max_tokens": _yes(f"default {DEFAULT_MAX_TOKENS}; 0 only with echo"),
     "n": _yes("1 to the frontend's max_n per prompt"),
-    "presence_penalty": _yes("[-2, 2]"),
-    "seed": _yes("int64; absent: a random one per request"),
     "stop": _yes("a string or up to 16"),
-    "stream": _yes(),
-    "stream_options": _yes("include_usage; continuous_usage_stats false"),
-    "suffix": _default("null or \"\" (the model has no fill-in-the-middle format)", oa._empty),
-    "temperature": _yes("default: the model's generation config, else 1.0"),
-    "top_p": _yes("(0, 1]"),
+    "suffix": _default("null or \"\" (the model has no fill-in-the-middle format)", rf.empty),
     "user": _yes("accepted; completions are stateless"),
     # vLLM's sampling parameters
-    "top_k": _yes("-1 or 0: off"),
-    "min_p": _yes("[0, 1]"),
-    "repetition_penalty": _yes("(0, 2]"),
-    "stop_token_ids": _yes("up to 64"),
-    "include_stop_str_in_output": _yes(),
-    "ignore_eos": _yes(),
-    "min_tokens": _yes("at most max_tokens"),
-    "skip_special_tokens": _default("true", oa._null_or(True)),
-    "spaces_between_special_tokens": _default("true", oa._null_or(True)),
-    "use_beam_search": _default("false", oa._null_or(False)),
-    "length_penalty": _default("1.0 (beam search only)", oa._null_or(1, 1.0)),
-    "truncate_prompt_tokens": _no("prompts are not truncated: a prompt past the context is 400"),
-    "prompt_logprobs": _no("prompt logprobs are not computed"),
-    "allowed_token_ids": _no("use logit_bias"),
-    "bad_words": _default("[]", oa._empty),
-    "logits_processors": _no("custom logits processors are not loaded"),
     # vLLM's extra parameters
     "add_special_tokens": _yes("default true: the tokenizer's BOS and the like"),
-    "response_format": _yes("text, json_object, json_schema (constrained decoding)"),
-    "guided_json": _yes("as response_format json_schema"),
-    "guided_regex": _no("only JSON (response_format, guided_json)"),
-    "guided_choice": _no("only JSON (response_format, guided_json)"),
-    "guided_grammar": _no("only JSON (response_format, guided_json)"),
-    "structural_tag": _no("only JSON (response_format, guided_json)"),
-    "structured_outputs": _no("use response_format"),
-    "guided_decoding_backend": _no("one backend (llguidance)"),
-    "guided_whitespace_pattern": _no("not configurable"),
-    "priority": _default("0 (no priority scheduling)", oa._null_or(0)),
     "request_id": _yes("the response's id is cmpl-<request_id>"),
-    "return_tokens_as_token_ids": _yes("logprobs' tokens as token_id:<id>"),
-    "cache_salt": _default("absent: KV is always salted by tenant and user; a request's own salt is not "
-                           "supported", oa._null_or()),
     "prompt_embeds": _no("prompts are text or token ids"),
-    "kv_transfer_params": _no("no disaggregated serving"),
-    "vllm_xargs": _no("no custom extensions"),
 }
 
 
@@ -117,18 +78,7 @@ class CompletionsRequest:
 
 def check_fields(body: dict) -> None:
     """INVALID_ARGUMENT naming the first field that is unknown, refused, or not its default."""
-    for name, value in body.items():
-        field = FIELDS.get(name)
-        if field is None:
-            shown = oa._printable(name)[:60]
-            raise oa._bad(f"unknown field {shown!r}: not part of the completions API this server implements",
-                          shown)
-        if value is None or field.handling == oa.SUPPORTED:
-            continue
-        if field.handling == oa.REFUSED:
-            raise oa._bad(f"{name} is not supported: {field.note}", name)
-        if not field.accepts(value, body):
-            raise oa._bad(f"{name} {oa._shown(value)} is not supported; accepted: {field.note}", name)
+    rf.check_fields(body, FIELDS, "completions")
 
 
 def _is_id(value: Any) -> bool:
@@ -141,11 +91,11 @@ def parse_prompts(value: Any) -> tuple[Prompt, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value:
-        raise oa._bad(shape, "prompt")
+        raise rf.bad(shape, "prompt")
     if all(_is_id(v) for v in value):
         value = [value]
     if len(value) > MAX_PROMPTS:
-        raise oa._bad(f"prompt holds {len(value)} prompts, over the limit of {MAX_PROMPTS}", "prompt")
+        raise rf.bad(f"prompt holds {len(value)} prompts, over the limit of {MAX_PROMPTS}", "prompt")
     prompts: list[Prompt] = []
     for i, p in enumerate(value):
         if isinstance(p, str) and p:
@@ -153,7 +103,7 @@ def parse_prompts(value: Any) -> tuple[Prompt, ...]:
         elif isinstance(p, list) and p and all(_is_id(t) for t in p):
             prompts.append(tuple(p))
         else:
-            raise oa._bad(f"prompt[{i}] is empty or not a string or a list of token ids: {shape}", "prompt")
+            raise rf.bad(f"prompt[{i}] is empty or not a string or a list of token ids: {shape}", "prompt")
     return tuple(prompts)
 
 
@@ -163,12 +113,12 @@ def _stream_options(body: dict, stream: bool) -> bool:
     if options is None:
         return False
     if not stream:
-        raise oa._bad("stream_options needs stream: true", "stream_options")
+        raise rf.bad("stream_options needs stream: true", "stream_options")
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
-        raise oa._bad("stream_options must be an object of include_usage (and continuous_usage_stats false)",
+        raise rf.bad("stream_options must be an object of include_usage (and continuous_usage_stats false)",
                       "stream_options")
     if oa._flag(options, "continuous_usage_stats", "stream_options.continuous_usage_stats"):
-        raise oa._bad("stream_options.continuous_usage_stats is not supported: usage comes in the last chunk",
+        raise rf.bad("stream_options.continuous_usage_stats is not supported: usage comes in the last chunk",
                       "stream_options.continuous_usage_stats")
     return oa._flag(options, "include_usage", "stream_options.include_usage")
 
@@ -179,21 +129,21 @@ def parse_request(raw: bytes, max_tokens_cap: int, max_n: int,
     body = oa._load(raw)
     check_fields(body)
     if not isinstance(body.get("model"), str) or not body["model"]:
-        raise oa._bad("model is required", "model")
+        raise rf.bad("model is required", "model")
     prompts = parse_prompts(body.get("prompt"))
     n = oa._number(body, "n", int, 1, 1, max_n)
     if len(prompts) * n > MAX_SEQUENCES:
-        raise oa._bad(f"{len(prompts)} prompts times n={n} make {len(prompts) * n} sequences, over the limit "
+        raise rf.bad(f"{len(prompts)} prompts times n={n} make {len(prompts) * n} sequences, over the limit "
                       f"of {MAX_SEQUENCES}", "n")
     echo = oa._flag(body, "echo")
     logprobs = oa._number(body, "logprobs", int, None, 0, MAX_LOGPROBS)
     if echo and logprobs is not None:
-        raise oa._bad(ECHO_LOGPROBS_REFUSED, "echo")
+        raise rf.bad(ECHO_LOGPROBS_REFUSED, "echo")
     max_tokens = oa._number(body, "max_tokens", int, DEFAULT_MAX_TOKENS, 0, max_tokens_cap)
     if max_tokens == 0 and not echo:
-        raise oa._bad("max_tokens must be at least 1 (0 only with echo: the prompt alone)", "max_tokens")
+        raise rf.bad("max_tokens must be at least 1 (0 only with echo: the prompt alone)", "max_tokens")
     if not isinstance(body.get("user", ""), (str, type(None))):
-        raise oa._bad("user must be a string", "user")
+        raise rf.bad("user must be a string", "user")
     stream = oa._flag(body, "stream")
     include_usage = _stream_options(body, stream)
     # chat's sampling fields, with completions' logprobs (a count) as chat's logprobs + top_logprobs
@@ -222,19 +172,6 @@ class Choice:
     completion_tokens: int = 0
     prompt_tokens: int = 0                     # of its prompt
     cached_tokens: int = 0                     # of those, whose KV was reused (prefix cache or restore)
-
-
-def stop_reason(record: compute_pb2.TurnRecord, sampling: compute_pb2.Sampling) -> str | int | None:
-    """vLLM's stop_reason: the stop string, or the id of the request's stop token, that ended the
-    choice; None for the model's end of text or max_tokens."""
-    reason = record.stop_reason
-    if record.finish_reason != "stop" or not reason:
-        return None
-    if reason in sampling.stop:
-        return reason
-    if reason.isdigit() and int(reason) in sampling.stop_token_ids:
-        return int(reason)
-    return None
 
 
 def logprobs(tokens: Sequence, text_offset: int, as_ids: bool = False) -> dict:

@@ -36,8 +36,17 @@ from http import HTTPStatus
 from typing import Any
 
 from chat_frontend import limits
+from chat_frontend import request_fields as rf
 from chat_frontend.conversation import Whole
-from chat_frontend.errors import ChatError
+from chat_frontend.request_fields import SHARED, Field
+from chat_frontend.request_fields import bad as _bad
+from chat_frontend.request_fields import default as _default
+from chat_frontend.request_fields import empty as _empty
+from chat_frontend.request_fields import no as _no
+from chat_frontend.request_fields import null_or as _null_or
+from chat_frontend.request_fields import printable as _printable
+from chat_frontend.request_fields import shown as _shown
+from chat_frontend.request_fields import yes as _yes
 from kvtb_proto import compute_pb2, frontend_pb2
 
 # ChatError code -> (HTTP status, OpenAI error type)
@@ -68,19 +77,6 @@ TOOLS_REFUSED = "this model's chat template has no tool-call format; tool callin
 # vLLM's defaults when neither the request nor the model's generation config sets them
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 0.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 0.0}
 
-SUPPORTED = "supported"
-DEFAULT_ONLY = "accepted when it is the default"
-REFUSED = "refused (400)"
-
-
-def _null_or(*values: Any) -> Callable[[Any, dict], bool]:
-    return lambda value, body: value is None or any(value == v and type(value) is type(v) for v in values)
-
-
-def _empty(value: Any, body: dict) -> bool:
-    return value is None or value in ([], {}, "")
-
-
 def _no_tools(value: Any, body: dict) -> bool:
     """tools: none, or any with tool_choice "none" (then they are not offered to the model)."""
     return _empty(value, body) or body.get("tool_choice") == "none"
@@ -94,54 +90,18 @@ def _function_call(value: Any, body: dict) -> bool:
     return value is None or value == "none" or (value == "auto" and _empty(body.get("functions"), body))
 
 
-def _best_of(value: Any, body: dict) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool)
-                             and value == (body.get("n") or 1))
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-    """What the API does with a request field: `handling` (SUPPORTED, DEFAULT_ONLY, REFUSED);
-    `note`: the values accepted (DEFAULT_ONLY), or why it is refused, or what it does."""
-
-    handling: str
-    note: str = ""
-    accepts: Callable[[Any, dict], bool] = _null_or()  # DEFAULT_ONLY: (value, body) -> accepted
-
-
-def _yes(note: str = "") -> Field:
-    return Field(SUPPORTED, note)
-
-
-def _default(note: str, accepts: Callable[[Any, dict], bool]) -> Field:
-    return Field(DEFAULT_ONLY, note, accepts)
-
-
-def _no(note: str) -> Field:
-    return Field(REFUSED, note)
-
-
 # Every field of a chat-completions request (OpenAI's, then vLLM's extras): the one place that says
 # what happens to each. A null value is the field left out.
 FIELDS: dict[str, Field] = {
-    "model": _yes("must be the served model"),
+    **SHARED,
     "messages": _yes("roles system/developer, user, assistant in any order; text content (parts)"),
-    "frequency_penalty": _yes("[-2, 2]"),
-    "presence_penalty": _yes("[-2, 2]"),
-    "logit_bias": _yes("token id -> [-100, 100], at most 300"),
     "logprobs": _yes(),
     "top_logprobs": _yes("0-20, needs logprobs"),
     "max_tokens": _yes("1 to the frontend's cap"),
     "max_completion_tokens": _yes("as max_tokens; wins over it"),
     "n": _yes("1 to the frontend's max_n; the choices share the prompt's blocks"),
-    "seed": _yes("int64; absent: a random one per request"),
     "stop": _yes("a string or up to 16, not streamed"),
-    "stream": _yes(),
-    "stream_options": _yes("include_usage; continuous_usage_stats false"),
-    "temperature": _yes("default: the model's generation config, else 1.0"),
-    "top_p": _yes("(0, 1]"),
     "user": _yes("names the session when the settings say so"),
-    "response_format": _yes("text, json_object, json_schema (constrained decoding)"),
     "tools": _default("[] or with tool_choice \"none\" (not rendered): " + TOOLS_REFUSED, _no_tools),
     "tool_choice": _default("\"none\", or \"auto\" with no tools", _tool_choice),
     "parallel_tool_calls": _default("any, with no tools", lambda value, body: _empty(body.get("tools"), body)
@@ -157,23 +117,6 @@ FIELDS: dict[str, Field] = {
     "metadata": _default("{} (only meaningful with store)", _empty),
     "web_search_options": _no("web search is not supported"),
     # vLLM's sampling parameters
-    "top_k": _yes("-1 or 0: off"),
-    "min_p": _yes("[0, 1]"),
-    "repetition_penalty": _yes("(0, 2]"),
-    "stop_token_ids": _yes("up to 64"),
-    "include_stop_str_in_output": _yes(),
-    "ignore_eos": _yes(),
-    "min_tokens": _yes("at most max_tokens"),
-    "skip_special_tokens": _default("true", _null_or(True)),
-    "spaces_between_special_tokens": _default("true", _null_or(True)),
-    "use_beam_search": _default("false", _null_or(False)),
-    "best_of": _default("n", _best_of),
-    "length_penalty": _default("1.0 (beam search only)", _null_or(1, 1.0)),
-    "truncate_prompt_tokens": _no("prompts are not truncated: a prompt past the context is 400"),
-    "prompt_logprobs": _no("prompt logprobs are not computed"),
-    "allowed_token_ids": _no("use logit_bias"),
-    "bad_words": _default("[]", _empty),
-    "logits_processors": _no("custom logits processors are not loaded"),
     # vLLM's extra parameters
     "echo": _default("false", _null_or(False)),
     "add_generation_prompt": _yes("default true"),
@@ -183,22 +126,8 @@ FIELDS: dict[str, Field] = {
     "chat_template": _no("the model's own template only"),
     "chat_template_kwargs": _default("{} (the template takes none)", _empty),
     "mm_processor_kwargs": _default("{} (text only)", _empty),
-    "guided_json": _yes("as response_format json_schema"),
-    "guided_regex": _no("only JSON (response_format, guided_json)"),
-    "guided_choice": _no("only JSON (response_format, guided_json)"),
-    "guided_grammar": _no("only JSON (response_format, guided_json)"),
-    "structural_tag": _no("only JSON (response_format, guided_json)"),
-    "structured_outputs": _no("use response_format"),
-    "guided_decoding_backend": _no("one backend (llguidance)"),
-    "guided_whitespace_pattern": _no("not configurable"),
-    "priority": _default("0 (no priority scheduling)", _null_or(0)),
     "request_id": _yes("the response's id is chatcmpl-<request_id>"),
-    "return_tokens_as_token_ids": _yes("logprobs' tokens as token_id:<id>"),
-    "cache_salt": _default("absent: KV is always salted by tenant and user; a request's own salt is not "
-                           "supported", _null_or()),
     "include_reasoning": _default("any (the model produces no reasoning)", lambda value, body: True),
-    "kv_transfer_params": _no("no disaggregated serving"),
-    "vllm_xargs": _no("no custom extensions"),
 }
 
 
@@ -254,19 +183,6 @@ def param_of(message: str) -> str | None:
     return NODE_PARAMS.get(name, name if name in FIELDS else None)
 
 
-def _bad(message: str, param: str | None = None) -> ChatError:
-    return ChatError("INVALID_ARGUMENT", message, param)
-
-
-def _shown(value: Any) -> str:
-    text = json.dumps(value) if isinstance(value, float) else repr(value)  # NaN, Infinity as JSON says
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _printable(key: str) -> str:
-    return key.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def lone_surrogate(body: Any) -> str | None:
     """Where the first string holding a lone surrogate (such as JSON's "\\ud800") is, or None.
 
@@ -293,17 +209,7 @@ def lone_surrogate(body: Any) -> str | None:
 
 def check_fields(body: dict) -> None:
     """INVALID_ARGUMENT naming the first field that is unknown, refused, or not its default."""
-    for name, value in body.items():
-        field = FIELDS.get(name)
-        if field is None:
-            raise _bad(f"unknown field {_printable(name)[:60]!r}: not part of the chat completions API "
-                       "this server implements", _printable(name)[:60])
-        if value is None or field.handling == SUPPORTED:
-            continue
-        if field.handling == REFUSED:
-            raise _bad(f"{name} is not supported: {field.note}", name)
-        if not field.accepts(value, body):
-            raise _bad(f"{name} {_shown(value)} is not supported; accepted: {field.note}", name)
+    rf.check_fields(body, FIELDS, "chat completions")
 
 
 def _content(message: Any, index: int) -> tuple[str, str]:
@@ -578,9 +484,10 @@ def logprobs(tokens, as_ids: bool = False) -> dict:
     return {"content": content}
 
 
-def stop_reason(summary: frontend_pb2.TurnSummary, sampling: compute_pb2.Sampling) -> str | int | None:
+def stop_reason(summary: frontend_pb2.TurnSummary | compute_pb2.TurnRecord,
+                sampling: compute_pb2.Sampling) -> str | int | None:
     """vLLM's choices[i].stop_reason: the stop string, or the id of the request's stop token, that ended
-    the reply; None for the model's own end of turn or max_tokens."""
+    the reply (a turn's summary or its record); None for the model's own end of turn or max_tokens."""
     reason = summary.stop_reason
     if summary.finish_reason != "stop" or not reason:
         return None

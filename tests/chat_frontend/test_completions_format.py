@@ -5,6 +5,7 @@ import pytest
 
 from chat_frontend import completions_format as cf
 from chat_frontend import openai_format as oa
+from chat_frontend import request_fields as rf
 from chat_frontend.errors import ChatError
 from kvtb_proto import compute_pb2
 
@@ -76,7 +77,7 @@ def test_every_chat_sampling_field_is_in_the_table():
     sampling_fields = {"frequency_penalty", "presence_penalty", "logit_bias", "seed", "stop", "temperature",
                        "top_p", "top_k", "min_p", "repetition_penalty", "stop_token_ids",
                        "include_stop_str_in_output", "ignore_eos", "min_tokens", "response_format", "guided_json"}
-    assert all(cf.FIELDS[f].handling == oa.SUPPORTED for f in sampling_fields)
+    assert all(cf.FIELDS[f].handling == rf.SUPPORTED for f in sampling_fields)
 
 
 def token(token_id, text, logprob, piece=None, tops=()):
@@ -99,10 +100,10 @@ def test_logprobs_shape_offsets_and_the_sampled_token_among_the_top():
 def test_stop_reason_is_the_request_stop_string_or_token():
     sampling = compute_pb2.Sampling(stop=["END"], stop_token_ids=[42])
     rec = compute_pb2.TurnRecord
-    assert cf.stop_reason(rec(finish_reason="stop", stop_reason="END"), sampling) == "END"
-    assert cf.stop_reason(rec(finish_reason="stop", stop_reason="42"), sampling) == 42
-    assert cf.stop_reason(rec(finish_reason="stop", stop_reason="2"), sampling) is None  # the model's own end
-    assert cf.stop_reason(rec(finish_reason="length"), sampling) is None
+    assert oa.stop_reason(rec(finish_reason="stop", stop_reason="END"), sampling) == "END"
+    assert oa.stop_reason(rec(finish_reason="stop", stop_reason="42"), sampling) == 42
+    assert oa.stop_reason(rec(finish_reason="stop", stop_reason="2"), sampling) is None  # the model's own end
+    assert oa.stop_reason(rec(finish_reason="length"), sampling) is None
 
 
 def test_usage_counts_each_prompt_once_and_every_choice():

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from chat_frontend import openai_format as oa
+from chat_frontend import request_fields as rf
 from chat_frontend.conversation import Whole
 from chat_frontend.errors import ChatError
 from kvtb_proto import compute_pb2, frontend_pb2
@@ -90,7 +91,7 @@ def test_defaults_are_vllms_and_the_models_generation_config_wins_over_them():
 
 def test_every_field_of_the_table_is_accepted_or_refused_as_it_says():
     for name, field in oa.FIELDS.items():
-        if field.handling == oa.REFUSED:
+        if field.handling == rf.REFUSED:
             err = refused(**{name: "x"})
             assert err.param == name and name in err.message, name
     defaults_ok = {"store": False, "parallel_tool_calls": True, "skip_special_tokens": True,
@@ -233,7 +234,7 @@ def test_the_readme_table_lists_every_field_of_the_parser_as_it_handles_it():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     section = readme.split("## OpenAI API support", 1)[1].split("\n## ", 1)[0]
     chat = section.split("### Chat completions", 1)[1].split("\n### ", 1)[0]
-    support = {"yes": oa.SUPPORTED, "default only": oa.DEFAULT_ONLY, "400": oa.REFUSED}
+    support = {"yes": rf.SUPPORTED, "default only": rf.DEFAULT_ONLY, "400": rf.REFUSED}
     listed = {}
     for row in chat.splitlines():
         cells = [c.strip() for c in row.split("|")[1:-1]]
