@@ -56,7 +56,8 @@ def measure(node: Node, sizes: list[int], reps: int = 2) -> dict:
 def test_sizes_are_measured_side_by_side_and_compared_with_the_bound():
     node = Node(lambda n: 100.0 if n == 512 else 50.0)
     result = measure(node, [512, 1024, 6016])
-    assert node.calls == [(512, "recompute", 1), (1024, "recompute", 1), (6016, "recompute", 1)] * 2
+    assert [n for n, _, _ in node.calls] == [512, 1024, 6016, 6016, 1024, 512]  # each round the other way
+    assert {(policy, max_new) for _, policy, max_new in node.calls} == {("recompute", 1)}
     assert result["results"]["prefill"]["6016"]["tokens_per_s"] == pytest.approx(50.0)
     floor = prefill.add_ratios(result, SMOLLM2)
     assert result["ratios"]["prefill_tokens_per_s_6016_vs_512"] == pytest.approx(0.5)
@@ -65,6 +66,13 @@ def test_sizes_are_measured_side_by_side_and_compared_with_the_bound():
     assert floor == {"prefill_vs_exact_attention_bound_6016": prefill.FLOOR}
     assert "6016_vs_512" in result["results"]["prefill_bound"] and "failed" not in result["results"]["prefill"]
     assert "exact-attention bound" in prefill.table(result)
+
+
+def test_tokens_per_s_are_of_each_sizes_fastest_round():
+    speeds = iter([100.0, 100.0, 25.0, 25.0])  # the second round under others' load
+    result = measure(Node(lambda n: next(speeds)), [512, 1024])
+    assert [result["results"]["prefill"][n]["tokens_per_s"] for n in ("512", "1024")] == [100.0, 100.0]
+    assert result["results"]["prefill"]["512"]["ttft_s"]["max"] == pytest.approx(512 / 25.0)
 
 
 def test_a_size_that_raises_or_reuses_kv_fails_and_gives_no_ratio():
@@ -82,3 +90,15 @@ def test_ttft_measures_the_prefill_sizes_unless_told_none():
     assert ttft.parse_args(["--smoke"]).prefill_sizes == list(prefill.SMOKE_SIZES)
     with pytest.raises(SystemExit):
         ttft.parse_args(["--prefill-sizes", "0"])
+
+
+@pytest.mark.slow
+def test_ttft_smoke_measures_prefill_by_prompt_length_with_real_services(tmp_path):
+    from tests.bench.test_smoke import bench
+    result = bench(tmp_path, "ttft", "--sizes", "32", "--reps", "1", "--placements", "shared",
+                   "--prefill-sizes", "64", "160")
+    rows = result["results"]["prefill"]
+    assert [rows[n]["prompt_tokens"] for n in ("64", "160")] == [64, 160]
+    assert all(rows[n]["tokens_per_s"] > 0 and rows[n]["ttft_s"]["n"] == 2 for n in rows)
+    assert 0 < result["ratios"]["prefill_tokens_per_s_160_vs_64"]
+    assert "prefill_vs_exact_attention_bound_160" in result["floors"] and result["failed"] == []
