@@ -157,7 +157,7 @@ class ChatService:
         log_request_id.set(request_id)  # this task serves this turn only
         timer = TurnTimer(tenant, clock.start_ns)
         choices = []
-        for i in range(n):  # the same prompt: the compute node's prefix cache shares its blocks
+        for i in range(n):  # the same prompt, prefilled once: the others find its blocks (merged)
             sampling = compute_pb2.Sampling()
             sampling.CopyFrom(request.sampling)
             sampling.seed = (sampling.seed + i) % (1 << 64)
@@ -171,7 +171,7 @@ class ChatService:
                     f" as in {source[0].context_id}" if source else "", shared, n)
         yield frontend_pb2.ChatEvent(context_id=context_id)
         async for event in merged([c.events(self.agent, clock, timer if c.index == 0 else None)
-                                   for c in choices]):
+                                   for c in choices], n):
             yield event
         clock.end_ns = time.time_ns()
         summaries = [c.summary(turn_no, context_id, clock, info.stop_token_ids) for c in choices]
@@ -265,29 +265,49 @@ class _Choice:
 _DONE = object()
 
 
-async def merged(streams: list) -> AsyncIterator:
+async def merged(streams: list, n: int = 1) -> AsyncIterator:
     """The events of several async iterators as they come (one: itself, no task); the first error
-    ends all of them."""
+    ends all of them.
+
+    n > 1: the streams are groups of n choices of one prompt each (consecutive); in each group the
+    first starts at once and the other n - 1 once it gave its first event (its first token: the
+    prompt is prefilled), so that they find the prompt's full blocks in the compute node's prefix
+    cache instead of each prefilling it again (vLLM prefills a prompt once for its n choices).
+    """
     if len(streams) == 1:
         async with contextlib.aclosing(streams[0]) as events:
             async for event in events:
                 yield event
         return
     queue: asyncio.Queue = asyncio.Queue()
+    tasks: list[asyncio.Task] = []
+    closing = False
 
-    async def pump(stream) -> None:
+    def start(group: list) -> None:
+        if not closing:  # never a new turn once the consumer stopped
+            tasks.extend(asyncio.create_task(pump(stream)) for stream in group)
+
+    async def pump(stream, followers: list = ()) -> None:
         try:
             async with contextlib.aclosing(stream) as events:
                 async for event in events:
                     queue.put_nowait(event)
+                    if followers:
+                        start(followers)
+                        followers = ()
             queue.put_nowait(_DONE)
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
             queue.put_nowait(exc)
+        finally:
+            if followers:  # ended (or failed) before its first event: the others start anyway
+                start(followers)
 
-    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    size = max(1, n)
+    for g in range(0, len(streams), size):
+        tasks.append(asyncio.create_task(pump(streams[g], streams[g + 1:g + size])))
     try:
         done = 0
-        while done < len(tasks):
+        while done < len(streams):
             item = await queue.get()
             if item is _DONE:
                 done += 1
@@ -296,6 +316,9 @@ async def merged(streams: list) -> AsyncIterator:
             else:
                 yield item
     finally:
+        closing = True
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:  # followers never started: close them (never iterated)
+            await stream.aclose()

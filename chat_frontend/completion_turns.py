@@ -134,7 +134,7 @@ class CompletionTurns:
         timer = TurnTimer(tenant, start_ns)
         counted = frontend_pb2.TurnSummary()
         async for event in merged([self._choice(i, turn, timer if i == 0 else None)
-                                   for i, turn in enumerate(turns)]):
+                                   for i, turn in enumerate(turns)], req.n):
             if isinstance(event, Finished):
                 rec = event.record
                 self.finishes.finished(rec.finish_reason or "length")

@@ -378,3 +378,26 @@ def test_one_failing_choice_ends_the_turn_and_stops_the_others(tmp_path):
         run_chat(service, request)
     assert err.value.code == "UNAVAILABLE" and engine.cancelled == 2
     assert service.store.counts()["contexts"] == 0 and service.admission.active == 0
+
+
+def test_n_choices_of_a_prompt_start_after_the_first_gave_its_first_event():
+    """merged(n): the first choice of each prompt alone prefills it; the others start once it streamed."""
+    from chat_frontend.chat_service import merged
+
+    log: list[str] = []
+
+    async def choice(name: str, events: int):
+        log.append(f"start {name}")
+        for i in range(events):
+            await asyncio.sleep(0.01)
+            log.append(f"{name}{i}")
+            yield f"{name}{i}"
+
+    async def run(streams, n):
+        return [event async for event in merged(streams, n)]
+
+    got = asyncio.run(run([choice("a", 2), choice("b", 2), choice("c", 1), choice("d", 1)], 2))
+    assert sorted(got) == ["a0", "a1", "b0", "b1", "c0", "d0"]
+    assert log.index("start b") > log.index("a0") and log.index("start d") > log.index("c0")
+    assert log.index("start c") < log.index("a0")  # another prompt's first choice does not wait
+

@@ -46,7 +46,8 @@ def test_a_request_runs_its_choices_and_counts_them_for_the_tenant():
     events, (by_status, tokens), finishes, completed = run(engine, scenario)
     assert sorted(e.index for e in events if isinstance(e, Finished)) == [0, 1, 2, 3]
     assert sum(isinstance(e, Token) for e in events) == 8
-    assert [t.request_id.split("-")[-1] for t in engine.turns[1:]] == ["1", "2", "3"]
+    # each prompt's first choice at once, its second once the first streamed (the prompt prefilled once)
+    assert [t.request_id.split("-")[-1] for t in engine.turns[1:]] == ["2", "1", "3"]
     assert all(t.tenant == "team-a" and t.user_id == "alice" for t in engine.turns)
     assert by_status == {("team-a", "ok"): 1} and tokens[("team-a", "generation")] == 8
     assert finishes == {"length": 4} and completed == 1

@@ -89,8 +89,9 @@ def test_prompts_as_token_ids_and_n_choices_index_prompt_major():
     engine = TextEngine(seeded=True)
     status, body = completion(engine, prompt=[[21, 22], [23]], n=2, seed=7, add_special_tokens=False)
     assert status == 200, body
-    assert [list(t.token_ids) for t in engine.turns] == [[21, 22], [21, 22], [23], [23]]
-    assert [t.sampling.seed for t in engine.turns] == [7, 8, 7, 8]
+    # each prompt's first choice at once, its second once the first streamed (its prompt prefilled once)
+    assert [list(t.token_ids) for t in engine.turns] == [[21, 22], [23], [21, 22], [23]]
+    assert [t.sampling.seed for t in engine.turns] == [7, 7, 8, 8]
     assert len({t.context_id for t in engine.turns}) == 1  # one request, one fresh context
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert [c["text"] for c in body["choices"]] == [" s7w0 s7w1 s7w2", " s8w0 s8w1 s8w2"] * 2
