@@ -24,7 +24,7 @@ the context is exact, so a token at position p costs 4 * layers * heads * head_d
 (69k * p here) beside the 212 MFLOPs of the projections and the MLP; at p ~ 3,070 the two are equal.
 A 512-token chunk after 3.5k cached tokens spent 62% of its time in scaled_dot_product_attention's
 flash kernel (at ~75% of the matrix products' FLOP rate), 35% in the matrix products, 0.35% in
-gathering its blocks. A 6k prompt's tokens thus cost ~1.85x a 512-token prompt's at best.
+gathering its blocks. A 6k prompt's tokens thus cost ~1.8x a 512-token prompt's at best (bench.prefill).
 """
 from __future__ import annotations
 
