@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.request
 import uuid
 
@@ -146,9 +147,9 @@ def test_a_schema_that_does_not_compile_is_refused(client):
 
 
 def test_penalties_change_the_reply(client):
-    text = "Repeat the word 'apple' as many times as you can."
-    tag = uuid.uuid4().hex[:8]
-    messages = [{"role": "user", "content": f"[{tag}] {text}"}]
+    # no id before it: a message whose greedy reply repeats itself (with some ids the model echoes the
+    # message instead, which no penalty on the reply's own tokens changes)
+    messages = [{"role": "user", "content": "List the days of the week, then list them again."}]
     plain = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=40)
     penalised = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=40,
                                                presence_penalty=2.0, frequency_penalty=2.0)
@@ -227,3 +228,25 @@ def test_messages_as_clients_send_them(client):
     reply = continued.choices[0].message.content
     assert "Paris" in reply, reply
     assert not reply.startswith(prefix)  # the continuation alone, as vLLM returns it
+
+
+def prefix_cache_hits(triggered) -> float:
+    """vllm:prefix_cache_hits_total on the API port (an operator's token): prompt tokens found in the pool."""
+    request = urllib.request.Request(f"http://{triggered.services['frontend']['http']}/metrics",
+                                     headers={"Authorization": f"Bearer {USERS['demo']}"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:prefix_cache_hits_total"))
+
+
+def test_n_choices_prefill_their_prompt_once(client, triggered):
+    story = " ".join(f"Day {i}: the baker made {i * 3} loaves and sold them all before noon." for i in range(8))
+    before = prefix_cache_hits(triggered)
+    done = ask(client, f"{story} How many loaves in all?", n=3, seed=5, temperature=1.0, max_tokens=4)
+    assert len(done.choices) == 3
+    time.sleep(1.5)  # the API caches the compute node's figures for 1 s
+    full_blocks = done.usage.prompt_tokens // 32
+    assert full_blocks >= 3
+    # choices 2 and 3 found the prompt's full blocks that choice 1 prefilled
+    assert prefix_cache_hits(triggered) - before >= 2 * full_blocks * 32
