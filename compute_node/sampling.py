@@ -393,18 +393,3 @@ def logprobs_of(logits: torch.Tensor, samplers: list[SequenceSampler], tokens: l
         out[k] = TokenLogprobs(chosen[j], top)
     return out
 
-
-class Sampler:
-    """One sequence's draws one row at a time (ModelRunner.sample): the batched sampler on a batch of one."""
-
-    def __init__(self, params: SamplingParams):
-        self.params = params
-        self.state: SequenceSampler | None = None
-
-    def __call__(self, logits: torch.Tensor) -> int:
-        """logits: [vocab] -> token id."""
-        if self.state is None:
-            self.state = SequenceSampler(self.params, logits.shape[-1])
-        [token], _ = sample(logits[None], [self.state])
-        self.state.accept(token)
-        return token

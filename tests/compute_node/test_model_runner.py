@@ -7,7 +7,6 @@ from transformers import DynamicCache
 
 from compute_node.llama import pool_shape
 from compute_node.model_runner import ModelRunner, SeqRun, build_step
-from compute_node.sampling import Sampler, SamplingParams
 
 # The real model's logits reach ~30; ours equal transformers' bit for bit for a prompt run whole and
 # differ by ~5e-5 when it is chunked or batched (float summation order).
@@ -41,9 +40,6 @@ def test_choice_helpers_pick_per_row():
     assert ModelRunner.greedy(logits) == [1, 0]
     ties = torch.tensor([[1.0, 4.0, 4.0, 2.0], [7.0, 7.0, float("nan"), float("nan")], [2.0] * 4])
     assert ModelRunner.greedy(ties) == torch.argmax(ties, dim=-1).tolist() == [1, 2, 0]
-    samplers = [Sampler(SamplingParams()), Sampler(SamplingParams(temperature=1.0, seed=3))]
-    picks = ModelRunner.sample(torch.tensor([[0.0, 9.0, 0.0], [-1e9, -1e9, 0.0]]), samplers)
-    assert picks == [1, 2]
 
 
 def test_runner_refuses_a_pool_on_another_device(tiny_model):
