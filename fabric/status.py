@@ -7,6 +7,8 @@ values come from two specifications:
   host that is not connected or not in the access list (the paper's NIC-2 match-action).
 - NVMe Key Value Command Set 1.0: 0x85 invalid value size, 0x86 invalid key size,
   0x87 key does not exist, 0x89 key exists.
+- This testbed's own: 0x8A key leased (a KV_DELETE of a key another host leased by a read with
+  CommandCapsule.lease_ms: nothing is deleted).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ INVALID_VALUE_SIZE = Status(SCT_COMMAND_SPECIFIC, 0x85)
 INVALID_KEY_SIZE = Status(SCT_COMMAND_SPECIFIC, 0x86)
 KEY_DOES_NOT_EXIST = Status(SCT_COMMAND_SPECIFIC, 0x87)
 KEY_EXISTS = Status(SCT_COMMAND_SPECIFIC, 0x89)
+KEY_LEASED = Status(SCT_COMMAND_SPECIFIC, 0x8A)
 
 WRITE_FAULT = Status(SCT_MEDIA, 0x80)
 UNRECOVERED_READ_ERROR = Status(SCT_MEDIA, 0x81)
@@ -65,6 +68,7 @@ NAMES: dict[Status, str] = {
     INVALID_KEY_SIZE: "invalid key size",
     KEY_DOES_NOT_EXIST: "key does not exist",
     KEY_EXISTS: "key exists",
+    KEY_LEASED: "key leased",
     WRITE_FAULT: "write fault",
     UNRECOVERED_READ_ERROR: "unrecovered read error",
     GUARD_CHECK_ERROR: "end-to-end guard check error",

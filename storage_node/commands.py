@@ -110,7 +110,7 @@ class CommandProcessor:
         self.sessions = Sessions(security or FabricSecurity.off(), PreAuthLimits.of(subsystem.settings))
         self.limits = RequestLimits.of(subsystem.settings)
         self.refused_before_auth = 0  # messages dropped or refused before authentication (rate, size)
-        self.env = {"committers": subsystem.committers}
+        self.env = {"committers": subsystem.committers, "limits": self.limits}
 
     def receive(self, session: bytes, frames: list, peer: Peer | str = "") -> list[Reply]:
         """Handle one received message: [header, payload buffers...] (buffers, not copied) from the

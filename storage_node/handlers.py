@@ -4,6 +4,10 @@ Every request is bounded before it runs (`RequestLimits`, from the node's settin
 size, the ranges of a range read (merged first, `storage_node.ranges`), the keys of a List, the
 bytes a response carries and the bytes a command reads or checksums on the node. Over a cap a
 command is refused whole with "invalid field" (NVMe's generic 0x02).
+
+A Retrieve, range read or Exist with lease_ms leases each key it read to its host for that long
+(at most max_lease_ms; `storage_node.leases`); a Delete of a key another host leased answers
+"key leased" (1/0x8A) and deletes nothing.
 """
 from __future__ import annotations
 
@@ -68,11 +72,12 @@ class RequestLimits:
     max_list_keys: int = 10_000
     max_response_bytes: int = 1 << 30
     max_read_bytes: int = 4 << 30
+    max_lease_ms: int = 60_000
 
     @classmethod
     def of(cls, settings) -> RequestLimits:
         return cls(settings.max_value_bytes, settings.max_ranges, settings.max_list_keys,
-                   settings.max_response_bytes, settings.max_read_bytes)
+                   settings.max_response_bytes, settings.max_read_bytes, settings.max_lease_ms)
 
 
 @dataclass(frozen=True)
@@ -196,9 +201,17 @@ def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
                bytes_written=c.value_length if status.ok else 0)))
 
 
+def _lease(cmd: Command, keys, env: dict) -> None:
+    """Lease the keys read to the command's host for its lease_ms (capped at max_lease_ms), if it asked."""
+    ms = min(cmd.capsule.lease_ms, env["limits"].max_lease_ms)
+    if ms and keys:
+        cmd.namespace.lease(keys, cmd.controller.host_nqn, ms / 1000.0)
+
+
 def _kv_retrieve(cmd: Command, finish: Finish, env: dict) -> None:
     c = cmd.capsule
     data, length, crc = cmd.namespace.retrieve(c.key, c.value_length, not c.skip_guard_check, c.value_offset)
+    _lease(cmd, [c.key], env)
     finish(Result(value_length=length, crc32c=crc, frames=[data], bytes_read=data.nbytes))
 
 
@@ -224,18 +237,20 @@ def _kv_retrieve_ranges(cmd: Command, finish: Finish, env: dict) -> None:
             continue
         frames.append(answer)
         statuses.append(0)
+    _lease(cmd, list({asked[i].key: None for i, s in enumerate(statuses) if not s}), env)
     nbytes = sum(byte_view(f).nbytes for f in frames)
     finish(Result(message=failed, value_length=nbytes, frames=frames, bytes_read=nbytes, range_status=statuses))
 
 
 def _kv_delete(cmd: Command, finish: Finish, env: dict) -> None:
-    env["committers"][cmd.namespace.nsid].submit(PendingDelete(cmd.capsule.key),
+    env["committers"][cmd.namespace.nsid].submit(PendingDelete(cmd.capsule.key, cmd.controller.host_nqn),
                                                  lambda status: finish(Result(status)))
 
 
 def _kv_exist(cmd: Command, finish: Finish, env: dict) -> None:
     if not cmd.namespace.exist(cmd.capsule.key):
         raise NvmeError(st.KEY_DOES_NOT_EXIST)
+    _lease(cmd, [cmd.capsule.key], env)
     finish(Result(exists=True))
 
 

@@ -1,4 +1,5 @@
-"""The key-value namespace: values on extents of the backing file, a journaled index, crc32c checks."""
+"""The key-value namespace: values on extents of the backing file, a journaled index, crc32c checks,
+and read leases on keys (`storage_node.leases`: a Delete of a key another host leased fails)."""
 from __future__ import annotations
 
 import bisect
@@ -6,6 +7,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from fabric.status import NvmeError, Status
 from kvtb.crc32c import crc32c
 from storage_node import journal as jr
 from storage_node.allocator import AllocationError, Extent, ExtentAllocator
+from storage_node.leases import Leases
 from storage_node.namespace import (
     LBA_BYTES,
     Namespace,
@@ -62,9 +65,10 @@ class PendingStore:
 
 @dataclass
 class PendingDelete:
-    """A Delete waiting for its journal record."""
+    """A Delete waiting for its journal record; host: who asks (another host's lease refuses it)."""
 
     key: bytes
+    host: str = ""
 
 
 Op = PendingStore | PendingDelete
@@ -119,6 +123,7 @@ class KvNamespace(Namespace):
         self.values_lost = 0  # to a data file cut short, or set aside at replay
         self._lock = threading.Lock()
         self._index: dict[bytes, IndexEntry] = {}
+        self.leases = Leases()  # in memory only, on keys of the index
         self._sorted_keys: list[bytes] | None = None
         self._map: mmap.mmap | None = None
         self.allocator = ExtentAllocator(self.size_bytes, LBA_BYTES)
@@ -238,11 +243,14 @@ class KvNamespace(Namespace):
     def _decide(self, ops: Sequence[Op]) -> tuple[list[Status], list[jr.Record]]:
         """Check each op's condition against the index as the earlier ops of the batch leave it."""
         statuses, records, shadow = [], [], {}
+        now = time.monotonic()
         with self._lock:
             for op in ops:
                 present = shadow.get(op.key, op.key in self._index)
                 if isinstance(op, PendingDelete):
                     status = st.SUCCESS if present else st.KEY_DOES_NOT_EXIST
+                    if present and self.leases.held_by_other(op.key, op.host, now):
+                        status = st.KEY_LEASED
                 elif op.only_if_absent and present:
                     status = st.KEY_EXISTS
                 elif op.only_if_present and not present:
@@ -260,6 +268,8 @@ class KvNamespace(Namespace):
         old = self._index.pop(op.key, None)
         if isinstance(op, PendingStore):
             self._index[op.key] = IndexEntry(op.length, op.crc32c, op.extents)
+        else:
+            self.leases.drop(op.key)
         if old is None or not isinstance(op, PendingStore):
             self._sorted_keys = None  # the set of keys changed
         if old is not None:
@@ -389,6 +399,14 @@ class KvNamespace(Namespace):
         with self._lock:
             entry = self._index.get(key)
             return entry.length if entry else 0
+
+    def lease(self, keys: Sequence[bytes], host: str, lease_s: float) -> int:
+        """Lease to host each of keys the index holds, for lease_s seconds from now; how many."""
+        now = time.monotonic()
+        with self._lock:
+            held = [k for k in keys if k in self._index]
+            self.leases.grant(held, host, now + lease_s, now)
+        return len(held)
 
     def exist(self, key: bytes) -> bool:
         """True when key holds a committed value."""

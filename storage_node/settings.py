@@ -92,6 +92,9 @@ class StorageSettings:
     # bytes one command may read or checksum on the node (a range read with the guard check reads
     # each value it touches whole, once)
     max_read_bytes: int = 4 << 30
+    # the longest read lease (CommandCapsule.lease_ms) a host gets: a Delete of the key by another host
+    # is refused until then (storage_node.leases); held in memory, one entry per leased key it holds
+    max_lease_ms: int = 60_000
 
     def __post_init__(self) -> None:
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
@@ -117,6 +120,7 @@ class StorageSettings:
                 "max_response_bytes must be at least max_value_bytes (a whole value must be readable)")
         require(self.max_read_bytes >= self.max_response_bytes,
                 "max_read_bytes must be at least max_response_bytes")
+        require(0 <= self.max_lease_ms <= 3_600_000, "max_lease_ms must be in 0..3600000 (an hour)")
 
     def allowed_namespaces(self, host_nqn: str) -> Any:
         """The namespace ids host_nqn may reach ("*" for all), or None when it is refused."""
