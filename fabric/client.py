@@ -4,6 +4,7 @@
     client.connect()
     client.store(1, key, [kv_bytes])            # acknowledged means durable
     done = client.retrieve(1, key)              # payload in done.frames (zmq.Frame, not copied)
+    heads = client.retrieve_heads(1, keys, 4096, lease_ms=30_000)  # many keys' first bytes, one round trip
     client.close()
 
 Wire (one ZeroMQ multipart message each way):
@@ -230,7 +231,8 @@ class FabricClient:
 
     def submit(self, capsule: nvmeof_pb2.CommandCapsule, frames: Sequence = (),
                timeout_s: float | None = None,
-               on_data: Callable[[int, list], None] | None = None) -> concurrent.futures.Future:
+               on_data: Callable[[int, list], None] | None = None,
+               slot_wait_s: float | None = None) -> concurrent.futures.Future:
         """Send capsule (its command id is assigned here) and frames; return a Future of Completion.
 
         The frames are sent with copy=False (a buffer over fabric.frames.FRAME_BYTES as views of it, the
@@ -242,10 +244,13 @@ class FabricClient:
         each one as it arrives, in order, and only while the command is outstanding; the
         Completion then holds the last piece, from response.data_offset. Without on_data the
         PDUs are kept and the Completion holds the whole value.
+
+        With slot_wait_s, a full queue is waited on that long at most (then FabricTimeout).
         """
         if self._closed:
             raise FabricError("client closed")
-        self._slots.acquire()
+        if not self._slots.acquire(timeout=slot_wait_s):
+            raise FabricTimeout(f"no free queue slot within {slot_wait_s:g} s ({self.queue_depth} outstanding)")
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
         with self._lock:
@@ -286,19 +291,53 @@ class FabricClient:
             store_only_if_present=only_if_present)
         return self._wait(self.submit(capsule, frames)).raise_for_status()
 
-    def retrieve(self, nsid: int, key: bytes, max_bytes: int = 0, offset: int = 0) -> Completion:
-        """Fetch key's value from byte `offset` on (at most max_bytes; 0 = to its end) into completion.frames."""
+    def retrieve(self, nsid: int, key: bytes, max_bytes: int = 0, offset: int = 0, lease_ms: int = 0) -> Completion:
+        """Fetch key's value from byte `offset` on (at most max_bytes; 0 = to its end) into completion.frames
+        (lease_ms: no other host deletes it for that long; the node caps it)."""
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE,
-                                            namespace_id=nsid, key=key, value_length=max_bytes, value_offset=offset)
+                                            namespace_id=nsid, key=key, value_length=max_bytes, value_offset=offset,
+                                            lease_ms=lease_ms)
         return self._wait(self.submit(capsule)).raise_for_status()
 
+    def submit_heads(self, nsid: int, keys: Sequence[bytes], max_bytes: int, lease_ms: int = 0,
+                     timeout_s: float | None = None) -> list[concurrent.futures.Future]:
+        """Ask for the first max_bytes of each key's value, every command sent before any answer is waited
+        for (one round trip): a Future of Completion per key, in order. The node skips its guard check
+        (the reader checks what it uses; with it the node would read each whole value) and, with lease_ms,
+        leases each key it read. timeout_s bounds each command and the wait for a queue slot: a key whose
+        command could not be sent in time gets a failed Future."""
+        futures = []
+        for key in keys:
+            capsule = nvmeof_pb2.CommandCapsule(
+                command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE, namespace_id=nsid, key=key,
+                value_length=max_bytes, skip_guard_check=True, lease_ms=lease_ms)
+            try:
+                futures.append(self.submit(capsule, timeout_s=timeout_s, slot_wait_s=timeout_s))
+            except FabricError as exc:
+                failed: concurrent.futures.Future = concurrent.futures.Future()
+                failed.set_exception(exc)
+                futures.append(failed)
+        return futures
+
+    def retrieve_heads(self, nsid: int, keys: Sequence[bytes], max_bytes: int, lease_ms: int = 0,
+                       timeout_s: float | None = None) -> list[Completion | FabricError]:
+        """submit_heads, waited for: each key's Completion (status checked), or the error it ended with."""
+        out: list[Completion | FabricError] = []
+        for future in self.submit_heads(nsid, keys, max_bytes, lease_ms, timeout_s):
+            try:
+                out.append(self._wait(future).raise_for_status())
+            except FabricError as exc:
+                out.append(exc)
+        return out
+
     def retrieve_ranges(self, nsid: int, ranges: Sequence[tuple[bytes, int, int]],
-                        skip_guard_check: bool = False) -> Completion:
+                        skip_guard_check: bool = False, lease_ms: int = 0) -> Completion:
         """Fetch byte ranges (key, offset, length) of values in one command: completion.frames holds the
-        bytes of those that succeeded, in order, and response.range_status each one's status."""
+        bytes of those that succeeded, in order, and response.range_status each one's status (lease_ms:
+        each key read is leased, as retrieve)."""
         capsule = nvmeof_pb2.CommandCapsule(
             command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE_RANGES, namespace_id=nsid,
-            skip_guard_check=skip_guard_check,
+            skip_guard_check=skip_guard_check, lease_ms=lease_ms,
             ranges=[nvmeof_pb2.ValueRange(key=k, offset=o, length=n) for k, o, n in ranges])
         return self._wait(self.submit(capsule)).raise_for_status()
 
@@ -308,10 +347,10 @@ class FabricClient:
                                             namespace_id=nsid, key=key)
         return self._wait(self.submit(capsule)).raise_for_status()
 
-    def exist(self, nsid: int, key: bytes) -> bool:
-        """True when key is stored (the node answers "key does not exist" otherwise)."""
+    def exist(self, nsid: int, key: bytes, lease_ms: int = 0) -> bool:
+        """True when key is stored (the node answers "key does not exist" otherwise); lease_ms as retrieve."""
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_EXIST,
-                                            namespace_id=nsid, key=key)
+                                            namespace_id=nsid, key=key, lease_ms=lease_ms)
         done = self._wait(self.submit(capsule))
         if (done.response.status_code_type, done.response.status_code) == st.KEY_DOES_NOT_EXIST:
             return False

@@ -5,11 +5,11 @@ import time
 import pytest
 import zmq
 
-from kvtb_proto import nvmeof_pb2 as pb
 from fabric import auth
 from fabric import status as st
 from fabric.auth import FabricSecurity
 from fabric.client import FabricClient, FabricError, FabricTimeout, StorageStatusError
+from kvtb_proto import nvmeof_pb2 as pb
 
 
 class FakeTarget:
@@ -22,6 +22,7 @@ class FakeTarget:
         self.address = f"tcp://127.0.0.1:{port}"
         self.hold, self.silent = hold, silent
         self.seen: list[int] = []
+        self.capsules: list[pb.CommandCapsule] = []
         self.max_outstanding = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -35,6 +36,7 @@ class FakeTarget:
             ident, header, *_ = self.sock.recv_multipart()
             capsule = pb.CommandCapsule.FromString(header)
             self.seen.append(capsule.command_id)
+            self.capsules.append(capsule)
             held.append((ident, capsule.command_id))
             self.max_outstanding = max(self.max_outstanding, len(held))
             if self.silent:
@@ -171,6 +173,32 @@ def test_a_client_refuses_a_target_that_does_not_authenticate_itself():
     try:
         with pytest.raises(FabricError, match="does not authenticate itself"):
             client.connect()
+    finally:
+        client.close()
+        target.close()
+
+
+def test_heads_of_many_keys_are_all_asked_before_any_answer_leased_and_unchecked():
+    target = FakeTarget(hold=3)  # answers only once all three are held: one round trip
+    client = FabricClient(target.address, "nqn:h", queue_depth=8, timeout_s=2.0)
+    try:
+        done = client.retrieve_heads(1, [b"a", b"b", b"c"], 4096, lease_ms=30_000, timeout_s=1.0)
+        assert [d.ok for d in done] == [True] * 3
+        assert [(c.key, c.opcode, c.value_length, c.skip_guard_check, c.lease_ms) for c in target.capsules] == \
+            [(k, pb.KV_RETRIEVE, 4096, True, 30_000) for k in (b"a", b"b", b"c")]
+    finally:
+        client.close()
+        target.close()
+
+
+def test_heads_past_a_full_queue_fail_at_their_deadline_instead_of_blocking():
+    target = FakeTarget(silent=True)
+    client = FabricClient(target.address, "nqn:h", queue_depth=2, timeout_s=5.0)
+    try:
+        start = time.monotonic()
+        done = client.retrieve_heads(1, [b"a", b"b", b"c"], 4096, timeout_s=0.3)
+        assert all(isinstance(d, FabricTimeout) for d in done)
+        assert time.monotonic() - start < 1.5  # the third waited 0.3 s for a slot, not the client's 5 s
     finally:
         client.close()
         target.close()
