@@ -2,7 +2,10 @@
 
 `Stack`: a config with every address on port 0 (the ready lines carry the real ones); storage,
 agent, compute node and frontend started with `kvtb up`'s `Deployment` and all stopped when the
-`with` block ends, also on an error or Ctrl-C. `start_storage`: one storage node process alone.
+`with` block ends, also on an error or Ctrl-C. With `replicas=N`, N pairs of agent and compute node
+share the storage nodes behind the one frontend (`kvtb up --replicas N`); `replica_channel(i)` calls
+replica i's agent as the operator, so a turn can be pinned to a replica whatever the frontend's
+routing. `start_storage`: one storage node process alone.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 import grpc
 import yaml
 
+from bench.results import record_placement
 from fabric.auth import FabricSecurity
 from fabric.client import FabricClient
 from kvtb import credentials
@@ -25,7 +29,6 @@ from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb.rpc import OPERATOR, Security, channel
 from kvtb.up import Deployment
-from bench.results import record_placement
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -99,6 +102,28 @@ def bench_config(*, pool_tokens: int = 32768, max_context_tokens: int = 4096, us
     }
 
 
+def replica_processes(i: int) -> tuple[str, str]:
+    """The process names of replica i's agent and compute node (`kvtb up --replicas`): replica 0 keeps
+    `smartnic` and `compute`, replica i >= 1 is `smartnic-i` and `compute-i`."""
+    if i < 0:
+        raise ValueError(f"replica index must be at least 0, not {i}")
+    return ("smartnic", "compute") if i == 0 else (f"smartnic-{i}", f"compute-{i}")
+
+
+def replica_identities(i: int) -> tuple[str, str]:
+    """Replica i's agent and compute node identities (kvtb.credentials.replica_identities)."""
+    try:
+        from kvtb.credentials import replica_identities as of
+    except ImportError:  # TODO(issue 33): the contract's names until kvtb.credentials has them
+        return replica_processes(i)
+    return of(i)
+
+
+def service_of(process: str) -> str:
+    """The service a process of a stack is: storage-0 -> storage; a replica's process keeps its name."""
+    return process if process.startswith(("smartnic", "compute")) else process.split("-")[0]
+
+
 class Stack:
     """Every service as a local process; a context manager that always stops them.
 
@@ -106,14 +131,18 @@ class Stack:
     """
 
     def __init__(self, data_dir: str | Path, config: dict[str, Any], *, policy: str = "triggered",
-                 storage_nodes: int = 1, keep_data: bool = False, placement: str = "shared"):
+                 storage_nodes: int = 1, keep_data: bool = False, placement: str = "shared", replicas: int = 1):
+        if replicas < 1:
+            raise ValueError(f"a stack needs at least one replica, not {replicas}")
         self.data_dir = Path(data_dir).resolve()
         self.config = copy.deepcopy(config)
         self.policy = policy
         self.placement = placement  # kvtb.placement: shared or nic (the result's machine record says it)
         self.keep_data = keep_data
+        self.replicas = replicas
         self.config_path = self.data_dir / "kvtb.yaml"
-        self.deployment = Deployment(str(self.config_path), self.data_dir, policy, storage_nodes, placement)
+        more = {"replicas": replicas} if replicas > 1 else {}  # TODO(issue 33): always, once Deployment has it
+        self.deployment = Deployment(str(self.config_path), self.data_dir, policy, storage_nodes, placement, **more)
 
     def __enter__(self) -> Stack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -129,8 +158,9 @@ class Stack:
         return self
 
     def service_cpus(self) -> dict[str, str]:
-        """service (storage, smartnic, compute, frontend) -> the CPUs it announced it runs on."""
-        return {name.split("-")[0]: cpus for name, cpus in self.deployment.cpus().items()}
+        """service (storage, smartnic, compute, frontend; a replica i >= 1's smartnic-i and compute-i)
+        -> the CPUs it announced it runs on."""
+        return {service_of(name): cpus for name, cpus in self.deployment.cpus().items()}
 
     def __exit__(self, exc_type, *exc: object) -> None:
         self.stop(failed=exc_type is not None)
@@ -172,8 +202,20 @@ class Stack:
         return self.config["frontend"]["users"][user]
 
     def agent_channel(self) -> grpc.Channel:
-        """A channel to the agent as this deployment's operator (mutual TLS)."""
-        return channel(self.agent, Security.of(OPERATOR, str(self.deployment.credentials_dir)), peer="smartnic")
+        """A channel to the agent (replica 0's) as this deployment's operator (mutual TLS)."""
+        return self.replica_channel(0)
+
+    def replica_agent(self, i: int) -> str:
+        """Replica i's agent's gRPC address."""
+        if not 0 <= i < self.replicas:
+            raise IndexError(f"replica {i} of a stack of {self.replicas}")
+        return self.address(replica_processes(i)[0])
+
+    def replica_channel(self, i: int) -> grpc.Channel:
+        """A channel to replica i's agent as this deployment's operator: its ComputeNode service serves
+        turns on replica i alone, whatever the frontend's routing."""
+        return channel(self.replica_agent(i), Security.of(OPERATOR, str(self.deployment.credentials_dir)),
+                       peer=replica_identities(i)[0])
 
     def compute_stub(self, channel: grpc.Channel) -> compute_pb2_grpc.ComputeNodeStub:
         """The ComputeNode service as the agent serves it (turns pass its match-action table)."""
@@ -192,6 +234,8 @@ class Stack:
         out["client"] = usage.ru_utime + usage.ru_stime
         return {name: seconds for name, seconds in out.items() if seconds is not None}
 
-    def compute_stats(self) -> compute_pb2.ComputeStatsResponse:
-        with self.agent_channel() as ch:
-            return compute_pb2_grpc.ComputeNodeStub(ch).Stats(compute_pb2.ComputeStatsRequest(), timeout=10)
+    def compute_stats(self, replica: int = 0, timeout_s: float = 10.0) -> compute_pb2.ComputeStatsResponse:
+        """Replica `replica`'s compute node's counters (through its agent)."""
+        with self.replica_channel(replica) as ch:
+            return compute_pb2_grpc.ComputeNodeStub(ch).Stats(compute_pb2.ComputeStatsRequest(),
+                                                              timeout=timeout_s)

@@ -20,6 +20,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "smartnic"): "bench.smartnic:main",
     ("bench", "offload"): "bench.offload:main",
     ("bench", "ttft"): "bench.ttft:main",
+    ("bench", "followup"): "bench.followup:main",
     ("bench", "datapath"): "bench.datapath:main",
     ("bench", "concurrency"): "bench.concurrency:main",
     ("bench", "eviction"): "bench.eviction:main",
