@@ -25,16 +25,24 @@ SMARTNIC, MATCH_ACTION, COMPUTE = (smartnic_pb2.DESCRIPTOR.services_by_name["Sma
                                    compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name)
 SERVICE_NAMES = [SMARTNIC, MATCH_ACTION, COMPUTE]
 
-# Who may call what (kvtb.rpc.Authorizer; the operator may call everything, MatchAction and the
-# requester's Lookup, ListContexts and DropContext are the operator's alone). User and context ids
-# come only from the frontend: it alone may send turns.
-ACCESS = {
-    **{f"/{SMARTNIC}/{m}": {"compute"} for m in (
-        "RegisterMemory", "DeregisterMemory", "CounterAdd", "CounterSet", "CounterRead", "CounterWait",
-        "QueueTriggered", "CancelCounter", "Flush", "ReadErrors")},
-    f"/{SMARTNIC}/Stats": {"frontend"},
-    **{f"/{COMPUTE}/{m}": {"frontend"} for m in ("Generate", "EncodeChat", "Decode", "Info", "Stats")},
-}
+COMPUTE_METHODS = ("RegisterMemory", "DeregisterMemory", "CounterAdd", "CounterSet", "CounterRead", "CounterWait",
+                   "QueueTriggered", "CancelCounter", "Flush", "ReadErrors")
+
+
+def access(compute_identity: str = "compute") -> dict[str, set[str]]:
+    """Who may call what (kvtb.rpc.Authorizer; the operator may call everything, MatchAction and the
+    requester's Lookup, ListContexts and DropContext are the operator's alone): the memory, counter and
+    trigger methods only this agent's own compute node (one trust domain with it: each replica's
+    compute node has its own identity); user and context ids come only from the frontend (one for
+    every replica): it alone may send turns."""
+    return {
+        **{f"/{SMARTNIC}/{m}": {compute_identity} for m in COMPUTE_METHODS},
+        f"/{SMARTNIC}/Stats": {"frontend"},
+        **{f"/{COMPUTE}/{m}": {"frontend"} for m in ("Generate", "EncodeChat", "Decode", "Info", "Stats")},
+    }
+
+
+ACCESS = access()  # replica 0's
 
 
 def serve(settings: SmartNicSettings) -> "AgentNode":
@@ -61,15 +69,15 @@ class AgentNode:
         """Connect to the storage nodes, bind the gRPC server and metrics, and serve."""
         self.agent.start()
         s = self.settings
-        security = Security.of("smartnic", s.credentials_dir, s.insecure)
+        security = Security.of(s.identity, s.credentials_dir, s.insecure)
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(s.grpc_workers),
                                   options=server_options(max_message_bytes=64 << 20),
-                                  interceptors=[self.calls, Authorizer(ACCESS, security)])
+                                  interceptors=[self.calls, Authorizer(access(s.compute_identity), security)])
         host = s.listen_address.rpartition(":")[0]
         port = add_port(self.server, s.listen_address, security)
         if port == 0:
             raise OSError(f"cannot listen on {s.listen_address}")
-        self.proxy = ComputeProxyServicer(self.agent, security, host, port)
+        self.proxy = ComputeProxyServicer(self.agent, security, host, port, s.compute_identity, s.replica)
         smartnic_pb2_grpc.add_SmartNicServicer_to_server(SmartNicServicer(self.agent), self.server)
         smartnic_pb2_grpc.add_MatchActionServicer_to_server(MatchActionServicer(self.agent), self.server)
         compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.proxy, self.server)

@@ -50,6 +50,7 @@ class SmartNicSettings:
     metrics_address: str = "127.0.0.1:9101"  # Prometheus /metrics
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
     insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
+    identity: str = "smartnic"  # its certificate's identity (replica i of `kvtb up --replicas`: smartnic-i)
     cpus: str = ""              # the CPUs it runs on, a CPU list ("0-2,5"; kvtb.placement); "": all
     storage_nodes: tuple = DEFAULT_STORAGE_NODES
     host_nqn: str = AGENT_NQN   # on the storage nodes' default allow list
@@ -92,6 +93,19 @@ class SmartNicSettings:
     view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
     get_pdu_bytes: int = 2 << 20           # GET asks for larger values in data PDUs of this size (0: whole)
     grpc_workers: int = 32
+    # replicas (several agent and compute node pairs sharing the storage nodes)
+    replica: str = "replica-0"             # this agent's replica name (TurnRecord.replica)
+    identity: str = "smartnic"             # its gRPC identity (certificate); replica i >= 1: "smartnic-i"
+    compute_identity: str = "compute"      # its compute node's identity: the only caller (besides the operator)
+                                           # of its memory, counter and trigger methods; the peer it dials
+    # the miss path (smartnic.discovery): full blocks of a prompt missing in this agent's index are asked
+    # of the storage nodes their keys place on (another replica may have stored them), one round trip per
+    # node, within discovery_timeout_s; off: a single replica's lookups stay local
+    discovery: bool = True
+    discovery_timeout_s: float = 1.0
+    # a block read (discovery's header reads, a restore's GETs) is leased on its node this long, so no
+    # other replica's eviction deletes it meanwhile (at least get_timeout_s; the node caps it)
+    read_lease_s: float = 30.0
 
     def __post_init__(self) -> None:
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
@@ -104,6 +118,8 @@ class SmartNicSettings:
         require(names and len(set(names)) == len(names), "storage_nodes: at least one, unique names")
         require(self.namespace_id >= 1, "namespace_id is 1-based")
         require(self.salt, "salt must not be empty")
+        require(isinstance(self.identity, str) and self.identity and self.identity.replace("-", "").isalnum(),
+                f"identity must be a credentials identity (letters, digits, '-'), got {self.identity!r}")
         require(self.queue_bound > 0, "queue_bound must be positive")
         require(self.view_min_bytes > 0, "view_min_bytes must be positive")
         require(min(self.watcher_spin_us, self.watcher_poll_us, self.watcher_warm_ms, self.watcher_max_sleep_us,
@@ -120,3 +136,12 @@ class SmartNicSettings:
             raise ValueError(f"fastpath: one of {FASTPATHS}, got {self.fastpath!r}")
         require(self.admission_max_names > 0, "admission_max_names must be positive")
         require(self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}")
+        require(self.replica and self.identity and self.compute_identity,
+                "replica, identity and compute_identity must not be empty")
+        require(0 < self.discovery_timeout_s <= 60, "discovery_timeout_s must be in (0, 60]")
+        require(0 <= self.read_lease_s <= 3600, "read_lease_s must be in [0, 3600]")
+
+    @property
+    def lease_ms(self) -> int:
+        """The lease a read asks for (0: none): read_lease_s, and at least a GET's deadline."""
+        return int(max(self.read_lease_s, self.get_timeout_s) * 1000) if self.read_lease_s else 0
