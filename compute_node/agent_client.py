@@ -24,10 +24,11 @@ logger = logging.getLogger(__name__)
 class AgentClient:
     """One registered region at one agent. Thread-safe (gRPC stubs are)."""
 
-    def __init__(self, address: str, security: Security, timeout_s: float = 10.0):
+    def __init__(self, address: str, security: Security, timeout_s: float = 10.0, peer: str = "smartnic"):
+        """peer: the agent's identity (replica i's is smartnic-i: kvtb.credentials.replica_identities)."""
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = channel(address, security, peer="smartnic")
+        self.channel = channel(address, security, peer=peer)
         self.stub = smartnic_pb2_grpc.SmartNicStub(self.channel)
         self.region_id: int | None = None
         self.access_key = ""

@@ -26,15 +26,22 @@ from kvtb_proto import compute_pb2, compute_pb2_grpc
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name
-# Only the agent in front of this node sends it turns (and the operator: kvtb.rpc.Authorizer).
-ACCESS = {f"/{SERVICE_NAME}/*": {"smartnic"}}
+
+
+def access(agent_identity: str = "smartnic") -> dict[str, set[str]]:
+    """Only the agent in front of this node sends it turns (and the operator: kvtb.rpc.Authorizer):
+    its own agent's identity, not another replica's."""
+    return {f"/{SERVICE_NAME}/*": {agent_identity}}
+
+
+ACCESS = access()  # replica 0's
 
 
 def cpu_store_security(s: ComputeSettings) -> dict:
     """The `cpu` policy's fabric security and chunk MAC key, from the deployment's credentials."""
     from fabric.auth import FabricSecurity
     from kvtb.credentials import Credentials, resolve_dir
-    mac_key = Credentials(resolve_dir(s.credentials_dir), "compute").kv_mac_key() if s.kv_mac else None
+    mac_key = Credentials(resolve_dir(s.credentials_dir), s.identity).kv_mac_key() if s.kv_mac else None
     return {"security": FabricSecurity.for_host(s.fabric_security, s.credentials_dir, s.storage_host_nqn),
             "mac_key": mac_key}
 
@@ -80,9 +87,10 @@ class ComputeNode:
         for name in reclaim_abandoned(s.shm_prefix):  # a kill -9 leaves the region in /dev/shm
             logger.warning("removed the region %s that a node %s left when it died", name, s.node_name)
         self.pool = KvPool.create(s.shm_name, layout)
-        self.security = Security.of("compute", s.credentials_dir, s.insecure)
+        self.security = Security.of(s.identity, s.credentials_dir, s.insecure)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="compute-grpc"),
-                                  options=server_options(), interceptors=[Authorizer(ACCESS, self.security)])
+                                  options=server_options(),
+                                  interceptors=[Authorizer(access(s.agent_identity), self.security)])
         port = add_port(self.server, s.listen_address, self.security)
         if not port:
             raise OSError(f"cannot listen on {s.listen_address}")
@@ -113,7 +121,7 @@ class ComputeNode:
     def _register(self, client_class, address: str) -> StepSpan | None:
         """Step 1: register the pool with the agent; the span, or None when running without it."""
         s = self.settings
-        agent = client_class(s.agent_address, self.security)
+        agent = client_class(s.agent_address, self.security, peer=s.agent_identity)
         needed = s.policy == "triggered" or s.require_agent
         start_ns = time.time_ns()
         try:

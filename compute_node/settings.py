@@ -47,6 +47,10 @@ class ComputeSettings:
     metrics_address: str = "127.0.0.1:9102"  # Prometheus /metrics
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
     insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
+    # Its own certificate's identity, and its agent's: the only peer besides the operator that may call it,
+    # and the one it expects when it dials the agent (replica i of `kvtb up --replicas`: compute-i, smartnic-i).
+    identity: str = "compute"
+    agent_identity: str = "smartnic"
     agent_address: str = "127.0.0.1:50051"
     advertise_address: str = ""  # where the agent reaches this node (empty: the bound listen address)
     # Under `cpu`: the storage nodes' fabric addresses (tcp://host:port) the compute process
@@ -102,6 +106,10 @@ class ComputeSettings:
         require(self.queue_bound > 0, "queue_bound must be positive")
         require(self.model_dtype == "float32", "only float32 KV is supported (the pool is fp32)")
         require(self.node_name and "/" not in self.node_name, "node_name must be a plain name")
+        for field in ("identity", "agent_identity"):
+            name = getattr(self, field)
+            require(isinstance(name, str) and name and name.replace("-", "").isalnum(),
+                    f"{field} must be a credentials identity (letters, digits, '-'), got {name!r}")
         require(self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}")
 
     @property

@@ -14,7 +14,9 @@
     DIR/fabric-curve.pub      and its public half, which hosts need (`fabric_security: curve`)
 
 Identities: frontend, smartnic, compute, storage (every storage node), operator (the `kvtb`
-commands an operator runs: tables, admin, benchmarks, health). Files are written atomically with
+commands an operator runs: tables, admin, benchmarks, health). With several replicas (an agent and
+its compute node each; `kvtb up --replicas N`), replica 0 keeps smartnic and compute and replica i
+is smartnic-i and compute-i (`replica_identities`), each with its own certificate. Files are written atomically with
 mode 0600 (the directory 0700); an existing file is never replaced, so every service of one
 deployment reads the same credentials however many times `init` runs.
 """
@@ -30,14 +32,38 @@ from pathlib import Path
 
 # The deployment's fabric hosts, as the settings name them by default (the agent and the compute
 # node's `cpu` policy): a storage node's default allow list, and the hosts `kvtb up` makes keys for.
-AGENT_NQN = "nqn.2026-11.org.kvtestbed:smartnic-0"
-COMPUTE_NQN = "nqn.2026-11.org.kvtestbed:compute-0"
+NQN_PREFIX = "nqn.2026-11.org.kvtestbed:"
+AGENT_NQN = NQN_PREFIX + "smartnic-0"
+COMPUTE_NQN = NQN_PREFIX + "compute-0"
+MAX_REPLICAS = 8
 
 IDENTITIES = ("frontend", "smartnic", "compute", "storage", "operator")
 COMMON_NAME = "kvtb"  # a DNS name of every service certificate
 VALID_DAYS = 3650
 ENV_DIR = "KVTB_CREDENTIALS_DIR"
 DEFAULT_DIR = "var/credentials"
+
+
+def replica_identities(index: int) -> tuple[str, str]:
+    """(agent identity, compute identity) of replica `index`: smartnic and compute for replica 0 (a
+    single-replica deployment is as it always was), smartnic-i and compute-i for replica i."""
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_REPLICAS:
+        raise ValueError(f"replica index must be a whole number 0 .. {MAX_REPLICAS - 1}, got {index!r}")
+    return ("smartnic", "compute") if index == 0 else (f"smartnic-{index}", f"compute-{index}")
+
+
+def replica_nqns(index: int) -> tuple[str, str]:
+    """(agent host NQN, compute host NQN) of replica `index` on the storage fabric (replica 0's are
+    AGENT_NQN and COMPUTE_NQN)."""
+    replica_identities(index)  # the same bounds
+    return f"{NQN_PREFIX}smartnic-{index}", f"{NQN_PREFIX}compute-{index}"
+
+
+def deployment_identities(replicas: int = 1) -> tuple[str, ...]:
+    """Every identity of a deployment of `replicas` replicas: IDENTITIES, then replica i's for i >= 1."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"replicas must be a whole number 1 .. {MAX_REPLICAS}, got {replicas!r}")
+    return IDENTITIES + tuple(name for i in range(1, replicas) for name in replica_identities(i))
 
 
 class CredentialsError(RuntimeError):
@@ -191,15 +217,17 @@ def host_key(master: bytes, host_nqn: str) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    """`kvtb credentials init [DIR]`: make the deployment's credentials (what is missing)."""
+    """`kvtb credentials init [DIR] [--replicas N]`: make the deployment's credentials (what is missing)."""
     import argparse
     parser = argparse.ArgumentParser(prog="kvtb credentials", description=main.__doc__)
     parser.add_argument("action", choices=["init"])
     parser.add_argument("directory", nargs="?", help=f"default ${ENV_DIR}, else {DEFAULT_DIR}")
     parser.add_argument("--host-key", metavar="NQN",
                         help="also write fabric-host.key for this host NQN (a host's own secret alone)")
+    parser.add_argument("--replicas", type=int, default=1, choices=range(1, MAX_REPLICAS + 1), metavar="N",
+                        help="also the identities of replicas 1 .. N-1 (smartnic-i, compute-i); default 1")
     args = parser.parse_args(argv)
-    d = init(args.directory or default_dir())
+    d = init(args.directory or default_dir(), deployment_identities(args.replicas))
     if args.host_key:
         _write_new(d / "fabric-host.key", host_key((d / "fabric.key").read_bytes(), args.host_key))
     print(f"credentials in {d}")

@@ -8,6 +8,15 @@ names a plan, service -> CPUs:
   max(1, n // 4) CPUs of the set, and the compute node on the rest (on 2 CPUs: 1 and 1; on 1 CPU
   it cannot be honoured).
 
+With several replicas (`kvtb up --replicas N`: an agent and a compute node each), replica 0's are
+`smartnic` and `compute` and replica i's `smartnic-i` and `compute-i` in the plan (their process
+names), and the compute CPUs (every CPU under `shared`, the non-NIC ones under `nic`) are split among
+the compute nodes in contiguous shares whose sizes differ by one at most (`shares`): on 2 CPUs under
+`shared`, 2 replicas get one CPU each; with fewer compute CPUs than replicas, compute node i shares
+CPU i mod n with others. Under `nic` the agents share the NIC's cores; with at least N + 1 of them
+each agent's fast path has one of the last N to itself (busy polling), else every fast path waits
+on its doorbell.
+
 `apply(cpus)` pins the whole current process to a set: every thread it has now (threads started
 later inherit the set from the one that starts them), so a service applies it first thing.
 """
@@ -25,6 +34,44 @@ logger = logging.getLogger(__name__)
 PLACEMENTS = ("shared", "nic")
 SERVICES = ("storage", "smartnic", "compute", "frontend")
 NIC_SERVICES = ("storage", "smartnic", "frontend")  # on the NIC's cores under `nic`
+
+
+def replica_services(index: int) -> tuple[str, str]:
+    """(agent, compute node) names of replica `index` in a plan: smartnic, compute for 0; smartnic-i, compute-i."""
+    return ("smartnic", "compute") if index == 0 else (f"smartnic-{index}", f"compute-{index}")
+
+
+def section(service: str) -> str:
+    """The settings section of a plan's service ("compute-1" -> "compute", "storage" -> "storage")."""
+    return service.split("-", 1)[0]
+
+
+def shares(cpus: Iterable[int], count: int) -> list[tuple[int, ...]]:
+    """`cpus` split into `count` contiguous shares, sizes differing by one at most; with fewer CPUs than
+    shares, share i is CPU i mod n (shared)."""
+    cpus = tuple(sorted(set(cpus)))
+    if count < 1 or not cpus:
+        raise ValueError(f"placement: cannot split {format_cpus(cpus) or 'no CPUs'} into {count} shares")
+    if len(cpus) < count:
+        return [(cpus[i % len(cpus)],) for i in range(count)]
+    return [cpus[i * len(cpus) // count:(i + 1) * len(cpus) // count] for i in range(count)]
+
+
+def own_fast_path(plan: Mapping[str, Iterable[int]], agent: str) -> bool:
+    """Whether the agent's last CPU is its alone in the plan (so its fast path may poll it without
+    sleeping): it has another CPU for its other threads and no other service runs there."""
+    mine = tuple(sorted(set(plan[agent])))
+    return len(mine) >= 2 and not any(mine[-1] in set(cpus) for name, cpus in plan.items() if name != agent)
+
+
+def agent_settings_in(name: str, plan: Mapping[str, Iterable[int]], agent: str = "smartnic") -> dict[str, str]:
+    """agent_settings for the agent `agent` of a plan: under `nic`, a fast path process that busy-polls
+    only a CPU of its own (own_fast_path), else waits on the doorbell."""
+    if name != "nic":
+        return agent_settings(name)
+    if own_fast_path(plan, agent):
+        return agent_settings(name, plan[agent])
+    return agent_settings(name, tuple(plan[agent])[-1:])
 
 
 def agent_settings(name: str, nic: Iterable[int] = ()) -> dict[str, str]:
@@ -80,22 +127,34 @@ def current_cpus() -> tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(0)))
 
 
-def plan(name: str, cpus: Iterable[int] | None = None) -> dict[str, tuple[int, ...]]:
-    """service -> its CPUs under placement `name`, on `cpus` (default: this process's CPUs)."""
+def plan(name: str, cpus: Iterable[int] | None = None, replicas: int = 1) -> dict[str, tuple[int, ...]]:
+    """service -> its CPUs under placement `name`, on `cpus` (default: this process's CPUs), for
+    `replicas` agent and compute node pairs (replica i >= 1: smartnic-i, compute-i)."""
     cpus = tuple(sorted(set(current_cpus() if cpus is None else cpus)))
     if not cpus:
         raise ValueError("placement: no CPUs to place the services on")
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"placement: replicas must be a whole number of 1 or more, got {replicas!r}")
     if name == "shared":
-        return {service: cpus for service in SERVICES}
+        given = {service: cpus for service in SERVICES}
+        for i, share in enumerate(shares(cpus, replicas)):
+            agent, compute = replica_services(i)
+            given.update({agent: cpus, compute: share if replicas > 1 else cpus})
+        return given
     if name == "nic":
         if len(cpus) < 2:
             raise ValueError(f"placement nic needs at least 2 CPUs (the compute node's and the NIC's); "
                              f"this set has {format_cpus(cpus)}: use placement shared")
         nic = cpus[-max(1, len(cpus) // 4):]
         compute = cpus[:len(cpus) - len(nic)]
-        rest = nic[:-1] if len(nic) >= 2 else nic  # the last NIC CPU is the fast path's alone (agent_settings)
-        given = {"compute": compute, "smartnic": nic}
-        return {service: given.get(service, rest) for service in SERVICES}
+        # the last NIC CPUs are the fast paths' alone, one each (agent_settings_in), when the NIC has more
+        own = len(nic) >= replicas + 1
+        rest = nic[:-replicas] if own else nic
+        given = {service: rest for service in NIC_SERVICES}
+        for i, share in enumerate(shares(compute, replicas)):
+            agent, node = replica_services(i)
+            given.update({agent: rest + (nic[len(nic) - replicas + i],) if own else nic, node: share})
+        return {service: given[service] for service in (*SERVICES, *given) if service in given}
     raise ValueError(f"unknown placement {name!r}: one of {', '.join(PLACEMENTS)}")
 
 

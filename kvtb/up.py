@@ -7,6 +7,14 @@ addresses each one announced into the next (so a config with port 0 works too), 
 each listens and then a ready line of its own (`KVTB_READY {"service": "up", ...}`).
 Stops them all, last started first, on Ctrl-C, SIGTERM, or when one of them dies.
 
+`--replicas N` starts N replicas, an agent and its compute node each, sharing the storage nodes:
+replica 0's are `smartnic` and `compute` (as with one), replica i's `smartnic-i` and `compute-i`, each
+with its own identity (kvtb.credentials.replica_identities), fabric host NQN, ports (replica 0's plus
+100 i; port 0 stays 0) and share of the compute CPUs (kvtb.placement.shares); every storage node
+allows every replica's hosts, and the frontend routes over them all (KVTB_FRONTEND_REPLICAS). With
+several, a replica's process that dies is reported and the others keep serving (the frontend fails
+over); the storage nodes or the frontend dying, or every replica losing one, stops everything.
+
 Private by default (kvtb.private): the data directory is 0700, and what an older run left in the parts
 of it `kvtb up` makes (logs, the frontend's, each storage node's) is narrowed to 0700 and 0600.
 """
@@ -23,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtb import credentials, placement
-from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
+from kvtb.credentials import AGENT_NQN, COMPUTE_NQN, MAX_REPLICAS, replica_identities, replica_nqns
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import ServiceProcess, announce_ready, kvtb_argv
 from kvtb.private import make_private, private_dir, private_tree
@@ -36,6 +44,12 @@ REPO_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "kvtb.yaml"
 POLICIES = ("triggered", "cpu", "resident", "recompute")
 DEFAULT_STORAGE = {"admin_address": "127.0.0.1:50061", "fabric_address": "tcp://127.0.0.1:55061",
                    "metrics_address": "127.0.0.1:9103"}
+# Replica 0's addresses where neither the environment nor the config file gives them (the settings' own
+# defaults); replica i listens on each port + REPLICA_PORT_STRIDE * i.
+DEFAULT_REPLICA = {"smartnic": {"listen_address": "127.0.0.1:50051", "metrics_address": "127.0.0.1:9101"},
+                   "compute": {"listen_address": "127.0.0.1:50071", "metrics_address": "127.0.0.1:9102",
+                               "advertise_address": "", "node_name": "compute0"}}
+REPLICA_PORT_STRIDE = 100
 
 
 class Stopped(Exception):
@@ -48,14 +62,70 @@ def shift_port(address: str, by: int) -> str:
     return f"{head}:{int(port) + by if int(port) else 0}"
 
 
-def deployment_hosts(config: dict[str, Any], environ=os.environ) -> dict[str, str]:
+def deployment_hosts(config: dict[str, Any], environ=os.environ, replicas: int = 1) -> dict[str, str]:
     """The storage fabric's hosts as this deployment's settings name them (the agent's `host_nqn`, the
-    compute node's `storage_host_nqn`; environment over file over default): every storage node's
-    allow list unless its section gives one."""
+    compute node's `storage_host_nqn`; environment over file over default), then replica i's for every
+    i >= 1 (kvtb.credentials.replica_nqns): every storage node's allow list unless its section gives one."""
     agent = environ.get("KVTB_SMARTNIC_HOST_NQN") or (config.get("smartnic") or {}).get("host_nqn") or AGENT_NQN
     compute = (environ.get("KVTB_COMPUTE_STORAGE_HOST_NQN") or (config.get("compute") or {}).get("storage_host_nqn")
                or COMPUTE_NQN)
-    return {agent: "*", compute: "*"}
+    hosts = {agent: "*", compute: "*"}
+    for i in range(1, replicas):
+        hosts.update(dict.fromkeys(replica_nqns(i), "*"))
+    return hosts
+
+
+def replica_name(index: int) -> str:
+    """The frontend's name of replica `index` (the agent's `replica` setting)."""
+    return f"replica-{index}"
+
+
+def _setting(config: dict[str, Any], environ, section: str, field: str) -> str:
+    """A setting's value as a service would read it: environment over config file over default."""
+    return str(environ.get(f"KVTB_{section.upper()}_{field.upper()}") or (config.get(section) or {}).get(field)
+               or DEFAULT_REPLICA[section][field])
+
+
+def replica_agent_env(index: int, replicas: int, config: dict[str, Any], environ=os.environ) -> dict[str, str]:
+    """What makes an agent replica `index`'s own: its name, identity and its compute node's, its fabric
+    host NQN and its ports (replica 0 with no other replica: nothing, as a deployment of one always was)."""
+    if replicas == 1:
+        return {}
+    env = {"KVTB_SMARTNIC_REPLICA": replica_name(index)}
+    if index == 0:
+        return env
+    agent, compute = replica_identities(index)
+    env.update({"KVTB_SMARTNIC_IDENTITY": agent, "KVTB_SMARTNIC_COMPUTE_IDENTITY": compute,
+                "KVTB_SMARTNIC_HOST_NQN": replica_nqns(index)[0]})
+    for field in ("listen_address", "metrics_address"):
+        env[f"KVTB_SMARTNIC_{field.upper()}"] = shift_port(_setting(config, environ, "smartnic", field),
+                                                           REPLICA_PORT_STRIDE * index)
+    return env
+
+
+def replica_compute_env(index: int, config: dict[str, Any], environ=os.environ) -> dict[str, str]:
+    """What makes a compute node replica `index`'s own: its identity and its agent's, its fabric host NQN
+    (the `cpu` policy's), node name (its KV pool's region) and ports (replica 0: nothing)."""
+    if index == 0:
+        return {}
+    agent, compute = replica_identities(index)
+    env = {"KVTB_COMPUTE_IDENTITY": compute, "KVTB_COMPUTE_AGENT_IDENTITY": agent,
+           "KVTB_COMPUTE_STORAGE_HOST_NQN": replica_nqns(index)[1],
+           "KVTB_COMPUTE_NODE_NAME": f"{_setting(config, environ, 'compute', 'node_name')}-{index}"}
+    for field in ("listen_address", "metrics_address", "advertise_address"):
+        base = _setting(config, environ, "compute", field)
+        if base:
+            env[f"KVTB_COMPUTE_{field.upper()}"] = shift_port(base, REPLICA_PORT_STRIDE * index)
+    return env
+
+
+def replicas_env(agents: list[ServiceProcess]) -> dict[str, str]:
+    """The frontend's replicas, "replica-i=ADDRESS=IDENTITY" each, from the agents as they announced
+    themselves (agents[i] is replica i's); none with one agent (the frontend's default: its agent_address)."""
+    if len(agents) <= 1:
+        return {}
+    return {"KVTB_FRONTEND_REPLICAS": ",".join(f"{replica_name(i)}={agent.addresses['grpc']}={replica_identities(i)[0]}"
+                                               for i, agent in enumerate(agents))}
 
 
 def storage_env(index: int, section: dict[str, Any], data_dir: Path,
@@ -100,21 +170,22 @@ def placement_name(requested: str | None, config: dict[str, Any]) -> str:
 
 def cpus_env(service: str, plan: dict[str, tuple[int, ...]], config: dict[str, Any],
              environ=os.environ) -> dict[str, str]:
-    """KVTB_<SECTION>_CPUS for a service from the placement's plan, unless its environment or its
-    config section sets its `cpus` already (an operator's own layout wins)."""
-    variable = f"KVTB_{service.upper()}_CPUS"
-    if environ.get(variable) or str((config.get(service) or {}).get("cpus") or "").strip():
+    """KVTB_<SECTION>_CPUS for a service of the placement's plan ("compute-1": section compute), unless its
+    environment or its config section sets its `cpus` already (an operator's own layout wins)."""
+    section = placement.section(service)
+    variable = f"KVTB_{section.upper()}_CPUS"
+    if environ.get(variable) or str((config.get(section) or {}).get("cpus") or "").strip():
         return {}
     return {variable: placement.format_cpus(plan[service])}
 
 
 def agent_placement_env(name: str, plan: dict[str, tuple[int, ...]], config: dict[str, Any],
-                        environ=os.environ) -> dict[str, str]:
-    """The agent's fast path settings for a placement (kvtb.placement.agent_settings), each unless its
-    environment or config section sets it already."""
+                        environ=os.environ, agent: str = "smartnic") -> dict[str, str]:
+    """The fast path settings of the plan's agent `agent` (smartnic, smartnic-1, ...) for a placement
+    (kvtb.placement.agent_settings_in), each unless its environment or config section sets it already."""
     section = config.get("smartnic") or {}
-    nic = plan.get("smartnic", ()) if name == "nic" else ()
-    return {f"KVTB_SMARTNIC_{field.upper()}": value for field, value in placement.agent_settings(name, nic).items()
+    given = placement.agent_settings_in(name, plan, agent) if agent in plan else placement.agent_settings(name)
+    return {f"KVTB_SMARTNIC_{field.upper()}": value for field, value in given.items()
             if not environ.get(f"KVTB_SMARTNIC_{field.upper()}") and field not in section}
 
 
@@ -134,7 +205,10 @@ class Deployment:
     """The running services, in start order. Owned by the main thread."""
 
     def __init__(self, config: str | None, data_dir: Path, policy: str | None, storage_nodes: int,
-                 placement: str | None = None):
+                 placement: str | None = None, replicas: int = 1):
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
+            raise ValueError(f"replicas must be a whole number 1 .. {MAX_REPLICAS}, got {replicas!r}")
+        self.replicas = replicas
         self.config = config
         self.data_dir = data_dir
         self.policy = policy
@@ -177,23 +251,52 @@ class Deployment:
         every service in order."""
         config = read_config_file(self.config) if self.config else {}
         self.make_private()
-        self.placement = placement_name(self.placement, config)
-        self.plan = placement.plan(self.placement)  # ValueError: nic on one CPU
-        credentials.init(self.credentials_dir)
-        hosts = deployment_hosts(config)
+        self.placement = placement_name(self.placement, config)  # plan below; ValueError: nic on one CPU
+        self.plan = placement.plan(self.placement, replicas=self.replicas)
+        credentials.init(self.credentials_dir, credentials.deployment_identities(self.replicas))
+        hosts = deployment_hosts(config, replicas=self.replicas)
 
         def env(service: str, wiring: dict[str, str]) -> dict[str, str]:
+            kind = placement.section(service)
             return {**cpus_env(service, self.plan, config), **wiring,
-                    **(agent_placement_env(self.placement, self.plan, config) if service == "smartnic" else {}),
-                    **(unbound_env(self.placement, config) if service == "compute" else {})}
+                    **(agent_placement_env(self.placement, self.plan, config, agent=service) if kind == "smartnic" else {}),
+                    **(unbound_env(self.placement, config) if kind == "compute" else {})}
 
         storage = [self._start(f"storage-{i}", ["storage"],
                                env("storage", storage_env(i, section, self.data_dir, hosts)), 60)
                    for i in range(self.storage_nodes)]
-        agent = self._start("smartnic", ["smartnic"], env("smartnic", agent_env(storage)), 60)
         policy = ["--policy", self.policy] if self.policy else []
-        self._start("compute", ["compute", *policy], env("compute", compute_env(agent, storage)), 600)
-        self._start("frontend", ["frontend"], env("frontend", frontend_env(agent, storage, self.data_dir)), 120)
+        agents = []
+        for i in range(self.replicas):
+            agent_name, compute_name = placement.replica_services(i)
+            agent = self._start(agent_name, ["smartnic"], env(agent_name, {
+                **agent_env(storage), **replica_agent_env(i, self.replicas, config)}), 60)
+            self._start(compute_name, ["compute", *policy], env(compute_name, {
+                **compute_env(agent, storage), **replica_compute_env(i, config)}), 600)
+            agents.append(agent)
+        self._start("frontend", ["frontend"], env("frontend", {
+            **frontend_env(agents[0], storage, self.data_dir), **replicas_env(agents)}), 120)
+
+    def replica_procs(self, index: int) -> tuple[ServiceProcess, ServiceProcess]:
+        """(agent, compute node) of replica `index`, as started."""
+        if not 0 <= index < self.replicas:
+            raise IndexError(f"replica {index}: this deployment has replicas 0 .. {self.replicas - 1}")
+        agent, compute = placement.replica_services(index)
+        by_name = {p.name: p for p in self.procs}
+        if agent not in by_name or compute not in by_name:
+            raise LookupError(f"replica {index} was not started")
+        return by_name[agent], by_name[compute]
+
+    def replica_addresses(self) -> dict[str, dict[str, str]]:
+        """replica name -> {"agent": its gRPC address, "compute": its compute node's}, as they announced them."""
+        out = {}
+        for i in range(self.replicas):
+            try:
+                agent, compute = self.replica_procs(i)
+            except LookupError:
+                continue
+            out[replica_name(i)] = {"agent": grpc_address(agent), "compute": grpc_address(compute)}
+        return out
 
     def addresses(self) -> dict[str, Any]:
         return {p.name: p.addresses for p in self.procs}
@@ -214,6 +317,29 @@ class Deployment:
 
     def first_dead(self) -> ServiceProcess | None:
         return next((p for p in self.procs if not p.alive()), None)
+
+    def dead_replicas(self) -> dict[str, list[ServiceProcess]]:
+        """replica name -> its processes that died (only replicas with one)."""
+        out = {}
+        for i in range(self.replicas):
+            try:
+                dead = [p for p in self.replica_procs(i) if not p.alive()]
+            except LookupError:
+                continue
+            if dead:
+                out[replica_name(i)] = dead
+        return out
+
+    def fatal_death(self) -> ServiceProcess | None:
+        """The death that stops everything, if any: with one replica, any process's; with several, a storage
+        node's or the frontend's, or a replica's once every replica has lost a process (none left to serve)."""
+        dead = [p for p in self.procs if not p.alive()]
+        if not dead or self.replicas == 1:
+            return dead[0] if dead else None
+        shared = [p for p in dead if placement.section(p.name) in ("storage", "frontend")]
+        if shared:
+            return shared[0]
+        return dead[0] if len(self.dead_replicas()) == self.replicas else None
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -253,6 +379,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "compute node on the rest); default: the config's `placement`, else shared")
     parser.add_argument("--storage-nodes", type=int, default=2, choices=range(1, 10), metavar="N",
                         help="how many storage nodes (default 2)")
+    parser.add_argument("--replicas", type=int, default=1, choices=range(1, MAX_REPLICAS + 1), metavar="N",
+                        help=f"how many replicas, an agent and its compute node each, sharing the storage nodes "
+                             f"(1 .. {MAX_REPLICAS}, default 1); the frontend routes over them")
     return parser.parse_args(argv)
 
 
@@ -269,7 +398,7 @@ def main(argv: list[str]) -> int:
         print(f"kvtb up: {exc}", file=sys.stderr)
         return 2
     deployment = Deployment(config and str(Path(config).resolve()), Path(args.data_dir).resolve(),
-                            args.policy, args.storage_nodes, args.placement)
+                            args.policy, args.storage_nodes, args.placement, args.replicas)
     signal.signal(signal.SIGINT, _raise_stopped)
     signal.signal(signal.SIGTERM, _raise_stopped)
     code = 0
@@ -279,8 +408,15 @@ def main(argv: list[str]) -> int:
         announce_ready("up", {p.name: grpc_address(p) for p in deployment.procs},
                        services=deployment.addresses(), policy=deployment.policy_in_use(),
                        placement=deployment.placement, cpus=deployment.cpus(),
-                       torch_threads=deployment.torch_threads())
-        while (dead := deployment.first_dead()) is None:
+                       torch_threads=deployment.torch_threads(), replicas=deployment.replica_addresses())
+        reported: set[str] = set()
+        while (dead := deployment.fatal_death()) is None:
+            for replica, procs in deployment.dead_replicas().items():
+                for proc in procs:
+                    if proc.name not in reported:
+                        reported.add(proc.name)
+                        print(f"kvtb up: {proc.name} of {replica} exited with {proc.proc.returncode}; the other "
+                              f"replicas keep serving; log {proc.log_path}:\n{proc.log_tail(20)}", file=sys.stderr)
             time.sleep(0.5)
         print(f"kvtb up: {dead.name} exited with {dead.proc.returncode}; stopping everything; "
               f"log {dead.log_path}:\n{dead.log_tail(20)}", file=sys.stderr)
