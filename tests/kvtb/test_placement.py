@@ -159,6 +159,7 @@ def test_pin_logs_the_set(restore_affinity, caplog):
 ])
 def test_every_service_reads_cpus_from_its_environment(module, cls, section):
     import importlib
+
     from kvtb.settings import load_settings
     settings_cls = getattr(importlib.import_module(module), cls)
     assert settings_cls().cpus == ""
@@ -166,3 +167,46 @@ def test_every_service_reads_cpus_from_its_environment(module, cls, section):
     assert load_settings(settings_cls, section, None, environ=env).cpus == "0-1,3"
     with pytest.raises(SettingsError, match="CPU list"):
         load_settings(settings_cls, section, None, environ={f"KVTB_{section.upper()}_CPUS": "3-1"})
+
+
+def test_shares_split_the_compute_cpus_among_replicas():
+    assert placement.shares((0, 1), 2) == [(0,), (1,)]
+    assert placement.shares(range(7), 3) == [(0, 1), (2, 3), (4, 5, 6)]
+    assert placement.shares((0, 1, 2), 1) == [(0, 1, 2)]
+    assert placement.shares((4,), 3) == [(4,), (4,), (4,)]  # fewer CPUs than replicas: they share
+    assert placement.shares((0, 1), 3) == [(0,), (1,), (0,)]
+    with pytest.raises(ValueError):
+        placement.shares((), 2)
+
+
+def test_shared_with_replicas_splits_only_the_compute_nodes():
+    p = plan("shared", (0, 1), replicas=2)
+    assert (p["compute"], p["compute-1"]) == ((0,), (1,))
+    assert p["smartnic"] == p["smartnic-1"] == p["storage"] == p["frontend"] == (0, 1)
+    assert plan("shared", (0, 1)) == plan("shared", (0, 1), replicas=1)  # one replica: as before
+    assert list(plan("shared", (0, 1), replicas=2)) == ["storage", "smartnic", "compute", "frontend",
+                                                        "smartnic-1", "compute-1"]
+
+
+def test_nic_with_replicas_gives_each_fast_path_a_nic_cpu_when_there_are_enough():
+    p = plan("nic", range(16), replicas=3)  # NIC: 12-15; 12 for the rest, 13, 14, 15 one fast path each
+    assert [format_cpus(p[n]) for n in ("compute", "compute-1", "compute-2")] == ["0-3", "4-7", "8-11"]
+    assert [format_cpus(p[n]) for n in ("smartnic", "smartnic-1", "smartnic-2")] == ["12-13", "12,14", "12,15"]
+    assert p["storage"] == p["frontend"] == (12,)
+    assert [placement.agent_settings_in("nic", p, n)["fastpath_cpus"] for n in ("smartnic", "smartnic-1",
+                                                                                  "smartnic-2")] == ["13", "14", "15"]
+    p = plan("nic", range(8), replicas=2)  # NIC: 6-7, too few: the agents share them, no busy poll
+    assert p["smartnic"] == p["smartnic-1"] == (6, 7)
+    assert not placement.own_fast_path(p, "smartnic")
+    assert placement.agent_settings_in("nic", p, "smartnic-1") == {"fastpath": "process", "watcher_busy_poll": "false",
+                                                                   "fastpath_cpus": ""}
+    assert plan("nic", range(8), replicas=1) == plan("nic", range(8))
+    assert placement.agent_settings_in("nic", plan("nic", range(8)), "smartnic")["fastpath_cpus"] == "7"
+
+
+def test_replica_names_and_sections():
+    assert placement.replica_services(0) == ("smartnic", "compute")
+    assert placement.replica_services(3) == ("smartnic-3", "compute-3")
+    assert [placement.section(n) for n in ("compute-1", "smartnic", "storage")] == ["compute", "smartnic", "storage"]
+    with pytest.raises(ValueError, match="replicas must be a whole number"):
+        plan("shared", (0, 1), replicas=0)

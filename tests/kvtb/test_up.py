@@ -2,6 +2,7 @@
 (no processes: Deployment._start is replaced by one that records each service's environment)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,10 +36,10 @@ class Recorded(ServiceProcess):
     def __init__(self, name: str, env: dict[str, str]):
         super().__init__(name, [], "/dev/null")
         self.given = env
-        section = "storage" if name.startswith("storage") else name
+        section = placement.section(name)
         self.ready = {"addresses": {"grpc": "h:1", "admin": "h:2", "fabric": "tcp://h:3"},
                       "cpus": env.get(f"KVTB_{section.upper()}_CPUS", "?")}
-        if name == "compute":
+        if name == "compute":  # replica 0's
             self.ready["torch_threads"] = len(placement.parse_cpus(self.ready["cpus"]))
 
 
@@ -50,10 +51,10 @@ def deployment(tmp_path, monkeypatch):
         monkeypatch.delenv(f"KVTB_{section.upper()}_CPUS", raising=False)
     monkeypatch.setattr(placement, "current_cpus", lambda: (0, 1, 2, 3, 4, 5, 6, 7))
 
-    def make(placement_name: str | None, config: dict | None = None) -> up.Deployment:
+    def make(placement_name: str | None, config: dict | None = None, replicas: int = 1) -> up.Deployment:
         path = tmp_path / "kvtb.yaml"
         path.write_text(yaml.safe_dump(config or {}))
-        dep = up.Deployment(str(path), tmp_path / "data", None, 2, placement_name)
+        dep = up.Deployment(str(path), tmp_path / "data", None, 2, placement_name, replicas=replicas)
 
         def start(name: str, args: list[str], env: dict[str, str], timeout_s: float) -> ServiceProcess:
             proc = Recorded(name, env)
@@ -123,3 +124,109 @@ def test_up_parses_placement():
 def test_the_repo_config_names_no_placement_or_a_known_one():
     config = yaml.safe_load(Path(up.REPO_CONFIG).read_text())
     assert config.get("placement", "shared") in placement.PLACEMENTS
+
+
+def test_one_replica_is_started_as_it_always_was(deployment):
+    dep = deployment(None)
+    assert [p.name for p in dep.procs] == ["storage-0", "storage-1", "smartnic", "compute", "frontend"]
+    frontend = next(p for p in dep.procs if p.name == "frontend")
+    assert "KVTB_FRONTEND_REPLICAS" not in frontend.given
+    agent, compute = dep.replica_procs(0)
+    assert not any(k in agent.given for k in ("KVTB_SMARTNIC_IDENTITY", "KVTB_SMARTNIC_REPLICA"))
+    assert "KVTB_COMPUTE_IDENTITY" not in compute.given
+    assert dep.replica_addresses() == {"replica-0": {"agent": "h:1", "compute": "h:1"}}
+    with pytest.raises(IndexError, match="replicas 0 .. 0"):
+        dep.replica_procs(1)
+
+
+def test_each_replica_has_its_own_identities_hosts_and_ports(deployment, monkeypatch):
+    for name in ("KVTB_SMARTNIC_LISTEN_ADDRESS", "KVTB_SMARTNIC_METRICS_ADDRESS", "KVTB_COMPUTE_LISTEN_ADDRESS",
+                 "KVTB_COMPUTE_METRICS_ADDRESS", "KVTB_COMPUTE_ADVERTISE_ADDRESS", "KVTB_COMPUTE_NODE_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    dep = deployment(None, {"compute": {"listen_address": "127.0.0.1:0"}}, replicas=3)
+    assert [p.name for p in dep.procs] == ["storage-0", "storage-1", "smartnic", "compute", "smartnic-1",
+                                           "compute-1", "smartnic-2", "compute-2", "frontend"]
+    agent, compute = dep.replica_procs(2)
+    assert {k: v for k, v in agent.given.items() if k in (
+        "KVTB_SMARTNIC_IDENTITY", "KVTB_SMARTNIC_REPLICA", "KVTB_SMARTNIC_COMPUTE_IDENTITY", "KVTB_SMARTNIC_HOST_NQN",
+        "KVTB_SMARTNIC_LISTEN_ADDRESS", "KVTB_SMARTNIC_METRICS_ADDRESS")} == {
+        "KVTB_SMARTNIC_IDENTITY": "smartnic-2", "KVTB_SMARTNIC_REPLICA": "replica-2",
+        "KVTB_SMARTNIC_COMPUTE_IDENTITY": "compute-2", "KVTB_SMARTNIC_HOST_NQN": "nqn.2026-11.org.kvtestbed:smartnic-2",
+        "KVTB_SMARTNIC_LISTEN_ADDRESS": "127.0.0.1:50251", "KVTB_SMARTNIC_METRICS_ADDRESS": "127.0.0.1:9301"}
+    assert compute.given["KVTB_COMPUTE_IDENTITY"] == "compute-2"
+    assert compute.given["KVTB_COMPUTE_AGENT_IDENTITY"] == "smartnic-2"
+    assert compute.given["KVTB_COMPUTE_STORAGE_HOST_NQN"] == "nqn.2026-11.org.kvtestbed:compute-2"
+    assert compute.given["KVTB_COMPUTE_NODE_NAME"] == "compute0-2"  # its own KV pool region
+    assert compute.given["KVTB_COMPUTE_LISTEN_ADDRESS"] == "127.0.0.1:0"  # any free port stays any
+    assert compute.given["KVTB_COMPUTE_METRICS_ADDRESS"] == "127.0.0.1:9302"
+    assert "KVTB_COMPUTE_ADVERTISE_ADDRESS" not in compute.given  # none: the bound address
+    assert compute.given["KVTB_COMPUTE_AGENT_ADDRESS"] == "h:1"  # what its own agent announced
+    first = dep.replica_procs(0)[0]
+    assert first.given["KVTB_SMARTNIC_REPLICA"] == "replica-0" and "KVTB_SMARTNIC_IDENTITY" not in first.given
+    frontend = next(p for p in dep.procs if p.name == "frontend")
+    assert frontend.given["KVTB_FRONTEND_REPLICAS"] == "replica-0=h:1=smartnic,replica-1=h:1=smartnic-1,replica-2=h:1=smartnic-2"
+    assert set(dep.replica_addresses()) == {"replica-0", "replica-1", "replica-2"}
+
+
+def test_every_storage_node_allows_every_replicas_hosts(deployment):
+    dep = deployment(None, replicas=2)
+    for proc in dep.procs[:2]:
+        hosts = json.loads(proc.given["KVTB_STORAGE_ALLOWED_HOSTS"])
+        assert set(hosts) == {f"nqn.2026-11.org.kvtestbed:{name}-{i}" for name in ("smartnic", "compute")
+                              for i in (0, 1)}
+
+
+def test_the_credentials_cover_every_replica(deployment, tmp_path):
+    deployment(None, replicas=2)
+    made = tmp_path / "data" / "credentials"
+    assert {f"{n}.crt" for n in ("smartnic-1", "compute-1", "smartnic", "compute")} <= {p.name for p in made.iterdir()}
+    assert not (made / "smartnic-2.crt").exists()
+
+
+def test_each_compute_node_gets_its_share_of_the_cpus(deployment, monkeypatch):
+    monkeypatch.setattr(placement, "current_cpus", lambda: (0, 1))
+    dep = deployment(None, replicas=2)  # shared on 2 CPUs: one each; the rest everywhere
+    assert dep.cpus() == {"storage-0": "0-1", "storage-1": "0-1", "smartnic": "0-1", "compute": "0",
+                          "smartnic-1": "0-1", "compute-1": "1", "frontend": "0-1"}
+    dep = deployment("nic", replicas=2)  # one compute CPU: they share it; no fast path busy-polls the NIC's one
+    assert dep.cpus()["compute"] == dep.cpus()["compute-1"] == "0"
+    assert {p.given["KVTB_SMARTNIC_WATCHER_BUSY_POLL"] for p in dep.procs if p.name.startswith("smartnic")} == {"false"}
+
+
+def test_replicas_on_eight_cpus_under_nic(deployment):
+    dep = deployment("nic", replicas=2)
+    assert (dep.cpus()["compute"], dep.cpus()["compute-1"]) == ("0-2", "3-5")
+    # two NIC CPUs for two agents: no fast path has one to itself
+    assert {p.given["KVTB_SMARTNIC_FASTPATH_CPUS"] for p in dep.procs if p.name.startswith("smartnic")} == {""}
+
+
+def test_a_dead_replica_stops_nothing_while_another_serves(deployment):
+    dep = deployment(None, replicas=2)
+    alive = {p.name: True for p in dep.procs}
+    for proc in dep.procs:
+        proc.alive = lambda name=proc.name: alive[name]
+    assert dep.fatal_death() is None
+    alive["compute-1"] = False
+    assert dep.fatal_death() is None and list(dep.dead_replicas()) == ["replica-1"]
+    alive["smartnic"] = False  # every replica lost a process: nothing left to serve
+    assert dep.fatal_death().name == "smartnic"
+    alive["smartnic"] = True
+    alive["storage-1"] = False
+    assert dep.fatal_death().name == "storage-1"
+
+
+def test_with_one_replica_any_death_stops_everything(deployment):
+    dep = deployment(None)
+    for proc in dep.procs:
+        proc.alive = lambda name=proc.name: name != "compute"
+    assert dep.fatal_death().name == "compute"
+
+
+def test_up_parses_replicas():
+    assert up.parse_args([]).replicas == 1
+    assert up.parse_args(["--replicas", "8"]).replicas == 8
+    for bad in ("0", "9"):
+        with pytest.raises(SystemExit):
+            up.parse_args(["--replicas", bad])
+    with pytest.raises(ValueError, match="replicas must be a whole number 1 .. 8"):
+        up.Deployment(None, Path("/d"), None, 2, replicas=0)
