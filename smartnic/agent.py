@@ -9,6 +9,14 @@ token ids name (a descriptor that is malformed, stale or names what the block do
 refused and counted), and only when the admission setting keeps it (`on_reuse`: a name's first
 sighting completes as skipped). A block marked shared (named under its tenant's salt alone) is
 found by every user of that tenant, never by another tenant's.
+
+Several replicas share the storage nodes, which are the authority on what they hold. A lookup's
+full blocks missing in the index are asked of the nodes (`smartnic.discovery`: one round trip per
+node, within discovery_timeout_s) and what names them goes into the index as "discovered". Reads
+lease what they read on its node (read_lease_s), so another replica's eviction cannot delete a block
+being found or restored: a delete the node refuses as "key leased" puts the block back in the index,
+to be evicted later. A GET answered "key does not exist" (someone else deleted it) or finding a
+newer generation (someone stored the name again) drops the block from the index and deletes nothing.
 Thread-safety: `lock` guards the requester and the eviction policy; the watcher, registrations,
 statistics and data path have their own locks.
 """
@@ -24,24 +32,28 @@ from fabric import chunk_format as cf
 from hostmem.block_hash import Salts, stored_prefix
 from hostmem.region import RegionError
 from kvtb import placement
+from smartnic import discovery
 from smartnic import match_action as ma
 from smartnic.admission import Admission
 from smartnic.data_plane import data_plane
 from smartnic.datapath import ChunkRef, DataError, read_headers
 from smartnic.eviction import make_policy
+from smartnic.fastpath.client import GONE, FastPath, FastPathError
+from smartnic.put_path import PutPath
 from smartnic.registrations import Registered, Registrations
 from smartnic.requester import Requester, StoredBlock
 from smartnic.settings import SmartNicSettings
 from smartnic.stats import Stats
 from smartnic.triggered import Entry
-from smartnic.fastpath.client import GONE, FastPath, FastPathError
-from smartnic.put_path import PutPath
 from smartnic.watcher import DataWork, engine_of
 
 logger = logging.getLogger(__name__)
 
 # GET errors after which a block is deleted: damaged, forged, moved, or an older copy
 CORRUPT = ("crc_mismatch", "bad_header", "length_mismatch", "mac_mismatch", "stale_generation")
+# ... and after which it is only dropped from the index: it may come back (a node reconnects), or the
+# node holds what someone else decided (deleted it, or stored the name again)
+LOST = ("timeout", "key_does_not_exist", "newer_generation")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +77,7 @@ class Restore:
     started_ns: int
     done_ns: int = 0
     failed: int = 0
+    other: int = 0      # blocks that landed whole and were discovered (another replica's agent stored them)
     _left: int = 0
     finished: threading.Event = dataclasses.field(default_factory=threading.Event)  # set with done_ns
 
@@ -213,17 +226,21 @@ class Agent:
         if self.fastpath is not None:
             self.fastpath.drain()
 
-    def _publish(self, stored: StoredBlock, context_id: str) -> None:
+    def _publish(self, stored: StoredBlock, context_id: str, put: bool = True) -> None:
+        """Index a block (after its PUT was acknowledged, or found on its node: put=False)."""
         now = time.time()
         with self.lock:  # never submit to the fabric while holding it: submit may block
+            if not put and self.requester.has(stored.hash):
+                return  # its own PUT published it meanwhile: that record (its generation) stands
             old = self.requester.publish(stored, context_id, stored.user_id, now)
             self.policy.touch(stored.hash, stored.length, now)
             if self.policy.over_capacity:
                 self._evict_now.set()
         if old is not None and old.storage_node != stored.storage_node:
             self.datapath.delete(old)
-        self.stats.inc("bytes_put", stored.length)
-        self.stats.inc("chunks_put")
+        if put:
+            self.stats.inc("bytes_put", stored.length)
+            self.stats.inc("chunks_put")
 
     # -- one-off data operations of plain regions (QueueTriggered; tests and benchmarks)
     def _handle_data(self, reg: Registered, entry: Entry, done) -> None:
@@ -259,7 +276,7 @@ class Agent:
         """After a GET: count it, drop a block that proved damaged, forged or stale, then `then`."""
         if err is not None:
             with self.lock:
-                dropped = self.requester.remove(stored.hash) if err.kind in CORRUPT or err.kind == "timeout" else None
+                dropped = self.requester.remove(stored.hash) if err.kind in CORRUPT + LOST else None
                 self.policy.remove(stored.hash) if dropped is not None else None
             if dropped is not None:
                 self.stats.inc_kind("dropped_chunks", err.kind)
@@ -274,11 +291,13 @@ class Agent:
         """Tokens of the prefix of token_ids whose blocks are stored under the user's salt, or the
         tenant's for the full blocks of the first shared_tokens (the tenant's shared prefix) (step 5)."""
         self.sync()
-        now = time.time()
         bt = self.block_tokens()
+        salts = Salts.of(tenant, user_id, shared_tokens, bt)
+        if self.settings.discovery:
+            self.discover(user_id, tenant, token_ids, salts, bt)
+        now = time.time()
         with self.lock:
-            tokens, names = stored_prefix(token_ids, Salts.of(tenant, user_id, shared_tokens, bt), bt,
-                                          self.requester.has, len(token_ids) - 1)
+            tokens, names = stored_prefix(token_ids, salts, bt, self.requester.has, len(token_ids) - 1)
             self.requester.touch(names, now)
             for name in names:
                 self.policy.touch(name, self.requester.get(name).length, now)
@@ -286,6 +305,40 @@ class Agent:
         self.stats.inc("lookup_requested_tokens", len(token_ids))
         self.stats.inc("lookup_hit_tokens", tokens)
         return tokens
+
+    def discover(self, user_id: str, tenant: str, token_ids: Sequence[int], salts: Salts, bt: int) -> int:
+        """The miss path: ask the storage nodes for the full blocks of the prompt (up to its last token) that
+        the index lacks, all of a node's at once, and publish those whose header names them; how many."""
+        with self.lock:
+            wanted = discovery.wanted(token_ids, salts, bt, len(token_ids) - 1, self.settings.salt, self.requester.has)
+        asks = discovery.by_node(wanted, self.nodes.names, self.nodes.up())
+        if not asks:
+            return 0
+        answers = self.datapath.read_heads({node: [w.key for w in ws] for node, ws in asks.items()},
+                                           self.settings.discovery_timeout_s, self.settings.lease_ms)
+        found = [found for node, ws in asks.items() for found in self._take(node, ws, answers[node], bt, tenant, user_id)]
+        self.stats.inc("discovery_requests", len(asks))
+        self.stats.inc("discovery_timeouts", sum(None in answers[node] for node in asks))
+        for block, context_id in found:
+            self._publish(block, context_id, put=False)
+        self.stats.inc("discovered_blocks", len(found))
+        return len(found)
+
+    def _take(self, node: str, wanted: list, answers: list, bt: int, tenant: str, user_id: str) -> list:
+        """(block, context id) of the answers of one node whose header names the block wanted."""
+        out = []
+        for want, done in zip(wanted, answers):
+            if done is None or not done.ok:
+                continue
+            block, context_id, why = discovery.found_block(done.payload(), done.response.value_length,
+                                                           done.response.crc32c, node, want, bt, tenant, user_id,
+                                                           self.datapath.mac_key is not None)
+            if block is None:
+                logger.warning("block %s on %s not taken: %s", want.name.hex()[:12], node, why)
+                self.stats.inc("discovery_mismatched")
+                continue
+            out.append((block, context_id))
+        return out
 
     def block_tokens(self) -> int:
         """The block size of the registered pool (32 before a compute node registered)."""
@@ -377,6 +430,7 @@ class Agent:
         with self.lock:
             restore._left -= 1
             restore.failed += err is not None
+            restore.other += err is None and stored is not None and stored.origin == discovery.DISCOVERED
             if restore._left == 0 and not restore.done_ns:
                 restore.done_ns = time.time_ns()
                 restore.finished.set()
@@ -443,7 +497,7 @@ class Agent:
 
     def _delete(self, blocks: Sequence[StoredBlock], reason: str) -> int:
         for block in blocks:
-            self.datapath.delete(block)
+            self.datapath.delete(block, self._kept_leased)
         if blocks:
             self.stats.inc_kind("evictions", reason, len(blocks))
             logger.info("deleted %d blocks (%s)", len(blocks), reason)
@@ -460,6 +514,14 @@ class Agent:
             if block is not None:
                 by_reason.setdefault(reason, []).append(block)
         return sum(self._delete(blocks, reason) for reason, blocks in by_reason.items())
+
+    def _kept_leased(self, block: StoredBlock) -> None:
+        """Its node refused the delete: another replica leased the block (finding or restoring it). Back in
+        the index and the policy, so that it is evicted later (on the fabric client's thread: short)."""
+        with self.lock:
+            if self.requester.reinstate(block):
+                self.policy.touch(block.hash, block.length, time.time())
+        self.stats.inc("deletes_refused_leased")
 
     def _eviction_loop(self) -> None:
         while not self._stop.is_set():

@@ -52,9 +52,11 @@ def parse_peer(peer: str) -> tuple[str, int]:
 class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
     """Thread-safe: stubs are cached per compute address under a lock."""
 
-    def __init__(self, agent: Agent, security: Security, listen_host: str = "127.0.0.1", listen_port: int = 0):
+    def __init__(self, agent: Agent, security: Security, listen_host: str = "127.0.0.1", listen_port: int = 0,
+                 compute_identity: str = "compute", replica: str = "replica-0"):
         self.agent = agent
         self.security = security
+        self.compute_identity, self.replica = compute_identity, replica  # the peer it dials; TurnRecord.replica
         self.listen_host, self.listen_port = listen_host, listen_port
         self._lock = threading.Lock()
         self._stubs: dict[str, compute_pb2_grpc.ComputeNodeStub] = {}
@@ -67,7 +69,8 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
     def _stub(self, address: str) -> compute_pb2_grpc.ComputeNodeStub:
         with self._lock:
             if address not in self._stubs:
-                channel = channel_to(address, self.security, peer="compute", options=[READ_STREAMS_ON_CALLER])
+                channel = channel_to(address, self.security, peer=self.compute_identity,
+                                     options=[READ_STREAMS_ON_CALLER])
                 self._channels.append(channel)
                 self._stubs[address] = compute_pb2_grpc.ComputeNodeStub(channel)
             return self._stubs[address]
@@ -108,6 +111,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
                     continue
                 if event.HasField("record"):
                     self._add_steps(event.record, arrival_ns, plan.decided_ns, restores)
+                    self._add_origin(event.record, restores)
                 yield event
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED or context.is_active():
@@ -130,6 +134,11 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
                                                  end_unix_ns=restore.done_ns or time.time_ns(),
                                                  bytes=restore.bytes, service="smartnic"))
         record.steps.sort(key=lambda s: (s.step, s.start_unix_ns))
+
+    def _add_origin(self, record, restores: list[Restore]) -> None:
+        """The record names this replica and how many restored blocks another replica's agent wrote."""
+        record.replica = self.replica
+        record.blocks_restored_other = min(record.blocks_restored, sum(r.other for r in restores))
 
     def _forward(self, name: str, request, context):
         address, _ = self.agent.compute_target()

@@ -20,5 +20,5 @@ def data_plane(settings: SmartNicSettings, on_up: Callable | None = None) -> tup
                          settings.queue_depth, settings.fabric_timeout_s, settings.reconnect_interval_s, on_up=on_up,
                          security=fabric)
     datapath = Datapath(nodes, settings.namespace_id, settings.salt, settings.get_timeout_s, settings.datapath_workers,
-                        settings.view_min_bytes, settings.get_pdu_bytes, mac_key)
+                        settings.view_min_bytes, settings.get_pdu_bytes, mac_key, settings.lease_ms)
     return nodes, datapath

@@ -24,26 +24,26 @@ goes to a small worker pool.
 """
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import dataclasses
 import logging
 import threading
 import time
-import bisect
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from kvtb import crc32c as _crc
-from kvtb_proto import nvmeof_pb2
 from fabric import chunk_format as cf
 from fabric import status as st
-from hostmem import dma, gather
+from fabric.client import Completion, StorageStatusError
 from fabric.nodes import StorageNodes
 from fabric.placement import place
+from hostmem import dma, gather
 from hostmem.region import Region, RegionError
+from kvtb import crc32c as _crc
+from kvtb_proto import nvmeof_pb2
 from smartnic.landing import DataError, Landing
-from smartnic.requester import StoredBlock
-from fabric.client import StorageStatusError
+from smartnic.requester import StoredBlock, stored_block
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +63,9 @@ class Datapath:
 
     def __init__(self, nodes: StorageNodes, nsid: int, salt: str, get_timeout_s: float = 3.0,
                  workers: int = 1, view_min_bytes: int = gather.VIEW_MIN_BYTES,
-                 get_pdu_bytes: int = GET_PDU_BYTES, mac_key: bytes | None = None):
+                 get_pdu_bytes: int = GET_PDU_BYTES, mac_key: bytes | None = None, lease_ms: int = 0):
         self.nodes, self.nsid, self.salt, self.get_timeout_s = nodes, nsid, salt, get_timeout_s
+        self.lease_ms = lease_ms  # what a GET or range read leases on its node (no other host deletes it)
         self.view_min_bytes, self.get_pdu_bytes = view_min_bytes, get_pdu_bytes
         self.mac_key = mac_key  # None: chunks are written without a MAC and checked by crc32c alone
         self._generation, self._generation_lock = 0, threading.Lock()
@@ -146,7 +147,7 @@ class Datapath:
         # The MAC (or crc32c) is checked here on arrival, end to end, so the node need not check it too.
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE,
                                             namespace_id=self.nsid, key=chunk.key, skip_guard_check=True,
-                                            data_pdu_bytes=self.get_pdu_bytes)
+                                            data_pdu_bytes=self.get_pdu_bytes, lease_ms=self.lease_ms)
         try:
             future = client.submit(capsule, timeout_s=self.get_timeout_s,
                                    on_data=lambda offset, frames: landing.take(0, offset, frames))
@@ -205,7 +206,7 @@ class Datapath:
         # Without MACs only the node can vouch for the bytes: it checks each whole value's crc32c first.
         capsule = nvmeof_pb2.CommandCapsule(
             command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE_RANGES, namespace_id=self.nsid,
-            skip_guard_check=self.mac_key is not None, data_pdu_bytes=self.get_pdu_bytes,
+            skip_guard_check=self.mac_key is not None, data_pdu_bytes=self.get_pdu_bytes, lease_ms=self.lease_ms,
             ranges=[nvmeof_pb2.ValueRange(key=m.chunk.key, offset=o, length=n) for m, (o, n) in zip(members, bulk.ranges)])
         try:
             future = client.submit(capsule, timeout_s=self.get_timeout_s, on_data=bulk.take)
@@ -232,25 +233,47 @@ class Datapath:
             error = None
             if status:
                 name = st.status_name(status >> 8, status & 0xFF)
-                error = DataError("storage_status", f"retrieve of chunk {landing.chunk.chunk_index}'s layer group "
-                                                    f"{bulk.group} from {node}: {name}")
+                error = DataError(_status_kind(st.Status(status >> 8, status & 0xFF)),
+                                  f"retrieve of chunk {landing.chunk.chunk_index}'s layer group {bulk.group} from "
+                                  f"{node}: {name}")
             landing.end_range(bulk.group, error)
 
-    # -- housekeeping
-    def delete(self, chunk: StoredBlock) -> None:
-        """Delete a chunk on its node (best effort, asynchronous; never blocks the caller)."""
-        self._pool.submit(self._delete, chunk)
+    # -- the miss path: headers of many keys, one round trip per node
+    def read_heads(self, keys_by_node: dict[str, Sequence[bytes]], timeout_s: float,
+                   lease_ms: int = 0) -> dict[str, list[Completion | None]]:
+        """The first MAX_HEADER_BYTES of each key's value on its node, every node's commands sent before
+        any answer is waited for, leased for lease_ms: per node, per key, the Completion (any status), or
+        None when it did not answer by timeout_s (its answer, if it comes later, is dropped) or is down."""
+        deadline = time.monotonic() + timeout_s
+        futures = {}
+        for node, keys in keys_by_node.items():
+            client = self.nodes.client(node)
+            left = max(0.001, deadline - time.monotonic())
+            futures[node] = client.submit_heads(self.nsid, keys, cf.MAX_HEADER_BYTES, lease_ms, left) if client \
+                else [None] * len(keys)
+        pending = [f for fs in futures.values() for f in fs if f is not None]
+        concurrent.futures.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+        return {node: [_answer(f) for f in fs] for node, fs in futures.items()}
 
-    def _delete(self, chunk: StoredBlock) -> None:
+    # -- housekeeping
+    def delete(self, chunk: StoredBlock, on_refused: Callable[[StoredBlock], None] | None = None) -> None:
+        """Delete a chunk on its node (best effort, asynchronous; never blocks the caller); on_refused(chunk)
+        when the node kept it because another host leased it ("key leased")."""
+        self._pool.submit(self._delete, chunk, on_refused)
+
+    def _delete(self, chunk: StoredBlock, on_refused=None) -> None:
         client = self.nodes.client(chunk.storage_node)
         if client is None:
             return
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_DELETE,
                                             namespace_id=self.nsid, key=chunk.key)
         try:
-            client.submit(capsule)
+            future = client.submit(capsule)
         except Exception as exc:  # noqa: BLE001
             logger.warning("delete of a chunk on %s failed: %s", chunk.storage_node, exc)
+            return
+        if on_refused is not None:
+            future.add_done_callback(lambda f: _if_leased(f, chunk, on_refused))
 
 
 class _Bulk:
@@ -290,7 +313,33 @@ class _Bulk:
 def _fetch_error(exc: Exception, what: str) -> DataError:
     if isinstance(exc, TimeoutError):
         return DataError("timeout", f"{what}: {exc}")
+    if isinstance(exc, StorageStatusError):
+        return DataError(_status_kind(exc.status), f"{what}: {exc}")
     return DataError("storage_status", f"{what}: {exc}")
+
+
+def _status_kind(status: st.Status) -> str:
+    """A failed read's DataError kind: "key_does_not_exist" (someone deleted it: the node is the authority
+    on what it holds), else "storage_status"."""
+    return "key_does_not_exist" if status == st.KEY_DOES_NOT_EXIST else "storage_status"
+
+
+def _answer(future) -> Completion | None:
+    """A head read's Completion, or None when it failed or did not answer in time."""
+    if future is None or not future.done() or future.exception() is not None:
+        return None
+    return future.result()
+
+
+def _if_leased(future, chunk: StoredBlock, on_refused) -> None:
+    """A Delete completed: call on_refused(chunk) when the node answered "key leased"."""
+    try:
+        refused = future.exception() is None and \
+            (future.result().response.status_code_type, future.result().response.status_code) == tuple(st.KEY_LEASED)
+        if refused:
+            on_refused(chunk)
+    except Exception:
+        logger.exception("handling a refused delete failed")
 
 
 def _call(callback, *args) -> None:
@@ -313,13 +362,6 @@ def _check_span(region: Region, runs: Sequence[gather.Run]) -> None:
     region.check(lo, hi - lo)
 
 
-def stored_block(header: cf.ChunkHeader, node: str, key: bytes, length: int, crc32c: int,
-                 header_bytes: int) -> StoredBlock:
-    """The requester's record of a chunk with this header (header_bytes long) at (node, key)."""
-    return StoredBlock(header.name, header.parent, header.tenant, header.user_id, header.shared, header.chunk_index,
-                       header.num_tokens, node, key, length, crc32c, header.generation, header_bytes)
-
-
 def read_headers(client, nsid: int, node: str) -> list[tuple[str, StoredBlock]]:
     """(context id, block) of every chunk on a node, from List and a partial Retrieve of each header
     (for rebuild)."""
@@ -334,7 +376,7 @@ def read_headers(client, nsid: int, node: str) -> list[tuple[str, StoredBlock]]:
                 logger.warning("skipping key %s on %s: %s", key.hex(), node, exc)
                 continue
             found.append((header.context_id, stored_block(header, node, key, done.response.value_length,
-                                                          done.response.crc32c, header_bytes)))
+                                                          done.response.crc32c, header_bytes, origin="rebuilt")))
         if len(keys) < 1000:
             return found
         start = keys[-1]

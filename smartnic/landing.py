@@ -266,6 +266,9 @@ def check_header(frames, chunk: StoredBlock, mac: bool) -> tuple[cf.ChunkHeader,
         raise DataError("bad_header", f"chunk header names {got[1:]}, expected {want[1:]} (another block)")
     if mac and header.mac_bytes != cf.MAC_BYTES:
         raise DataError("mac_mismatch", f"chunk {chunk.chunk_index} carries no MAC: unauthenticated")
+    if header.generation > chunk.generation:  # rewritten since (another replica stored the same name again)
+        raise DataError("newer_generation", f"chunk {chunk.chunk_index} is generation {header.generation}, "
+                                            f"newer than the {chunk.generation} expected (stored again)")
     if header.generation != chunk.generation:
         raise DataError("stale_generation", f"chunk {chunk.chunk_index} is generation {header.generation}, "
                                             f"expected {chunk.generation} (an older copy)")

@@ -6,12 +6,16 @@ prefixes of one owner are stored once and found whichever context stored them, a
 name another's blocks. A block is published only once its PUT is durable, so whatever the index
 holds can be fetched. A context (per user: the same context id of two users is two contexts)
 lists its blocks in order, for the match-action path (step 5) and the operator's views. A block
-being restored is leased and not evicted while its GET is in flight.
+being restored is leased and not evicted while its GET is in flight. A block's origin says how
+the index learned of it: its own PUT ("own"), the storage nodes' contents at connect ("rebuilt"), or
+the miss path (smartnic.discovery: "discovered", stored by another replica's agent).
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+
+from fabric import chunk_format as cf
 
 ContextKey = tuple[str, str]  # (user id, context id)
 
@@ -36,6 +40,7 @@ class StoredBlock:
     last_use: float = 0.0
     leases: int = 0
     contexts: int = 0       # contexts that list it
+    origin: str = "own"     # own (its PUT), rebuilt (found at connect) or discovered (the miss path)
 
 
 @dataclasses.dataclass
@@ -132,6 +137,14 @@ class Requester:
             if b is not None:
                 b.leases = max(0, b.leases - 1)
 
+    def reinstate(self, block: StoredBlock) -> bool:
+        """Put back a block removed for deletion that its node kept (another host leased it), unless the
+        index has that name again; whether it did."""
+        if block.hash in self.blocks:
+            return False
+        self.blocks[block.hash] = block
+        return True
+
     def leased(self, block_hash: bytes) -> bool:
         b = self.blocks.get(block_hash)
         return bool(b and b.leases)
@@ -162,3 +175,10 @@ class Requester:
             self.publish(block, context_id, block.user_id, now)
             loaded += old is None
         return loaded
+
+
+def stored_block(header: cf.ChunkHeader, node: str, key: bytes, length: int, crc32c: int,
+                 header_bytes: int, origin: str = "own") -> StoredBlock:
+    """The requester's record of a chunk with this header (header_bytes long) at (node, key)."""
+    return StoredBlock(header.name, header.parent, header.tenant, header.user_id, header.shared, header.chunk_index,
+                       header.num_tokens, node, key, length, crc32c, header.generation, header_bytes, origin=origin)

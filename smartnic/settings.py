@@ -95,7 +95,6 @@ class SmartNicSettings:
     grpc_workers: int = 32
     # replicas (several agent and compute node pairs sharing the storage nodes)
     replica: str = "replica-0"             # this agent's replica name (TurnRecord.replica)
-    identity: str = "smartnic"             # its gRPC identity (certificate); replica i >= 1: "smartnic-i"
     compute_identity: str = "compute"      # its compute node's identity: the only caller (besides the operator)
                                            # of its memory, counter and trigger methods; the peer it dials
     # the miss path (smartnic.discovery): full blocks of a prompt missing in this agent's index are asked
@@ -136,8 +135,7 @@ class SmartNicSettings:
             raise ValueError(f"fastpath: one of {FASTPATHS}, got {self.fastpath!r}")
         require(self.admission_max_names > 0, "admission_max_names must be positive")
         require(self.fabric_security in FABRIC_SECURITY_MODES, f"fabric_security: one of {FABRIC_SECURITY_MODES}")
-        require(self.replica and self.identity and self.compute_identity,
-                "replica, identity and compute_identity must not be empty")
+        require(self.replica and self.compute_identity, "replica and compute_identity must not be empty")
         require(0 < self.discovery_timeout_s <= 60, "discovery_timeout_s must be in (0, 60]")
         require(0 <= self.read_lease_s <= 3600, "read_lease_s must be in [0, 3600]")
 

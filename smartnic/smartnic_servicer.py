@@ -6,9 +6,9 @@ import time
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
 from smartnic.agent import Agent
 from smartnic.datapath import ChunkRef
-from smartnic.watcher import CounterWork, DataWork, OpError
 from smartnic.grpc_errors import rpc
 from smartnic.requester import StoredBlock
+from smartnic.watcher import CounterWork, DataWork, OpError
 
 
 def _ref(chunk: smartnic_pb2.ChunkRef) -> ChunkRef:
@@ -157,4 +157,7 @@ class SmartNicServicer(smartnic_pb2_grpc.SmartNicServicer):
             trigger_to_fire_p99_us=s["p99"], queue_depth=s["queue_depth"], errors_by_kind=s["errors_by_kind"],
             bytes_stored=s["bytes_stored"], contexts=s["contexts"], chunks=s["chunks"],
             bytes_by_storage_node=s["bytes_by_storage_node"], prefetches=s.get("prefetches", 0),
-            denied=s.get("denied", 0), puts_skipped=s.get("puts_skipped", 0))
+            denied=s.get("denied", 0), puts_skipped=s.get("puts_skipped", 0),
+            discovery_requests=s.get("discovery_requests", 0), discovered_blocks=s.get("discovered_blocks", 0),
+            discovery_timeouts=s.get("discovery_timeouts", 0),
+            deletes_refused_leased=s.get("deletes_refused_leased", 0))

@@ -1,0 +1,88 @@
+"""The miss path's logic: which stored blocks to ask the storage nodes for, and which answers to take (pure).
+
+Several replicas (agent and compute node pairs) share the storage nodes, and a block's key is a
+function of the deployment's salt and its name (its hash chain under its owner's salt), and its
+node a function of its key (rendezvous placement). So at a lookup (step 5) an agent can name every
+full block of a prompt that its own index lacks, and ask the node each key places on for its
+header, all of one node's keys at once (one round trip per node: Mooncake's and Dynamo's shared KV
+stores answer "which of these do you hold" the same way). An answer is taken only when its header
+names exactly the block asked for: its name, its parent, its place in the chain, a full block, and
+its owner (this tenant, and this user unless the block is the tenant's shared prefix), so nothing
+another user or tenant stored is ever listed; the MACs are checked later, when the block is
+restored. The agent (`Agent.stored_tokens`) does the I/O and publishes what is taken.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from fabric import chunk_format as cf
+from fabric.placement import place
+from hostmem.block_hash import Salts, block_hash
+from smartnic.requester import StoredBlock, stored_block
+
+DISCOVERED = "discovered"  # StoredBlock.origin of a block another replica's agent stored
+
+
+@dataclasses.dataclass(frozen=True)
+class Wanted:
+    """A full block of the prompt that the index lacks: what to ask for and what its header must say."""
+
+    index: int
+    name: bytes
+    parent: bytes
+    key: bytes
+    shared: bool
+
+
+def wanted(token_ids: Sequence[int], salts: Salts, block_tokens: int, limit: int, salt: str | bytes,
+           has: Callable[[bytes], bool]) -> list[Wanted]:
+    """The full blocks of token_ids[:limit] (named as hostmem.block_hash.stored_prefix names them)
+    that `has` says the index lacks, with their storage keys."""
+    out, parent = [], b""
+    for i in range(min(limit, len(token_ids)) // block_tokens):
+        name = block_hash(parent, token_ids[i * block_tokens:(i + 1) * block_tokens], salts.salt(i))
+        if not has(name):
+            out.append(Wanted(i, name, parent, cf.block_key(salt, name), salts.is_shared(i)))
+        parent = name
+    return out
+
+
+def by_node(blocks: Sequence[Wanted], nodes: Sequence[str], up: set[str]) -> dict[str, list[Wanted]]:
+    """The wanted blocks grouped by the node their key places on among those up (none up: none asked)."""
+    out: dict[str, list[Wanted]] = {}
+    for w in blocks:
+        node = place(w.key, nodes, up)
+        if node is not None:
+            out.setdefault(node, []).append(w)
+    return out
+
+
+def mismatch(header: cf.ChunkHeader, header_bytes: int, value_length: int, want: Wanted, block_tokens: int,
+             tenant: str, user_id: str, mac: bool) -> str:
+    """Why a header found under want's key does not name the block wanted ("" when it does)."""
+    if (header.name, header.parent, header.chunk_index) != (want.name, want.parent, want.index):
+        return "another block"
+    if header.num_tokens != block_tokens or header.token_start != want.index * block_tokens:
+        return f"tokens [{header.token_start}, {header.token_end}), not block {want.index}'s"
+    if header.tenant != tenant or header.shared != want.shared or (not want.shared and header.user_id != user_id):
+        return "another owner"
+    if mac and header.mac_bytes != cf.MAC_BYTES:
+        return "no MAC"
+    if cf.value_length(header, header_bytes) != value_length:
+        return "a value of another length"
+    return ""
+
+
+def found_block(payload, value_length: int, crc32c: int, node: str, want: Wanted, block_tokens: int,
+                tenant: str, user_id: str, mac: bool) -> tuple[StoredBlock | None, str, str]:
+    """(block, its context id, "") from a header read under want's key, or (None, "", why not)."""
+    try:
+        header, header_bytes = cf.decode_header(payload)
+    except cf.ChunkFormatError as exc:
+        return None, "", f"bad header: {exc}"
+    why = mismatch(header, header_bytes, value_length, want, block_tokens, tenant, user_id, mac)
+    if why:
+        return None, "", why
+    block = stored_block(header, node, want.key, value_length, crc32c, header_bytes, origin=DISCOVERED)
+    return block, header.context_id, ""
