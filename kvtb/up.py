@@ -315,6 +315,10 @@ class Deployment:
         compute = next((p for p in self.procs if p.name == "compute"), None)
         return compute.ready.get("torch_threads") if compute else None
 
+    def pids(self) -> dict[str, int]:
+        """service -> its process id (what a test or an operator signals to fail one)."""
+        return {p.name: p.proc.pid for p in self.procs if p.proc is not None}
+
     def first_dead(self) -> ServiceProcess | None:
         return next((p for p in self.procs if not p.alive()), None)
 
@@ -408,7 +412,8 @@ def main(argv: list[str]) -> int:
         announce_ready("up", {p.name: grpc_address(p) for p in deployment.procs},
                        services=deployment.addresses(), policy=deployment.policy_in_use(),
                        placement=deployment.placement, cpus=deployment.cpus(),
-                       torch_threads=deployment.torch_threads(), replicas=deployment.replica_addresses())
+                       torch_threads=deployment.torch_threads(), replicas=deployment.replica_addresses(),
+                       pids=deployment.pids())
         reported: set[str] = set()
         while (dead := deployment.fatal_death()) is None:
             for replica, procs in deployment.dead_replicas().items():

@@ -31,8 +31,9 @@ def paper_messages() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-def write_config(path: Path) -> Path:
-    """A config with every address on a free port, a small KV pool and short replies."""
+def write_config(path: Path, frontend: dict | None = None) -> Path:
+    """A config with every address on a free port, a small KV pool and short replies (and `frontend`'s
+    settings in its section: routing, for several replicas)."""
     config = {
         "storage": {"admin_address": "127.0.0.1:0", "fabric_address": "tcp://127.0.0.1:0",
                     "namespace_size_bytes": 1 << 30, "metrics_address": "127.0.0.1:0"},
@@ -42,7 +43,8 @@ def write_config(path: Path) -> Path:
         "frontend": {"listen_address": "127.0.0.1:0", "http_address": "127.0.0.1:0",
                      "metrics_address": "127.0.0.1:0", "users": USERS, "tenants": TENANTS,
                      "max_new_tokens_default": MAX_NEW_TOKENS, "operators": ["demo"],
-                     "shared_system_prompts": {"team-b": SHARED_PROMPT, "team-c": SHARED_PROMPT}},
+                     "shared_system_prompts": {"team-b": SHARED_PROMPT, "team-c": SHARED_PROMPT},
+                     **(frontend or {})},
     }
     path.write_text(yaml.safe_dump(config))
     return path
@@ -51,12 +53,14 @@ def write_config(path: Path) -> Path:
 class Up:
     """One `kvtb up` and the addresses it announced."""
 
-    def __init__(self, root: Path, policy: str, placement: str = "shared"):
+    def __init__(self, root: Path, policy: str, placement: str = "shared", replicas: int = 1,
+                 frontend: dict | None = None):
         self.root = root
-        self.config = write_config(root / "kvtb.yaml")
+        self.config = write_config(root / "kvtb.yaml", frontend)
         self.proc = ServiceProcess(f"up-{policy}", kvtb_argv("up", "--config", str(self.config),
                                                              "--data-dir", str(root / "var"),
-                                                             "--policy", policy, "--placement", placement),
+                                                             "--policy", policy, "--placement", placement,
+                                                             "--replicas", str(replicas)),
                                    root / "up.log")
 
     def start(self) -> "Up":
@@ -82,8 +86,10 @@ class Up:
         assert self.proc.stop(timeout_s=60) == 0, self.proc.log_tail()
 
 
-def start_up(tmp_path_factory, policy: str, placement: str = "shared") -> Up:
-    return Up(tmp_path_factory.mktemp(f"up-{policy}-{placement}"), policy, placement).start()
+def start_up(tmp_path_factory, policy: str, placement: str = "shared", replicas: int = 1,
+             frontend: dict | None = None) -> Up:
+    return Up(tmp_path_factory.mktemp(f"up-{policy}-{placement}-{replicas}"), policy, placement, replicas,
+              frontend).start()
 
 
 @pytest.fixture(scope="session")
