@@ -111,7 +111,8 @@ def path_problem(path: str, record: Any, replica: str) -> str:
 
 def sample(path: str, ttft_s: float, record: Any, replica: str, round_: int) -> dict:
     """One follow-up: its client TTFT, what the record says, and its problem ('' when on its path)."""
-    return {"round": round_, "replica": replica, "ttft_s": ttft_s, "engine_ttft_ms": record.ttft_ms,
+    return {"round": round_, "replica": replica, "record_replica": getattr(record, "replica", ""),
+            "ttft_s": ttft_s, "engine_ttft_ms": record.ttft_ms,
             "kv_source": record.kv_source, "tokens_cached": record.tokens_cached,
             "tokens_reused": record.tokens_reused, "tokens_prefilled": record.tokens_prefilled,
             "prompt_tokens": record.tokens_reused + record.tokens_prefilled,

@@ -25,7 +25,7 @@ from bench.results import record_placement
 from fabric.auth import FabricSecurity
 from fabric.client import FabricClient
 from kvtb import credentials
-from kvtb.credentials import AGENT_NQN, COMPUTE_NQN
+from kvtb.credentials import AGENT_NQN, COMPUTE_NQN, replica_identities
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb.rpc import OPERATOR, Security, channel
 from kvtb.up import Deployment
@@ -102,23 +102,6 @@ def bench_config(*, pool_tokens: int = 32768, max_context_tokens: int = 4096, us
     }
 
 
-def replica_processes(i: int) -> tuple[str, str]:
-    """The process names of replica i's agent and compute node (`kvtb up --replicas`): replica 0 keeps
-    `smartnic` and `compute`, replica i >= 1 is `smartnic-i` and `compute-i`."""
-    if i < 0:
-        raise ValueError(f"replica index must be at least 0, not {i}")
-    return ("smartnic", "compute") if i == 0 else (f"smartnic-{i}", f"compute-{i}")
-
-
-def replica_identities(i: int) -> tuple[str, str]:
-    """Replica i's agent and compute node identities (kvtb.credentials.replica_identities)."""
-    try:
-        from kvtb.credentials import replica_identities as of
-    except ImportError:  # TODO(issue 33): the contract's names until kvtb.credentials has them
-        return replica_processes(i)
-    return of(i)
-
-
 def service_of(process: str) -> str:
     """The service a process of a stack is: storage-0 -> storage; a replica's process keeps its name."""
     return process if process.startswith(("smartnic", "compute")) else process.split("-")[0]
@@ -141,8 +124,8 @@ class Stack:
         self.keep_data = keep_data
         self.replicas = replicas
         self.config_path = self.data_dir / "kvtb.yaml"
-        more = {"replicas": replicas} if replicas > 1 else {}  # TODO(issue 33): always, once Deployment has it
-        self.deployment = Deployment(str(self.config_path), self.data_dir, policy, storage_nodes, placement, **more)
+        self.deployment = Deployment(str(self.config_path), self.data_dir, policy, storage_nodes, placement,
+                                     replicas=replicas)
 
     def __enter__(self) -> Stack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -207,9 +190,12 @@ class Stack:
 
     def replica_agent(self, i: int) -> str:
         """Replica i's agent's gRPC address."""
-        if not 0 <= i < self.replicas:
-            raise IndexError(f"replica {i} of a stack of {self.replicas}")
-        return self.address(replica_processes(i)[0])
+        return self.deployment.replica_procs(i)[0].addresses["grpc"]
+
+    def compute_threads(self) -> dict[str, int | None]:
+        """replica name -> its compute node's torch threads, as it announced them."""
+        return {f"replica-{i}": self.deployment.replica_procs(i)[1].ready.get("torch_threads")
+                for i in range(self.replicas)}
 
     def replica_channel(self, i: int) -> grpc.Channel:
         """A channel to replica i's agent as this deployment's operator: its ComputeNode service serves

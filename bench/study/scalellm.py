@@ -28,6 +28,11 @@ share (this process, on the same cores) included. Throughput is counted twice: t
 requests' completion tokens, and every token the compute node generated during the level (its
 Stats counter, timed-out requests' tokens included: ScaleLLM's N_t), which Fig. 7 uses.
 
+With `--replicas 1 2` (ScaleLLM's Fig. 8 question: replica parallelism against one replica), each
+replica count gets a stack of its own (`kvtb up --replicas N`: N agent and compute node pairs behind
+one frontend routing by `--routing`) and the same levels; bench.study.scalellm_replicas sets the
+counts side by side. The default, one replica, is the study as it always was.
+
 The per-level figures are pure functions of the requests' records (`level_figures`), the claims
 pure functions of those (`add_claims`), so that they can be tested on hand-made numbers.
 """
@@ -52,6 +57,14 @@ from bench.results import data_dir, plot_lines, progress_for
 from bench.stack import Stack, bench_config, bench_users
 from bench.stats import mean, percentile, ratio
 from bench.study.report import add_study_args, claim, main_of, new_study, run_part, unmeasured
+from bench.study.scalellm_replicas import (
+    add_replica_claims,
+    add_replica_ratios,
+    draw_replicas,
+    placements_text,
+    replica_table,
+    replicas_text,
+)
 from smartnic.settings import SmartNicSettings
 
 logger = logging.getLogger(__name__)
@@ -64,6 +77,8 @@ REQUESTS_PER_CLIENT = {"full": 20, "quick": 2, "smoke": 1}   # ScaleLLM: 20 x c 
 MAX_TOKENS = {"full": 32, "quick": 32, "smoke": 4}
 TIMEOUT_S = 60.0      # ScaleLLM's user waiting threshold
 MAX_NUM_SEQS = 32     # the compute node's batch bound (its default): past it requests queue there
+ROUTINGS = ("least_loaded", "kv_aware", "round_robin")   # the frontend's `routing` (chat_frontend.routing)
+MAX_REPLICAS = 8
 AGENT_GRPC_WORKERS = SmartNicSettings().grpc_workers  # a relayed turn holds one for its whole stream
 PAPER = ("ScaleLLM measured Mixtral 8x7B on NVIDIA H100 GPUs (TensorRT-LLM, vLLM and HuggingFace "
          "engines behind a FastAPI or a Rust gateway, 512 tokens per reply)")
@@ -129,6 +144,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the compute node's torch threads (default 0: its default, all cores)")
     parser.add_argument("--pool-tokens", type=int, default=32768,
                         help="the compute node's KV pool in tokens (default 32768: 64 requests fit)")
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1],
+                        help="replica counts, each a stack of its own running every level (default 1; "
+                             "`--replicas 1 2`: ScaleLLM's Fig. 8, replica parallelism against one replica)")
+    parser.add_argument("--routing", choices=ROUTINGS, default="least_loaded",
+                        help="the frontend's routing over several replicas (default least_loaded: every "
+                             "request is a conversation of its own, so no replica holds its prefix)")
     args = parser.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     args.mode = mode
@@ -139,7 +160,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("every level needs at least one client")
     if args.requests_per_client < 1 or args.max_tokens < 1 or args.timeout_s <= 0:
         parser.error("--requests-per-client and --max-tokens must be at least 1, --timeout-s positive")
+    if any(n < 1 or n > MAX_REPLICAS for n in args.replicas):
+        parser.error(f"--replicas: every count must be 1 .. {MAX_REPLICAS}")
     args.levels = sorted(set(args.levels))
+    args.replicas = sorted(set(args.replicas))
     return args
 
 
@@ -581,19 +605,19 @@ def run_level(stack: Stack, base_url: str, model: str, c: int, users: list[str],
     tokens = {u: stack.token(u) for u in users}
     n = args.requests_per_client
     prompts = [[prompt_of(k * n + j) for j in range(n)] for k in range(c)]
-    before, cpu_before = compute_stats(stack), stack.cpu_seconds()
+    before, cpu_before = compute_counters(stack), stack.cpu_seconds()
     records, wall_s = asyncio.run(run_clients(
         base_url, model, [(u, tokens[u]) for u in users], prompts, args.max_tokens, args.timeout_s,
         lambda: progress.update(note=f"{c} concurrent")))
-    after, cpu_after = compute_stats(stack), stack.cpu_seconds()
+    after, cpu_after = compute_counters(stack), stack.cpu_seconds()
     attach_summaries(stack.frontend, records, tokens)
     figures = level_figures(records, wall_s, args.timeout_s)
     # the compute node's preemptions during the level (None when its Stats did not answer in time)
     figures["preemptions"] = None if before is None or after is None else {
-        k: after.preemptions[k] - before.preemptions.get(k, 0) for k in after.preemptions}
-    # every token the compute node generated during the level, timed-out requests' too (ScaleLLM's N_t)
+        k: after["preemptions"][k] - before["preemptions"].get(k, 0) for k in after["preemptions"]}
+    # every token the compute nodes generated during the level, timed-out requests' too (ScaleLLM's N_t)
     counted = before is not None and after is not None
-    figures["generated_tokens"] = after.tokens_out - before.tokens_out if counted else None
+    figures["generated_tokens"] = after["tokens_out"] - before["tokens_out"] if counted else None
     figures["generated_tokens_per_s"] = figures["generated_tokens"] / wall_s if counted else None
     # cores each process kept busy during the level ("client": this process, the clients)
     figures["cpu_cores"] = {name: (cpu_after[name] - cpu_before.get(name, 0.0)) / wall_s
@@ -601,19 +625,21 @@ def run_level(stack: Stack, base_url: str, model: str, c: int, users: list[str],
     return figures
 
 
-def compute_stats(stack: Stack):
-    """The compute node's counters, or None (with a warning) when it does not answer in time: a busy
-    node's statistics must not cost the level's measurements."""
+def compute_counters(stack: Stack) -> dict | None:
+    """Every replica's compute node's tokens_out and preemptions (by kind), summed; None (with a warning)
+    when one does not answer in time: a busy node's statistics must not cost the level's measurements."""
     import grpc
 
-    from kvtb_proto import compute_pb2
-
-    try:
-        with stack.agent_channel() as channel:  # Stack.compute_stats, with more patience
-            return stack.compute_stub(channel).Stats(compute_pb2.ComputeStatsRequest(), timeout=30)
-    except grpc.RpcError as exc:
-        logger.warning("the compute node's Stats did not answer: %s", exc.code())
-        return None
+    tokens, preemptions = 0, collections.Counter()
+    for i in range(stack.replicas):
+        try:
+            stats = stack.compute_stats(i, timeout_s=30)
+        except grpc.RpcError as exc:
+            logger.warning("replica %d's compute node's Stats did not answer: %s", i, exc.code())
+            return None
+        tokens += stats.tokens_out
+        preemptions.update(dict(stats.preemptions))
+    return {"tokens_out": tokens, "preemptions": dict(preemptions)}
 
 
 def warm_up(base_url: str, token: str, max_tokens: int) -> str:
@@ -635,33 +661,54 @@ def run_levels(study: dict, args) -> None:
                           max_new_tokens=args.max_tokens, compute=compute,
                           frontend={"max_concurrent_turns": max(64, *args.levels), "max_waiting_turns": 256,
                                     "queue_timeout_s": 600.0})
-    study["results"]["levels"] = {}
-    with data_dir(args, NAME) as services:
+    with data_dir(args, NAME) as services, \
+            progress_for(args, args.requests_per_client * sum(args.levels) * len(args.replicas), NAME) as progress:
         if args.smoke:
             from bench.study.tiny_model import make_tiny_model
             config["compute"]["model_cache_dir"] = str(make_tiny_model(services / "tiny-model"))
-        run_stack(study, args, config, services, all_users)
+        if args.replicas == [1]:  # the study as it always was
+            study["results"]["levels"] = {}
+            run_stack(study, args, config, services / "stack", all_users, 1, study["results"]["levels"], progress)
+            return
+        by = study["results"]["by_replicas"] = {}
+        for n in args.replicas:
+            levels = by.setdefault(str(n), {"levels": {}})["levels"]
+            if n == args.replicas[0]:  # the single-count claims and plots are the smallest count's
+                study["results"]["levels"] = levels
+            run_part(study, f"services ({n} replica{'s' if n > 1 else ''})",
+                     lambda: run_stack(study, args, replicas_config(config, n, args.routing),
+                                       services / f"stack-{n}r", all_users, n, levels, progress))
 
 
-def run_stack(study: dict, args, config: dict, services: Path, all_users: list[str]) -> None:
-    total = args.requests_per_client * sum(args.levels)
-    with Stack(services / "stack", config, policy=args.policy, keep_data=args.keep_data,
-               placement=args.placement) as stack, \
-            progress_for(args, total, NAME) as progress:
+def replicas_config(config: dict, replicas: int, routing: str) -> dict:
+    """The config of a stack of `replicas` replicas: the frontend routes by `routing` over several."""
+    if replicas == 1:
+        return config
+    return {**config, "frontend": {**config["frontend"], "routing": routing}}
+
+
+def run_stack(study: dict, args, config: dict, path: Path, all_users: list[str], replicas: int,
+              levels: dict, progress: Progress) -> None:
+    """One stack of `replicas` replicas, every level into `levels` (a failed level recorded, the rest run)."""
+    with Stack(path, config, policy=args.policy, keep_data=args.keep_data, placement=args.placement,
+               replicas=replicas) as stack:
+        entry = study["results"].get("by_replicas", {}).get(str(replicas))
+        if entry is not None:  # each count's CPUs: the page's machine line says only the last stack's
+            entry["placement"] = {"cpus": stack.service_cpus(), "torch_threads": stack.compute_threads()}
         base_url = "http://" + stack.address("frontend", "http")
         model = warm_up(base_url, stack.token(all_users[0]), args.max_tokens)
         study["results"]["model"] = model
         given = iter(all_users[1:])
         for c in args.levels:
             users = [next(given) for _ in range(c)]  # new users per level: nothing one stored is another's
-            figures = run_part(study, f"level {c}", lambda: run_level(stack, base_url, model, c, users, args,
-                                                                       progress))
+            part = f"level {c}" if args.replicas == [1] else f"level {c}, {replicas} replicas"
+            figures = run_part(study, part, lambda: run_level(stack, base_url, model, c, users, args, progress))
             if figures is None:
-                error = next(f["error"] for f in reversed(study["failed"]) if f["part"] == f"level {c}")
-                study["results"]["levels"][str(c)] = {"failed": error}
+                error = next(f["error"] for f in reversed(study["failed"]) if f["part"] == part)
+                levels[str(c)] = {"failed": error}
                 progress.update(args.requests_per_client * c, note=f"{c} concurrent failed")
             else:
-                study["results"]["levels"][str(c)] = figures
+                levels[str(c)] = figures
 
 
 # -- plots and the page -----------------------------------------------------------------------------------
@@ -743,12 +790,35 @@ def intro_of(study: dict) -> str:
             f"HTTP API (`stream: true`, `stream_options.include_usage`), greedy, max_tokens "
             f"{s['max_tokens']} (ScaleLLM: 512); a request unfinished {s['timeout_s']:g} s after it was sent "
             f"is a timeout. The compute node batches up to {s['max_num_seqs']} sequences: at a higher level "
-            f"the rest wait in its queue. {PAPER}: compare shapes and ratios, not absolute numbers.")
+            f"the rest wait in its queue. {PAPER}: compare shapes and ratios, not absolute numbers."
+            + replicas_text(s, study["machine"].get("cores")))
+
+
+def replicas_body(study: dict) -> list[str]:
+    """With several replica counts: Fig. 8's table, then each count's Table 1 (the page's first table is
+    the smallest count's)."""
+    by = study["results"].get("by_replicas") or {}
+    if not by:
+        return []
+    lines = ["## Fig. 8: replica counts side by side", "",
+             replica_table(study) or "no replica count ran", "", placements_text(study), "",
+             "Each count is a stack of its own, run through the same levels with new users; tokens/s are the "
+             "tokens every compute node generated over the level's wall time (else the completed requests'), "
+             "TTFT p50 counts the timed-out requests as Table 1's claims do, and each ratio is the larger "
+             "count over the smaller at the same level.", ""]
+    for n, entry in sorted(by.items(), key=lambda kv: int(kv[0]))[1:]:
+        lines += [f"## Table 1, Fig. 6 and Fig. 7 by level, {n} replicas", "",
+                  level_table({"results": {"levels": entry["levels"]}}), ""]
+    return lines
 
 
 def body_of(study: dict) -> str:
+    counts = study["settings"].get("replicas") or [1]
     return "\n".join([
-        "## Table 1, Fig. 6 and Fig. 7 by level", "",
+        *replicas_body(study),
+        "## Table 1, Fig. 6 and Fig. 7 by level" + ("" if counts == [1] else
+                                                    f", {counts[0]} replica{'s' if counts[0] > 1 else ''}"),
+        "",
         level_table(study), "",
         "TTFT, TBT and e2e are the client's clocks over the completed requests (timeouts and errors counted "
         "beside them); `TTFT p99 incl. timeouts` counts the timed-out requests too, at their first text or, "
@@ -770,7 +840,7 @@ def body_of(study: dict) -> str:
 def settings_of(args) -> dict:
     return {"levels": args.levels, "requests_per_client": args.requests_per_client,
             "requests_per_level": {str(c): args.requests_per_client * c for c in args.levels},
-            "requests_total": args.requests_per_client * sum(args.levels),
+            "requests_total": args.requests_per_client * sum(args.levels) * len(args.replicas),
             "max_tokens": args.max_tokens, "timeout_s": args.timeout_s, "temperature": 0.0,
             "stream": True, "include_usage": True, "api": "OpenAI HTTP /v1/chat/completions",
             "prompt": {"system": SYSTEM, "questions": len(STEMS) * len(TOPICS),
@@ -778,7 +848,8 @@ def settings_of(args) -> dict:
                        "shape": "a system prompt and one chat-style question; each client's questions "
                                 "distinct"},
             "policy": args.policy, "pool_tokens": args.pool_tokens, "max_num_seqs": MAX_NUM_SEQS,
-            "torch_threads": args.torch_threads,
+            "torch_threads": args.torch_threads, "replicas": args.replicas,
+            "routing": args.routing if max(args.replicas) > 1 else None,
             "model": "tiny random Llama (smoke)" if args.smoke else "SmolLM2-135M", "smoke": args.smoke}
 
 
@@ -789,7 +860,10 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
     run_part(study, "services", lambda: run_levels(study, args))
     add_ratios(study)
     add_claims(study)
+    add_replica_ratios(study)
+    add_replica_claims(study)
     study["plots"] += [p for p in run_part(study, "plots", lambda: draw(study, out)) or [] if p]
+    study["plots"] += [p for p in run_part(study, "plots", lambda: draw_replicas(study, out)) or [] if p]
     title = "ScaleLLM: latency and throughput against concurrency, through the OpenAI HTTP API"
     return study, title, intro_of(study), body_of(study)
 
