@@ -37,11 +37,13 @@ def chat_error(exc: grpc.aio.AioRpcError, address: str) -> ChatError:
 class AgentClient:
     """Async client of the agent's ComputeNode proxy and SmartNic stats. One event loop."""
 
-    def __init__(self, address: str, security: Security, turn_timeout_s: float = 300.0):
+    def __init__(self, address: str, security: Security, turn_timeout_s: float = 300.0,
+                 peer: str = "smartnic"):
         self.address = address
         self.security = security
         self.turn_timeout_s = turn_timeout_s
-        self._channel = aio_channel(address, security, peer="smartnic")
+        self.peer = peer  # the agent's identity (replica i >= 1: smartnic-i)
+        self._channel = aio_channel(address, security, peer=peer)
         self._compute = compute_pb2_grpc.ComputeNodeStub(self._channel)
         self._smartnic = smartnic_pb2_grpc.SmartNicStub(self._channel)
         self._info: compute_pb2.InfoResponse | None = None
@@ -79,8 +81,8 @@ class AgentClient:
             raise chat_error(exc, self.address) from None
         return reply.text
 
-    async def generate(self, request: compute_pb2.TurnRequest) -> AsyncIterator[compute_pb2.TurnEvent]:
-        """The turn's token events, then its record."""
+    async def generate(self, request: compute_pb2.TurnRequest, route=None) -> AsyncIterator[compute_pb2.TurnEvent]:
+        """The turn's token events, then its record (route: the Agent protocol's; one agent leaves it as is)."""
         call = self._compute.Generate(request, timeout=self.turn_timeout_s)
         try:
             async for event in call:

@@ -3,8 +3,9 @@
 The gRPC servicer and the OpenAI API call `ChatService.chat` and relay its events. A context is
 its user's: the id (minted here, or chosen by the client, which starts it on first sight) names a
 context of that user only. The OpenAI API also passes the history and system message a client sent.
-Turns go to the SmartNIC agent in front of the compute node (`agent_client.AgentClient`, the
-`Agent` protocol below); tests pass a fake with the same methods.
+Turns go to the replicas (SmartNIC agents, each in front of its compute node: `replicas.Replicas`,
+the `Agent` protocol below), which name the replica that served each turn; tests pass a fake with
+the same methods.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from chat_frontend.conversation import History, Whole
 from chat_frontend.errors import ChatError
 from chat_frontend.metrics import Tenants, TurnTimer
 from chat_frontend.record import TurnClock, build_summary
+from chat_frontend.routing import Route
 from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import Context, SessionStore, TurnRow
 from chat_frontend.vllm_metrics import FinishCounts
@@ -38,7 +40,8 @@ class Agent(Protocol):
     async def info(self) -> compute_pb2.InfoResponse: ...
     async def encode_chat(self, request: compute_pb2.EncodeChatRequest) -> list[int]: ...
     async def decode(self, token_ids: list[int]) -> str: ...
-    def generate(self, request: compute_pb2.TurnRequest) -> AsyncIterator[compute_pb2.TurnEvent]: ...
+    def generate(self, request: compute_pb2.TurnRequest,
+                 route: Route | None = None) -> AsyncIterator[compute_pb2.TurnEvent]: ...
 
 
 class ChatService:
@@ -192,12 +195,14 @@ class ChatService:
         for s in summaries:
             self.finishes.finished(s.finish_reason or "stop")
         summary = summaries[0]
-        logger.info("turn %s done: kv_source %s, %d tokens out, e2e %.1f ms, gateway %.1f ms",
-                    request_id, summary.kv_source, counted.tokens_out, summary.e2e_ms,
+        logger.info("turn %s done on %s%s: kv_source %s (%s), %d tokens out, e2e %.1f ms, gateway %.1f ms",
+                    request_id, summary.replica or "the agent",
+                    f" (retried from {summary.retried_from})" if summary.retried_from else "",
+                    summary.kv_source, summary.kv_origin, counted.tokens_out, summary.e2e_ms,
                     summary.gateway_ms,
                     extra={"event": "turn", "user_id": user, "context_id": context_id,
                            "kv_source": summary.kv_source, "duration_ms": summary.e2e_ms,
-                           "bytes": summary.bytes_restored})
+                           "bytes": summary.bytes_restored, "replica": summary.replica})
         for i, summary in enumerate(summaries):
             yield frontend_pb2.ChatEvent(summary=summary, choice=i)
 
@@ -222,13 +227,14 @@ class _Choice:
         self.texts: list[str] = []
         self.out_ids: list[int] = []
         self.record: compute_pb2.TurnRecord | None = None
+        self.route = Route()  # the replica that served it (and one that failed before)
 
     async def events(self, agent: Agent, clock: TurnClock,
                      timer: TurnTimer | None) -> AsyncIterator[frontend_pb2.ChatEvent]:
         """Text events, each with the tokens whose text it is (a token that added no text rides on the
         next one; with logprobs, the last such tokens on an empty text event at the end)."""
         pending: list[compute_pb2.TurnEvent.Token] = []
-        async for event in agent.generate(self.request):
+        async for event in agent.generate(self.request, self.route):
             if event.HasField("token"):
                 self.out_ids.append(event.token.id)
                 pending.append(event.token)
@@ -258,8 +264,10 @@ class _Choice:
     def summary(self, turn_no: int, context_id: str, clock: TurnClock, stop_ids) -> frontend_pb2.TurnSummary:
         ids = self.reply_ids
         finish = self.record.finish_reason or ("stop" if ids and ids[-1] in stop_ids else "length")
+        if not self.record.replica and self.route.replica:
+            self.record.replica = self.route.replica
         return build_summary(turn_no, context_id, self.request.request_id, self.reply, self.record, clock,
-                             finish, choice=self.index)
+                             finish, choice=self.index, retried_from=self.route.retried_from)
 
 
 _DONE = object()

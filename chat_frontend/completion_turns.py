@@ -133,10 +133,12 @@ class CompletionTurns:
                     len(prompts), ",".join(str(len(ids)) for ids in prompts), req.n)
         timer = TurnTimer(tenant, start_ns)
         counted = frontend_pb2.TurnSummary()
+        replicas: set[str] = set()
         async for event in merged([self._choice(i, turn, timer if i == 0 else None)
                                    for i, turn in enumerate(turns)], req.n):
             if isinstance(event, Finished):
                 rec = event.record
+                replicas.add(rec.replica)
                 self.finishes.finished(rec.finish_reason or "length")
                 counted.tokens_out += rec.tokens_out
                 if event.index % req.n == 0:  # a prompt counts once
@@ -145,8 +147,9 @@ class CompletionTurns:
             yield event
         timer.done(time.time_ns())
         self.service.tenants.finished(tenant, counted)
-        logger.info("completion %s done: %d tokens out, %d prompt tokens reused", request_id,
-                    counted.tokens_out, counted.tokens_reused)
+        logger.info("completion %s done on %s: %d tokens out, %d prompt tokens reused", request_id,
+                    ", ".join(sorted(r for r in replicas if r)) or "the agent", counted.tokens_out,
+                    counted.tokens_reused)
 
     async def _choice(self, index: int, turn: compute_pb2.TurnRequest,
                       timer: TurnTimer | None) -> AsyncIterator[Token | Finished]:

@@ -18,9 +18,9 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from chat_frontend import limits, sessions, system_stats
-from chat_frontend.agent_client import AgentClient
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
+from chat_frontend.replicas import Replicas
 from chat_frontend.store import TurnRow
 from kvtb_proto import frontend_pb2
 
@@ -76,7 +76,7 @@ def _transcript_turn(turn: TurnRow) -> frontend_pb2.TranscriptTurn:
 class ChatFrontendServicer:
     """The service's methods, each taking the request's bytes."""
 
-    def __init__(self, service: ChatService, agent: AgentClient):
+    def __init__(self, service: ChatService, agent: Replicas):
         self.service = service
         self.agent = agent
 

@@ -1,7 +1,8 @@
 """The frontend's Prometheus metrics: request latencies by tenant, and its counters at scrape time.
 
 A tenant is a group of users (settings `tenants`; "default" for a user not listed): label values
-are tenant names, never user names, so a scrape does not list who uses the service.
+are tenant names, never user names, so a scrape does not list who uses the service. The replicas
+behind the frontend: whether each is in the rotation, the turns each served, turns retried.
 """
 from __future__ import annotations
 
@@ -59,7 +60,18 @@ class TurnTimer:
             (now_ns - self.start_ns) / 1e9)
 
 
-def families(tenants: Tenants, figures: Callable[[], dict]) -> Iterable:
+def replica_families(figures: dict) -> Iterable:
+    """From replicas.Replicas.figures: {"up": {name: 0|1}, "turns": {name: n}, "retries": n}."""
+    yield metrics.gauge("replica_up", "1 while the replica is in the rotation, else 0.", figures["up"],
+                        ("replica",))
+    yield metrics.counter("replica_turns_total", "Turns (choices) each replica served.", figures["turns"],
+                          ("replica",))
+    yield metrics.counter("replica_retries_total", "Turns retried on another replica after the first "
+                          "failed before its first token.", figures["retries"])
+
+
+def families(tenants: Tenants, figures: Callable[[], dict],
+             replicas: Callable[[], dict] | None = None) -> Iterable:
     """The frontend's families: per-tenant counts and its own figures (turns running, waiting)."""
     turns, tokens = tenants.snapshot()
     yield metrics.counter("requests_total", "Chat turns by tenant and final status.", turns,
@@ -76,12 +88,14 @@ def families(tenants: Tenants, figures: Callable[[], dict]) -> Iterable:
     yield metrics.counter("requests_rejected_busy_total", "Turns refused as busy (429).",
                           f["rejected_busy"])
     yield metrics.gauge("contexts", "Contexts stored by the frontend.", f.get("contexts", 0))
+    if replicas is not None:
+        yield from replica_families(replicas())
 
 
-def reader(tenants: Tenants, figures: Callable[[], dict]):
+def reader(tenants: Tenants, figures: Callable[[], dict], replicas: Callable[[], dict] | None = None):
     """The frontend's collector (read at every scrape); its histograms are created now, so they show
     before the first turn."""
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
                  "e2e_request_latency_seconds"):
         metrics.histogram(name)
-    return lambda: families(tenants, figures)
+    return lambda: families(tenants, figures, replicas)

@@ -1,7 +1,8 @@
 """The chat frontend as a service: its gRPC server and OpenAI HTTP API on one uvloop event loop (`serve`).
 
 The loop runs in a thread of its own, so the frontend is started and stopped like every other
-node; everything the frontend does happens on that loop.
+node; everything the frontend does happens on that loop, the replicas' health loop too
+(`replicas.Replicas.run`): the frontend is SERVING once a replica answers.
 """
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ import uvloop
 
 from chat_frontend import http_api
 from chat_frontend import metrics as frontend_metrics
-from chat_frontend.agent_client import AgentClient
 from chat_frontend.chat_service import ChatService
-from chat_frontend.errors import ChatError
 from chat_frontend.frontend_servicer import ChatFrontendServicer
+from chat_frontend.replicas import Replicas
 from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import SessionStore
 from kvtb.grpc_health import Health, add_health_and_reflection
@@ -34,20 +34,6 @@ SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["ChatFrontend"].full_nam
 def serve(settings: FrontendSettings) -> FrontendNode:
     """The frontend of these settings, not started yet."""
     return FrontendNode(settings)
-
-
-async def wait_for_agent(agent: AgentClient, health: Health, retry_s: float) -> None:
-    """Set SERVING once the agent answers Info (the model is loaded behind it)."""
-    while True:
-        try:
-            info = await agent.info(timeout_s=5.0)
-        except ChatError as exc:
-            logger.info("waiting for the agent at %s: %s", agent.address, exc.message)
-            await asyncio.sleep(retry_s)
-            continue
-        logger.info("agent answers: model %s, context %d tokens", info.model, info.max_context_tokens)
-        health.set_serving()
-        return
 
 
 class FrontendNode:
@@ -93,8 +79,7 @@ class FrontendNode:
         s = self.settings
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         store = SessionStore(s.db_path)
-        agent = AgentClient(s.agent_address, Security.of("frontend", s.credentials_dir, s.insecure),
-                            s.agent_timeout_s)
+        agent = Replicas.connect(s, Security.of("frontend", s.credentials_dir, s.insecure))
         service = ChatService(s, store, agent)
         server = grpc.aio.server(options=server_options())
         servicer = ChatFrontendServicer(service, agent)
@@ -106,11 +91,13 @@ class FrontendNode:
         api = http_api.OpenAiApi(service, lambda: bool(agent.model), lambda: agent.model)
         runner, http_address = await http_api.start(api, s.http_address)
         metrics = MetricsEndpoint(s.metrics_address, frontend_metrics.reader(service.tenants,
-                                                                             servicer.frontend_figures))
+                                                                             servicer.frontend_figures,
+                                                                             agent.figures))
         started.set_result({"grpc": f"{host}:{port}", "http": http_address, "metrics": metrics.address})
-        logger.info("frontend listening on %s:%d (OpenAI API http://%s/v1), agent %s, data %s", host, port,
-                    http_address, s.agent_address, s.data_dir)
-        waiter = asyncio.create_task(wait_for_agent(agent, self.health, s.info_retry_s))
+        logger.info("frontend listening on %s:%d (OpenAI API http://%s/v1), %s %s routed %s, data %s", host,
+                    port, http_address, "agent" if len(agent.replicas) == 1 else "replicas", agent.address,
+                    s.routing, s.data_dir)
+        waiter = asyncio.create_task(agent.run(self.health, s.health_interval_s, s.info_retry_s))
         await self._stop.wait()
         self.health.set_not_serving()
         waiter.cancel()

@@ -6,12 +6,39 @@ import os
 from collections.abc import Mapping
 
 from chat_frontend.admission import UserLimits
+from chat_frontend.routing import POLICIES
 from kvtb.placement import parse_cpus
 from kvtb.settings import load_settings, require
 
 DEFAULT_TENANT = "default"
 # A user's share of the frontend (FrontendSettings.limits_of); `tenant_limits` overrides them per tenant.
 USER_LIMITS = ("user_max_concurrent_turns", "user_max_waiting_turns", "user_max_queued_prompt_tokens")
+MAX_REPLICAS = 64
+FIRST_REPLICA = "replica-0"       # the replica at agent_address when `replicas` is empty
+FIRST_AGENT_IDENTITY = "smartnic"  # replica 0's agent (kvtb.credentials.replica_identities(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaAddress:
+    """One replica (a SmartNIC agent and its compute node) as the frontend dials it."""
+
+    name: str
+    address: str      # the agent's gRPC address
+    identity: str     # the agent's certificate identity
+
+
+def parse_replica(entry: str) -> ReplicaAddress:
+    """"NAME=ADDRESS=IDENTITY" ("replica-1=127.0.0.1:50053=smartnic-1"), or SettingsError naming it."""
+    parts = entry.split("=") if isinstance(entry, str) else []
+    require(len(parts) == 3 and all(p.strip() for p in parts),
+            f"replicas: {entry!r} is not NAME=ADDRESS=IDENTITY (e.g. replica-1=127.0.0.1:50053=smartnic-1)")
+    name, address, identity = (p.strip() for p in parts)
+    host, _, port = address.rpartition(":")
+    require(host and port.isdigit() and 0 < int(port) < 65536,
+            f"replicas: {entry!r}: the address {address!r} is not HOST:PORT")
+    require(all(c.isalnum() or c in "-_." for c in name) and len(name) <= 64,
+            f"replicas: {entry!r}: the name {name!r} must be at most 64 letters, digits, '-', '_' or '.'")
+    return ReplicaAddress(name, address, identity)
 
 
 def _check_user_limits(where: str, fields: Mapping[str, object]) -> None:
@@ -69,6 +96,16 @@ class FrontendSettings:
     operators: tuple[str, ...] = ()          # users (of `users`) whose token shows SystemStats in detail
     agent_timeout_s: float = 300.0           # deadline of one forwarded turn
     info_retry_s: float = 0.5                # how often to ask the agent's Info until it answers
+    # Several replicas (agent and compute node pairs), each "NAME=ADDRESS=IDENTITY"
+    # ("replica-1=127.0.0.1:50053=smartnic-1"; env: a comma-separated list). Empty: one replica,
+    # "replica-0" at agent_address with identity "smartnic".
+    replicas: tuple[str, ...] = ()
+    routing: str = "kv_aware"                # round_robin | least_loaded | kv_aware (chat_frontend.routing)
+    # kv_aware: the replica holding the longest prefix unless its load exceeds the least loaded's by
+    # more than this many sequences (SGLang's balance_abs_threshold); then the least loaded
+    balance_abs_threshold: int = 4
+    health_interval_s: float = 1.0           # how often each replica is probed
+    health_timeout_s: float = 2.0            # a probe not answered within it takes the replica out
 
     def __post_init__(self):
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
@@ -97,6 +134,15 @@ class FrontendSettings:
         unknown = sorted(set(self.operators) - set(self.users))
         require(not unknown, f"operators names users that are not in users: {unknown}")
         _check_user_limits("", self.user_limits_fields())
+        require(self.routing in POLICIES, f"routing must be one of {', '.join(POLICIES)}, got {self.routing!r}")
+        require(isinstance(self.balance_abs_threshold, int) and self.balance_abs_threshold >= 0,
+                "balance_abs_threshold must be a whole number >= 0")
+        require(0 < self.health_interval_s <= 3600, "health_interval_s must be in (0, 3600]")
+        require(0 < self.health_timeout_s <= 600, "health_timeout_s must be in (0, 600]")
+        require(len(self.replicas) <= MAX_REPLICAS, f"replicas: at most {MAX_REPLICAS}, got {len(self.replicas)}")
+        names = [r.name for r in self.replica_addresses()]  # SettingsError naming a bad entry
+        twice = sorted({n for n in names if names.count(n) > 1})
+        require(not twice, f"replicas: names must be unique; repeated: {twice}")
         unknown = sorted(set(self.tenant_limits) - known)
         require(not unknown, f"tenant_limits names tenants no user belongs to: {unknown}")
         for tenant, overrides in self.tenant_limits.items():
@@ -106,6 +152,12 @@ class FrontendSettings:
             require(not wrong, f"tenant_limits.{tenant}: unknown limits {wrong}; "
                     f"known: {', '.join(USER_LIMITS)}")
             _check_user_limits(f"tenant_limits.{tenant}.", {**self.user_limits_fields(), **overrides})
+
+    def replica_addresses(self) -> list[ReplicaAddress]:
+        """The replicas to route over: `replicas`, or the one at agent_address."""
+        if not self.replicas:
+            return [ReplicaAddress(FIRST_REPLICA, self.agent_address, FIRST_AGENT_IDENTITY)]
+        return [parse_replica(entry) for entry in self.replicas]
 
     def user_limits_fields(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in USER_LIMITS}

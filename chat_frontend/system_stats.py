@@ -1,7 +1,10 @@
 """The whole system's figures: the frontend's own, the agent's, the compute node's, each storage node's.
 
 `gather` collects them in detail (for an operator); `aggregates` keeps what any user may see:
-counts and sizes, never a host's NQN, a backing file's path or an error's details.
+counts and sizes, never a host's NQN, a backing file's path or an error's details. With one
+replica, "agent" and "compute" are its agent's and compute node's; with several, "replicas" maps
+each replica's name to its own ("up", "address", "agent", "compute") and "compute" adds up the
+compute nodes that answered.
 """
 from __future__ import annotations
 
@@ -13,9 +16,9 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from chat_frontend.agent_client import AgentClient
+from chat_frontend.replicas import Replica, Replicas, sum_stats
 from kvtb.rpc import Security, aio_channel
-from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
+from kvtb_proto import compute_pb2, storage_admin_pb2, storage_admin_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +30,29 @@ async def _figures(what: str, call: Awaitable) -> dict[str, Any]:
     except grpc.aio.AioRpcError as exc:
         logger.info("stats of %s failed: %s", what, exc.details())
         return {"error": f"{exc.code().name}: {exc.details()}"}
+    return _as_dict(reply)
+
+
+def _as_dict(reply) -> dict[str, Any]:
     return MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True,
                          unquote_int64_if_possible=True)
+
+
+async def replica_figures(replica: Replica) -> tuple[dict[str, Any], dict[str, Any],
+                                                     compute_pb2.ComputeStatsResponse | None]:
+    """(its agent's figures, its compute node's, the compute node's reply or None)."""
+    compute_reply: list = []
+
+    async def compute():
+        reply = await replica.client.compute_stats()
+        compute_reply.append(reply)
+        return reply
+
+    agent_figs, compute_figs = await asyncio.gather(
+        _figures(f"{replica.name}'s agent", replica.client.agent_stats()),
+        _figures(f"{replica.name}'s compute node", compute()))
+    return ({"address": replica.client.address, **agent_figs}, compute_figs,
+            compute_reply[0] if compute_reply else None)
 
 
 async def storage_figures(address: str, security: Security, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -40,15 +64,23 @@ async def storage_figures(address: str, security: Security, timeout_s: float = 5
     return {"address": address, **figures}
 
 
-async def gather(frontend: dict[str, Any], agent: AgentClient,
+async def gather(frontend: dict[str, Any], replicas: Replicas,
                  storage_addresses: tuple[str, ...]) -> dict[str, Any]:
     """Everyone's figures at once, as one JSON-ready dict."""
-    agent_figs, compute_figs, *storage = await asyncio.gather(
-        _figures("agent", agent.agent_stats()),
-        _figures("compute", agent.compute_stats()),
-        *(storage_figures(a, agent.security) for a in storage_addresses))
-    return {"frontend": frontend, "agent": {"address": agent.address, **agent_figs},
-            "compute": compute_figs, "storage": storage}
+    members = replicas.replicas
+    figures = await asyncio.gather(*(replica_figures(r) for r in members),
+                                   *(storage_figures(a, replicas.security) for a in storage_addresses))
+    per_replica, storage = figures[:len(members)], list(figures[len(members):])
+    if len(members) == 1:
+        agent_figs, compute_figs, _ = per_replica[0]
+        return {"frontend": frontend, "agent": agent_figs, "compute": compute_figs, "storage": storage}
+    answered = [reply for _, _, reply in per_replica if reply is not None]
+    compute = ({**_as_dict(sum_stats(answered)), "replicas_answered": len(answered)} if answered
+               else {"error": "UNAVAILABLE: no compute node answered"})
+    return {"frontend": frontend, "compute": compute, "storage": storage,
+            "replicas": {r.name: {"up": r.up, "address": r.client.address, "agent": agent_figs,
+                                  "compute": compute_figs}
+                         for r, (agent_figs, compute_figs, _) in zip(members, per_replica)}}
 
 
 # maps whose keys are hosts' NQNs: left out of the aggregates (storage nodes' configured names,

@@ -39,7 +39,7 @@ class FakeEngine:
                                       for k in range(request.sampling.top_logprobs))
         return token
 
-    async def generate(self, request: compute_pb2.TurnRequest):
+    async def generate(self, request: compute_pb2.TurnRequest, route=None):
         self.turns.append(request)
         out = []
         prefix = f" s{request.sampling.seed}" if self.seeded else " "

@@ -358,7 +358,7 @@ class OneChoiceFails(FakeEngine):
         super().__init__()
         self.cancelled = 0
 
-    async def generate(self, request):
+    async def generate(self, request, route=None):
         self.turns.append(request)
         yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=50, text=" w0"))
         if request.sampling.seed == 1:

@@ -58,7 +58,7 @@ def test_past_the_users_share_it_is_refused_and_counted():
     gate = asyncio.Event()
 
     class Held(FakeEngine):
-        async def generate(self, request):
+        async def generate(self, request, route=None):
             await gate.wait()
             async for event in engine.generate(request):
                 yield event

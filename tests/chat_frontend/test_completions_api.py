@@ -183,7 +183,7 @@ def test_streaming_chunks_usage_and_done():
 
 def test_a_refusal_of_the_compute_node_is_a_400_before_the_stream():
     class Refusing(TextEngine):
-        async def generate(self, request):
+        async def generate(self, request, route=None):
             from chat_frontend.errors import ChatError
             raise ChatError("INVALID_ARGUMENT", "agent: sampling.stop_token_ids: 9 is outside the vocabulary")
             yield  # pragma: no cover

@@ -20,7 +20,7 @@ BODY = {"model": "fake", "messages": [{"role": "user", "content": "hello there"}
 
 
 class FailingEngine(FakeEngine):
-    async def generate(self, request):
+    async def generate(self, request, route=None):
         yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=50, text=" w0"))
         raise ChatError("UNAVAILABLE", "the agent went away")
 
@@ -79,7 +79,7 @@ def test_a_continued_session_sends_only_the_new_message():
 
 
 class SlowEngine(FakeEngine):
-    async def generate(self, request):
+    async def generate(self, request, route=None):
         self.turns.append(request)
         for i in range(1000):
             await asyncio.sleep(0.005)
@@ -136,7 +136,7 @@ def test_n_choices_stream_with_their_index_and_logprobs_per_chunk():
 
 
 class RefusingEngine(FakeEngine):
-    async def generate(self, request):
+    async def generate(self, request, route=None):
         raise ChatError("INVALID_ARGUMENT", "agent: sampling.structured: the JSON schema does not compile")
         yield  # an async generator
 

@@ -1,5 +1,7 @@
 """The frontend's TurnSummary: the engine's record, the frontend's clock and its own step 3."""
-from chat_frontend.record import TurnClock, build_summary
+import pytest
+
+from chat_frontend.record import KV_ORIGINS, TurnClock, build_summary, kv_origin
 from kvtb import steps as steps_mod
 from kvtb_proto import compute_pb2
 
@@ -56,3 +58,26 @@ def test_fallback_and_no_text():
     summary = build_summary(1, "c", "r", "", rec, TurnClock(start_ns=T0, end_ns=T0 + 800 * MS))
     assert summary.fallback_reason == "crc mismatch"
     assert summary.ttft_ms == 800.0 and summary.gateway_ms == 0.0  # never negative
+
+
+@pytest.mark.parametrize("fields, origin", [
+    ({"kv_source": "resident", "tokens_cached": 64, "tokens_reused": 64}, "resident"),
+    ({"kv_source": "none", "tokens_cached": 32, "tokens_reused": 32}, "pool"),
+    ({"kv_source": "restored", "blocks_restored": 4, "tokens_reused": 64}, "storage_same"),
+    ({"kv_source": "restored", "blocks_restored": 4, "blocks_restored_other": 1, "tokens_reused": 64},
+     "storage_other"),
+    ({"kv_source": "partial", "blocks_restored": 2, "blocks_failed": 2, "blocks_restored_other": 2}, "partial"),
+    ({"kv_source": "recomputed", "fallback_reason": "crc mismatch"}, "recompute"),
+    ({"kv_source": "none"}, "recompute"),
+])
+def test_kv_origin_says_where_the_prompts_kv_came_from(fields, origin):
+    assert kv_origin(compute_pb2.TurnRecord(**fields)) == origin
+    assert origin in KV_ORIGINS
+
+
+def test_the_summary_names_the_replica_and_a_retry():
+    rec = engine_record()
+    rec.replica, rec.blocks_restored, rec.blocks_restored_other = "replica-1", 4, 4
+    summary = build_summary(1, "c1", "r1", "hi", rec, TurnClock(start_ns=T0, end_ns=T0 + 500 * MS),
+                            retried_from="replica-0")
+    assert (summary.replica, summary.kv_origin, summary.retried_from) == ("replica-1", "storage_other", "replica-0")
