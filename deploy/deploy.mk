@@ -37,11 +37,18 @@ image: docker wheelhouse
 # PLACEMENT=nic: each service on the CPUs of its placement's plan on this host (deploy/placement.py
 # prints the KVTB_<SECTION>_CPUS the compose file gives as cpuset and setting); empty: every CPU.
 PLACEMENT ?=
+# REPLICAS=2: the second agent and compute node pair too (profile `replicas`), in the frontend's list;
+# the compute nodes split the compute CPUs (placement shared unless PLACEMENT says otherwise).
+REPLICAS ?= 1
+REPLICA_LIST := replica-0=smartnic:50051=smartnic,replica-1=smartnic1:50051=smartnic-1
+PLACED := $(or $(PLACEMENT),$(if $(filter 2,$(REPLICAS)),shared))
+REPLICA_ENV = $(if $(filter 2,$(REPLICAS)),COMPOSE_PROFILES=replicas KVTB_FRONTEND_REPLICAS=$(REPLICA_LIST))
 
 up: image
-	@cpus=$$($(if $(PLACEMENT),$(BIN)/python deploy/placement.py $(PLACEMENT),true)) || exit 1; \
-	[ -z "$$cpus" ] || echo "placement $(PLACEMENT): $$cpus"; \
-	env $$cpus KVTB_IMAGE=$(IMAGE) KVTB_FRONTEND_PORT=$(FRONTEND_PORT) $(DC) up -d
+	@case "$(REPLICAS)" in 1|2) ;; *) echo "REPLICAS: 1 or 2 (the compose file has two pairs)" >&2; exit 2;; esac
+	@cpus=$$($(if $(PLACED),$(BIN)/python deploy/placement.py $(PLACED) --replicas $(REPLICAS),true)) || exit 1; \
+	[ -z "$$cpus" ] || echo "placement $(PLACED): $$cpus"; \
+	env $$cpus $(REPLICA_ENV) KVTB_IMAGE=$(IMAGE) KVTB_FRONTEND_PORT=$(FRONTEND_PORT) $(DC) up -d
 	@echo
 	@echo "kvtestbed is up. Chat with it:"
 	@echo "  .venv/bin/kvtb chat --frontend localhost:$(FRONTEND_PORT)      (from the host)"
@@ -49,7 +56,7 @@ up: image
 	@echo "Stop it with: make down"
 
 down:
-	KVTB_IMAGE=$(IMAGE) $(DC) down $(if $(VOLUMES),-v,)
+	COMPOSE_PROFILES=replicas KVTB_IMAGE=$(IMAGE) $(DC) down $(if $(VOLUMES),-v,)
 	@$(if $(VOLUMES),echo "volumes removed",echo "stopped; the volumes (storage, conversations) remain: make down VOLUMES=1 removes them")
 
 compose-test: install image
@@ -61,7 +68,7 @@ deploy/docker-stack.yml: deploy/docker-compose.yml deploy/stack_file.py
 
 # The stack's credentials are made on this host (once) and given to each service as swarm secrets.
 stack-up: image deploy/docker-stack.yml
-	$(BIN)/kvtb credentials init deploy/credentials
+	$(BIN)/kvtb credentials init deploy/credentials --replicas 2
 	@[ "$$(docker info --format '{{.Swarm.LocalNodeState}}')" = active ] || docker swarm init --advertise-addr 127.0.0.1
 	docker node update --label-add kvtb.compute=true $$(docker info --format '{{.Swarm.NodeID}}')
 	cd deploy && KVTB_IMAGE=$(IMAGE) docker stack deploy -c docker-stack.yml kvtb

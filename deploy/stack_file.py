@@ -11,9 +11,17 @@ are published on the host that runs the frontend (mode host) rather than through
 Swarm has no `cpuset`: it goes, and each service pins itself to its KVTB_<SECTION>_CPUS
 (kvtb.placement), which the stack file passes on from the deploying shell as the compose file does.
 The one-shot `credentials` service goes too: on a swarm each service gets its own credentials
-as swarm secrets (made on the deploying host by `kvtb credentials init deploy/credentials`,
-which `make stack-up` runs), mounted in /run/secrets: its certificate and key, the CA, and the
-fabric and KV keys only where they are used.
+as swarm secrets (made on the deploying host by `kvtb credentials init deploy/credentials --replicas 2`,
+which `make stack-up` runs), mounted in /run/secrets: its certificate and key (its identity: the
+KVTB_<KIND>_IDENTITY its environment gives, else its kind), the CA, and the fabric and KV keys only
+where they are used.
+
+Replicas: every agent and compute node pair of the compose file is in the stack, each on a node
+labelled `kvtb.compute=true`; the second (compose profile `replicas`) starts with 0 tasks and is
+scaled with the stack (`docker service scale kvtb_smartnic1=1 kvtb_compute1=1`; back to 0 takes it
+away). The stack's frontend lists every pair (KVTB_FRONTEND_REPLICAS, unless the deploying shell
+sets it) and its health checks put a pair in the rotation once it answers; a pair of 0 tasks resolves
+to no address (endpoint_mode dnsrr), so the frontend's probe fails at once rather than at a timeout.
 
 usage: python deploy/stack_file.py [--check]
 """
@@ -27,22 +35,43 @@ import yaml
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "docker-compose.yml"
 TARGET = HERE / "docker-stack.yml"
-COLOCATED = ("compute", "smartnic")
+COLOCATED = ("compute", "smartnic")   # kinds: each pair (compute, smartnic; compute1, smartnic1) on a kvtb.compute host
+AGENT_PORT = 50051                      # the agents' listen port (kvtb.compose.yaml)
+SCALED_PROFILE = "replicas"             # the compose profile of the pairs the stack scales (0 tasks at first)
 CONFIG_FILE = "kvtb.compose.yaml"
 CONFIG_TARGET = "/etc/kvtb/kvtb.yaml"
 HEADER = "# Generated from docker-compose.yml by deploy/stack_file.py; do not edit by hand.\n"
 CREDENTIALS_SERVICE = "credentials"
 SECRETS_DIR = "/run/secrets"
-# The credentials each service is given (kvtb.credentials names the files).
-SECRETS = {"storage": ("ca.crt", "storage.crt", "storage.key", "fabric.key"),
-           "smartnic": ("ca.crt", "smartnic.crt", "smartnic.key", "fabric.key", "kv-mac.key"),
-           "compute": ("ca.crt", "compute.crt", "compute.key", "fabric.key", "kv-mac.key"),
-           "frontend": ("ca.crt", "frontend.crt", "frontend.key")}
+# The keys each kind of service is given besides the CA and its own certificate and key
+# (kvtb.credentials names the files).
+KEYS = {"storage": ("fabric.key",), "smartnic": ("fabric.key", "kv-mac.key"),
+        "compute": ("fabric.key", "kv-mac.key"), "frontend": ()}
 
 
-def _identity(name: str) -> str | None:
-    """The credentials identity of a compose service ("storage0" -> "storage"; None: none)."""
-    return next((identity for identity in SECRETS if name.startswith(identity)), None)
+def _kind(name: str) -> str | None:
+    """The kind of a compose service ("storage0" -> "storage", "smartnic1" -> "smartnic"; None: none)."""
+    return next((kind for kind in KEYS if name.startswith(kind)), None)
+
+
+def _identity(name: str, service: dict) -> str | None:
+    """The credentials identity of a compose service: its KVTB_<KIND>_IDENTITY, else its kind (None: none)."""
+    kind = _kind(name)
+    if kind is None:
+        return None
+    return str((service.get("environment") or {}).get(f"KVTB_{kind.upper()}_IDENTITY") or kind)
+
+
+def _secret_files(name: str, service: dict) -> tuple[str, ...]:
+    identity = _identity(name, service)
+    return ("ca.crt", f"{identity}.crt", f"{identity}.key", *KEYS[_kind(name)]) if identity else ()
+
+
+def replica_list(services: dict) -> str:
+    """KVTB_FRONTEND_REPLICAS naming every agent of the file ("replica-0=smartnic:50051=smartnic,...")."""
+    agents = [(name, s) for name, s in services.items() if _kind(name) == "smartnic"]
+    return ",".join(f"{(s.get('environment') or {}).get('KVTB_SMARTNIC_REPLICA') or 'replica-0'}="
+                    f"{name}:{AGENT_PORT}={_identity(name, s)}" for name, s in agents)
 
 
 def _secret(file: str) -> str:
@@ -52,7 +81,7 @@ def _secret(file: str) -> str:
 def stack_config(compose: dict) -> dict:
     """The stack form of a parsed compose file."""
     volumes = {k: v for k, v in compose.get("volumes", {}).items() if k != CREDENTIALS_SERVICE}
-    files = sorted({f for group in SECRETS.values() for f in group})
+    files = sorted({f for name, service in compose["services"].items() for f in _secret_files(name, service)})
     out = {"version": compose.get("version", "3.8"), "services": {}, "volumes": volumes,
            "configs": {"kvtb_config": {"file": "./" + CONFIG_FILE}},
            "secrets": {_secret(f): {"file": f"./{CREDENTIALS_SERVICE}/{f}"} for f in files}}
@@ -64,12 +93,13 @@ def stack_config(compose: dict) -> dict:
                    and not str(v).startswith(CREDENTIALS_SERVICE + ":")]
         service["volumes"] = volumes
         service["configs"] = [{"source": "kvtb_config", "target": CONFIG_TARGET, "mode": 0o444}]
-        identity = _identity(name)
-        if identity is not None:
-            service["secrets"] = [{"source": _secret(f), "target": f, "mode": 0o400} for f in SECRETS[identity]]
+        if _identity(name, service) is not None:
+            service["secrets"] = [{"source": _secret(f), "target": f, "mode": 0o400}
+                                  for f in _secret_files(name, service)]
             env = dict(service.get("environment") or {})
             env["KVTB_CREDENTIALS_DIR"] = SECRETS_DIR
             service["environment"] = env
+        scaled = SCALED_PROFILE in (service.get("profiles") or ())
         if isinstance(service.get("depends_on"), dict):
             service["depends_on"] = sorted(set(service["depends_on"]) - {CREDENTIALS_SERVICE})
         if not service.get("depends_on"):
@@ -78,13 +108,19 @@ def stack_config(compose: dict) -> dict:
             service.pop(key, None)
         if service.get("ports"):
             service["ports"] = [_host_mode(p) for p in service["ports"]]
-        if name in COLOCATED:
+        if _kind(name) in COLOCATED:
             env = dict(service.get("environment") or {})
             env["KVTB_SHM_DIR"] = "/kvpool"
             service["environment"] = env
             deploy = dict(service.get("deploy") or {})
             deploy["placement"] = {"constraints": ["node.labels.kvtb.compute == true"]}
+            if scaled:
+                deploy.update({"replicas": 0, "endpoint_mode": "dnsrr"})
             service["deploy"] = deploy
+        if _kind(name) == "frontend":
+            env = dict(service.get("environment") or {})
+            env["KVTB_FRONTEND_REPLICAS"] = "${KVTB_FRONTEND_REPLICAS:-%s}" % replica_list(compose["services"])
+            service["environment"] = env
         out["services"][name] = service
     return out
 

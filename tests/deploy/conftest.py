@@ -14,12 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from chat_client.client import FrontendClient
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
 IMAGE = os.environ.get("KVTB_IMAGE", "kvtb:latest")
+REPLICAS_PROFILE = "replicas"
+# the frontend's two replicas (the compose file's second pair is under profile `replicas`)
+TWO_REPLICAS = "replica-0=smartnic:50051=smartnic,replica-1=smartnic1:50051=smartnic-1"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -71,6 +75,30 @@ class Deployment:
                 return
             time.sleep(1)
         raise AssertionError(f"{service} not healthy after {timeout_s} s:\n{self.logs(service)}")
+
+    def add_second_replica(self) -> None:
+        """Start the second pair (profile replicas) in this project and recreate the frontend with both in
+        its list (its conversations stay in its volume); until both pairs are healthy and the frontend answers."""
+        self.env.update({"COMPOSE_PROFILES": REPLICAS_PROFILE, "KVTB_FRONTEND_REPLICAS": TWO_REPLICAS})
+        self.compose("up", "-d", timeout=900)
+        for service in ("compute1", "smartnic1", "frontend"):
+            self.wait_healthy(service, timeout_s=300)
+        assert wait_serving(f"127.0.0.1:{self.port}", 60)
+
+    def turn(self, token: str, message: str, context_id: str = "", max_new_tokens: int = 32):
+        """(streamed text, TurnSummary) of one turn through the published port (gRPC, as `kvtb chat` does)."""
+        client = FrontendClient(f"127.0.0.1:{self.port}", token)
+        try:
+            texts, summary = [], None
+            for event in client.chat(message, context_id, max_new_tokens):
+                if event.WhichOneof("event") == "text":
+                    texts.append(event.text)
+                elif event.WhichOneof("event") == "summary":
+                    summary = event.summary
+        finally:
+            client.close()
+        assert summary is not None, f"no summary for {message!r}"
+        return "".join(texts), summary
 
     def logs(self, service: str) -> str:
         return self.compose("logs", "--no-color", "--tail", "60", service, check=False).stdout

@@ -6,8 +6,10 @@ import json
 import time
 
 import pytest
+import yaml
 
-
+from kvtb import credentials
+from tests.deploy.conftest import COMPOSE_FILE, TWO_REPLICAS
 
 RECIPE = "Please give me a short recipe for cheesecake."
 CELSIUS = "Only give temperatures in °C from now on."
@@ -121,3 +123,56 @@ def test_internal_ports_refuse_a_container_without_the_deployments_credentials(d
         assert stranger.returncode == 1 and "NOT SERVING" in stranger.stdout, (address, stranger.stdout)
         operator = health(address, *mounted)
         assert operator.returncode == 0 and "SERVING" in operator.stdout, (address, operator.stdout, operator.stderr)
+
+
+def test_the_second_pair_has_identities_and_hosts_of_its_own():
+    """Without the profile the frontend lists replica-0 alone; the second pair is replica-1 as
+    kvtb.credentials names it, and every storage node allows both pairs' fabric hosts."""
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    services = compose["services"]
+    assert services["frontend"]["environment"]["KVTB_FRONTEND_REPLICAS"] == \
+        "${KVTB_FRONTEND_REPLICAS:-replica-0=smartnic:50051=smartnic}"
+    assert TWO_REPLICAS.startswith("replica-0=smartnic:50051=smartnic,")
+    agent, compute = credentials.replica_identities(1)
+    agent_nqn, compute_nqn = credentials.replica_nqns(1)
+    assert {k: v for k, v in services["smartnic1"]["environment"].items() if k in (
+        "KVTB_SMARTNIC_IDENTITY", "KVTB_SMARTNIC_COMPUTE_IDENTITY", "KVTB_SMARTNIC_HOST_NQN",
+        "KVTB_SMARTNIC_REPLICA")} == {"KVTB_SMARTNIC_IDENTITY": agent, "KVTB_SMARTNIC_COMPUTE_IDENTITY": compute,
+                                     "KVTB_SMARTNIC_HOST_NQN": agent_nqn, "KVTB_SMARTNIC_REPLICA": "replica-1"}
+    env = services["compute1"]["environment"]
+    assert (env["KVTB_COMPUTE_IDENTITY"], env["KVTB_COMPUTE_AGENT_IDENTITY"], env["KVTB_COMPUTE_STORAGE_HOST_NQN"]) == \
+        (compute, agent, compute_nqn)
+    assert env["KVTB_COMPUTE_AGENT_ADDRESS"] == "smartnic1:50051" and services["smartnic1"]["ipc"] == "service:compute1"
+    assert all(services[name]["profiles"] == ["replicas"] for name in ("smartnic1", "compute1"))
+    assert "replicas" not in str(services["frontend"].get("depends_on"))  # it starts without the profile
+    assert services["credentials"]["command"][-2:] == ["--replicas", "2"]
+    config = yaml.safe_load((COMPOSE_FILE.parent / "kvtb.compose.yaml").read_text())
+    allowed = config["storage"]["allowed_hosts"]
+    assert {nqn for i in (0, 1) for nqn in credentials.replica_nqns(i)} == set(allowed)
+
+
+@pytest.mark.compose
+@pytest.mark.slow
+def test_a_conversation_survives_its_compute_container_on_the_other_replica(deployment):
+    """Last in this module (it adds the second pair to the module's deployment): a conversation's compute
+    container killed with `docker kill`, its next turn is served by the other replica, restored from
+    what the first stored, with the reply another user's same conversation got (both compute nodes run
+    on every CPU: the same float math)."""
+    deployment.add_second_replica()
+    served = set()
+    for _ in range(8):  # until replica-1 serves too (new conversations go to either, in turn on ties)
+        served.add(deployment.turn("demo-token", "Say hi.", max_new_tokens=4)[1].replica)
+        if served == {"replica-0", "replica-1"}:
+            break
+        time.sleep(1)
+    assert served == {"replica-0", "replica-1"}, served
+    reference = [deployment.turn("bob-token", RECIPE)[1]]
+    reference.append(deployment.turn("bob-token", CELSIUS, reference[0].context_id)[1])
+    _, first = deployment.turn("alice-token", RECIPE)
+    assert first.reply == reference[0].reply
+    compute = {"replica-0": "compute", "replica-1": "compute1"}[first.replica]
+    deployment.docker("kill", deployment.container(compute))
+    text, second = deployment.turn("alice-token", CELSIUS, first.context_id)
+    assert second.replica and second.replica != first.replica, (first.replica, second.replica, second.retried_from)
+    assert second.kv_origin == "storage_other", (second.kv_origin, second.kv_source, second.fallback_reason)
+    assert second.turn == 2 and text == second.reply == reference[1].reply

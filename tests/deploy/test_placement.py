@@ -13,6 +13,7 @@ from tests.deploy.conftest import ROOT
 DEPLOY = ROOT / "deploy"
 SECTIONS = {"storage0": "STORAGE", "storage1": "STORAGE", "smartnic": "SMARTNIC", "compute": "COMPUTE",
             "frontend": "FRONTEND"}
+PAIR_ONE = {"smartnic1": ("SMARTNIC", "SMARTNIC1"), "compute1": ("COMPUTE", "COMPUTE1")}  # setting, variable
 
 
 def _placement_module():
@@ -73,3 +74,27 @@ def test_compose_accepts_an_empty_and_a_given_cpuset():
         assert out.returncode == 0, out.stderr
         compute = yaml.safe_load(out.stdout)["services"]["compute"]
         assert compute["cpuset"] == want and compute["environment"]["KVTB_COMPUTE_CPUS"] == want
+
+
+def test_the_second_pair_takes_its_own_cpus_from_the_environment():
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    for name, (section, variable) in PAIR_ONE.items():
+        service = compose["services"][name]
+        assert service["environment"][f"KVTB_{section}_CPUS"] == f"${{KVTB_{variable}_CPUS:-}}", name
+        assert service["cpuset"] == f"${{KVTB_{variable}_CPUS:-}}", name
+    fastpath = compose["services"]["smartnic1"]["environment"]["KVTB_SMARTNIC_FASTPATH_CPUS"]
+    assert fastpath == "${KVTB_SMARTNIC1_FASTPATH_CPUS:-}"
+
+
+def test_placement_script_splits_the_compute_cpus_between_two_pairs():
+    module = _placement_module()
+    two = module.assignments("shared", "0-1", replicas=2)
+    assert (two["KVTB_COMPUTE_CPUS"], two["KVTB_COMPUTE1_CPUS"]) == ("0", "1")
+    assert two["KVTB_SMARTNIC1_CPUS"] == two["KVTB_STORAGE_CPUS"] == "0-1"
+    nic = module.assignments("nic", "0-15", replicas=2)  # NIC 12-15: 14 and 15 one fast path each
+    assert (nic["KVTB_COMPUTE_CPUS"], nic["KVTB_COMPUTE1_CPUS"]) == ("0-5", "6-11")
+    assert (nic["KVTB_SMARTNIC_FASTPATH_CPUS"], nic["KVTB_SMARTNIC1_FASTPATH_CPUS"]) == ("14", "15")
+    assert nic["KVTB_SMARTNIC1_WATCHER_BUSY_POLL"] == "true"
+    # every variable it prints is one the compose file reads
+    compose = (DEPLOY / "docker-compose.yml").read_text()
+    assert all(f"${{{key}:-" in compose for key in nic), [k for k in nic if f"${{{k}:-" not in compose]

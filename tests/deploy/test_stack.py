@@ -31,7 +31,8 @@ def stack():
     node = _docker("info", "--format", "{{.Swarm.NodeID}}")
     _docker("node", "update", "--label-add", "kvtb.compute=true", node)
     name = f"kvtbstack{os.getpid()}"
-    credentials.init(STACK_FILE.parent / "credentials")  # as `make stack-up` does: the stack's secrets
+    # as `make stack-up` does: the stack's secrets, the second pair's too (it has 0 tasks until scaled)
+    credentials.init(STACK_FILE.parent / "credentials", credentials.deployment_identities(2))
     port = free_port()
     env = {**os.environ, "KVTB_IMAGE": IMAGE, "KVTB_FRONTEND_PORT": str(port),
            "KVTB_HTTP_PORT": str(free_port())}
