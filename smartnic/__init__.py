@@ -7,6 +7,8 @@ Pure logic (no zmq, grpc or torch; time passed in):
     requester.py       the index of stored blocks by content hash, each context's blocks, leases
     eviction.py        LRU by capacity and idle timer policies over stored blocks
     ingress.py         step 5: the table's decision, the target, the stored prefix by content
+    discovery.py       the miss path: a prompt's blocks the index lacks, asked of their storage
+                       nodes (another replica may have stored them), and which answers to take
 I/O:
     registrations.py   the compute nodes' regions this agent mapped (fi_mr_reg), by id and key
     watcher.py         the counter watcher thread: fires standing PUTs and queued entries

@@ -11,6 +11,7 @@ Logic (no zmq, no grpc):
                      (unless the host checks it itself: NVMe's PRCHK guard bit clear); a data
                      file cut short loses the values past the cut, not the process
     commit.py        group commit (one data fdatasync + one journal fsync per batch)
+    leases.py        read leases (lease_ms): a Delete of a key another host leased is refused
     manifest.py      subsystem.json: read, or rebuilt from its good entries and the data files
     subsystem.py     namespaces (a damaged one is offline, not fatal), access list, host controllers
     handlers.py      per-opcode validation and execution

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvtb.crc32c import crc32c
 from fabric import chunk_format as cf
 from hostmem import gather
+from kvtb.crc32c import crc32c
 from smartnic.datapath import ChunkRef, stored_block
 from smartnic.landing import Landing
 
@@ -132,6 +132,11 @@ def test_a_forged_moved_or_unauthenticated_chunk_fails_its_mac():
 def test_an_older_generation_is_refused_before_any_byte_lands():
     reports, mem = whole(value(generation=GENERATION - 1))  # a real chunk of this key, MACed, replaced since
     assert reports[0] == (0, "stale_generation") and not mem.any()
+
+
+def test_a_newer_generation_is_refused_as_stored_again_before_any_byte_lands():
+    reports, mem = whole(value(generation=GENERATION + 1))  # another replica stored the same name since
+    assert reports[0] == (0, "newer_generation") and not mem.any()
 
 
 def test_a_header_naming_another_chunk_or_cut_short_is_refused_before_any_byte_lands():

@@ -55,3 +55,14 @@ def test_blocks_published_out_of_order_fill_their_places():
     r.publish(block(b"a", 0), "c1", "alice", now=1.0)
     r.publish(block(b"b", 1, b"a"), "c1", "alice", now=1.0)
     assert r.context("alice", "c1").hashes == [b"a", b"b", b"c"]
+
+
+def test_a_block_whose_delete_was_refused_is_reinstated_unless_its_name_came_back():
+    r = Requester()
+    r.publish(block(b"a", 0), "c1", "alice", now=1.0)
+    removed = r.remove(b"a")
+    assert r.reinstate(removed) and r.get(b"a") is removed
+    assert r.context("alice", "c1").hashes == [b"a"]  # its context still lists it
+    r.remove(b"a")
+    r.publish(block(b"a", 0, generation=9), "c1", "alice", now=2.0)  # stored again meanwhile: that record stands
+    assert not r.reinstate(removed) and r.get(b"a").generation == 9
