@@ -138,8 +138,8 @@ class Replicas:
 
     @property
     def model(self) -> str:
-        """The model's name once a replica's Info answered, else ''."""
-        return next((r.client.model for r in self.replicas if r.up and r.client.model), "")
+        """The model's name once a replica's Info answered (one in the rotation first), else ''."""
+        return next((r.client.model for r in sorted(self.replicas, key=lambda r: not r.up) if r.client.model), "")
 
     def healthy(self) -> list[Replica]:
         return [r for r in self.replicas if r.up]
