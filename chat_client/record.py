@@ -6,10 +6,11 @@ from typing import Any
 from kvtb import steps
 from kvtb_proto import frontend_pb2
 
-# The keys of `kvtb chat --json`, in order (issue 5).
+# The keys of `kvtb chat --json`, in order (issue 5; the replica that served the turn, where its KV
+# came from and the replica a first attempt failed on: issue 33).
 RECORD_KEYS = ("turn", "context_id", "reply", "kv_source", "fallback_reason", "ttft_ms", "tbt_ms",
                "e2e_ms", "gateway_ms", "tokens_prefilled", "tokens_reused", "tokens_out",
-               "bytes_restored", "bytes_offloaded", "steps")
+               "bytes_restored", "bytes_offloaded", "replica", "kv_origin", "retried_from", "steps")
 STEP_KEYS = ("step", "name", "start_ms", "end_ms", "bytes")
 
 
@@ -39,5 +40,6 @@ def summary_to_dict(summary: frontend_pb2.TurnSummary) -> dict[str, Any]:
         "gateway_ms": summary.gateway_ms, "tokens_prefilled": summary.tokens_prefilled,
         "tokens_reused": summary.tokens_reused, "tokens_out": summary.tokens_out,
         "bytes_restored": summary.bytes_restored, "bytes_offloaded": summary.bytes_offloaded,
+        "replica": summary.replica, "kv_origin": summary.kv_origin, "retried_from": summary.retried_from or None,
         "steps": relative_steps(summary),
     }

@@ -16,6 +16,11 @@ def human_bytes(n: float) -> str:
 def summary_line(record: dict[str, Any]) -> str:
     """One line with the turn's figures (from summary_to_dict)."""
     parts = [f"turn {record['turn']}", f"kv_source: {record['kv_source']}"]
+    if record.get("replica"):  # several replicas: which one, and where its KV came from
+        served = f"on {record['replica']} (kv {record.get('kv_origin') or '?'})"
+        if record.get("retried_from"):
+            served += f", retried from {record['retried_from']}"
+        parts.append(served)
     if record["fallback_reason"]:
         parts.append(f"fallback: {record['fallback_reason']}")
     parts += [f"prefilled {record['tokens_prefilled']}", f"reused {record['tokens_reused']}",
@@ -68,41 +73,22 @@ def _span_text(step: dict[str, Any]) -> str:
 
 
 def stats_lines(stats: dict[str, Any]) -> list[str]:
-    """The system's figures as a short report (kvtb stats, /stats)."""
-    fe, agent, compute = stats.get("frontend", {}), stats.get("agent", {}), stats.get("compute", {})
+    """The system's figures as a short report (kvtb stats, /stats); with several replicas, each one's."""
+    fe = stats.get("frontend", {})
     lines = [f"frontend: {fe.get('turns_completed', 0)} turns since start, {fe.get('turns', 0)} turns in "
              f"{fe.get('contexts', 0)} contexts stored, "
              f"{fe.get('turns_active', 0)} active, {fe.get('turns_waiting', 0)} waiting, "
              f"{fe.get('rejected_busy', 0)} rejected busy"]
-    if "error" in agent:
-        lines.append(f"agent {agent.get('address', '')}: unreachable ({agent['error']})")
+    replicas = stats.get("replicas")
+    if replicas:
+        for name, replica in sorted(replicas.items()):
+            state = "in the rotation" if replica.get("up") else "OUT of the rotation"
+            lines.append(f"{name} ({replica.get('address', '')}): {state}")
+            lines += [f"  {line}" for line in _agent_lines(replica.get("agent", {}))]
+            lines.append(f"  {_compute_line(replica.get('compute', {}))}")
     else:
-        evictions = agent.get("evictions_by_reason") or {}
-        lines.append(
-            f"agent {agent.get('address', '')}: hits {agent.get('hits', 0)}, misses "
-            f"{agent.get('misses', 0)}, prefetches {agent.get('prefetches', 0)}, evictions "
-            f"{sum(int(v) for v in evictions.values())} {_pairs(evictions)}, "
-            f"denied {agent.get('denied', 0)}, put {human_bytes(int(agent.get('bytes_put', 0)))}, "
-            f"got {human_bytes(int(agent.get('bytes_got', 0)))}, "
-            f"stored {human_bytes(int(agent.get('bytes_stored', 0)))} "
-            f"in {agent.get('contexts', 0)} contexts / "
-            f"{agent.get('chunks', 0)} chunks, triggered ops fired {agent.get('triggered_fired', 0)} "
-            f"(p50 {float(agent.get('trigger_to_fire_p50_us', 0)):.0f} µs, "
-            f"p99 {float(agent.get('trigger_to_fire_p99_us', 0)):.0f} µs)")
-        for node, n in sorted((agent.get("bytes_by_storage_node") or {}).items()):
-            lines.append(f"  bytes on {node}: {human_bytes(int(n))}")
-    if "error" in compute:
-        lines.append(f"compute: unreachable ({compute['error']})")
-    else:
-        lines.append(
-            f"compute: {compute.get('turns', 0)} turns, "
-            f"kv sources {_pairs(compute.get('kv_source_counts'))}, "
-            f"fallbacks {_pairs(compute.get('fallbacks_by_reason'))}, running "
-            f"{compute.get('num_requests_running', 0)}, waiting {compute.get('num_requests_waiting', 0)}, "
-            f"KV blocks in use {float(compute.get('kv_cache_usage_perc', 0)):.0%}, preemptions "
-            f"{_pairs(compute.get('preemptions'))}, restored "
-            f"{human_bytes(int(compute.get('bytes_restored', 0)))}, offloaded "
-            f"{human_bytes(int(compute.get('bytes_offloaded', 0)))}")
+        lines += _agent_lines(stats.get("agent", {}))
+        lines.append(_compute_line(stats.get("compute", {})))
     for node in stats.get("storage", []):
         if "error" in node:
             lines.append(f"storage {node.get('address')}: unreachable ({node['error']})")
@@ -114,6 +100,39 @@ def stats_lines(stats: dict[str, Any]) -> list[str]:
                      f"{human_bytes(int(node.get('bytes_read', 0)))}, commands "
                      f"{node.get('commands_completed', 0)}, fsyncs {node.get('fsyncs', 0)}")
     return lines
+
+
+def _agent_lines(agent: dict[str, Any]) -> list[str]:
+    if "error" in agent:
+        return [f"agent {agent.get('address', '')}: unreachable ({agent['error']})"]
+    evictions = agent.get("evictions_by_reason") or {}
+    lines = [
+        f"agent {agent.get('address', '')}: hits {agent.get('hits', 0)}, misses "
+        f"{agent.get('misses', 0)}, prefetches {agent.get('prefetches', 0)}, evictions "
+        f"{sum(int(v) for v in evictions.values())} {_pairs(evictions)}, "
+        f"denied {agent.get('denied', 0)}, put {human_bytes(int(agent.get('bytes_put', 0)))}, "
+        f"got {human_bytes(int(agent.get('bytes_got', 0)))}, "
+        f"stored {human_bytes(int(agent.get('bytes_stored', 0)))} "
+        f"in {agent.get('contexts', 0)} contexts / "
+        f"{agent.get('chunks', 0)} chunks, triggered ops fired {agent.get('triggered_fired', 0)} "
+        f"(p50 {float(agent.get('trigger_to_fire_p50_us', 0)):.0f} µs, "
+        f"p99 {float(agent.get('trigger_to_fire_p99_us', 0)):.0f} µs)"]
+    for node, n in sorted((agent.get("bytes_by_storage_node") or {}).items()):
+        lines.append(f"  bytes on {node}: {human_bytes(int(n))}")
+    return lines
+
+
+def _compute_line(compute: dict[str, Any]) -> str:
+    if "error" in compute:
+        return f"compute: unreachable ({compute['error']})"
+    return (f"compute: {compute.get('turns', 0)} turns, "
+            f"kv sources {_pairs(compute.get('kv_source_counts'))}, "
+            f"fallbacks {_pairs(compute.get('fallbacks_by_reason'))}, running "
+            f"{compute.get('num_requests_running', 0)}, waiting {compute.get('num_requests_waiting', 0)}, "
+            f"KV blocks in use {float(compute.get('kv_cache_usage_perc', 0)):.0%}, preemptions "
+            f"{_pairs(compute.get('preemptions'))}, restored "
+            f"{human_bytes(int(compute.get('bytes_restored', 0)))}, offloaded "
+            f"{human_bytes(int(compute.get('bytes_offloaded', 0)))}")
 
 
 def _pairs(mapping: dict | None) -> str:

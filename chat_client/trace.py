@@ -4,7 +4,8 @@ One process per service (frontend, smartnic, compute), one thread per turn; ever
 the paper's eight is an "X" (complete) event with ts and dur in µs from the earliest event
 (the first turn's start, or step 1 when the compute node registered before it: Perfetto drops
 events with negative timestamps), and args with its bytes, the turn's request id and step
-number. The frontend adds one event per turn spanning the whole turn.
+number. The frontend adds one event per turn spanning the whole turn, with the replica that served
+it, where its KV came from and the replica a first attempt failed on.
 """
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ def turn_events(summary: frontend_pb2.TurnSummary, base_ns: int) -> list[dict[st
     events = [{"name": f"turn {summary.turn}", "cat": "turn", "ph": "X", "pid": _pid("frontend"),
                "tid": summary.turn, "ts": _us(start, base_ns), "dur": _us(end, start),
                "args": {"request_id": summary.request_id, "context_id": summary.context_id,
-                        "kv_source": summary.kv_source, "ttft_ms": summary.ttft_ms,
+                        "kv_source": summary.kv_source, "replica": summary.replica,
+                        "kv_origin": summary.kv_origin, "retried_from": summary.retried_from,
+                        "ttft_ms": summary.ttft_ms,
                         "tokens_reused": summary.tokens_reused, "tokens_out": summary.tokens_out,
                         "bytes_restored": summary.bytes_restored,
                         "bytes_offloaded": summary.bytes_offloaded}}]

@@ -46,3 +46,10 @@ def test_step_one_before_the_turn_has_negative_times():
 def test_fallback_reason_and_missing_source():
     record = summary_to_dict(summary(kv_source="", fallback_reason="crc mismatch"))
     assert record["kv_source"] == "none" and record["fallback_reason"] == "crc mismatch"
+
+
+def test_the_record_names_the_replica_where_the_kv_came_from_and_a_retry():
+    record = summary_to_dict(summary(replica="replica-1", kv_origin="storage_other", retried_from="replica-0"))
+    assert (record["replica"], record["kv_origin"], record["retried_from"]) == \
+        ("replica-1", "storage_other", "replica-0")
+    assert summary_to_dict(summary())["retried_from"] is None

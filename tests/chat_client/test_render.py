@@ -51,3 +51,24 @@ def test_a_step_that_began_before_the_turn_runs_into_it():
     steps = [{"step": 1, "name": "setup", "start_ms": -10.0, "end_ms": 30.0, "bytes": 0}]
     (row,) = render.timeline(record(steps=steps), width=20)[1:]
     assert "|◂█████              |" in row and "-10.0 –     30.0 ms (began before the turn)" in row
+
+
+def test_summary_line_names_the_replica_and_the_kv_origin():
+    line = render.summary_line(record(replica="replica-1", kv_origin="storage_other", retried_from="replica-0"))
+    assert "on replica-1 (kv storage_other), retried from replica-0" in line
+    assert "on replica-0 (kv resident)" in render.summary_line(record(replica="replica-0", kv_origin="resident"))
+    assert " on " not in render.summary_line(record())  # an older frontend: no replica
+
+
+def test_stats_lines_per_replica():
+    agent = {"address": "a:1", "hits": 2, "misses": 1}
+    stats = {"frontend": {"turns_completed": 3}, "compute": {"turns": 5}, "storage": [],
+             "replicas": {"replica-0": {"up": True, "address": "a:1", "agent": agent, "compute": {"turns": 4}},
+                          "replica-1": {"up": False, "address": "b:1", "agent": {"address": "b:1",
+                                                                                "error": "UNAVAILABLE"},
+                                        "compute": {"error": "UNAVAILABLE"}}}}
+    lines = render.stats_lines(stats)
+    assert lines[1] == "replica-0 (a:1): in the rotation"
+    assert lines[2].startswith("  agent a:1: hits 2, misses 1") and lines[3].startswith("  compute: 4 turns")
+    assert lines[4:] == ["replica-1 (b:1): OUT of the rotation", "  agent b:1: unreachable (UNAVAILABLE)",
+                         "  compute: unreachable (UNAVAILABLE)"]

@@ -58,3 +58,11 @@ def test_step_one_before_the_first_turn_moves_the_origin_not_below_zero():
     assert setup["name"] == "1. " + steps_mod.name(1)
     turn1 = next(e for e in spans if e["cat"] == "turn" and e["tid"] == 1)
     assert turn1["ts"] == 60_000_000 and trace["otherData"]["start_unix_ns"] == T0 - 60_000 * MS
+
+
+def test_the_turn_span_names_its_replica_and_where_its_kv_came_from():
+    turn = summary(1, T0)
+    turn.replica, turn.kv_origin, turn.retried_from = "replica-1", "storage_other", "replica-0"
+    (span,) = [e for e in chrome_trace([turn])["traceEvents"] if e.get("cat") == "turn"]
+    assert (span["args"]["replica"], span["args"]["kv_origin"], span["args"]["retried_from"]) == \
+        ("replica-1", "storage_other", "replica-0")
