@@ -120,6 +120,7 @@ class Replicas:
         self.health_timeout_s = health_timeout_s
         self.router = Router([r.name for r in self.replicas], policy, balance_abs_threshold)
         self.retries = 0  # turns retried on another replica
+        self._calls = 0   # Info, EncodeChat and Decode go round the replicas in the rotation
 
     @classmethod
     def connect(cls, settings: FrontendSettings, security: Security) -> Replicas:
@@ -227,7 +228,8 @@ class Replicas:
             candidates = [r for r in self.candidates() if not failed or r.up]
             if not candidates:
                 break
-            replica = candidates[0]
+            replica = candidates[self._calls % len(candidates)]
+            self._calls += 1
             try:
                 return await call(replica.client)
             except ChatError as exc:
@@ -247,8 +249,12 @@ class Replicas:
         return await self._any(lambda c: c.decode(token_ids))
 
     async def compute_stats(self, timeout_s: float = 5.0) -> compute_pb2.ComputeStatsResponse:
-        """The compute nodes' figures added up (vLLM's gauges over the engines); UNAVAILABLE if none answers."""
-        replies = await asyncio.gather(*(r.client.compute_stats(timeout_s=timeout_s) for r in self.replicas),
+        """The figures of the compute nodes in the rotation added up (vLLM's gauges over the engines);
+        UNAVAILABLE if none answers."""
+        members = self.candidates()
+        if not members:
+            raise self._none_up()
+        replies = await asyncio.gather(*(r.client.compute_stats(timeout_s=timeout_s) for r in members),
                                        return_exceptions=True)
         figures = [f for f in replies if isinstance(f, compute_pb2.ComputeStatsResponse)]
         if not figures:

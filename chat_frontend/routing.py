@@ -13,6 +13,7 @@ user), so one user's prefix never matches another's, even for routing. Ties go i
 """
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import hashlib
@@ -27,12 +28,14 @@ PREFIX_INDEX_BLOCKS = 1 << 18     # blocks (hash, replicas) the index keeps, ove
 def block_hashes(owner: str, token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:
     """The chained hashes of the full blocks of token_ids: block i's hash covers blocks 0..i and the owner."""
     h = hashlib.blake2b(owner.encode(), digest_size=16, person=b"kvtb-route").digest()
-    out = []
     full = min(len(token_ids) // block_tokens, MAX_CHAIN_BLOCKS)
+    data = memoryview(array.array("I", token_ids[:full * block_tokens]).tobytes())  # uint32, as the proto's
+    size = block_tokens * 4
+    out = []
     for i in range(full):
-        block = token_ids[i * block_tokens:(i + 1) * block_tokens]
-        data = b"".join(int(t).to_bytes(4, "little") for t in block)
-        h = hashlib.blake2b(h + data, digest_size=16).digest()
+        h = hashlib.blake2b(h, digest_size=16)
+        h.update(data[i * size:(i + 1) * size])
+        h = h.digest()
         out.append(h)
     return out
 

@@ -69,7 +69,7 @@ class FrontendSettings:
     credentials_dir: str = ""   # the deployment's credentials (kvtb.credentials); "": $KVTB_CREDENTIALS_DIR or var/credentials
     insecure: bool = False      # no TLS or peer identities on its gRPC ports (benchmarks of what security costs only)
     cpus: str = ""              # the CPUs it runs on, a CPU list ("0-2,5"; kvtb.placement); "": all
-    agent_address: str = "127.0.0.1:50051"   # the SmartNIC agent in front of the compute node
+    agent_address: str = "127.0.0.1:50051"   # the SmartNIC agent in front of the compute node (unused with `replicas`)
     storage_admin_addresses: tuple[str, ...] = ("127.0.0.1:50061", "127.0.0.1:50062")
     data_dir: str = "var/frontend"
     users: Mapping[str, str] = dataclasses.field(default_factory=dict)  # user name -> token

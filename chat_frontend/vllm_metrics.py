@@ -1,7 +1,7 @@
 """vLLM's metric names (`vllm:`) on the API port's /metrics, beside the process's `kvtb:` ones.
 
-Nothing is counted twice: the engine's figures are the compute node's Stats (through the agent,
-as SystemStats reads them, cached `STATS_TTL_S`), the latencies are the frontend's own `kvtb:`
+Nothing is counted twice: the engine's figures are the compute nodes' Stats (through their agents,
+added up over the replicas in the rotation: `replicas.Replicas.compute_stats`, cached `STATS_TTL_S`), the latencies are the frontend's own `kvtb:`
 histograms summed over tenants (chat and completions turns), and finished requests by reason are
 counted where they end (`FinishCounts`, the ChatService's: chat choices and /v1/completions' choices). Labels are vLLM's (`model_name`, `engine`): never a user's name. A figure
 whose source does not answer is left out rather than shown as 0.
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "vllm:"
 STATS_TTL_S = 1.0
-ENGINE = "0"  # vLLM's engine label: one engine (the compute node)
+ENGINE = "0"  # vLLM's engine label: one engine (the replicas' compute nodes, added up)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # vLLM's histogram -> the frontend's kvtb: histogram with the same meaning
 HISTOGRAMS = {
