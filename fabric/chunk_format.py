@@ -61,6 +61,7 @@ MAC_THREADS = 1
 _CRC = struct.Struct("<I")
 MAX_ID_BYTES = 1024
 MAX_HEADER_BYTES = _FIXED.size + 3 * MAX_ID_BYTES + _CRC.size
+MIN_HEADER_BYTES = _FIXED.size + _CRC.size  # a header with empty ids
 TOKEN_ID_BYTES = 4
 
 

@@ -4,7 +4,7 @@
     client.connect()
     client.store(1, key, [kv_bytes])            # acknowledged means durable
     done = client.retrieve(1, key)              # payload in done.frames (zmq.Frame, not copied)
-    heads = client.retrieve_heads(1, keys, 4096, lease_ms=30_000)  # many keys' first bytes, one round trip
+    heads = client.retrieve_heads(1, keys, 4096, lease_ms=30_000)  # many values' first bytes, one round trip
     client.close()
 
 Wire (one ZeroMQ multipart message each way):
@@ -44,6 +44,7 @@ from kvtb_proto import nvmeof_pb2
 logger = logging.getLogger(__name__)
 
 CID_SPACE = 1 << 16  # command ids rotate through 16 bits, skipping those still outstanding
+HEAD_RANGES = 256  # keys per head read (submit_heads): under every node's max_ranges (its default is 1,024)
 LIST_PAGE_KEYS = 1000  # keys asked per List command (every node takes at least this many)
 
 
@@ -299,18 +300,19 @@ class FabricClient:
                                             lease_ms=lease_ms)
         return self._wait(self.submit(capsule)).raise_for_status()
 
-    def submit_heads(self, nsid: int, keys: Sequence[bytes], max_bytes: int, lease_ms: int = 0,
+    def submit_heads(self, nsid: int, keys: Sequence[bytes], head_bytes: int, lease_ms: int = 0,
                      timeout_s: float | None = None) -> list[concurrent.futures.Future]:
-        """Ask for the first max_bytes of each key's value, every command sent before any answer is waited
-        for (one round trip): a Future of Completion per key, in order. The node skips its guard check
-        (the reader checks what it uses; with it the node would read each whole value) and, with lease_ms,
-        leases each key it read. timeout_s bounds each command and the wait for a queue slot: a key whose
-        command could not be sent in time gets a failed Future."""
+        """Ask for the first head_bytes of each key's value: range reads of up to HEAD_RANGES keys each, all
+        sent before any answer is waited for (one round trip; heads_of splits each answer). The node skips
+        its guard check (the reader checks what it uses; with it the node would read each whole value) and,
+        with lease_ms, leases each key it read. timeout_s bounds each command and the wait for a queue slot:
+        a command that could not be sent in time gets a failed Future."""
         futures = []
-        for key in keys:
+        for i in range(0, len(keys), HEAD_RANGES):
             capsule = nvmeof_pb2.CommandCapsule(
-                command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE, namespace_id=nsid, key=key,
-                value_length=max_bytes, skip_guard_check=True, lease_ms=lease_ms)
+                command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_RETRIEVE_RANGES, namespace_id=nsid,
+                skip_guard_check=True, lease_ms=lease_ms,
+                ranges=[nvmeof_pb2.ValueRange(key=k, offset=0, length=head_bytes) for k in keys[i:i + HEAD_RANGES]])
             try:
                 futures.append(self.submit(capsule, timeout_s=timeout_s, slot_wait_s=timeout_s))
             except FabricError as exc:
@@ -319,15 +321,17 @@ class FabricClient:
                 futures.append(failed)
         return futures
 
-    def retrieve_heads(self, nsid: int, keys: Sequence[bytes], max_bytes: int, lease_ms: int = 0,
-                       timeout_s: float | None = None) -> list[Completion | FabricError]:
-        """submit_heads, waited for: each key's Completion (status checked), or the error it ended with."""
-        out: list[Completion | FabricError] = []
-        for future in self.submit_heads(nsid, keys, max_bytes, lease_ms, timeout_s):
+    def retrieve_heads(self, nsid: int, keys: Sequence[bytes], head_bytes: int, lease_ms: int = 0,
+                       timeout_s: float | None = None) -> list[memoryview | None]:
+        """submit_heads, waited for: each key's first head_bytes, or None (absent, shorter, or its command
+        failed)."""
+        out: list[memoryview | None] = []
+        for i, future in enumerate(self.submit_heads(nsid, keys, head_bytes, lease_ms, timeout_s)):
+            count = min(HEAD_RANGES, len(keys) - i * HEAD_RANGES)
             try:
-                out.append(self._wait(future).raise_for_status())
-            except FabricError as exc:
-                out.append(exc)
+                out += heads_of(self._wait(future), count, head_bytes)
+            except (FabricError, TimeoutError):
+                out += [None] * count
         return out
 
     def retrieve_ranges(self, nsid: int, ranges: Sequence[tuple[bytes, int, int]],
@@ -468,6 +472,25 @@ class FabricClient:
         for cid, future, timeout_s in expired:
             self._slots.release()
             future.set_exception(FabricTimeout(f"command id {cid} timed out after {timeout_s:g} s"))
+
+
+def heads_of(completion: Completion, count: int, head_bytes: int) -> list[memoryview | None]:
+    """The bytes of each of a head read's count ranges (head_bytes each), or None for one that failed (its
+    key absent, or its value shorter) or for all when the command did."""
+    statuses = list(completion.response.range_status)
+    if not completion.ok or len(statuses) != count:
+        return [None] * count
+    data = memoryview(b"".join(f.bytes for f in completion.frames)) if len(completion.frames) != 1 \
+        else completion.frames[0].buffer
+    out: list[memoryview | None] = []
+    offset = 0
+    for status in statuses:
+        if status or offset + head_bytes > data.nbytes:
+            out.append(None)
+            continue
+        out.append(data[offset:offset + head_bytes])
+        offset += head_bytes
+    return out
 
 
 def _plain_invalid_host(header: bytes) -> nvmeof_pb2.ResponseCapsule | None:

@@ -314,11 +314,13 @@ class Agent:
         asks = discovery.by_node(wanted, self.nodes.names, self.nodes.up())
         if not asks:
             return 0
-        answers = self.datapath.read_heads({node: [w.key for w in ws] for node, ws in asks.items()},
-                                           self.settings.discovery_timeout_s, self.settings.lease_ms)
+        reg = self.regions.for_compute()
+        size = discovery.head_bytes(tenant, reg.layout.chunk_payload_bytes(bt) if reg and reg.layout else None)
+        answers, silent = self.datapath.read_heads({node: [w.key for w in ws] for node, ws in asks.items()}, size,
+                                                   self.settings.discovery_timeout_s, self.settings.lease_ms)
         found = [found for node, ws in asks.items() for found in self._take(node, ws, answers[node], bt, tenant, user_id)]
         self.stats.inc("discovery_requests", len(asks))
-        self.stats.inc("discovery_timeouts", sum(None in answers[node] for node in asks))
+        self.stats.inc("discovery_timeouts", len(silent))
         for block, context_id in found:
             self._publish(block, context_id, put=False)
         self.stats.inc("discovered_blocks", len(found))
@@ -327,11 +329,10 @@ class Agent:
     def _take(self, node: str, wanted: list, answers: list, bt: int, tenant: str, user_id: str) -> list:
         """(block, context id) of the answers of one node whose header names the block wanted."""
         out = []
-        for want, done in zip(wanted, answers):
-            if done is None or not done.ok:
+        for want, head in zip(wanted, answers):
+            if head is None:
                 continue
-            block, context_id, why = discovery.found_block(done.payload(), done.response.value_length,
-                                                           done.response.crc32c, node, want, bt, tenant, user_id,
+            block, context_id, why = discovery.found_block(head, node, want, bt, tenant, user_id,
                                                            self.datapath.mac_key is not None)
             if block is None:
                 logger.warning("block %s on %s not taken: %s", want.name.hex()[:12], node, why)

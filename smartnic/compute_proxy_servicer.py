@@ -3,7 +3,9 @@
 Thin: Generate asks `smartnic.ingress` what to do with the turn (step 5: match-action, the
 stored prefix by content), forwards it with `stored_tokens` filled in, GETs the blocks each
 `restore` event of the compute node's stream asks for (step 6; the event goes no further), and
-adds the agent's steps to the record on the way back. The other methods are forwarded unchanged.
+adds the agent's steps to the record on the way back, with its replica's name and how many restored
+blocks another replica's agent stored (`blocks_restored_other`). The other methods are forwarded
+unchanged. It dials its compute node as the peer its settings name (`compute_identity`).
 
 The compute node's errors are relayed with their status; when it cannot be reached (or there
 is none), UNAVAILABLE names it and its address and the trailing metadata `kvtb-failed-service:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from fabric import chunk_format as cf
 from fabric import status as st
-from fabric.client import Completion, StorageStatusError
+from fabric.client import HEAD_RANGES, StorageStatusError, heads_of
 from fabric.nodes import StorageNodes
 from fabric.placement import place
 from hostmem import dma, gather
@@ -239,21 +239,22 @@ class Datapath:
             landing.end_range(bulk.group, error)
 
     # -- the miss path: headers of many keys, one round trip per node
-    def read_heads(self, keys_by_node: dict[str, Sequence[bytes]], timeout_s: float,
-                   lease_ms: int = 0) -> dict[str, list[Completion | None]]:
-        """The first MAX_HEADER_BYTES of each key's value on its node, every node's commands sent before
-        any answer is waited for, leased for lease_ms: per node, per key, the Completion (any status), or
-        None when it did not answer by timeout_s (its answer, if it comes later, is dropped) or is down."""
+    def read_heads(self, keys_by_node: dict[str, Sequence[bytes]], head_bytes: int, timeout_s: float,
+                   lease_ms: int = 0) -> tuple[dict[str, list[memoryview | None]], set[str]]:
+        """The first head_bytes of each key's value on its node, every node's range reads sent before any
+        answer is waited for, each key leased for lease_ms: (per node, per key, its bytes, or None when it is
+        absent or shorter, or its node is down or did not answer by timeout_s (a later answer is dropped);
+        the nodes that did not answer in full)."""
         deadline = time.monotonic() + timeout_s
         futures = {}
         for node, keys in keys_by_node.items():
             client = self.nodes.client(node)
             left = max(0.001, deadline - time.monotonic())
-            futures[node] = client.submit_heads(self.nsid, keys, cf.MAX_HEADER_BYTES, lease_ms, left) if client \
-                else [None] * len(keys)
-        pending = [f for fs in futures.values() for f in fs if f is not None]
+            futures[node] = client.submit_heads(self.nsid, keys, head_bytes, lease_ms, left) if client else []
+        pending = [f for fs in futures.values() for f in fs]
         concurrent.futures.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
-        return {node: [_answer(f) for f in fs] for node, fs in futures.items()}
+        silent = {node for node, fs in futures.items() if not fs or any(not f.done() or f.exception() for f in fs)}
+        return {node: _heads(futures[node], len(keys), head_bytes) for node, keys in keys_by_node.items()}, silent
 
     # -- housekeeping
     def delete(self, chunk: StoredBlock, on_refused: Callable[[StoredBlock], None] | None = None) -> None:
@@ -324,11 +325,14 @@ def _status_kind(status: st.Status) -> str:
     return "key_does_not_exist" if status == st.KEY_DOES_NOT_EXIST else "storage_status"
 
 
-def _answer(future) -> Completion | None:
-    """A head read's Completion, or None when it failed or did not answer in time."""
-    if future is None or not future.done() or future.exception() is not None:
-        return None
-    return future.result()
+def _heads(futures: list, count: int, head_bytes: int) -> list[memoryview | None]:
+    """Each key's head from a node's head reads (HEAD_RANGES keys each); None past the deadline or failed."""
+    out: list[memoryview | None] = []
+    for i, future in enumerate(futures):
+        n = min(HEAD_RANGES, count - i * HEAD_RANGES)
+        done = future.done() and future.exception() is None
+        out += heads_of(future.result(), n, head_bytes) if done else [None] * n
+    return out + [None] * (count - len(out))
 
 
 def _if_leased(future, chunk: StoredBlock, on_refused) -> None:

@@ -58,8 +58,7 @@ def by_node(blocks: Sequence[Wanted], nodes: Sequence[str], up: set[str]) -> dic
     return out
 
 
-def mismatch(header: cf.ChunkHeader, header_bytes: int, value_length: int, want: Wanted, block_tokens: int,
-             tenant: str, user_id: str, mac: bool) -> str:
+def mismatch(header: cf.ChunkHeader, want: Wanted, block_tokens: int, tenant: str, user_id: str, mac: bool) -> str:
     """Why a header found under want's key does not name the block wanted ("" when it does)."""
     if (header.name, header.parent, header.chunk_index) != (want.name, want.parent, want.index):
         return "another block"
@@ -69,20 +68,29 @@ def mismatch(header: cf.ChunkHeader, header_bytes: int, value_length: int, want:
         return "another owner"
     if mac and header.mac_bytes != cf.MAC_BYTES:
         return "no MAC"
-    if cf.value_length(header, header_bytes) != value_length:
-        return "a value of another length"
     return ""
 
 
-def found_block(payload, value_length: int, crc32c: int, node: str, want: Wanted, block_tokens: int,
-                tenant: str, user_id: str, mac: bool) -> tuple[StoredBlock | None, str, str]:
-    """(block, its context id, "") from a header read under want's key, or (None, "", why not)."""
+def found_block(head, node: str, want: Wanted, block_tokens: int, tenant: str, user_id: str,
+                mac: bool) -> tuple[StoredBlock | None, str, str]:
+    """(block, its context id, "") from the leading bytes of the value under want's key, or (None, "", why
+    not). Its length is what its header says (a GET checks the value against it); its crc32c is unknown
+    (0): restores read ranges, which the MACs or the node's own guard check vouch for."""
     try:
-        header, header_bytes = cf.decode_header(payload)
+        header, header_bytes = cf.decode_header(head)
     except cf.ChunkFormatError as exc:
         return None, "", f"bad header: {exc}"
-    why = mismatch(header, header_bytes, value_length, want, block_tokens, tenant, user_id, mac)
+    why = mismatch(header, want, block_tokens, tenant, user_id, mac)
     if why:
         return None, "", why
-    block = stored_block(header, node, want.key, value_length, crc32c, header_bytes, origin=DISCOVERED)
+    block = stored_block(header, node, want.key, cf.value_length(header, header_bytes), 0, header_bytes,
+                         origin=DISCOVERED)
     return block, header.context_id, ""
+
+
+def head_bytes(tenant: str, payload_bytes: int | None) -> int:
+    """How much of each value to read: a whole header, but no more than the shortest value a block of this
+    tenant can be (payload_bytes: its token ids and KV; None: unknown), as a range must lie in its value."""
+    if payload_bytes is None:
+        return cf.MAX_HEADER_BYTES
+    return min(cf.MAX_HEADER_BYTES, cf.MIN_HEADER_BYTES + len(tenant.encode()) + payload_bytes)

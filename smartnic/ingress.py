@@ -4,7 +4,9 @@ A turn is matched in the "ingress" table on (user id, context id, the sender's 5
 a rate limit past its budget refuse it; the table's compute node (or the one that registered a
 region) is the target; unless the action is FORWARD, the requester finds how much of the turn's
 prefix is stored under the user's salt, by content, whatever context stored it (the compute node
-then asks for those blocks on its stream, and the agent GETs them: step 6). Contexts are per user,
+then asks for those blocks on its stream, and the agent GETs them: step 6); blocks the agent's index
+lacks are first asked of the storage nodes (`smartnic.discovery`: another replica may have stored
+them). Contexts are per user,
 so one user never reaches another's context or blocks; only the full blocks of the tenant's shared
 prefix (shared_prefix_tokens, which the frontend sets from its operator's setting) are looked up
 under the tenant's salt, and so found whichever of the tenant's users stored them.

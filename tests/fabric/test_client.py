@@ -8,7 +8,15 @@ import zmq
 from fabric import auth
 from fabric import status as st
 from fabric.auth import FabricSecurity
-from fabric.client import FabricClient, FabricError, FabricTimeout, StorageStatusError
+from fabric.client import (
+    HEAD_RANGES,
+    Completion,
+    FabricClient,
+    FabricError,
+    FabricTimeout,
+    StorageStatusError,
+    heads_of,
+)
 from kvtb_proto import nvmeof_pb2 as pb
 
 
@@ -178,14 +186,16 @@ def test_a_client_refuses_a_target_that_does_not_authenticate_itself():
         target.close()
 
 
-def test_heads_of_many_keys_are_all_asked_before_any_answer_leased_and_unchecked():
-    target = FakeTarget(hold=3)  # answers only once all three are held: one round trip
+def test_heads_of_many_keys_are_asked_in_range_reads_all_sent_before_any_answer_leased_and_unchecked():
+    target = FakeTarget(hold=2)  # answers only once both commands are held: one round trip
     client = FabricClient(target.address, "nqn:h", queue_depth=8, timeout_s=2.0)
+    keys = [i.to_bytes(4, "little") for i in range(HEAD_RANGES + 1)]
     try:
-        done = client.retrieve_heads(1, [b"a", b"b", b"c"], 4096, lease_ms=30_000, timeout_s=1.0)
-        assert [d.ok for d in done] == [True] * 3
-        assert [(c.key, c.opcode, c.value_length, c.skip_guard_check, c.lease_ms) for c in target.capsules] == \
-            [(k, pb.KV_RETRIEVE, 4096, True, 30_000) for k in (b"a", b"b", b"c")]
+        client.retrieve_heads(1, keys, 4096, lease_ms=30_000, timeout_s=1.0)
+        assert [(c.opcode, c.skip_guard_check, c.lease_ms) for c in target.capsules] == \
+            [(pb.KV_RETRIEVE_RANGES, True, 30_000)] * 2
+        asked = [(r.key, r.offset, r.length) for c in target.capsules for r in c.ranges]
+        assert asked == [(k, 0, 4096) for k in keys]
     finally:
         client.close()
         target.close()
@@ -193,12 +203,22 @@ def test_heads_of_many_keys_are_all_asked_before_any_answer_leased_and_unchecked
 
 def test_heads_past_a_full_queue_fail_at_their_deadline_instead_of_blocking():
     target = FakeTarget(silent=True)
-    client = FabricClient(target.address, "nqn:h", queue_depth=2, timeout_s=5.0)
+    client = FabricClient(target.address, "nqn:h", queue_depth=1, timeout_s=5.0)
+    keys = [bytes([i % 256, i // 256]) for i in range(2 * HEAD_RANGES + 1)]  # three commands
     try:
         start = time.monotonic()
-        done = client.retrieve_heads(1, [b"a", b"b", b"c"], 4096, timeout_s=0.3)
-        assert all(isinstance(d, FabricTimeout) for d in done)
-        assert time.monotonic() - start < 1.5  # the third waited 0.3 s for a slot, not the client's 5 s
+        assert client.retrieve_heads(1, keys, 4096, timeout_s=0.3) == [None] * len(keys)
+        assert time.monotonic() - start < 2.0  # each waited 0.3 s at most, not the client's 5 s
     finally:
         client.close()
         target.close()
+
+
+def test_each_range_of_a_head_read_gets_its_bytes_or_none():
+    ok, absent = 0, st.KEY_DOES_NOT_EXIST.sct << 8 | st.KEY_DOES_NOT_EXIST.sc
+    response = pb.ResponseCapsule(range_status=[ok, absent, ok])
+    frames = [zmq.Frame(b"a" * 4), zmq.Frame(b"c" * 4)]
+    assert [None if h is None else bytes(h) for h in heads_of(Completion(response, frames), 3, 4)] == \
+        [b"aaaa", None, b"cccc"]
+    failed = pb.ResponseCapsule(status_code_type=0, status_code=2)
+    assert heads_of(Completion(failed, []), 2, 4) == [None, None]

@@ -56,12 +56,11 @@ def length(encoded: bytes, tokens: int = BT, mac: int = cf.MAC_BYTES) -> int:
 
 def test_a_header_naming_the_block_wanted_is_taken_as_discovered_under_its_context():
     encoded = head()
-    block, context, why = discovery.found_block(encoded + b"\0" * 100, length(encoded), 123, "s1", want(), BT,
-                                                "acme", "alice", mac=True)
+    block, context, why = discovery.found_block(encoded + b"\0" * 100, "s1", want(), BT, "acme", "alice", mac=True)
     assert why == "" and context == "ctx-9"
-    assert (block.hash, block.parent, block.storage_node, block.key, block.length, block.crc32c, block.generation,
+    assert (block.hash, block.parent, block.storage_node, block.key, block.length, block.generation,
             block.header_bytes, block.origin, block.token_count) == (
-        CHAIN[1], CHAIN[0], "s1", want().key, length(encoded), 123, 7, len(encoded), "discovered", BT)
+        CHAIN[1], CHAIN[0], "s1", want().key, length(encoded), 7, len(encoded), "discovered", BT)
 
 
 @pytest.mark.parametrize("case, encoded, expected", [
@@ -74,17 +73,21 @@ def test_a_header_naming_the_block_wanted_is_taken_as_discovered_under_its_conte
     ("no MAC", head(mac=0), "no MAC"),
 ])
 def test_a_header_that_does_not_name_the_block_wanted_is_not_taken(case, encoded, expected):
-    block, _, why = discovery.found_block(encoded, length(encoded), 0, "s1", want(), BT, "acme", "alice", mac=True)
+    block, _, why = discovery.found_block(encoded, "s1", want(), BT, "acme", "alice", mac=True)
     assert block is None and why.startswith(expected)
 
 
 def test_a_shared_block_is_taken_whichever_user_of_the_tenant_stored_it_and_garbage_is_not():
     encoded = head(user="bob", shared=True)
-    block, _, why = discovery.found_block(encoded, length(encoded), 0, "s1", want(shared=True), BT, "acme", "alice",
-                                          mac=True)
+    block, _, why = discovery.found_block(encoded, "s1", want(shared=True), BT, "acme", "alice", mac=True)
     assert why == "" and block.shared and block.user_id == "bob"
-    block, _, why = discovery.found_block(b"garbage" * 40, 999, 0, "s1", want(), BT, "acme", "alice", mac=True)
+    block, _, why = discovery.found_block(b"garbage" * 40, "s1", want(), BT, "acme", "alice", mac=True)
     assert block is None and why.startswith("bad header")
-    encoded = head()
-    block, _, why = discovery.found_block(encoded, length(encoded) + 1, 0, "s1", want(), BT, "acme", "alice", mac=True)
-    assert block is None and why == "a value of another length"
+
+
+def test_a_head_read_is_a_whole_header_but_never_longer_than_the_shortest_value():
+    assert discovery.head_bytes("acme", None) == cf.MAX_HEADER_BYTES
+    assert discovery.head_bytes("acme", 1 << 20) == cf.MAX_HEADER_BYTES
+    assert discovery.head_bytes("acme", 100) == cf.MIN_HEADER_BYTES + 4 + 100
+    assert discovery.head_bytes("acme", 100) <= len(cf.encode_header(cf.ChunkHeader(
+        "", "", 0, 0, 25, 0, b"n" * 16, tenant="acme", mac_bytes=0))) + 100
