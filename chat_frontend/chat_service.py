@@ -168,6 +168,8 @@ class ChatService:
                 request_id=request_id if i == 0 else f"{request_id}-{i}", user_id=user, context_id=context_id,
                 tenant=tenant, token_ids=token_ids, max_new_tokens=max_new, sampling=sampling,
                 shared_prefix_tokens=shared, ignore_eos=turn.ignore_eos)))
+        for follower in choices[1:]:  # to the first's replica: the prompt is prefilled once
+            follower.route.follow = choices[0].route
         turn_no = (ctx.turns if ctx else len(plan.resent)) + 1
         logger.info("turn %s: user %s context %s turn %d, %d tokens (%d turns resent%s, %d shared), %d choices",
                     request_id, user, context_id, turn_no, len(token_ids), len(plan.resent),

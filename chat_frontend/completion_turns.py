@@ -22,6 +22,7 @@ from chat_frontend.chat_service import ChatService, merged
 from chat_frontend.completions_format import CompletionsRequest
 from chat_frontend.errors import ChatError
 from chat_frontend.metrics import TurnTimer
+from chat_frontend.routing import Route
 from chat_frontend.vllm_metrics import FinishCounts
 from kvtb.logs import request_id as log_request_id
 from kvtb_proto import compute_pb2, frontend_pb2
@@ -134,7 +135,11 @@ class CompletionTurns:
         timer = TurnTimer(tenant, start_ns)
         counted = frontend_pb2.TurnSummary()
         replicas: set[str] = set()
-        async for event in merged([self._choice(i, turn, timer if i == 0 else None)
+        routes = [Route() for _ in turns]
+        for i in range(len(turns)):  # a prompt's other choices go to its first's replica (prefilled once)
+            if i % req.n:
+                routes[i].follow = routes[i - i % req.n]
+        async for event in merged([self._choice(i, turn, routes[i], timer if i == 0 else None)
                                    for i, turn in enumerate(turns)], req.n):
             if isinstance(event, Finished):
                 rec = event.record
@@ -151,10 +156,10 @@ class CompletionTurns:
                     ", ".join(sorted(r for r in replicas if r)) or "the agent", counted.tokens_out,
                     counted.tokens_reused)
 
-    async def _choice(self, index: int, turn: compute_pb2.TurnRequest,
+    async def _choice(self, index: int, turn: compute_pb2.TurnRequest, route: Route,
                       timer: TurnTimer | None) -> AsyncIterator[Token | Finished]:
         record = None
-        async for event in self.service.agent.generate(turn):
+        async for event in self.service.agent.generate(turn, route):
             if event.HasField("token"):
                 if timer is not None and event.token.text:
                     timer.text(time.time_ns())

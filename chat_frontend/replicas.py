@@ -261,6 +261,11 @@ class Replicas:
             raise ChatError("UNAVAILABLE", f"no compute node answered Stats: {_reason(replies[0])}")
         return sum_stats(figures)
 
+    def _followed(self, route: Route) -> Replica | None:
+        """The replica of the route this one follows (the first choice's), if it is still a candidate."""
+        name = route.follow.replica if route.follow is not None else ""
+        return next((r for r in self.candidates() if r.name == name), None) if name else None
+
     def _pick(self, owner: str, token_ids: Sequence[int], retry: bool = False) -> Replica | None:
         candidates = {r.name: r for r in (self.healthy() if retry else self.candidates())}
         decision = self.router.pick(owner, token_ids, [r.load() for r in candidates.values()])
@@ -277,7 +282,7 @@ class Replicas:
         before its first token); route, if given, is filled in with where it went."""
         route = route if route is not None else Route()
         owner = f"{request.tenant}\0{request.user_id}"
-        first = self._pick(owner, request.token_ids)
+        first = self._followed(route) or self._pick(owner, request.token_ids)
         if first is None:
             raise self._none_up()
         try:

@@ -103,10 +103,16 @@ class Load:
 
 @dataclasses.dataclass
 class Route:
-    """Where a turn went, filled in as it is served: the replica, and the one a first attempt failed on."""
+    """Where a turn went, filled in as it is served: the replica, and the one a first attempt failed on.
+
+    follow: the route of another sequence of the same prompt (the first of a request's n choices):
+    this one goes to that one's replica while it is in the rotation, whatever the policy, so that
+    the prompt is prefilled once (the others find its blocks in that pool's prefix cache).
+    """
 
     replica: str = ""
     retried_from: str = ""
+    follow: Route | None = None
 
 
 @dataclasses.dataclass(frozen=True)

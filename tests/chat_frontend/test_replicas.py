@@ -246,3 +246,20 @@ def test_the_turn_summary_names_the_replica_the_retry_and_the_kv_origin(tmp_path
         return [e async for e in service.chat(request)]
     summary = asyncio.run(go())[-1].summary
     assert (summary.replica, summary.retried_from, summary.kv_origin) == ("replica-1", "replica-0", "recompute")
+
+
+def test_a_requests_choices_go_to_its_first_choices_replica_whatever_the_policy(tmp_path):
+    replicas, fakes = make(3, policy="round_robin")
+    settings = FrontendSettings(data_dir=str(tmp_path), users={"alice": "ta"})
+    service = ChatService(settings, SessionStore(settings.db_path), replicas)
+
+    async def go():
+        request = frontend_pb2.ChatRequest(token="ta", message="hello", max_new_tokens=4, n=3,
+                                           sampling=compute_pb2.Sampling(temperature=1.0, seed=7))
+        return [e.summary for e in [e async for e in service.chat(request)] if e.HasField("summary")]
+    summaries = asyncio.run(go())
+    assert [s.choice for s in summaries] == [0, 1, 2]
+    assert {s.replica for s in summaries} == {"replica-0"}
+    assert [len(f.turns) for f in fakes] == [3, 0, 0]
+    summaries = asyncio.run(go())  # the next request: the next replica, all its choices there
+    assert {s.replica for s in summaries} == {"replica-1"} and [len(f.turns) for f in fakes] == [3, 3, 0]
