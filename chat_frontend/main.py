@@ -16,14 +16,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvtb serve frontend", description="Run the chat frontend.")
     parser.add_argument("--config", help="config file (default $KVTB_CONFIG)")
     parser.add_argument("--listen", help="host:port to listen on (overrides the config)")
-    parser.add_argument("--agent", help="the SmartNIC agent's address (overrides the config)")
+    parser.add_argument("--agent", help="the SmartNIC agent's address, its only replica (overrides the config's "
+                        "agent_address and replicas)")
     parser.add_argument("--data-dir", help="where sessions are kept (overrides the config)")
     parser.add_argument("--log-json", action="store_true", help="JSON log lines (also KVTB_LOG_JSON=1)")
     args = parser.parse_args(argv)
     setup_logging("frontend", args.log_json)
     try:
-        settings = settings_mod.load(args.config, listen_address=args.listen,
-                                     agent_address=args.agent, data_dir=args.data_dir)
+        settings = settings_mod.load(args.config, listen_address=args.listen, agent_address=args.agent,
+                                     replicas=() if args.agent else None, data_dir=args.data_dir)
         cpus = placement.pin("frontend", settings.cpus)  # before any thread starts
     except SettingsError as exc:
         print(f"kvtb serve frontend: {exc}", file=sys.stderr)

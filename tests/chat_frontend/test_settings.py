@@ -36,3 +36,10 @@ def test_a_bad_setting_is_a_clear_error(settings, message):
     with pytest.raises(SettingsError) as err:
         FrontendSettings(**settings)
     assert message in str(err.value)
+
+
+def test_an_explicit_agent_is_the_only_replica(monkeypatch):
+    monkeypatch.setenv("KVTB_FRONTEND_REPLICAS", "replica-0=127.0.0.1:1=smartnic,replica-1=127.0.0.1:2=smartnic-1")
+    s = load(None, agent_address="127.0.0.1:7", replicas=())  # as `kvtb serve frontend --agent` loads them
+    assert s.replica_addresses() == [ReplicaAddress("replica-0", "127.0.0.1:7", "smartnic")]
+    assert len(load(None).replica_addresses()) == 2
