@@ -18,7 +18,7 @@ from typing import Iterator
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("kvtb_request_id", default="")
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s"
-EXTRA_FIELDS = ("user_id", "context_id", "opcode", "status", "duration_ms", "bytes", "kv_source", "event")
+EXTRA_FIELDS = ("user_id", "context_id", "opcode", "status", "duration_ms", "bytes", "kv_source", "replica", "event")
 
 
 @contextlib.contextmanager
