@@ -14,6 +14,7 @@ import pytest
 
 from chat_client.client import FrontendClient
 from kvtb.launch import ServiceProcess, kvtb_argv
+from kvtb.placement import parse_cpus
 from kvtb_proto import compute_pb2, compute_pb2_grpc
 from tests.conftest import secure_channel
 
@@ -64,7 +65,7 @@ def test_the_ready_line_names_each_replica(replicas):
     assert replicas.proc.ready["replicas"]["replica-1"]["agent"] == replicas.services["smartnic-1"]["grpc"]
     cpus = replicas.proc.ready["cpus"]
     if len(os.sched_getaffinity(0)) >= 2:  # each compute node on a share of its own
-        assert not set(cpus["compute"].split(",")) & set(cpus["compute-1"].split(","))
+        assert not set(parse_cpus(cpus["compute"])) & set(parse_cpus(cpus["compute-1"]))
 
 
 def test_turns_alternate_between_replicas_and_reply_as_on_one(replicas, one_replica):
