@@ -92,6 +92,7 @@ class Agent:
         self.policy = make_policy(settings.eviction_policy, settings.capacity_high_bytes,
                                   settings.capacity_low_bytes, settings.ttl_s)
         self.admission = Admission(settings.admission, settings.admission_max_names)
+        self.proved_bad = discovery.ProvedBad()  # blocks whose GET failed their checks: not discovered again
         self.tables = {"ingress": ma.Table("ingress")}  # the pipeline matches every turn in "ingress"
         self.stats = Stats()
         self.regions = Registrations()
@@ -278,6 +279,8 @@ class Agent:
             with self.lock:
                 dropped = self.requester.remove(stored.hash) if err.kind in CORRUPT + LOST else None
                 self.policy.remove(stored.hash) if dropped is not None else None
+                if err.kind in CORRUPT:
+                    self.proved_bad.add(stored.hash, stored.generation)
             if dropped is not None:
                 self.stats.inc_kind("dropped_chunks", err.kind)
                 if err.kind in CORRUPT:  # garbage on the node; a timed-out block may come back on reconnect
@@ -328,7 +331,7 @@ class Agent:
 
     def _take(self, node: str, wanted: list, answers: list, bt: int, tenant: str, user_id: str) -> list:
         """(block, context id) of the answers of one node whose header names the block wanted."""
-        out = []
+        taken = []
         for want, head in zip(wanted, answers):
             if head is None:
                 continue
@@ -337,9 +340,10 @@ class Agent:
             if block is None:
                 logger.warning("block %s on %s not taken: %s", want.name.hex()[:12], node, why)
                 self.stats.inc("discovery_mismatched")
-                continue
-            out.append((block, context_id))
-        return out
+            else:
+                taken.append((block, context_id))
+        with self.lock:
+            return [(b, c) for b, c in taken if (b.hash, b.generation) not in self.proved_bad]
 
     def block_tokens(self) -> int:
         """The block size of the registered pool (32 before a compute node registered)."""

@@ -9,10 +9,13 @@ stores answer "which of these do you hold" the same way). An answer is taken onl
 names exactly the block asked for: its name, its parent, its place in the chain, a full block, and
 its owner (this tenant, and this user unless the block is the tenant's shared prefix), so nothing
 another user or tenant stored is ever listed; the MACs are checked later, when the block is
-restored. The agent (`Agent.stored_tokens`) does the I/O and publishes what is taken.
+restored; a block that failed them is not taken again in the generation that failed (`ProvedBad`),
+while its delete is on its way or when another host's lease keeps it. The agent
+(`Agent.stored_tokens`) does the I/O and publishes what is taken.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 
@@ -33,6 +36,25 @@ class Wanted:
     parent: bytes
     key: bytes
     shared: bool
+
+
+class ProvedBad:
+    """The (name, generation) of the last `limit` blocks whose GET proved them damaged, forged or stale:
+    discovery does not take them again (a new generation, stored since, is another matter). Not
+    thread-safe: the agent's lock guards it."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._seen: collections.OrderedDict[tuple[bytes, int], None] = collections.OrderedDict()
+
+    def add(self, name: bytes, generation: int) -> None:
+        self._seen[(name, generation)] = None
+        self._seen.move_to_end((name, generation))
+        while len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+
+    def __contains__(self, block: tuple[bytes, int]) -> bool:
+        return block in self._seen
 
 
 def wanted(token_ids: Sequence[int], salts: Salts, block_tokens: int, limit: int, salt: str | bytes,

@@ -35,6 +35,7 @@ def test_a_failed_get_drops_the_block_and_deletes_only_what_proved_bad(agent, ki
     agent._got(b, DataError(kind, "x"), lambda kind, message: None)
     assert agent.requester.has(b.hash) == (deleted is None)  # a plain failed status keeps it
     assert (b.hash in agent.deleted) == bool(deleted)
+    assert ((b.hash, b.generation) in agent.proved_bad) == bool(deleted)  # not discovered again in that generation
     assert agent.stats.snapshot()[0].get("chunks_put", 0) == 0  # found, not put
 
 

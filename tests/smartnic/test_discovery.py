@@ -91,3 +91,12 @@ def test_a_head_read_is_a_whole_header_but_never_longer_than_the_shortest_value(
     assert discovery.head_bytes("acme", 100) == cf.MIN_HEADER_BYTES + 4 + 100
     assert discovery.head_bytes("acme", 100) <= len(cf.encode_header(cf.ChunkHeader(
         "", "", 0, 0, 25, 0, b"n" * 16, tenant="acme", mac_bytes=0))) + 100
+
+
+def test_blocks_proved_bad_are_remembered_by_generation_within_a_bound():
+    bad = discovery.ProvedBad(limit=2)
+    bad.add(b"a", 1)
+    assert (b"a", 1) in bad and (b"a", 2) not in bad
+    bad.add(b"b", 1)
+    bad.add(b"c", 1)
+    assert (b"a", 1) not in bad and (b"c", 1) in bad
