@@ -84,6 +84,21 @@ class Deployment:
         for service in ("compute1", "smartnic1", "frontend"):
             self.wait_healthy(service, timeout_s=300)
         assert wait_serving(f"127.0.0.1:{self.port}", 60)
+        deadline, metrics = time.monotonic() + 60, ""
+        while time.monotonic() < deadline:  # until the frontend's health loop has both in its rotation
+            metrics = self.frontend_metrics()
+            if all(f'kvtb:replica_up{{replica="replica-{i}"}} 1' in metrics for i in (0, 1)):
+                return
+            time.sleep(1)
+        raise AssertionError(f"the frontend did not put both replicas in its rotation:\n"
+                             f"{[line for line in metrics.splitlines() if 'replica' in line]}\n{self.logs('frontend')}")
+
+    def frontend_metrics(self) -> str:
+        """The frontend's /metrics, read inside its container (its metrics port is not published)."""
+        script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())"
+        result = subprocess.run(["docker", "exec", self.container("frontend"), "python3", "-c", script],
+                                capture_output=True, text=True, timeout=60)
+        return result.stdout
 
     def turn(self, token: str, message: str, context_id: str = "", max_new_tokens: int = 32):
         """(streamed text, TurnSummary) of one turn through the published port (gRPC, as `kvtb chat` does)."""

@@ -158,14 +158,7 @@ def test_a_conversation_survives_its_compute_container_on_the_other_replica(depl
     container killed with `docker kill`, its next turn is served by the other replica, restored from
     what the first stored, with the reply another user's same conversation got (both compute nodes run
     on every CPU: the same float math)."""
-    deployment.add_second_replica()
-    served = set()
-    for _ in range(8):  # until replica-1 serves too (new conversations go to either, in turn on ties)
-        served.add(deployment.turn("demo-token", "Say hi.", max_new_tokens=4)[1].replica)
-        if served == {"replica-0", "replica-1"}:
-            break
-        time.sleep(1)
-    assert served == {"replica-0", "replica-1"}, served
+    deployment.add_second_replica()  # until the frontend has both in its rotation
     reference = [deployment.turn("bob-token", RECIPE)[1]]
     reference.append(deployment.turn("bob-token", CELSIUS, reference[0].context_id)[1])
     _, first = deployment.turn("alice-token", RECIPE)
