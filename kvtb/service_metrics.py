@@ -33,6 +33,14 @@ def agent_families(s: Mapping) -> Iterable:
                   s.get("prefetches", 0))
     yield counter("kv_puts_skipped_total", "Blocks not stored: first seen under admission on_reuse.",
                   s.get("puts_skipped", 0))
+    yield counter("kv_discovery_requests_total", "Storage nodes asked for blocks the agent's index lacked "
+                  "(the miss path: another replica may have stored them).", s.get("discovery_requests", 0))
+    yield counter("kv_discovered_blocks_total", "Blocks the miss path found on the storage nodes.",
+                  s.get("discovered_blocks", 0))
+    yield counter("kv_discovery_timeouts_total", "Miss-path requests a node did not answer in time.",
+                  s.get("discovery_timeouts", 0))
+    yield counter("kv_deletes_refused_leased_total", "Evictions a storage node refused: another agent had "
+                  "the block leased (it stays indexed and is evicted later).", s.get("deletes_refused_leased", 0))
     yield counter("requests_denied_total", "Turns the match-action table refused.", s.get("denied", 0))
     yield gauge("kv_stored_bytes", "KV bytes in the agent's hashmap, by storage node.",
                 s.get("bytes_by_storage_node", {}), ("storage_node",))
