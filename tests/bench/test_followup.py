@@ -127,6 +127,7 @@ def test_smoke_run_on_two_replicas_measures_every_path_on_its_path(tmp_path):
         for path in PATHS:
             assert row["paths"][path]["runs"] == 2 and row["paths"][path]["flagged"] == 0
             assert {s["replica"] for s in row["samples"][path]} == {"replica-0", "replica-1"}  # swapped
+            assert all(s["record_replica"] == s["replica"] for s in row["samples"][path])  # the agent says so
         assert all(s["blocks_restored_other"] > 0 for s in row["samples"]["other"])
         for name in followup.RATIOS:
             assert math.isfinite(result["ratios"][f"{name}_{n}"])
