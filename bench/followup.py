@@ -16,7 +16,8 @@ message) is timed on each path, the order rotating per round:
 - `recompute`: the same tokens as `other` on B under `recompute` (nothing stored, nothing reused:
   the whole history prefilled again, as for a user with no stored KV).
 
-Each path has its own user (blocks are named by owner and content), fresh in each round and length.
+The paths are the frontend's TurnSummary.kv_origin pool, storage_same, storage_other and recompute
+(`KV_ORIGIN`). Each path has its own user (blocks are named by owner and content), fresh in each round and length.
 A and B swap every round, so that neither compute node (each on its own share of the cores) always
 serves the same paths. Every follow-up's record is checked against its path (`path_problem`): a
 follow-up whose KV did not come from where its path says is flagged, left out of the figures and
@@ -60,6 +61,8 @@ PATHS = ("same", "same_storage", "other", "recompute")
 # the policy of a path's first turn and follow-up; where the follow-up runs (A: the first turn's replica)
 POLICY = {"same": "resident", "same_storage": "triggered", "other": "triggered", "recompute": "recompute"}
 ON_FIRST = {"same": True, "same_storage": True, "other": False, "recompute": False}
+# each path's name in the frontend's TurnSummary.kv_origin, where the KV of a turn it routed came from
+KV_ORIGIN = {"same": "pool", "same_storage": "storage_same", "other": "storage_other", "recompute": "recompute"}
 BUILT = ("same", "same_storage", "other")   # paths whose first turn leaves KV behind
 # ratio name -> (numerator path, denominator path), of median client TTFT
 RATIOS = {"other_vs_same": ("other", "same"), "other_vs_same_storage": ("other", "same_storage"),
@@ -292,8 +295,8 @@ def plot(result: dict, out: Path) -> Path | None:
 def run(args: argparse.Namespace) -> dict:
     settings = {"histories": args.histories, "rounds": args.rounds, "max_new_tokens": args.max_new_tokens,
                 "torch_threads": args.torch_threads, "block_tokens": BLOCK_TOKENS, "replicas": REPLICAS,
-                "paths": {p: {"policy": POLICY[p], "replica": "first turn's" if ON_FIRST[p] else "the other"}
-                          for p in PATHS},
+                "paths": {p: {"policy": POLICY[p], "replica": "first turn's" if ON_FIRST[p] else "the other",
+                              "kv_origin": KV_ORIGIN[p]} for p in PATHS},
                 "model": "tiny random Llama (smoke)" if args.smoke else "SmolLM2-135M", "smoke": args.smoke}
     result = new_result("followup", settings)
     config = bench_config(pool_tokens=32768, max_context_tokens=max(4096, *args.histories) + 256, users=1,

@@ -185,6 +185,7 @@ class RequestRecord:
     engine_ms: float | None = None          # the compute node's time (summary.engine_ms)
     frontend_e2e_ms: float | None = None    # the frontend's e2e (summary.e2e_ms)
     gateway_ms: float | None = None         # summary.gateway_ms: frontend e2e - engine
+    replica: str = ""                       # summary.replica: the replica the frontend routed it to
 
 
 def tbt_s(record: RequestRecord) -> float | None:
@@ -247,6 +248,8 @@ def level_figures(records: Sequence[RequestRecord], wall_s: float, timeout_s: fl
         "output_tokens": tokens, "output_tokens_per_s": tokens / wall_s,
         "prompt_tokens_mean": mean([r.prompt_tokens for r in ok]) if ok else None,
         "summaries": len(with_engine),
+        # completed requests by the replica that served them (their summaries'): how routing spread them
+        "by_replica": dict(sorted(collections.Counter(r.replica for r in with_engine if r.replica).items())),
         "engine_ms_mean": engine,
         "gateway_ms_mean": gateway,                      # frontend e2e - engine (the turn summary's split)
         "client_gateway_ms_mean": None if engine is None else client_e2e - engine,  # client e2e - engine
@@ -593,6 +596,7 @@ def attach_summaries(frontend: str, records: Sequence[RequestRecord], tokens: Ma
                     continue
                 s = turns[-1].summary
                 r.engine_ms, r.frontend_e2e_ms, r.gateway_ms = s.engine_ms, s.e2e_ms, s.gateway_ms
+                r.replica = s.replica
                 found += 1
         finally:
             client.close()
@@ -805,7 +809,8 @@ def replicas_body(study: dict) -> list[str]:
              "Each count is a stack of its own, run through the same levels with new users; tokens/s are the "
              "tokens every compute node generated over the level's wall time (else the completed requests'), "
              "TTFT p50 counts the timed-out requests as Table 1's claims do, and each ratio is the larger "
-             "count over the smaller at the same level.", ""]
+             "count over the smaller at the same level; `served by` counts the completed requests by the replica "
+             "their turn summary names (how the frontend's routing spread them).", ""]
     for n, entry in sorted(by.items(), key=lambda kv: int(kv[0]))[1:]:
         lines += [f"## Table 1, Fig. 6 and Fig. 7 by level, {n} replicas", "",
                   level_table({"results": {"levels": entry["levels"]}}), ""]

@@ -143,6 +143,12 @@ def add_replica_claims(study: dict) -> None:
            "clients' work; ") + why_scale)
 
 
+def served_by(f: dict | None) -> str:
+    """'replica-0 9, replica-1 7': a level's completed requests by the replica that served them."""
+    spread = (f or {}).get("by_replica") or {}
+    return ", ".join(f"{name} {n}" for name, n in sorted(spread.items())) or "-"
+
+
 def replica_table(study: dict) -> str:
     """One row per level: each count's tokens/s, TTFT p50 and e2e p50 side by side, and their ratios."""
     counts = counts_levels(study)
@@ -155,6 +161,7 @@ def replica_table(study: dict) -> str:
     for label in ("tokens/s", "TTFT p50 ms", "e2e p50 ms", "timeouts"):
         head += [f"{label}, {n} replica{'s' if n > 1 else ''}" for n in ns]
     head += [f"{name} {n}r/{base}r" for n in ns[1:] for name in ("tokens/s", "TTFT", "e2e")]
+    head += [f"served by, {n} replicas" for n in ns if n > 1]
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     r = study["ratios"]
 
@@ -173,6 +180,7 @@ def replica_table(study: dict) -> str:
             tag = f"{n}r_vs_{base}r_at_{c}"
             cells += [_x(r[k]) if k in r else "-" for k in (f"tokens_per_s_{tag}", f"ttft_p50_{tag}",
                                                              f"e2e_p50_{tag}")]
+        cells += [served_by(counts[n].get(c)) for n in ns if n > 1]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

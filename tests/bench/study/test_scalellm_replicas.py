@@ -39,7 +39,7 @@ def study_of(by: dict, failed: list | None = None, replicas=(1, 2)) -> dict:
 ONE = {"1": level(10.0, 200.0, 3000.0), "4": level(30.0, 400.0, 4000.0),
        "16": level(40.0, 2000.0, 12000.0, timeouts=2, generated=44.0)}
 TWO = {"1": level(7.0, 300.0, 4200.0), "4": level(30.0, 380.0, 4100.0),
-       "16": level(60.0, 1000.0, 8000.0, generated=66.0)}
+       "16": {**level(60.0, 1000.0, 8000.0, generated=66.0), "by_replica": {"replica-1": 11, "replica-0": 9}}}
 
 
 def test_ratios_are_two_replicas_over_one_at_each_level():
@@ -113,6 +113,14 @@ def test_the_table_sets_the_counts_side_by_side():
     row16 = next(line for line in table if line.startswith("| 16 |"))
     assert "| 44.0 | 66.0 |" in row16 and "| 1.50x |" in row16 and "| 0.50x |" in row16
     assert "| 2 | 0 |" in row16                                                # timeouts, 1 then 2 replicas
+    assert row16.endswith("| replica-0 9, replica-1 11 |")                      # how routing spread them
+
+
+def test_a_levels_requests_are_counted_by_the_replica_that_served_them():
+    records = [scalellm.RequestRecord(k, "ok", 1.0, ttft_s=0.1, tokens=4, engine_ms=500.0, frontend_e2e_ms=900.0,
+                                      gateway_ms=400.0, replica=f"replica-{k % 2}") for k in range(5)]
+    records.append(scalellm.RequestRecord(5, "timeout", 60.0, replica=""))
+    assert scalellm.level_figures(records, 10.0, 60.0)["by_replica"] == {"replica-0": 3, "replica-1": 2}
 
 
 def test_each_counts_compute_cpus_are_said():
@@ -164,6 +172,8 @@ def test_smoke_run_with_one_and_two_replicas(tmp_path):
         for c, f in by[n]["levels"].items():
             assert f["completed"] == f["requests"] == int(c)
             assert f["generated_tokens"] >= f["output_tokens"] > 0              # every replica's counted
+            assert sum(f["by_replica"].values()) == f["summaries"] == f["completed"]
+            assert set(f["by_replica"]) <= {f"replica-{i}" for i in range(int(n))}
     assert "compute-1" in by["2"]["levels"]["2"]["cpu_cores"]
     for c in ("1", "2"):
         assert math.isfinite(study["ratios"][f"tokens_per_s_2r_vs_1r_at_{c}"])
