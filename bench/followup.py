@@ -17,11 +17,11 @@ message) is timed on each path, the order rotating per round:
   the whole history prefilled again, as for a user with no stored KV).
 
 The paths are the frontend's TurnSummary.kv_origin pool, storage_same, storage_other and recompute
-(`KV_ORIGIN`). Each path has its own user (blocks are named by owner and content), fresh in each round and length.
-A and B swap every round, so that neither compute node (each on its own share of the cores) always
-serves the same paths. Every follow-up's record is checked against its path (`path_problem`): a
-follow-up whose KV did not come from where its path says is flagged, left out of the figures and
-reported as failed, never counted. Histories are whole blocks (bench.ttft.whole_blocks_prompt), so
+(`KV_ORIGIN`). Each path has its own user (blocks are named by owner and content), fresh in each
+round and length. A and B swap every round, so that neither compute node (each on its own share of
+the cores) always serves the same paths. Every follow-up's record is checked against its path
+(`path_problem`): a follow-up whose KV did not come from where its path says is flagged, left out
+of the figures and reported as failed, never counted. Histories are whole blocks (bench.ttft.whole_blocks_prompt), so
 the pool and a restore hold the same prefix.
 
 Ratios per history: other / same, other / same_storage (the price of asking the storage nodes),
@@ -62,7 +62,8 @@ PATHS = ("same", "same_storage", "other", "recompute")
 POLICY = {"same": "resident", "same_storage": "triggered", "other": "triggered", "recompute": "recompute"}
 ON_FIRST = {"same": True, "same_storage": True, "other": False, "recompute": False}
 # each path's name in the frontend's TurnSummary.kv_origin, where the KV of a turn it routed came from
-KV_ORIGIN = {"same": "pool", "same_storage": "storage_same", "other": "storage_other", "recompute": "recompute"}
+KV_ORIGIN = {"same": "pool", "same_storage": "storage_same", "other": "storage_other",
+             "recompute": "recompute"}
 BUILT = ("same", "same_storage", "other")   # paths whose first turn leaves KV behind
 # ratio name -> (numerator path, denominator path), of median client TTFT
 RATIOS = {"other_vs_same": ("other", "same"), "other_vs_same_storage": ("other", "same_storage"),
@@ -191,7 +192,8 @@ def run_history(result: dict, stubs: Sequence, history: int, rounds: int, max_ne
             samples[path].append(s)
         done()
     problems = flag_problems(result, history, samples)
-    return {"history_tokens": len(prompt), "paths": {p: path_figures(samples[p]) for p in PATHS}, "samples": samples, "flagged": problems}
+    return {"history_tokens": len(prompt), "paths": {p: path_figures(samples[p]) for p in PATHS},
+            "samples": samples, "flagged": problems}
 
 
 def warm_up(stubs: Sequence) -> None:
@@ -238,7 +240,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"history lengths in tokens, rounded to whole blocks (default {HISTORIES}; "
                              f"--smoke {SMOKE_HISTORIES})")
     parser.add_argument("--rounds", type=int, help="follow-ups per history and path (default 4; --smoke 2)")
-    parser.add_argument("--max-new-tokens", type=int, default=2, help="tokens per follow-up reply (default 2)")
+    parser.add_argument("--max-new-tokens", type=int, default=2,
+                        help="tokens per follow-up reply (default 2)")
     parser.add_argument("--torch-threads", type=int, default=0,
                         help="each compute node's torch threads (default 0: one per CPU of its share)")
     args = parser.parse_args(argv)
@@ -270,9 +273,9 @@ def table(result: dict) -> str:
                      sum(row["paths"][p]["flagged"] for p in PATHS)])
     s = result["settings"]
     failed = failed_text(result)
-    return (f"follow-up TTFT on two replicas, median of {s['rounds']} rounds (client side); same: back on the "
-            f"first turn's replica, its pool holding the prefix; same_storage: back there, restored from its "
-            f"own stores (policy triggered); other: the other replica, restored from what the first stored; "
+    return (f"follow-up TTFT on two replicas, median of {s['rounds']} rounds (client side); same: back on "
+            f"the first turn's replica, its pool holding the prefix; same_storage: back there, restored from "
+            f"its own stores (policy triggered); other: the other replica, restored from what the first stored; "
             f"recompute: nothing stored. Every follow-up's record checked against its path; flagged ones are "
             f"not counted.\n{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}"
             + (f"\n\n{failed}" if failed else ""))

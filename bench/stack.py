@@ -114,7 +114,8 @@ class Stack:
     """
 
     def __init__(self, data_dir: str | Path, config: dict[str, Any], *, policy: str = "triggered",
-                 storage_nodes: int = 1, keep_data: bool = False, placement: str = "shared", replicas: int = 1):
+                 storage_nodes: int = 1, keep_data: bool = False, placement: str = "shared",
+                 replicas: int = 1):
         if replicas < 1:
             raise ValueError(f"a stack needs at least one replica, not {replicas}")
         self.data_dir = Path(data_dir).resolve()

@@ -665,14 +665,15 @@ def run_levels(study: dict, args) -> None:
                           max_new_tokens=args.max_tokens, compute=compute,
                           frontend={"max_concurrent_turns": max(64, *args.levels), "max_waiting_turns": 256,
                                     "queue_timeout_s": 600.0})
-    with data_dir(args, NAME) as services, \
-            progress_for(args, args.requests_per_client * sum(args.levels) * len(args.replicas), NAME) as progress:
+    total = args.requests_per_client * sum(args.levels) * len(args.replicas)
+    with data_dir(args, NAME) as services, progress_for(args, total, NAME) as progress:
         if args.smoke:
             from bench.study.tiny_model import make_tiny_model
             config["compute"]["model_cache_dir"] = str(make_tiny_model(services / "tiny-model"))
         if args.replicas == [1]:  # the study as it always was
             study["results"]["levels"] = {}
-            run_stack(study, args, config, services / "stack", all_users, 1, study["results"]["levels"], progress)
+            run_stack(study, args, config, services / "stack", all_users, 1, study["results"]["levels"],
+                      progress)
             return
         by = study["results"]["by_replicas"] = {}
         for n in args.replicas:
@@ -706,7 +707,8 @@ def run_stack(study: dict, args, config: dict, path: Path, all_users: list[str],
         for c in args.levels:
             users = [next(given) for _ in range(c)]  # new users per level: nothing one stored is another's
             part = f"level {c}" if args.replicas == [1] else f"level {c}, {replicas} replicas"
-            figures = run_part(study, part, lambda: run_level(stack, base_url, model, c, users, args, progress))
+            figures = run_part(study, part,
+                               lambda: run_level(stack, base_url, model, c, users, args, progress))
             if figures is None:
                 error = next(f["error"] for f in reversed(study["failed"]) if f["part"] == part)
                 levels[str(c)] = {"failed": error}
@@ -809,8 +811,8 @@ def replicas_body(study: dict) -> list[str]:
              "Each count is a stack of its own, run through the same levels with new users; tokens/s are the "
              "tokens every compute node generated over the level's wall time (else the completed requests'), "
              "TTFT p50 counts the timed-out requests as Table 1's claims do, and each ratio is the larger "
-             "count over the smaller at the same level; `served by` counts the completed requests by the replica "
-             "their turn summary names (how the frontend's routing spread them).", ""]
+             "count over the smaller at the same level; `served by` counts the completed requests by the "
+             "replica their turn summary names (how the frontend's routing spread them).", ""]
     for n, entry in sorted(by.items(), key=lambda kv: int(kv[0]))[1:]:
         lines += [f"## Table 1, Fig. 6 and Fig. 7 by level, {n} replicas", "",
                   level_table({"results": {"levels": entry["levels"]}}), ""]

@@ -120,7 +120,8 @@ def add_replica_claims(study: dict) -> None:
                 f"{_x(ttft[c])}, timeouts {b['timeouts']} against {a['timeouts']}")
 
     claim(study, FIGURE, low_text,
-          f"at {low} concurrent, {top_n} replicas over {base}: {at(low)}; tokens/s ratio by level {per_level}",
+          f"at {low} concurrent, {top_n} replicas over {base}: {at(low)}; "
+          f"tokens/s ratio by level {per_level}",
           tps[low] < 1.0,
           (f"at {low} concurrent the load fits one engine: {top_n} replicas leave a compute node's share of "
            f"the cores idle while the one replica's forward uses every core (its torch threads), as TP8 "
@@ -231,7 +232,8 @@ def draw_replicas(study: dict, out: Path) -> list[Path | None]:
         return out_
 
     fig8 = plot_lines(out / "scalellm-fig8-replicas-throughput.png", series(_throughput),
-                      title="Fig. 8: throughput against concurrency by replica count", xlabel="concurrent requests",
+                      title="Fig. 8: throughput against concurrency by replica count",
+                      xlabel="concurrent requests",
                       ylabel="output tokens/s", logx=True)
     ttft = plot_lines(out / "scalellm-fig8-replicas-ttft.png", series(_ttft),
                       title="TTFT p50 against concurrency by replica count", xlabel="concurrent requests",

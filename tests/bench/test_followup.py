@@ -53,7 +53,8 @@ def test_a_follow_up_off_its_path_is_flagged_with_what_it_did(path, wrong):
 def test_a_follow_up_that_ran_on_another_replica_is_flagged():
     assert path_problem("other", ON_PATH["other"], "replica-0") == "ran on replica-1, not replica-0"
     # a record that names no replica (an agent that does not say) is judged on its fields alone
-    assert path_problem("other", record("restored", reused=256, restored=8, other=8, replica=""), "replica-0") == ""
+    unnamed = record("restored", reused=256, restored=8, other=8, replica="")
+    assert path_problem("other", unnamed, "replica-0") == ""
     with pytest.raises(ValueError, match="unknown path"):
         path_problem("elsewhere", ON_PATH["other"], "replica-1")
 
@@ -118,7 +119,8 @@ def test_options_default_and_smoke_and_refuse_nonsense():
 def test_smoke_run_on_two_replicas_measures_every_path_on_its_path(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(kvtb_argv("bench", "followup", "--smoke", "--json", "--out", str(out)),
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(tmp_path)})
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0, (result.get("failed"), done.stderr[-3000:])
     assert result["failed"] == [] and result["settings"]["replicas"] == 2

@@ -117,8 +117,9 @@ def test_the_table_sets_the_counts_side_by_side():
 
 
 def test_a_levels_requests_are_counted_by_the_replica_that_served_them():
-    records = [scalellm.RequestRecord(k, "ok", 1.0, ttft_s=0.1, tokens=4, engine_ms=500.0, frontend_e2e_ms=900.0,
-                                      gateway_ms=400.0, replica=f"replica-{k % 2}") for k in range(5)]
+    records = [scalellm.RequestRecord(k, "ok", 1.0, ttft_s=0.1, tokens=4, engine_ms=500.0,
+                                      frontend_e2e_ms=900.0, gateway_ms=400.0, replica=f"replica-{k % 2}")
+               for k in range(5)]
     records.append(scalellm.RequestRecord(5, "timeout", 60.0, replica=""))
     assert scalellm.level_figures(records, 10.0, 60.0)["by_replica"] == {"replica-0": 3, "replica-1": 2}
 
@@ -162,7 +163,8 @@ def test_smoke_run_with_one_and_two_replicas(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(kvtb_argv("study", "scalellm", "--smoke", "--json", "--out", str(out),
                                     "--replicas", "1", "2"),
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(tmp_path)})
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
     study = json.loads(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0, (study.get("failed"), done.stderr[-3000:])
     assert study["settings"]["replicas"] == [1, 2] and study["settings"]["routing"] == "least_loaded"
