@@ -21,8 +21,8 @@ The paths are the frontend's TurnSummary.kv_origin pool, storage_same, storage_o
 round and length. A and B swap every round, so that neither compute node (each on its own share of
 the cores) always serves the same paths. Every follow-up's record is checked against its path
 (`path_problem`): a follow-up whose KV did not come from where its path says is flagged, left out
-of the figures and reported as failed, never counted. Histories are whole blocks (bench.ttft.whole_blocks_prompt), so
-the pool and a restore hold the same prefix.
+of the figures and reported as failed, never counted. Histories are whole blocks
+(bench.ttft.whole_blocks_prompt), so the pool and a restore hold the same prefix.
 
 Ratios per history: other / same, other / same_storage (the price of asking the storage nodes),
 recompute / other, of the median client TTFT.
@@ -275,8 +275,8 @@ def table(result: dict) -> str:
     failed = failed_text(result)
     return (f"follow-up TTFT on two replicas, median of {s['rounds']} rounds (client side); same: back on "
             f"the first turn's replica, its pool holding the prefix; same_storage: back there, restored from "
-            f"its own stores (policy triggered); other: the other replica, restored from what the first stored; "
-            f"recompute: nothing stored. Every follow-up's record checked against its path; flagged ones are "
+            f"its own stores (policy triggered); other: the other replica, restored from what the first "
+            f"stored; recompute: nothing stored. Every follow-up's record checked against its path; flagged ones are "
             f"not counted.\n{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}"
             + (f"\n\n{failed}" if failed else ""))
 
