@@ -276,8 +276,8 @@ def table(result: dict) -> str:
     return (f"follow-up TTFT on two replicas, median of {s['rounds']} rounds (client side); same: back on "
             f"the first turn's replica, its pool holding the prefix; same_storage: back there, restored from "
             f"its own stores (policy triggered); other: the other replica, restored from what the first "
-            f"stored; recompute: nothing stored. Every follow-up's record checked against its path; flagged ones are "
-            f"not counted.\n{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}"
+            f"stored; recompute: nothing stored. Every follow-up's record checked against its path; "
+            f"flagged ones are not counted.\n{format_table(head, rows)}\n\n{ratios_text(result['ratios'])}"
             + (f"\n\n{failed}" if failed else ""))
 
 
