@@ -149,7 +149,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "`--replicas 1 2`: ScaleLLM's Fig. 8, replica parallelism against one replica)")
     parser.add_argument("--routing", choices=ROUTINGS, default="least_loaded",
                         help="the frontend's routing over several replicas (default least_loaded: every "
-                             "request is a conversation of its own, so no replica holds its prefix)")
+                             "request is a new conversation, sharing at most its client's system prompt)")
     args = parser.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     args.mode = mode
