@@ -171,8 +171,8 @@ class ServiceProcess:
         """SIGKILL, as a crash would."""
         if self.proc is None:
             return
+        self.signal(signal.SIGKILL)  # first: a paused process must not run (and answer) before it dies
         self.signal(signal.SIGCONT)
-        self.signal(signal.SIGKILL)
         self.proc.wait()
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
