@@ -237,9 +237,11 @@ def table(result: dict) -> str:
         rows.append([label, f"{f['served']}/{f['attempted']}", *times])
     greedy = r.get("greedy") or {}
     fe = s["frontend"]
-    return (f"times in ms; the frontend's share per user: {fe['user_max_concurrent_turns']} running, "
-            f"{fe['user_max_waiting_turns']} waiting, {fe['user_max_queued_prompt_tokens']} prompt tokens "
-            f"(of {fe['max_concurrent_turns']} running, {fe['max_waiting_turns']} waiting)\n"
+    quotas = ", ".join(f"{k.removeprefix('user_max_')} {fe[k]}" for k in
+                       ("user_max_concurrent_turns", "user_max_waiting_turns", "user_max_queued_prompt_tokens")
+                       if fe[k]) or "none"
+    return (f"times in ms; the frontend's places: {fe['max_concurrent_turns']} running, "
+            f"{fe['max_waiting_turns']} waiting, shared fairly (work-conserving); quotas per user: {quotas}\n"
             f"{format_table(head, rows)}\n"
             f"greedy user: {greedy.get('served', 0)} turns served, refused {greedy.get('refused', {})}\n\n"
             f"{ratios_text(result['ratios'])}")

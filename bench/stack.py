@@ -94,10 +94,8 @@ def bench_config(*, pool_tokens: int = 32768, max_context_tokens: int = 4096, us
         "frontend": {"listen_address": free, "http_address": free, "metrics_address": free,
                      "users": bench_users(users),
                      "max_new_tokens_default": max_new_tokens, "max_new_tokens_cap": 1024,
-                     "max_concurrent_turns": 64, "max_waiting_turns": 256, "queue_timeout_s": 600.0,
-                     # a benchmark's user drives many turns at once: no per-user share (bench fairness sets one)
-                     "user_max_concurrent_turns": 1024, "user_max_waiting_turns": 1024,
-                     "user_max_queued_prompt_tokens": 1 << 30,
+                     # the stock admission (every place to a user alone, no quotas), a patient wait
+                     "queue_timeout_s": 600.0,
                      **(frontend or {})},
     }
 

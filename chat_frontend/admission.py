@@ -1,15 +1,22 @@
-"""Admission of turns: a fair share per user, a bounded wait, one turn per context at a time.
+"""Admission of turns: a work-conserving fair share, a bounded wait, one turn per context at a time.
 
-At most `max_active` turns run at once (the frontend forwards them to the compute node). A turn
-that cannot start waits, at most `timeout_s`, in its user's queue; when a place frees, the next
-turn comes from the next user with a turn that may start, round-robin over users (not first come,
-first served), so a user with many turns waiting cannot delay another's first one by more than a
-turn. Each user (`UserLimits`) runs at most `max_concurrent_turns` turns, keeps at most
-`max_waiting_turns` waiting (and never more than half the waiting room, so one user cannot fill
-it), and has at most `max_queued_prompt_tokens` prompt tokens in its turns running or waiting
-(a turn alone always passes, however long its prompt). Past any bound: RESOURCE_EXHAUSTED at once,
-with a time to try again; never dropped silently. Turns of the same context run one after the
-other (a conversation is a sequence). Use from one event loop only.
+At most `max_active` turns run at once (the frontend forwards them to the compute nodes, whose
+schedulers batch them). Alone, a user may take every place: nothing refuses a turn while a place is
+free. A turn that cannot start waits, at most `timeout_s`, in its user's queue. When a place frees,
+the next turn comes from the waiting user with the fewest turns running (ties: round-robin, the user
+served least recently first), so a newcomer's first turn starts at the next free place, before the
+turns of a user who already holds many; a greedy user's turns beyond its share are the ones that wait.
+
+The waiting room holds at most `max_waiting` turns. When it is full, a turn of a user with fewer turns
+waiting than the user with the most takes the place of that user's newest waiting turn, which is
+refused (pushed out): so a full room refuses its largest holder, never a newcomer. Only a room full
+of turns of users holding as many as this one refuses it.
+
+An operator may set quotas per user (`UserLimits`, off by default): turns running at once (past it
+they wait), turns waiting, prompt tokens in the user's turns running or waiting (a turn alone always
+passes, however long its prompt). Past a quota, a full room, or a wait of timeout_s:
+RESOURCE_EXHAUSTED at once, with a time to try again; never dropped silently. Turns of the same
+context run one after the other (a conversation is a sequence). Use from one event loop only.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import enum
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Hashable
@@ -30,14 +38,14 @@ HOLD_WEIGHT = 0.2         # weight of the latest turn in the mean time a turn ho
 
 @dataclasses.dataclass(frozen=True)
 class UserLimits:
-    """One user's share of the frontend."""
+    """An operator's quotas for one user; None: no quota (the default)."""
 
-    max_concurrent_turns: int
-    max_waiting_turns: int
-    max_queued_prompt_tokens: int
+    max_concurrent_turns: int | None = None
+    max_waiting_turns: int | None = None
+    max_queued_prompt_tokens: int | None = None
 
 
-UNLIMITED = UserLimits(1 << 30, 1 << 30, 1 << 62)
+NO_QUOTA = UserLimits()
 
 
 def estimate_tokens(*texts: str) -> int:
@@ -49,9 +57,16 @@ def estimate_tokens(*texts: str) -> int:
 @dataclasses.dataclass
 class AdmissionStats:
     admitted: int = 0
-    rejected_full: int = 0      # the waiting room was full
+    rejected_full: int = 0      # the waiting room was full of turns of users holding no more than this one's
+    rejected_pushed: int = 0    # waited, then gave its place in a full room to a user holding fewer
     rejected_timeout: int = 0   # waited timeout_s
-    rejected_share: int = 0     # past the user's own limits
+    rejected_quota: int = 0     # past an operator's quota for its user
+
+
+class _State(enum.Enum):
+    WAITING = "waiting"
+    ADMITTED = "admitted"
+    PUSHED = "pushed"
 
 
 @dataclasses.dataclass(eq=False)
@@ -60,6 +75,7 @@ class _Waiter:
     context: Hashable
     tokens: int
     admitted: asyncio.Future
+    state: _State = _State.WAITING
 
 
 @dataclasses.dataclass(eq=False)
@@ -69,12 +85,15 @@ class _User:
     tokens: int = 0  # prompt tokens of its turns running or waiting
     waiting: collections.deque = dataclasses.field(default_factory=collections.deque)
 
+    def under(self, quota: int | None, value: int) -> bool:
+        return quota is None or value < quota
+
 
 class Admission:
     """The places for turns, shared fairly between users (see the module's docstring)."""
 
     def __init__(self, max_active: int, max_waiting: int, timeout_s: float,
-                 limits_of: Callable[[str], UserLimits] = lambda user: UNLIMITED):
+                 limits_of: Callable[[str], UserLimits] = lambda user: NO_QUOTA):
         if max_active <= 0 or max_waiting < 0 or timeout_s <= 0:
             raise ValueError(f"need max_active > 0, max_waiting >= 0, timeout_s > 0; got "
                              f"{max_active}, {max_waiting}, {timeout_s}")
@@ -123,32 +142,26 @@ class Admission:
         return ChatError("RESOURCE_EXHAUSTED", f"{message}; try again in {self.retry_after_s()} s",
                          retry_after_s=self.retry_after_s())
 
-    def _waiting_bound(self, user: _User) -> int:
-        """Turns a user may keep waiting: its own limit, and never more than half the room (at least 1)."""
-        return min(user.limits.max_waiting_turns, max(1, self.max_waiting // 2))
-
     def _enter(self, name: str, context: Hashable, tokens: int) -> _Waiter:
         """The turn in its user's queue (and admitted at once if it may start), or a refusal."""
         user = self._users.get(name) or _User(self.limits_of(name))
         limits = user.limits
         busy = user.active + len(user.waiting)
-        if busy and user.tokens + tokens > limits.max_queued_prompt_tokens:
-            self.stats.rejected_share += 1
-            raise self._refuse(f"over your share: {user.tokens} prompt tokens in your {busy} turns running "
-                               f"or waiting, and about {tokens} in this one, pass your limit of "
-                               f"{limits.max_queued_prompt_tokens}")
-        starts_now = (self._active < self.max_active and user.active < limits.max_concurrent_turns
-                      and context not in self._busy)
+        quota = limits.max_queued_prompt_tokens
+        if busy and quota is not None and user.tokens + tokens > quota:
+            self.stats.rejected_quota += 1
+            raise self._refuse(f"over your quota: {user.tokens} prompt tokens in your {busy} turns running "
+                               f"or waiting, and about {tokens} in this one, pass your limit of {quota}")
+        starts_now = (self._active < self.max_active and context not in self._busy
+                      and user.under(limits.max_concurrent_turns, user.active))
         if not starts_now:
-            if len(user.waiting) >= self._waiting_bound(user):
-                self.stats.rejected_share += 1
-                raise self._refuse(f"over your share: {user.active} turns running and {len(user.waiting)} "
-                                   f"waiting (your limits {limits.max_concurrent_turns} and "
-                                   f"{self._waiting_bound(user)})")
+            quota = limits.max_waiting_turns
+            if quota is not None and len(user.waiting) >= quota:
+                self.stats.rejected_quota += 1
+                raise self._refuse(f"over your quota: {user.active} turns running and {len(user.waiting)} "
+                                   f"waiting (your limits {limits.max_concurrent_turns} and {quota})")
             if self._waiting >= self.max_waiting:
-                self.stats.rejected_full += 1
-                raise self._refuse(f"busy: {self._active} turns running and {self._waiting} waiting "
-                                   f"(limits {self.max_active} and {self.max_waiting})")
+                self._make_room(name, user)
         waiter = _Waiter(name, context, tokens, asyncio.get_running_loop().create_future())
         self._users[name] = user
         user.waiting.append(waiter)
@@ -158,29 +171,48 @@ class Admission:
         self._dispatch()
         return waiter
 
+    def _make_room(self, name: str, user: _User) -> None:
+        """The room is full: push out the newest waiting turn of the user with the most waiting, if it
+        has at least two more than this user would; else refuse this turn."""
+        mine = len(user.waiting)
+        holder = max(self._rotation, key=lambda n: len(self._users[n].waiting), default=None)
+        if holder is None or holder == name or len(self._users[holder].waiting) < mine + 2:
+            self.stats.rejected_full += 1
+            raise self._refuse(f"busy: {self._active} turns running and {self._waiting} waiting "
+                               f"(limits {self.max_active} and {self.max_waiting})")
+        owner = self._users[holder]
+        victim = owner.waiting[-1]
+        self._remove(victim)
+        owner.tokens -= victim.tokens
+        victim.state = _State.PUSHED
+        self.stats.rejected_pushed += 1
+        victim.admitted.set_exception(self._refuse(
+            f"busy: your waiting turn gave its place to another user's ({self._active} turns running and "
+            f"{self._waiting + 1} waiting, {len(owner.waiting) + 1} of them yours)"))
+        self._forget_if_idle(holder, owner)
+
     async def _wait(self, waiter: _Waiter) -> None:
         """Until the waiter is admitted; on a timeout or cancellation it leaves the queue."""
-        if waiter.admitted.done():
+        if waiter.state is _State.ADMITTED:
             return
         try:
             async with asyncio.timeout(self.timeout_s):
                 await waiter.admitted
         except TimeoutError:
-            if self._was_admitted(waiter):  # admitted just as its time ran out: take the place
+            if waiter.state is _State.ADMITTED:  # admitted just as its time ran out: take the place
                 return
-            self._withdraw(waiter)
-            self.stats.rejected_timeout += 1
+            if waiter.state is _State.WAITING:
+                self._withdraw(waiter)
+                self.stats.rejected_timeout += 1
             raise self._refuse(f"busy: waited {self.timeout_s:g} s for a free place") from None
+        except ChatError:  # pushed out of a full room: already gone from the queue
+            raise
         except BaseException:  # cancelled: the user went away
-            if self._was_admitted(waiter):
+            if waiter.state is _State.ADMITTED:
                 self._leave(waiter, 0.0)
-            else:
+            elif waiter.state is _State.WAITING:
                 self._withdraw(waiter)
             raise
-
-    @staticmethod
-    def _was_admitted(waiter: _Waiter) -> bool:
-        return waiter.admitted.done() and not waiter.admitted.cancelled()
 
     def _dispatch(self) -> None:
         """Admit waiters while places are free: the next user in turn with a turn that may start."""
@@ -189,35 +221,43 @@ class Admission:
             if picked is None:
                 return
             user = self._users[picked.user]
-            user.waiting.remove(picked)
-            self._waiting -= 1
+            self._remove(picked)
             user.active += 1
             self._active += 1
             self._busy.add(picked.context)
-            if user.waiting:
+            if picked.user in self._rotation:
                 self._rotation.move_to_end(picked.user)  # its next turn waits for the others' turns
-            else:
-                del self._rotation[picked.user]
             self.stats.admitted += 1
+            picked.state = _State.ADMITTED
             picked.admitted.set_result(None)
 
     def _next_waiter(self) -> _Waiter | None:
+        """The oldest startable turn of the waiting user with the fewest turns running (ties: rotation order)."""
+        best: _Waiter | None = None
+        best_active = 0
         for name in self._rotation:
             user = self._users[name]
-            if user.active >= user.limits.max_concurrent_turns:
+            if (best is not None and user.active >= best_active) or \
+                    not user.under(user.limits.max_concurrent_turns, user.active):
                 continue
             for waiter in user.waiting:  # its oldest turn whose context is not running
                 if waiter.context not in self._busy:
-                    return waiter
-        return None
+                    best, best_active = waiter, user.active
+                    break
+        return best
 
-    def _withdraw(self, waiter: _Waiter) -> None:
+    def _remove(self, waiter: _Waiter) -> None:
+        """The waiter leaves its user's queue (its tokens stay counted if it is admitted)."""
         user = self._users[waiter.user]
         user.waiting.remove(waiter)
         self._waiting -= 1
-        user.tokens -= waiter.tokens
         if not user.waiting:
             self._rotation.pop(waiter.user, None)
+
+    def _withdraw(self, waiter: _Waiter) -> None:
+        user = self._users[waiter.user]
+        self._remove(waiter)
+        user.tokens -= waiter.tokens
         self._forget_if_idle(waiter.user, user)
         self._dispatch()
 

@@ -162,13 +162,14 @@ class ChatFrontendServicer:
     def frontend_figures(self) -> dict:
         """The frontend's own counters."""
         admission = self.service.admission
+        st = admission.stats
+        rejected = {"waiting_room_full": st.rejected_full, "pushed_out": st.rejected_pushed,
+                    "timeout": st.rejected_timeout, "quota": st.rejected_quota}
         return {"turns_completed": self.service.turns_completed,
                 "turns_failed": self.service.turns_failed,
                 "turns_active": admission.active, "turns_waiting": admission.waiting,
                 "users_active": admission.users,
-                "rejected_busy": (admission.stats.rejected_full + admission.stats.rejected_timeout
-                                  + admission.stats.rejected_share),
-                "rejected_over_share": admission.stats.rejected_share,
+                "rejected_busy": sum(rejected.values()), "rejected_by_reason": rejected,
                 "users": len(self.service.settings.users), **self.service.store.counts()}
 
 

@@ -92,7 +92,9 @@ class Engine:
         self.generation_defaults = generation_defaults(model)
         self.bm = BlockManager(self.layout.num_blocks, self.layout.block_tokens)
         self.scheduler = Scheduler(self.bm, settings.max_num_seqs, settings.max_num_batched_tokens,
-                                   settings.preemption, settings.queue_bound, self.stop_token_ids)
+                                   settings.preemption, settings.queue_bound, self.stop_token_ids,
+                                   newcomer_slots=settings.newcomer_slots,
+                                   first_token_steps=settings.first_token_steps)
         self.runner = ModelRunner(model, pool.kv, settings.device)
         # preemption swap-host: the host swap tier (vLLM's CPU swap space)
         self.host_swap = (HostSwapStore(self.layout, pool.region.array,

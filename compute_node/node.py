@@ -26,6 +26,7 @@ from kvtb_proto import compute_pb2, compute_pb2_grpc
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name
+CONTROL_CALLS = 64  # threads and streams beside the turns' (Info, Stats, EncodeChat, Decode, health)
 
 
 def access(agent_identity: str = "smartnic") -> dict[str, set[str]]:
@@ -88,8 +89,12 @@ class ComputeNode:
             logger.warning("removed the region %s that a node %s left when it died", name, s.node_name)
         self.pool = KvPool.create(s.shm_name, layout)
         self.security = Security.of(s.identity, s.credentials_dir, s.insecure)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="compute-grpc"),
-                                  options=server_options(),
+        # a turn's stream holds a thread while it waits in the scheduler or runs: enough for every turn the
+        # engine takes (queue_bound waiting, max_num_seqs running), so turns wait in the fair scheduler
+        turns = s.queue_bound + s.max_num_seqs + s.newcomer_slots
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=turns + CONTROL_CALLS,
+                                                             thread_name_prefix="compute-grpc"),
+                                  options=server_options(max_concurrent_streams=turns + CONTROL_CALLS),
                                   interceptors=[Authorizer(access(s.agent_identity), self.security)])
         port = add_port(self.server, s.listen_address, self.security)
         if not port:

@@ -2,11 +2,13 @@
 
 One step runs every running decode (1 token each), the running prefills' next chunks, then
 admits waiting sequences while max_num_seqs, the token budget and free blocks allow (chunked
-prefill mixed with the decodes). Users share fairly: admission picks the next sequence of the
-user with the fewest sequences in service (each user's own sequences in their order), the
-prefill budget is split across users (one user's long prompts do not hold back another's turn),
-and when a decode cannot get a block the victim is the most recently admitted sequence of the
-user with the most running sequences. A victim is preempted: by recompute (its blocks are freed, it
+prefill mixed with the decodes). Users share fairly (`compute_node.fair_order`): admission picks
+the next sequence, restored or waiting, of the user with the fewest sequences running (each user's
+own sequences in their order); while a greedy user holds most of the batch, a newcomer's first turn
+may take a place past max_num_seqs (`newcomer_slots`) and gets a step of its own for its first
+token (`first_token_steps`); the prefill budget is split across users (one user's long prompts do
+not hold back another's turn), and when a decode cannot get a block the victim is the most recently
+admitted sequence of the user with the most running sequences. A victim is preempted: by recompute (its blocks are freed, it
 prefills again later, finding its full blocks in the prefix cache if they are still there),
 by swap (its KV blocks are pinned until the engine has stored them, then it is restored; a
 sequence whose policy stores nothing is recomputed) or by swap-host (its blocks are freed at
@@ -23,6 +25,7 @@ import logging
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
+from compute_node import fair_order
 from compute_node.block_manager import BlockManager
 from compute_node.sequence import Sequence, SequenceStatus
 
@@ -125,24 +128,27 @@ class Scheduler:
 
     Invariants: a sequence is in exactly one of waiting (no blocks, or SWAPPED), restoring
     (RESTORING, blocks allocated), ready (restored, holds blocks, waits for a place in the
-    batch) and running (RUNNING, in admission order); len(running) <= max_num_seqs; every
+    batch) and running (RUNNING, in admission order); len(running) <= max_num_seqs +
+    newcomer_slots, and past max_num_seqs only by newcomers admitted beside a greedy user; every
     running sequence has at least one token to compute.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption: str = "recompute", max_waiting: int = 64, stop_token_ids: Iterable[int] = (),
-                 pin_finished: bool = False):
+                 pin_finished: bool = False, newcomer_slots: int = 0, first_token_steps: bool = False):
         if preemption not in PREEMPTION_MODES:
             raise ValueError(f"preemption must be one of {PREEMPTION_MODES}")
         if max_num_seqs <= 0 or max_waiting <= 0:
             raise ValueError(f"max_num_seqs ({max_num_seqs}) and max_waiting ({max_waiting}) must be positive")
-        if max_num_batched_tokens < max_num_seqs:
-            raise ValueError("the token budget must fit a decode per sequence")
+        if newcomer_slots < 0 or max_num_batched_tokens < max_num_seqs + newcomer_slots:
+            raise ValueError("the token budget must fit a decode per sequence (newcomer slots included)")
         self.bm = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.preemption, self.max_waiting = preemption, max_waiting
         self.stop_token_ids = frozenset(stop_token_ids)
         self.pin_finished = pin_finished  # pin a finished sequence's KV blocks (so its tail can be stored)
+        self.newcomer_slots, self.first_token_steps = newcomer_slots, first_token_steps  # fair_order
+        self._first_token_step_last = False  # the last step was a first-token step: the next one is not
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.ready: collections.deque[Sequence] = collections.deque()
         self.restoring: dict[int, Sequence] = {}
@@ -287,8 +293,11 @@ class Scheduler:
 
     # -- one step
     def schedule(self) -> SchedulerOutput:
-        """Choose the next step's work (decodes, prefill chunks, admissions), preempting if blocks run out."""
+        """Choose the next step's work (decodes, prefill chunks, admissions), preempting if blocks run out;
+        or, beside a greedy user, a first-token step: newcomers' whole prompts and nothing else."""
         out = SchedulerOutput()
+        if self._first_token_step(out):
+            return out
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget:  # decodes first, in admission order
@@ -304,7 +313,8 @@ class Scheduler:
         prefills = [seq for seq in self.running if not seq.is_decode]
         if prefills and budget:  # then the prefills already under way, the budget split across users
             admitting = not out.preempted and len(self.running) < self.max_num_seqs
-            shares = self._prefill_shares(prefills, budget, admitting and self._other_user_admissible(prefills))
+            shares = fair_order.prefill_shares(prefills, budget,
+                                               admitting and self._other_user_admissible(prefills))
             for seq in prefills:
                 tokens = min(seq.num_tokens_to_compute, shares[seq.user_id], budget)
                 if tokens:
@@ -314,35 +324,25 @@ class Scheduler:
             self._admit(out, budget)
         return out
 
+    def _first_token_step(self, out: SchedulerOutput) -> bool:
+        """Beside a greedy user (fair_order), and unless the last step was one: admit the newcomers whose
+        whole prompt fits the budget and run only their prompts, so their first tokens wait for one short
+        step, not for a full batch's. False when none was scheduled (restores it began stay in out)."""
+        if not self.first_token_steps or self._first_token_step_last or not fair_order.has_greedy_user(self.running):
+            self._first_token_step_last = False
+            return False
+        self._admit(out, self.max_num_batched_tokens, newcomers_only=True)
+        self._first_token_step_last = bool(out.scheduled)
+        return self._first_token_step_last
+
     def _other_user_admissible(self, prefills: list[Sequence]) -> bool:
         """Whether the next sequence admission would take is another user's than those prefilling, and could
         be admitted now (its blocks are there): then the prefills leave it a share of the budget."""
-        seq = self.ready[0] if self.ready else self._next_waiting(self._in_service())
+        running = collections.Counter(s.user_id for s in self.running)
+        seq = fair_order.next_admission(self.ready, self.waiting, running, self._in_service(), self._last_admitted)
         if seq is None or seq.user_id in {s.user_id for s in prefills}:
             return False
         return seq in self.ready or (not seq.pinned_blocks and self.bm.can_allocate(seq))
-
-    @staticmethod
-    def _prefill_shares(prefills: list[Sequence], budget: int, reserve: bool) -> dict:
-        """Tokens each user's prefills may take this step: the budget split evenly (max-min) across
-        users by what their prefills still need; with reserve, one more share is left for admissions."""
-        need: dict = collections.defaultdict(int)
-        for seq in prefills:
-            need[seq.user_id] += seq.num_tokens_to_compute
-        shares = dict.fromkeys(need, 0)
-        left = budget
-        if reserve:  # waiting users count as one more user with a need as large as the budget
-            left -= budget // (len(need) + 1)
-        active = [u for u in need if need[u]]
-        while left > 0 and active:
-            each = max(1, left // len(active))
-            for user in list(active):
-                give = min(each, need[user] - shares[user], left)
-                shares[user] += give
-                left -= give
-                if shares[user] == need[user]:
-                    active.remove(user)
-        return shares
 
     def _in_service(self) -> collections.Counter:
         """Sequences per user that are running, restoring or ready (holding blocks)."""
@@ -374,55 +374,63 @@ class Scheduler:
         most = max(counts[seq.user_id] for seq in candidates)
         return next(seq for seq in reversed(candidates) if counts[seq.user_id] == most)
 
-    def _next_waiting(self, served: collections.Counter) -> Sequence | None:
-        """The first waiting sequence of the user with the fewest sequences in service (ties: the user
-        admitted least recently, round-robin; then the one whose first waiting sequence came first);
-        each user's sequences in their order."""
-        heads: dict = {}
-        for seq in self.waiting:
-            heads.setdefault(seq.user_id, seq)
-        if not heads:
-            return None
-        last = self._last_admitted
-        return min(heads.values(), key=lambda seq: (served[seq.user_id], last.get(seq.user_id, -1)))
-
-    def _admitted(self, seq: Sequence, served: collections.Counter) -> None:
-        """seq leaves the wait queue for service: its user's turn in the round-robin was taken."""
-        self.waiting.remove(seq)
-        served[seq.user_id] += 1
+    def _took_turn(self, user) -> None:
+        """user's turn in the round-robin was taken."""
         self._admissions += 1
-        self._last_admitted[seq.user_id] = self._admissions
-        self._last_admitted.move_to_end(seq.user_id)
+        self._last_admitted[user] = self._admissions
+        self._last_admitted.move_to_end(user)
         while len(self._last_admitted) > MAX_USERS_REMEMBERED:  # a forgotten user just counts as new
             self._last_admitted.popitem(last=False)
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int, newcomers_only: bool = False) -> None:
+        """Take sequences into the batch in fair order (fair_order) while places, the budget and blocks
+        allow; newcomers_only: only users with nothing running, each with its whole prompt."""
         served = self._in_service()
-        while budget and len(self.running) < self.max_num_seqs:
-            if self.ready:
-                seq = self.ready.popleft()
-            elif self.waiting:
-                seq = self._next_waiting(served)
-                if seq.status is SWAPPED or seq.num_stored_tokens:
-                    if seq.pinned_blocks or not self.bm.can_allocate(seq):
-                        break  # its swap-out is still being stored, or no blocks yet
-                    self._admitted(seq, served)
-                    restore = self._restore(seq, max(seq.num_preempted_tokens, seq.num_stored_tokens))
-                    seq.num_stored_tokens = 0
-                    if restore is not None:
-                        out.restores.append(restore)
-                    continue  # RESTORING, or now in ready
+        running = collections.Counter(seq.user_id for seq in self.running)
+        greedy = fair_order.has_greedy_user(self.running)
+        blocked = False  # a waiting sequence found no blocks: only restored (ready) ones may still come in
+
+        def eligible(seq: Sequence) -> bool:
+            if blocked and seq not in self.ready:
+                return False
+            return not newcomers_only or (running[seq.user_id] == 0 and seq.num_tokens_to_compute <= budget)
+        while budget:
+            seq = fair_order.next_admission(self.ready, self.waiting, running, served, self._last_admitted,
+                                            eligible)
+            if seq is None:
+                break
+            newcomer = greedy and running[seq.user_id] == 0
+            if len(self.running) >= self.max_num_seqs + (self.newcomer_slots if newcomer else 0):
+                break
+            if seq in self.ready:
+                self.ready.remove(seq)
+                self._took_turn(seq.user_id)
+            elif seq.status is SWAPPED or seq.num_stored_tokens:
+                if seq.pinned_blocks or not self.bm.can_allocate(seq):
+                    blocked = True  # its swap-out is still being stored, or no blocks yet
+                    continue
+                self.waiting.remove(seq)
+                self._took_turn(seq.user_id)
+                served[seq.user_id] += 1
+                restore = self._restore(seq, max(seq.num_preempted_tokens, seq.num_stored_tokens))
+                seq.num_stored_tokens = 0
+                if restore is not None:
+                    out.restores.append(restore)
+                continue  # RESTORING, or now in ready
+            else:
                 if not self.bm.can_allocate(seq):
-                    break
-                self._admitted(seq, served)
+                    blocked = True
+                    continue
+                self.waiting.remove(seq)
+                self._took_turn(seq.user_id)
+                served[seq.user_id] += 1
                 self.bm.allocate(seq)
                 if seq.num_preempted_tokens:
                     self.stats.tokens_recomputed += max(0, seq.num_preempted_tokens - seq.num_cached_tokens)
                     seq.num_preempted_tokens = 0
-            else:
-                break
             seq.status = RUNNING
             self.running.append(seq)
+            running[seq.user_id] += 1
             out.admitted.append(seq)
             budget -= self._run(seq, min(seq.num_tokens_to_compute, budget), out)
 

@@ -32,6 +32,11 @@ class ComputeSettings:
     # chunked prefills together), and how a sequence is preempted when blocks run out.
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
+    # While one user holds more than half the batch (compute_node.fair_order): places past max_num_seqs a
+    # newcomer's first turn may take rather than wait for the greedy user's turns to end, and a step of
+    # its own for a newcomer's first token (never twice in a row), so its TTFT is not a full batch step's
+    newcomer_slots: int = 4
+    first_token_steps: bool = True
     # How a sequence is preempted: swap (its KV stored by the turn's policy, restored later; under a
     # policy that stores nothing it is recomputed), swap-host (its KV blocks copied into the host swap
     # tier below and back: vLLM's CPU swap space; any policy) or recompute.
@@ -90,8 +95,10 @@ class ComputeSettings:
         require(self.pool_tokens >= self.block_tokens, "pool_tokens must hold at least one block")
         require(self.max_context_tokens > 0, "max_context_tokens must be positive")
         require(self.layer_groups > 0, "layer_groups must be positive")
-        require(0 < self.max_num_seqs <= self.max_num_batched_tokens,
-                "need 0 < max_num_seqs <= max_num_batched_tokens (a decode per sequence fits a step)")
+        require(0 < self.max_num_seqs and 0 <= self.newcomer_slots
+                and self.max_num_seqs + self.newcomer_slots <= self.max_num_batched_tokens,
+                "need 0 < max_num_seqs, 0 <= newcomer_slots and max_num_seqs + newcomer_slots <= "
+                "max_num_batched_tokens (a decode per sequence fits a step)")
         if self.preemption not in PREEMPTIONS:
             raise ValueError(f"preemption must be one of {PREEMPTIONS}, got {self.preemption!r}")
         if isinstance(self.swap_space_tokens, bool) or not isinstance(self.swap_space_tokens, int) \

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import grpc
+import grpc.aio
 import grpc.experimental
 
 from kvtb.credentials import COMMON_NAME, Credentials
@@ -75,13 +77,15 @@ MAX_METADATA_BYTES = 16 << 10  # a call's headers
 
 def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES,
                    handshake_timeout_ms: int = HANDSHAKE_TIMEOUT_MS,
-                   max_send_bytes: int | None = None) -> list[tuple[str, int]]:
+                   max_send_bytes: int | None = None,
+                   max_concurrent_streams: int = MAX_CONCURRENT_STREAMS) -> list[tuple[str, int]]:
     """A gRPC server's bounds: message size (received; sent: max_send_bytes, else the same), calls per
-    connection, header bytes, and how long a peer may hold a connection open without completing the
-    TLS handshake (unauthenticated work)."""
+    connection (a server that takes that many turns of one peer at once raises it: the agent, the
+    compute node), header bytes, and how long a peer may hold a connection open without completing
+    the TLS handshake (unauthenticated work)."""
     return [("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_send_bytes or max_message_bytes),
-            ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+            ("grpc.max_concurrent_streams", max_concurrent_streams),
             ("grpc.max_metadata_size", MAX_METADATA_BYTES),
             ("grpc.server_handshake_timeout_ms", handshake_timeout_ms)]
 
@@ -121,6 +125,7 @@ class Authorizer(grpc.ServerInterceptor):
     e.g. "/kvtb.smartnic.MatchAction/Write", or a whole service as "/kvtb.smartnic.MatchAction/*").
     The operator may call everything. A method in no entry is refused: new methods are closed
     until someone says who may call them. With security off, everyone may call everything.
+    On a grpc.aio server, wrap it in `AioInterceptor`.
     """
 
     def __init__(self, allowed: Mapping[str, Iterable[str]], security: Security):
@@ -135,8 +140,10 @@ class Authorizer(grpc.ServerInterceptor):
         return self.allowed.get(method, self.allowed.get(f"{service}/*", frozenset({OPERATOR})))
 
     def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
+        return self.wrap(continuation(handler_call_details), handler_call_details.method)
+
+    def wrap(self, handler: grpc.RpcMethodHandler | None, method: str) -> grpc.RpcMethodHandler | None:
+        """The method's handler, refusing a caller not allowed to call it."""
         if handler is None or not self.enabled:
             return handler
         allowed = self.identities_for(method)
@@ -147,17 +154,20 @@ class Authorizer(grpc.ServerInterceptor):
 
 class CallCounter(grpc.ServerInterceptor):
     """Counts the calls a server answers by (method, caller's identity), the identity "" without
-    one; snapshot() for a service's metrics. Thread-safe."""
+    one; snapshot() for a service's metrics. Thread-safe. On a grpc.aio server, wrap it in
+    `AioInterceptor`."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+        return self.wrap(continuation(handler_call_details), handler_call_details.method)
+
+    def wrap(self, handler: grpc.RpcMethodHandler | None, method: str) -> grpc.RpcMethodHandler | None:
+        """The method's handler, counting each call."""
         if handler is None:
             return None
-        method = handler_call_details.method
 
         def count(context) -> None:
             key = (method, peer_identity(context))
@@ -170,38 +180,74 @@ class CallCounter(grpc.ServerInterceptor):
             return dict(self._counts)
 
 
+class AioInterceptor(grpc.aio.ServerInterceptor):
+    """An interceptor of this module (Authorizer, CallCounter) on a grpc.aio server: its handlers may
+    be coroutines and async generators, or plain functions run in the server's migration thread pool."""
+
+    def __init__(self, inner: Authorizer | CallCounter):
+        self.inner = inner
+
+    async def intercept_service(self, continuation, handler_call_details):
+        return self.inner.wrap(await continuation(handler_call_details), handler_call_details.method)
+
+
+# A check before a call's behaviour: None to go on, or the status and message to abort with.
+Check = Callable[[object], "tuple[grpc.StatusCode, str] | None"]
+
+
 def _guarded(handler: grpc.RpcMethodHandler, method: str, allowed: frozenset[str]) -> grpc.RpcMethodHandler:
     """The handler, checking the caller's identity before its behaviour runs."""
 
-    def check(context) -> None:
+    def check(context) -> tuple[grpc.StatusCode, str] | None:
         who = peer_identity(context)
-        if who not in allowed:
-            logger.warning("refused %s to %r", method, who or "a peer without a certificate")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"{method} may be called by {', '.join(sorted(allowed))}, not by {who or 'an unknown peer'}")
+        if who in allowed:
+            return None
+        logger.warning("refused %s to %r", method, who or "a peer without a certificate")
+        return (grpc.StatusCode.PERMISSION_DENIED,
+                f"{method} may be called by {', '.join(sorted(allowed))}, not by {who or 'an unknown peer'}")
     return _before(handler, check)
 
 
-def _before(handler: grpc.RpcMethodHandler, check) -> grpc.RpcMethodHandler:
-    """The handler, calling check(context) before its behaviour runs."""
+def _wrap(behaviour, check: Check, streaming_response: bool):
+    """behaviour (sync, a coroutine or an async generator), with check(context) before it runs."""
+    if behaviour is None:
+        return None
+    if inspect.isasyncgenfunction(behaviour):
+        async def agen(request, context):
+            refused = check(context)
+            if refused:
+                await context.abort(*refused)
+            async for reply in behaviour(request, context):
+                yield reply
+        return agen
+    if inspect.iscoroutinefunction(behaviour):
+        async def coro(request, context):
+            refused = check(context)
+            if refused:
+                await context.abort(*refused)
+            return await behaviour(request, context)
+        return coro
+    if streaming_response:
+        def stream(request, context):
+            refused = check(context)
+            if refused:
+                context.abort(*refused)
+            yield from behaviour(request, context)
+        return stream
 
-    def wrap(behaviour, streaming_response: bool):
-        if behaviour is None:
-            return None
-        if streaming_response:
-            def stream(request, context):
-                check(context)
-                yield from behaviour(request, context)
-            return stream
+    def unary(request, context):
+        refused = check(context)
+        if refused:
+            context.abort(*refused)
+        return behaviour(request, context)
+    return unary
 
-        def unary(request, context):
-            check(context)
-            return behaviour(request, context)
-        return unary
 
+def _before(handler: grpc.RpcMethodHandler, check: Check) -> grpc.RpcMethodHandler:
+    """The handler, calling check(context) before its behaviour runs (aborting with what it returns)."""
     kind = ("unary_unary" if handler.unary_unary else "unary_stream" if handler.unary_stream
             else "stream_unary" if handler.stream_unary else "stream_stream")
     make = getattr(grpc, f"{kind}_rpc_method_handler")
-    return make(wrap(getattr(handler, kind), kind.endswith("stream")),
+    return make(_wrap(getattr(handler, kind), check, kind.endswith("stream")),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)

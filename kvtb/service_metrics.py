@@ -48,6 +48,11 @@ def agent_families(s: Mapping) -> Iterable:
     yield gauge("kv_stored_chunks", "Stored KV chunks.", s.get("chunks", 0))
     yield counter("agent_rpc_calls_total", "gRPC calls the agent served, by method and the caller's identity.",
                   s.get("rpc_calls", {}), ("method", "peer"))
+    yield gauge("relayed_turns", "Turns the agent relays to its compute node now (none holds a thread).",
+                s.get("relayed_turns", 0))
+    yield gauge("relayed_turns_peak", "The most turns relayed at once since start.", s.get("relayed_turns_peak", 0))
+    yield counter("relayed_turns_refused_total", "Turns refused past max_relayed_turns.",
+                  s.get("relayed_turns_refused", 0))
 
 
 def compute_families(s: Mapping) -> Iterable:

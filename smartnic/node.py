@@ -1,15 +1,25 @@
 """The SmartNIC agent as a service: the agent, its gRPC server (SmartNic, MatchAction and the
-ComputeNode proxy) and its metrics (`serve`)."""
+ComputeNode proxy) and its metrics (`serve`).
+
+The gRPC server is a grpc.aio server on a uvloop event loop in a thread of its own: the turn relay
+(`ComputeProxyServicer`) is asynchronous, so a relayed turn holds no thread for its stream and the
+number of turns in flight is bounded by settings (`max_relayed_turns`), not by a worker pool; turns past
+the compute node's batch wait in its scheduler. The other services' methods are plain functions, run
+in the server's thread pool (`grpc_workers`), as are the relay's short blocking steps (the lookup of
+step 5, the start of a restore).
+"""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 
 import grpc
 
 from kvtb.grpc_health import Health, add_health_and_reflection
+from kvtb.loop_thread import LoopThread
 from kvtb.metrics import MetricsEndpoint
-from kvtb.rpc import Authorizer, CallCounter, Security, add_port, server_options
+from kvtb.rpc import AioInterceptor, Authorizer, CallCounter, Security, add_port, server_options
 from kvtb.service_metrics import agent_families
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
 from smartnic.agent import Agent
@@ -25,6 +35,7 @@ SMARTNIC, MATCH_ACTION, COMPUTE = (smartnic_pb2.DESCRIPTOR.services_by_name["Sma
                                    compute_pb2.DESCRIPTOR.services_by_name["ComputeNode"].full_name)
 SERVICE_NAMES = [SMARTNIC, MATCH_ACTION, COMPUTE]
 
+CONTROL_CALLS = 64  # calls of one peer beside its relayed turns (health, Info, Stats, counters)
 COMPUTE_METHODS = ("RegisterMemory", "DeregisterMemory", "CounterAdd", "CounterSet", "CounterRead", "CounterWait",
                    "QueueTriggered", "CancelCounter", "Flush", "ReadErrors")
 
@@ -58,47 +69,67 @@ class AgentNode:
     def __init__(self, settings: SmartNicSettings):
         self.settings = settings
         self.agent = Agent(settings)
-        self.server: grpc.Server | None = None
         self.health: Health | None = None
         self.proxy: ComputeProxyServicer | None = None
         self.metrics: MetricsEndpoint | None = None
         self.addresses: dict[str, str] = {}
         self.calls = CallCounter()  # every call served, by method and caller (kvtb:agent_rpc_calls_total)
+        self._loop = LoopThread("agent-grpc-loop")
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def start(self) -> None:
         """Connect to the storage nodes, bind the gRPC server and metrics, and serve."""
         self.agent.start()
+        grpc_address = self._loop.start(self._serve)
+        self.metrics = MetricsEndpoint(self.settings.metrics_address, lambda: agent_families(
+            {**self.agent.snapshot(), "rpc_calls": self.calls.snapshot(),
+             **(self.proxy.figures() if self.proxy else {})}))
+        self.addresses = {"grpc": grpc_address, "metrics": self.metrics.address}
+        self._loop.call(self.health.set_serving)
+
+    async def _serve(self, started: concurrent.futures.Future, stop: asyncio.Event) -> None:
         s = self.settings
         security = Security.of(s.identity, s.credentials_dir, s.insecure)
-        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(s.grpc_workers),
-                                  options=server_options(max_message_bytes=64 << 20),
-                                  interceptors=[self.calls, Authorizer(access(s.compute_identity), security)])
+        self._pool = concurrent.futures.ThreadPoolExecutor(s.grpc_workers, thread_name_prefix="agent-grpc")
+        server = grpc.aio.server(migration_thread_pool=self._pool,
+                                 options=server_options(max_message_bytes=64 << 20,
+                                                        max_concurrent_streams=s.max_relayed_turns + CONTROL_CALLS),
+                                 interceptors=[AioInterceptor(self.calls),
+                                               AioInterceptor(Authorizer(access(s.compute_identity), security))])
         host = s.listen_address.rpartition(":")[0]
-        port = add_port(self.server, s.listen_address, security)
+        port = add_port(server, s.listen_address, security)
         if port == 0:
             raise OSError(f"cannot listen on {s.listen_address}")
-        self.proxy = ComputeProxyServicer(self.agent, security, host, port, s.compute_identity, s.replica)
-        smartnic_pb2_grpc.add_SmartNicServicer_to_server(SmartNicServicer(self.agent), self.server)
-        smartnic_pb2_grpc.add_MatchActionServicer_to_server(MatchActionServicer(self.agent), self.server)
-        compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.proxy, self.server)
-        self.health = add_health_and_reflection(self.server, SERVICE_NAMES)
-        self.server.start()
-        self.metrics = MetricsEndpoint(s.metrics_address, lambda: agent_families(
-            {**self.agent.snapshot(), "rpc_calls": self.calls.snapshot()}))
-        self.addresses = {"grpc": f"{host}:{port}", "metrics": self.metrics.address}
-        self.health.set_serving()
+        self.proxy = ComputeProxyServicer(self.agent, security, host, port, s.compute_identity, s.replica,
+                                          blocking=self._pool, max_turns=s.max_relayed_turns)
+        smartnic_pb2_grpc.add_SmartNicServicer_to_server(SmartNicServicer(self.agent), server)
+        smartnic_pb2_grpc.add_MatchActionServicer_to_server(MatchActionServicer(self.agent), server)
+        compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.proxy, server)
+        self.health = add_health_and_reflection(server, SERVICE_NAMES, aio=True)
+        await server.start()
+        started.set_result(f"{host}:{port}")
+        try:
+            await stop.wait()
+        finally:
+            self.health.set_not_serving()
+            await server.stop(grace=2)
+            await self.proxy.close()
+
+    def set_not_serving(self) -> None:
+        """Health NOT_SERVING from now on, what stop() does first (from any thread; returns once set)."""
+        async def not_serving() -> None:
+            self.health.set_not_serving()
+            await asyncio.sleep(0)  # the aio health servicer's update runs
+        self._loop.run(not_serving(), timeout_s=10)
 
     def ready_extra(self) -> dict:
         return {"storage_nodes_up": sorted(self.agent.nodes.up())}
 
     def stop(self) -> None:
         """Stop serving, then close the agent (its regions, queue pairs and data path)."""
-        if self.health:
-            self.health.set_not_serving()
-        if self.server:
-            self.server.stop(grace=2).wait()
-        if self.proxy:
-            self.proxy.close()
+        self._loop.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         if self.metrics:
             self.metrics.close()
         self.agent.close()

@@ -92,7 +92,9 @@ class SmartNicSettings:
     datapath_workers: int = 1             # threads that submit Deletes (completions need none)
     view_min_bytes: int = 1 << 20          # PUT sends ranges from this size as views, joins smaller ones
     get_pdu_bytes: int = 2 << 20           # GET asks for larger values in data PDUs of this size (0: whole)
-    grpc_workers: int = 32
+    grpc_workers: int = 32                 # threads for the SmartNic and MatchAction methods and the relay's
+                                           # blocking steps (a relayed turn's stream holds none)
+    max_relayed_turns: int = 1024          # turns relayed to the compute node at once; past it RESOURCE_EXHAUSTED
     # replicas (several agent and compute node pairs sharing the storage nodes)
     replica: str = "replica-0"             # this agent's replica name (TurnRecord.replica)
     compute_identity: str = "compute"      # its compute node's identity: the only caller (besides the operator)
@@ -120,6 +122,8 @@ class SmartNicSettings:
         require(isinstance(self.identity, str) and self.identity and self.identity.replace("-", "").isalnum(),
                 f"identity must be a credentials identity (letters, digits, '-'), got {self.identity!r}")
         require(self.queue_bound > 0, "queue_bound must be positive")
+        require(self.grpc_workers > 0 and self.max_relayed_turns > 0,
+                "grpc_workers and max_relayed_turns must be positive")
         require(self.view_min_bytes > 0, "view_min_bytes must be positive")
         require(min(self.watcher_spin_us, self.watcher_poll_us, self.watcher_warm_ms, self.watcher_max_sleep_us,
                     self.watcher_bell_timeout_ms) >= 0, "watcher_*: not negative")

@@ -1,6 +1,7 @@
 """The SmartNic gRPC service: registration, counters, triggered operations, requester, stats."""
 from __future__ import annotations
 
+import threading
 import time
 
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
@@ -93,12 +94,14 @@ class SmartNicServicer(smartnic_pb2_grpc.SmartNicServicer):
     def CounterWait(self, request, context):
         reg, counter = self._reg(request.counter), request.counter.counter
         deadline = time.monotonic() + (request.timeout_s or 10.0)
+        ended = threading.Event()  # the call ended (its caller went away): stop polling for it
+        context.add_callback(ended.set)
         sleep = 20e-6
         while True:
             s, e = reg.region.read_counter(counter)
             if s + e >= request.threshold:
                 return smartnic_pb2.CounterValue(success=s, error=e)
-            if time.monotonic() > deadline or not context.is_active():
+            if time.monotonic() > deadline or ended.is_set():
                 raise TimeoutError(f"counter {counter} is at {s}+{e}, below {request.threshold}, "
                                    f"after {request.timeout_s} s")
             time.sleep(sleep)

@@ -65,7 +65,7 @@ from bench.study.scalellm_replicas import (
     replica_table,
     replicas_text,
 )
-from smartnic.settings import SmartNicSettings
+from chat_frontend.settings import FrontendSettings
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ TIMEOUT_S = 60.0      # ScaleLLM's user waiting threshold
 MAX_NUM_SEQS = 32     # the compute node's batch bound (its default): past it requests queue there
 ROUTINGS = ("least_loaded", "kv_aware", "round_robin")   # the frontend's `routing` (chat_frontend.routing)
 MAX_REPLICAS = 8
-AGENT_GRPC_WORKERS = SmartNicSettings().grpc_workers  # a relayed turn holds one for its whole stream
+FRONTEND_PLACES = FrontendSettings().max_concurrent_turns  # turns forwarded at once; the agent's relay holds no thread
 PAPER = ("ScaleLLM measured Mixtral 8x7B on NVIDIA H100 GPUs (TensorRT-LLM, vLLM and HuggingFace "
          "engines behind a FastAPI or a Rust gateway, 512 tokens per reply)")
 
@@ -102,13 +102,11 @@ def gateway_why(shares: Mapping[int, float], high: int, agrees: bool) -> str:
     if agrees:
         return ("the frontend, agent and clients share the CPU cores with the engine, so at high "
                 "concurrency their work queues behind its forwards; ")
-    if high > AGENT_GRPC_WORKERS and shares[high] >= 0.2 and shares[high] > 4 * shares[low]:
+    if high > FRONTEND_PLACES and shares[high] >= 0.2 and shares[high] > 4 * shares[low]:
         return (f"the share grows ({shares[low]:.1%} at {low}, {shares[high]:.1%} at {high}), but not because "
-                f"the gateway's own work grows: each relayed turn holds one of the SmartNIC agent's "
-                f"{AGENT_GRPC_WORKERS} gRPC workers for its whole stream (smartnic setting grpc_workers), so "
-                f"at {high} concurrent the turns past {AGENT_GRPC_WORKERS} wait there, outside the engine, "
-                f"and that wait counts as gateway time; the engine batches at most {MAX_NUM_SEQS} sequences, "
-                f"so without that queue they would wait in the engine's instead; ")
+                f"the gateway's own work grows: the frontend forwards at most {FRONTEND_PLACES} turns at once "
+                f"(setting max_concurrent_turns), so at {high} concurrent the turns past it wait there, outside "
+                f"the engine, and that wait counts as gateway time; ")
     return ("the gateway became ScaleLLM's bottleneck only beside an H100 engine generating hundreds of "
             "tokens per second per request; our CPU engine is some hundred times slower per token, so a "
             "Python gateway keeps up and the engine (its queue) stays the bottleneck; ")

@@ -66,6 +66,7 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
         self.gate = threading.Event()
         self.gate.set()
         self.held_users: set[str] | None = None  # whose turns wait for the gate (None: everyone's)
+        self.tickets: threading.Semaphore | None = None  # if set, a held turn waits for a ticket, not the gate
         self.started = threading.Semaphore(0)
         self.requests: list[compute_pb2.TurnRequest] = []
 
@@ -79,7 +80,8 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
         self.requests.append(request)
         self.started.release()
         held = self.held_users is None or request.user_id in self.held_users
-        if held and not self.gate.wait(30):
+        tickets = self.tickets
+        if held and not (tickets.acquire(timeout=30) if tickets is not None else self.gate.wait(30)):
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "gate never opened")
         reply = list(self.reply)
         for token_id, text in [*reply, (STOP, "")]:

@@ -89,40 +89,67 @@ def greedy_and_modest(adm: Admission, greedy_turns: int):
     return [asyncio.create_task(one(f"g{i}")) for i in range(greedy_turns)], outcomes, release
 
 
-def test_greedy_user_with_130_turns_leaves_room_for_a_modest_user():
-    """The failure of issue 31: one user's 130 streams held every place and the waiting room."""
+def test_a_user_alone_takes_every_place_and_fills_the_waiting_room():
+    """Work-conserving: with nobody else there, no quota and no share refuses a user."""
     async def scenario():
-        share = UserLimits(max_concurrent_turns=4, max_waiting_turns=8, max_queued_prompt_tokens=1 << 20)
-        adm = Admission(max_active=8, max_waiting=32, timeout_s=5, limits_of=lambda user: share)
-        tasks, outcomes, release = greedy_and_modest(adm, 130)
+        adm = Admission(max_active=8, max_waiting=32, timeout_s=5)
+        tasks, outcomes, release = greedy_and_modest(adm, 40)
         await settle()
-        # 4 run, 8 wait (its share), the other 118 refused at once
-        assert (adm.active, adm.waiting) == (4, 8)
-        assert list(outcomes.values()).count("RESOURCE_EXHAUSTED") == 118
-        assert adm.stats.rejected_share == 118 and adm.stats.rejected_full == 0
-        log: list = []
-        modest = asyncio.create_task(hold(adm, "m1", asyncio.Event(), log, user="modest"))
-        await settle()
-        assert log == [("in", "m1")]  # at once: a free place, though the greedy user has 8 waiting
-        modest.cancel()
+        assert (adm.active, adm.waiting) == (8, 32) and not outcomes
+        with pytest.raises(ChatError) as err:  # only a full room refuses it, and says so
+            async with adm.turn("greedy", "one-more"):
+                pass
+        assert err.value.code == "RESOURCE_EXHAUSTED" and "busy: 8 turns running and 32 waiting" in err.value.message
         release.set()
-        await asyncio.gather(*tasks, modest, return_exceptions=True)
-        assert list(outcomes.values()).count("ok") == 12
+        await asyncio.gather(*tasks)
+        assert list(outcomes.values()) == ["ok"] * 40 and adm.stats.rejected_full == 1
         assert adm.active == adm.waiting == adm.users == 0
     asyncio.run(scenario())
 
 
-def test_places_go_round_robin_across_users_not_first_come():
+def ordered(adm: Admission):
+    """(one(user, ctx): a turn that holds its place until released, the contexts in the order they
+    started, the release event of each)."""
+    releases: dict[str, asyncio.Event] = {}
+    order: list[str] = []
+
+    async def one(user: str, ctx: str):
+        releases[ctx] = asyncio.Event()
+        async with adm.turn(user, ctx):
+            order.append(ctx)
+            await releases[ctx].wait()
+    return one, order, releases
+
+
+def test_a_newcomers_first_turn_starts_at_the_next_free_place():
+    async def scenario():
+        adm = Admission(max_active=4, max_waiting=16, timeout_s=5)
+        one, order, releases = ordered(adm)
+        tasks = [asyncio.create_task(one("greedy", f"g{i}")) for i in range(12)]
+        await settle()
+        assert order == ["g0", "g1", "g2", "g3"] and adm.waiting == 8
+        tasks.append(asyncio.create_task(one("modest", "m0")))
+        await settle()
+        releases["g0"].set()
+        await settle()
+        assert order[-1] == "m0"  # before the greedy user's 8 older waiting turns
+        releases["g1"].set()
+        await settle()
+        assert order[-1] == "g4"
+        for ctx in list(releases):
+            releases[ctx].set()
+        while len(order) < 13:
+            for ctx in order:
+                releases[ctx].set()
+            await settle()
+        await asyncio.gather(*tasks)
+    asyncio.run(scenario())
+
+
+def test_places_go_to_the_user_with_fewest_running_then_round_robin():
     async def scenario():
         adm = Admission(max_active=1, max_waiting=32, timeout_s=5)
-        releases = {}
-        order: list[str] = []
-
-        async def one(user: str, ctx: str):
-            releases[ctx] = asyncio.Event()
-            async with adm.turn(user, ctx):
-                order.append(ctx)
-                await releases[ctx].wait()
+        one, order, releases = ordered(adm)
         tasks = [asyncio.create_task(one("greedy", f"g{i}")) for i in range(6)]
         await settle()
         tasks.append(asyncio.create_task(one("modest", "m0")))
@@ -132,7 +159,7 @@ def test_places_go_round_robin_across_users_not_first_come():
         for _ in range(7):
             releases[order[-1]].set()
             await settle()
-        # after g0 (running when they came): the waiting users take turns, not the greedy user's queue first
+        # with one place, nobody holds one when it frees: the waiting users take turns, round-robin
         assert order == ["g0", "g1", "m0", "o0", "g2", "g3", "g4", "g5"]
         releases[order[-1]].set()
         await asyncio.gather(*tasks)
@@ -140,21 +167,55 @@ def test_places_go_round_robin_across_users_not_first_come():
     asyncio.run(scenario())
 
 
-def test_one_user_never_takes_more_than_half_the_waiting_room():
+def test_a_full_waiting_room_pushes_out_its_largest_holders_newest_turn_never_a_newcomers():
     async def scenario():
-        share = UserLimits(max_concurrent_turns=1, max_waiting_turns=100, max_queued_prompt_tokens=1 << 20)
-        adm = Admission(max_active=1, max_waiting=6, timeout_s=5, limits_of=lambda user: share)
-        tasks, outcomes, release = greedy_and_modest(adm, 10)
+        adm = Admission(max_active=1, max_waiting=6, timeout_s=5)
+        tasks, outcomes, release = greedy_and_modest(adm, 7)
         await settle()
-        assert (adm.active, adm.waiting) == (1, 3)
+        assert (adm.active, adm.waiting) == (1, 6) and not outcomes
         release2, log = asyncio.Event(), []
         modest = asyncio.create_task(hold(adm, "m", release2, log, user="modest"))
         await settle()
-        assert adm.waiting == 4 and list(outcomes.values()) == ["RESOURCE_EXHAUSTED"] * 6
+        assert adm.waiting == 6 and outcomes == {"g6": "RESOURCE_EXHAUSTED"}  # the greedy user's newest
+        assert adm.stats.rejected_pushed == 1 and adm.stats.rejected_full == 0
+        second = asyncio.create_task(hold(adm, "m2", release2, log, user="modest"))
+        await settle()
+        assert outcomes.get("g5") == "RESOURCE_EXHAUSTED"  # greedy 4 waiting, modest 1: 4 >= 1 + 2
+        third = asyncio.create_task(hold(adm, "m3", release2, log, user="modest"))
+        await settle()
+        assert outcomes.get("g4") == "RESOURCE_EXHAUSTED"  # greedy 4, modest 2: 4 >= 2 + 2
+        with pytest.raises(ChatError):  # greedy 3, modest 3: a fourth modest turn is refused itself
+            async with adm.turn("modest", "m4"):
+                pass
+        assert adm.stats.rejected_full == 1 and adm.stats.rejected_pushed == 3
         release.set()
         release2.set()
-        await asyncio.gather(*tasks, modest)
-        assert log == [("in", "m"), ("out", "m")]
+        await asyncio.gather(*tasks, modest, second, third)
+        assert sorted(log) == [("in", "m"), ("in", "m2"), ("in", "m3"), ("out", "m"), ("out", "m2"), ("out", "m3")]
+        assert list(outcomes.values()).count("ok") == 4
+        assert adm.active == adm.waiting == adm.users == 0 and not adm._rotation
+    asyncio.run(scenario())
+
+
+def test_an_operators_quota_still_refuses():
+    async def scenario():
+        share = UserLimits(max_concurrent_turns=4, max_waiting_turns=8, max_queued_prompt_tokens=1 << 20)
+        adm = Admission(max_active=64, max_waiting=32, timeout_s=5, limits_of=lambda user: share)
+        tasks, outcomes, release = greedy_and_modest(adm, 130)
+        await settle()
+        # 4 run, 8 wait (its quota), the other 118 refused at once, though places are free
+        assert (adm.active, adm.waiting) == (4, 8)
+        assert list(outcomes.values()).count("RESOURCE_EXHAUSTED") == 118
+        assert adm.stats.rejected_quota == 118 and adm.stats.rejected_full == 0
+        log: list = []
+        modest = asyncio.create_task(hold(adm, "m1", asyncio.Event(), log, user="modest"))
+        await settle()
+        assert log == [("in", "m1")]
+        modest.cancel()
+        release.set()
+        await asyncio.gather(*tasks, modest, return_exceptions=True)
+        assert list(outcomes.values()).count("ok") == 12
+        assert adm.active == adm.waiting == adm.users == 0
     asyncio.run(scenario())
 
 
@@ -181,7 +242,7 @@ def test_queued_prompt_tokens_are_capped_per_user_but_one_turn_always_passes():
 
 def test_per_user_limits_come_from_the_callback():
     async def scenario():
-        limits = {"gold": UserLimits(2, 0, 1 << 20), "basic": UserLimits(1, 0, 1 << 20)}
+        limits = {"gold": UserLimits(2, 0), "basic": UserLimits(1, 0)}
         adm = Admission(max_active=8, max_waiting=8, timeout_s=5, limits_of=limits.__getitem__)
         release, log = asyncio.Event(), []
         tasks = [asyncio.create_task(hold(adm, f"{u}{i}", release, log, user=u))

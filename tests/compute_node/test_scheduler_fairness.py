@@ -108,3 +108,79 @@ def test_no_share_is_held_back_for_a_turn_that_cannot_be_admitted_yet():
     sched.add(big)
     out = step(sched)
     assert big not in out.admitted and {s.seq.seq_id: s.num_tokens for s in out.scheduled} == {long.seq_id: 32}
+
+
+def restored(sched, s, tokens=4):
+    """s restored from storage (its first `tokens` tokens): it waits in the ready queue."""
+    request = sched.start_restore(s, tokens)
+    assert request is not None
+    sched.restore_done(s, tokens)
+    assert s in sched.ready
+
+
+def test_restored_sequences_wait_for_their_users_turn_not_first_come():
+    sched = make(num_blocks=256, max_num_seqs=2)
+    greedy = [seq("greedy", start=10 * i) for i in range(6)]
+    for s in greedy:
+        restored(sched, s)
+    modest = seq("modest", start=500)
+    restored(sched, modest)  # behind six restored greedy sequences
+    out = sched.schedule()
+    assert out.admitted == [modest, greedy[0]]  # FIFO would have taken greedy[0] and greedy[1]
+
+
+def test_a_waiting_newcomer_goes_before_a_greedy_users_restored_sequences():
+    sched = make(num_blocks=256, max_num_seqs=1)
+    greedy = [seq("greedy", start=10 * i, max_new=2) for i in range(4)]
+    for s in greedy:
+        restored(sched, s)
+    step(sched)  # greedy[0] runs
+    modest = seq("modest", start=500, max_new=2)
+    sched.add(modest)  # waiting, no stored prefix
+    admitted = []
+    for _ in range(4):
+        admitted += step(sched).admitted
+    assert admitted[0] is modest, admitted
+
+
+def greedy_batch(sched, n):
+    """n greedy sequences running their decodes."""
+    greedy = [seq("greedy", n=3, max_new=50, start=10 * i) for i in range(n)]
+    for s in greedy:
+        sched.add(s)
+    step(sched)
+    assert len(sched.running) == n and all(s.is_decode for s in greedy)
+    return greedy
+
+
+def test_beside_a_greedy_user_a_newcomer_takes_a_place_past_the_batch_and_a_first_token_step_of_its_own():
+    sched = make(num_blocks=256, max_num_seqs=4, budget=64)
+    sched.newcomer_slots, sched.first_token_steps = 1, True
+    greedy = greedy_batch(sched, 4)
+    modest = seq("modest", n=6, start=500)
+    sched.add(modest)
+    out = step(sched)
+    assert out.admitted == [modest] and [s.seq for s in out.scheduled] == [modest]  # no decode beside it
+    assert modest.num_completion_tokens == 1 and len(sched.running) == 5  # its first token, one place past
+    out = step(sched)  # never two first-token steps in a row: every decode runs now
+    assert {s.seq.seq_id for s in out.scheduled} == {s.seq_id for s in [*greedy, modest]}
+    second = seq("other", n=6, start=700)
+    sched.add(second)
+    out = step(sched)  # the places past the batch are taken: it waits for a place like anyone
+    assert second not in out.admitted and not any(s.seq is second for s in out.scheduled)
+
+
+def test_without_a_greedy_user_prefills_and_decodes_share_every_step_as_before():
+    sched = make(num_blocks=256, max_num_seqs=4, budget=64)
+    sched.newcomer_slots, sched.first_token_steps = 1, True
+    users = [seq(f"u{i}", n=3, max_new=50, start=10 * i) for i in range(3)]
+    for s in users:
+        sched.add(s)
+    step(sched)
+    newcomer = seq("new", n=6, start=500)
+    sched.add(newcomer)
+    out = step(sched)
+    assert newcomer in out.admitted and len(out.scheduled) == 4  # three decodes beside its prompt
+    late = seq("late", n=6, start=700)
+    sched.add(late)
+    assert late not in step(sched).admitted  # the batch of 4 is full: no place past it

@@ -17,6 +17,8 @@ MAX_NEW_TOKENS = 32
 USERS = {"demo": "demo-token", "alice": "alice-token", "bob": "bob-token", "carol": "carol-token",
          "dave": "dave-token"}
 TENANTS = {"bob": "team-b", "carol": "team-c", "dave": "team-c"}  # metrics label tenants; alice, demo: "default"
+# the operator's quota for team-c's users (the stock admission has none: a user alone takes every place)
+QUOTA = {"team-c": {"user_max_concurrent_turns": 2, "user_max_waiting_turns": 4}}
 # the operators of team-b and team-c each marked this system prompt's KV shared by their tenant's users
 # (two full blocks of 32 tokens and part of a third)
 SHARED_PROMPT = ("You are the support assistant of the Example Bakery on Main Street. Answer questions about "
@@ -44,7 +46,7 @@ def write_config(path: Path, frontend: dict | None = None) -> Path:
                      "metrics_address": "127.0.0.1:0", "users": USERS, "tenants": TENANTS,
                      "max_new_tokens_default": MAX_NEW_TOKENS, "operators": ["demo"],
                      "shared_system_prompts": {"team-b": SHARED_PROMPT, "team-c": SHARED_PROMPT},
-                     **(frontend or {})},
+                     "tenant_limits": QUOTA, **(frontend or {})},
     }
     path.write_text(yaml.safe_dump(config))
     return path

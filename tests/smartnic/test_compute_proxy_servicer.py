@@ -2,11 +2,17 @@
 asked for on the stream and served, steps 5 and 6 added to the record, the match-action table."""
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+
 import grpc
 import numpy as np
 import pytest
 
+from kvtb.rpc import add_port
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
+from tests.conftest import as_identity, secure_channel
+from tests.smartnic.helpers import Pool, agent_env
 from tests.smartnic.test_agent_service import CTX, IDS, USER
 
 
@@ -109,3 +115,46 @@ def test_table_entries_decide_what_happens_to_a_turn(compute):
     turn(channel, USER, CTX, IDS + [7])
     assert fake.requests[-1].stored_tokens == 0  # FORWARD: no lookup, no restore
     assert smartnic_pb2_grpc.SmartNicStub(channel).Stats(smartnic_pb2.StatsRequest()).denied == 1
+
+
+class HeldCompute(compute_pb2_grpc.ComputeNodeServicer):
+    """A compute node whose turns all wait until `expected` of them have arrived at once, then answer."""
+
+    def __init__(self, expected: int):
+        self.arrived = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.expected = expected
+
+    def Generate(self, request, context):
+        self.arrived.release()
+        self.release.wait(timeout=60)
+        yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=7, text="hi"))
+        yield compute_pb2.TurnEvent(record=compute_pb2.TurnRecord(request_id=request.request_id))
+
+
+def test_turns_past_the_agents_worker_threads_all_reach_the_compute_node_at_once(start_service, storage):
+    """The relay holds no thread per turn: 64 turns in flight through an agent with 4 worker threads."""
+    turns, workers = 64, 4
+    proc = start_service("agent", "serve", "smartnic", env=agent_env(storage, grpc_workers=workers))
+    held = HeldCompute(turns)
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(turns + 8))
+    port = add_port(server, "127.0.0.1:0", as_identity("compute"))
+    compute_pb2_grpc.add_ComputeNodeServicer_to_server(held, server)
+    server.start()
+    channel = secure_channel(proc.addresses["grpc"], peer="smartnic")
+    pool = Pool(smartnic_pb2_grpc.SmartNicStub(channel), compute_address=f"127.0.0.1:{port}")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(turns) as clients:
+            futures = [clients.submit(turn, channel, f"u{i}", f"c{i}", [1, 2, 3]) for i in range(turns)]
+            for _ in range(turns):  # every turn reached the compute node before any was answered
+                assert held.arrived.acquire(timeout=30), "a turn waited in the agent for a thread"
+            stats = smartnic_pb2_grpc.SmartNicStub(channel).Stats(smartnic_pb2.StatsRequest(), timeout=10)
+            assert stats.misses == turns  # the agent's other methods answer meanwhile
+            held.release.set()
+            replies = [f.result(timeout=60) for f in futures]
+        assert all(r[0].token.text == "hi" and r[-1].record.replica == "replica-0" for r in replies)
+    finally:
+        held.release.set()
+        pool.close()
+        channel.close()
+        server.stop(0)

@@ -18,7 +18,7 @@ def test_agent_serves_once_started_and_not_while_stopping():
         assert check(address, "kvtb.compute.ComputeNode") == SERVING
         assert {"kvtb.smartnic.SmartNic", "kvtb.smartnic.MatchAction", "kvtb.compute.ComputeNode",
                 HEALTH} <= reflected_services(address)
-        node.health.set_not_serving()  # what stop() does first
+        node.set_not_serving()  # what stop() does first
         assert check(address) == NOT_SERVING
     finally:
         node.stop()

@@ -264,9 +264,12 @@ def test_timeouts_inside_the_batch_and_fig7_on_the_tokens_the_engine_generated()
     assert headline_rows(study)[0]["measured"].startswith("2.00x")
 
 
-def test_the_gateway_why_names_the_agents_workers_when_its_share_grows_past_them():
+def test_the_gateway_why_names_the_frontends_places_when_its_share_grows_past_them():
     from bench.study import scalellm
-    grown = scalellm.gateway_why({1: 0.003, 64: 0.435}, 64, agrees=False)
-    assert f"{scalellm.AGENT_GRPC_WORKERS} gRPC workers" in grown and "43.5% at 64" in grown
+    high = scalellm.FRONTEND_PLACES * 2
+    grown = scalellm.gateway_why({1: 0.003, high: 0.435}, high, agrees=False)
+    assert f"at most {scalellm.FRONTEND_PLACES} turns at once" in grown and f"43.5% at {high}" in grown
+    within = scalellm.gateway_why({1: 0.003, 64: 0.435}, 64, agrees=False)  # 64 turns all forwarded
+    assert "max_concurrent_turns" not in within
     flat = scalellm.gateway_why({1: 0.003, 64: 0.01}, 64, agrees=False)
     assert "keeps up" in flat
