@@ -4,7 +4,8 @@ Every turn goes to the agent (it matches the request, may prefetch the context's
 forwards to the compute node). gRPC errors become ChatErrors with the agent's status, naming
 the service that failed: an UNAVAILABLE the agent marks with `kvtb-failed-service` (its compute
 node cannot be reached) keeps the agent's message, which names that service; any other
-UNAVAILABLE means the agent itself cannot be reached.
+UNAVAILABLE means the agent itself cannot be reached. A compute node's refusal of a prompt past
+the model's context (vLLM's words) keeps OpenAI's code for it, context_length_exceeded.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import AsyncIterator
 
 import grpc
 
+from chat_frontend import limits
 from chat_frontend.errors import CODES, ChatError
 from kvtb.rpc import Security, aio_channel
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
@@ -31,6 +33,8 @@ def chat_error(exc: grpc.aio.AioRpcError, address: str) -> ChatError:
         return ChatError("UNAVAILABLE", f"{exc.details()} (the agent at {address} answered)")
     if code == "UNAVAILABLE":
         return ChatError("UNAVAILABLE", f"the agent at {address} cannot be reached: {exc.details()}")
+    if code == "INVALID_ARGUMENT" and limits.CONTEXT_EXCEEDED_WORDS in (exc.details() or ""):
+        return ChatError(code, f"agent: {exc.details()}", openai_code=limits.CONTEXT_LENGTH_EXCEEDED)
     return ChatError(code if code in CODES else "INTERNAL", f"agent: {exc.details()}")
 
 

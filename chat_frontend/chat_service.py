@@ -73,18 +73,23 @@ class ChatService:
 
     async def chat(self, request: frontend_pb2.ChatRequest, metadata: Iterable[tuple[str, str]] = (),
                    history: History = (), system: str | None = None, *, whole: Whole | None = None,
-                   ignore_eos: bool = False) -> AsyncIterator[frontend_pb2.ChatEvent]:
+                   ignore_eos: bool = False, max_tokens_param: str = "max_new_tokens",
+                   default_max_tokens: int | None = None) -> AsyncIterator[frontend_pb2.ChatEvent]:
         """Run one turn: yields the context id, text deltas (with their tokens, per choice), then each
         choice's summary (in choice order, once the transcript is stored).
 
         history: the (role, content) messages a client resent before this one; system: its system
         message (None: the configured one applies to a new context); whole: messages the template
-        renders whole instead (request.message is then unused).
+        renders whole instead (request.message is then unused); max_tokens_param: the request field
+        that gave request.max_new_tokens, named when it does not fit the context; default_max_tokens:
+        the reply's length when request.max_new_tokens is 0 (None: the gRPC Chat API's,
+        `chat_max_new_tokens`; 0: vLLM's, what the context leaves), never past what the context leaves.
         """
         clock = TurnClock(start_ns=time.time_ns())
         user = self.user(request.token, metadata)
         tenant = self.settings.tenant_of(user)  # metrics name tenants, never users
-        turn = _Turn(request, history, system, whole, ignore_eos)
+        default = self.settings.chat_max_new_tokens if default_max_tokens is None else default_max_tokens
+        turn = _Turn(request, history, system, whole, ignore_eos, max_tokens_param, default)
         try:
             async with contextlib.aclosing(self._admitted(user, turn, clock)) as events:
                 async for event in events:  # closed at once when the user goes away
@@ -109,9 +114,6 @@ class ChatService:
         request = turn.request
         limits.check_sampling(request.sampling.temperature, request.sampling.top_p)
         n = limits.check_n(request.n, self.settings.max_n)
-        max_new = limits.resolve_max_new_tokens(request.max_new_tokens,
-                                                self.settings.max_new_tokens_default,
-                                                self.settings.max_new_tokens_cap)
         if request.context_id:
             context_id = sessions.check_session_id(request.context_id, "context_id")
         else:
@@ -121,9 +123,11 @@ class ChatService:
         else:
             texts = [request.message, turn.system or "", *(text for _, text in turn.history)]
         prompt_tokens = estimate_tokens(*texts) * n
+        queued_ns = time.time_ns()
         async with self.admission.turn(user, (user, context_id), prompt_tokens):
+            clock.wait_ns = time.time_ns() - queued_ns
             try:
-                async for event in self._turn(user, context_id, turn, n, max_new, clock):
+                async for event in self._turn(user, context_id, turn, n, clock):
                     yield event
             except BaseException:
                 self.turns_failed += 1
@@ -145,20 +149,24 @@ class ChatService:
                                   history, system, source)
         return ctx, plan, source
 
-    async def _turn(self, user: str, context_id: str, turn: _Turn, n: int, max_new: int,
+    async def _turn(self, user: str, context_id: str, turn: _Turn, n: int,
                     clock: TurnClock) -> AsyncIterator[frontend_pb2.ChatEvent]:
         request = turn.request
         ctx, plan, source = await self._plan(user, context_id, turn)
         info = await self.agent.info()
-        room = info.max_context_tokens - len(plan.kept_ids) - len(plan.new_ids)
-        max_new = limits.fit_default(max_new, request.max_new_tokens, room)
-        limits.check_context_fits(len(plan.kept_ids), len(plan.new_ids), max_new, info.max_context_tokens)
+        settings = self.settings  # max_new_tokens 0: what the context leaves; the settings may lower it
+        prompt_tokens = len(plan.kept_ids) + len(plan.new_ids)
+        default = min((d for d in (settings.max_new_tokens_default, turn.default_max_tokens) if d), default=0)
+        max_new = limits.max_new_tokens(
+            prompt_tokens, limits.context_tokens(info), request.max_new_tokens or None,
+            default=default, cap=settings.max_new_tokens_cap,
+            tokens_param=turn.max_tokens_param)
         tenant = self.settings.tenant_of(user)
         token_ids = plan.token_ids
         shared = await self.shared_prefix.tokens(tenant, info.model, token_ids)
         request_id = uuid.uuid4().hex
         log_request_id.set(request_id)  # this task serves this turn only
-        timer = TurnTimer(tenant, clock.start_ns)
+        timer = TurnTimer(tenant, clock.start_ns, clock.wait_ns / 1e9)
         choices = []
         for i in range(n):  # the same prompt, prefilled once: the others find its blocks (merged)
             sampling = compute_pb2.Sampling()
@@ -175,8 +183,7 @@ class ChatService:
                     request_id, user, context_id, turn_no, len(token_ids), len(plan.resent),
                     f" as in {source[0].context_id}" if source else "", shared, n)
         yield frontend_pb2.ChatEvent(context_id=context_id)
-        async for event in merged([c.events(self.agent, clock, timer if c.index == 0 else None)
-                                   for c in choices], n):
+        async for event in merged([c.events(self.agent, clock, timer) for c in choices], n):
             yield event
         clock.end_ns = time.time_ns()
         summaries = [c.summary(turn_no, context_id, clock, info.stop_token_ids) for c in choices]
@@ -190,6 +197,8 @@ class ChatService:
                                 time.time(), plan.system)
         self.turns_completed += 1
         timer.done(clock.end_ns)
+        for c in choices:
+            timer.request_done(len(token_ids), c.record)
         counted = frontend_pb2.TurnSummary()
         counted.CopyFrom(summaries[0])
         counted.tokens_out = sum(s.tokens_out for s in summaries)
@@ -218,6 +227,8 @@ class _Turn:
     system: str | None = None
     whole: Whole | None = None
     ignore_eos: bool = False
+    max_tokens_param: str = "max_new_tokens"  # the field that gave request.max_new_tokens (HTTP: max_tokens)
+    default_max_tokens: int = 0  # the reply's length when the request gives none (0: what the context leaves)
 
 
 class _Choice:
@@ -234,16 +245,19 @@ class _Choice:
     async def events(self, agent: Agent, clock: TurnClock,
                      timer: TurnTimer | None) -> AsyncIterator[frontend_pb2.ChatEvent]:
         """Text events, each with the tokens whose text it is (a token that added no text rides on the
-        next one; with logprobs, the last such tokens on an empty text event at the end)."""
+        next one; with logprobs, the last such tokens on an empty text event at the end). The timer
+        observes every choice's tokens, and the first choice's text as the turn's."""
         pending: list[compute_pb2.TurnEvent.Token] = []
         async for event in agent.generate(self.request, self.route):
             if event.HasField("token"):
+                now_ns = time.time_ns()
+                if timer is not None:
+                    timer.token(self.index, now_ns)
                 self.out_ids.append(event.token.id)
                 pending.append(event.token)
                 if event.token.text:
-                    now_ns = time.time_ns()
                     clock.first_text_ns = clock.first_text_ns or now_ns
-                    if timer is not None:
+                    if timer is not None and self.index == 0:
                         timer.text(now_ns)
                     self.texts.append(event.token.text)
                     yield frontend_pb2.ChatEvent(text=event.token.text, tokens=pending, choice=self.index)

@@ -1,11 +1,11 @@
 """Completions' turns: raw token ids (no chat template, no transcript) through the agent.
 
 A request's prompts are tokenized as text (the tokenizer's special tokens as asked) or taken as
-token ids, checked against the model's context, then run as one admitted turn of the user (the
-user's fair share, as chat turns; its prompt tokens counted n times per prompt) under a fresh
-context id: each prompt's n choices are TurnRequests of that context, which the agent matches
-against the user's stored KV by content, as it does a chat turn's. The frontend's metrics (per
-tenant, never per user) count the request as a turn.
+token ids, checked against the model's context (`fit_tokens`, as vLLM checks), then run as one
+admitted turn of the user (the user's fair share, as chat turns; its prompt tokens counted n times
+per prompt) under a fresh context id: each prompt's n choices are TurnRequests of that context,
+which the agent matches against the user's stored KV by content, as it does a chat turn's. The
+frontend's metrics (per tenant, never per user) count the request as a turn.
 """
 from __future__ import annotations
 
@@ -46,15 +46,16 @@ class Finished:
     record: compute_pb2.TurnRecord
 
 
-def check_fits(index: int, prompt_tokens: int, max_tokens: int, max_context_tokens: int) -> None:
-    """INVALID_ARGUMENT naming the prompt when it and max_tokens pass the model's context."""
-    needed = prompt_tokens + max_tokens
-    if needed > max_context_tokens:
-        raise ChatError("INVALID_ARGUMENT",
-                        f"prompt[{index}] is {prompt_tokens} tokens; with max_tokens {max_tokens} it needs {needed} "
-                        f"tokens, over the model's context of {max_context_tokens} tokens by "
-                        f"{needed - max_context_tokens}", "prompt" if prompt_tokens >= max_context_tokens
-                        else "max_tokens")
+def fit_tokens(req: CompletionsRequest, prompt_tokens: int, context: int, cap: int = 0) -> int:
+    """The tokens to generate after a prompt of `prompt_tokens`, as vLLM reckons them (limits.max_new_tokens;
+    the default 16 counts as asked, as in vLLM's CompletionRequest), lowered to `cap` (0: none);
+    INVALID_ARGUMENT (context_length_exceeded) naming the prompt, or max_tokens when the request gave it."""
+    if req.max_tokens == 0:  # echo alone: nothing generated, the prompt must fit
+        if prompt_tokens > context:
+            raise limits.context_exceeded(context, prompt_tokens, 0, "prompt")
+        return 0
+    return limits.max_new_tokens(prompt_tokens, context, req.max_tokens, cap=cap, prompt_param="prompt",
+                                 tokens_param="max_tokens" if req.max_tokens_given else "prompt")
 
 
 async def encode(service: ChatService, req: CompletionsRequest) -> list[list[int]]:
@@ -104,9 +105,11 @@ class CompletionTurns:
         service = self.service
         limits.check_sampling(req.sampling.temperature, req.sampling.top_p)
         context_id = sessions.new_context_id()
+        queued_ns = time.time_ns()
         async with service.admission.turn(user, (user, context_id), sum(map(len, prompts)) * req.n):
+            waited_s = (time.time_ns() - queued_ns) / 1e9
             try:
-                async for event in self._turn(user, tenant, context_id, req, prompts, start_ns):
+                async for event in self._turn(user, tenant, context_id, req, prompts, start_ns, waited_s):
                     yield event
             except BaseException:
                 service.turns_failed += 1
@@ -114,7 +117,8 @@ class CompletionTurns:
         service.turns_completed += 1
 
     async def _turn(self, user: str, tenant: str, context_id: str, req: CompletionsRequest,
-                    prompts: Sequence[list[int]], start_ns: int) -> AsyncIterator[Token | Finished]:
+                    prompts: Sequence[list[int]], start_ns: int,
+                    waited_s: float) -> AsyncIterator[Token | Finished]:
         info = await self.service.agent.info()
         request_id = uuid.uuid4().hex
         log_request_id.set(request_id)
@@ -132,17 +136,18 @@ class CompletionTurns:
                     sampling=sampling, shared_prefix_tokens=shared, ignore_eos=req.ignore_eos))
         logger.info("completion %s: user %s, %d prompts (%s tokens), %d choices each", request_id, user,
                     len(prompts), ",".join(str(len(ids)) for ids in prompts), req.n)
-        timer = TurnTimer(tenant, start_ns)
+        timer = TurnTimer(tenant, start_ns, waited_s)
         counted = frontend_pb2.TurnSummary()
         replicas: set[str] = set()
         routes = [Route() for _ in turns]
         for i in range(len(turns)):  # a prompt's other choices go to its first's replica (prefilled once)
             if i % req.n:
                 routes[i].follow = routes[i - i % req.n]
-        async for event in merged([self._choice(i, turn, routes[i], timer if i == 0 else None)
-                                   for i, turn in enumerate(turns)], req.n):
+        async for event in merged([self._choice(i, turn, routes[i], timer) for i, turn in enumerate(turns)],
+                                  req.n):
             if isinstance(event, Finished):
                 rec = event.record
+                timer.request_done(len(prompts[event.index // req.n]), rec)
                 replicas.add(rec.replica)
                 self.finishes.finished(rec.finish_reason or "length")
                 counted.tokens_out += rec.tokens_out
@@ -157,12 +162,16 @@ class CompletionTurns:
                     counted.tokens_reused)
 
     async def _choice(self, index: int, turn: compute_pb2.TurnRequest, route: Route,
-                      timer: TurnTimer | None) -> AsyncIterator[Token | Finished]:
+                      timer: TurnTimer) -> AsyncIterator[Token | Finished]:
+        """The choice's tokens and its Finished; the timer observes its tokens (and the first choice's
+        text as the request's)."""
         record = None
         async for event in self.service.agent.generate(turn, route):
             if event.HasField("token"):
-                if timer is not None and event.token.text:
-                    timer.text(time.time_ns())
+                now_ns = time.time_ns()
+                timer.token(index, now_ns)
+                if index == 0 and event.token.text:
+                    timer.text(now_ns)
                 yield Token(index, event.token)
             elif event.HasField("record"):
                 record = event.record

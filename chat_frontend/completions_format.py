@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from chat_frontend import limits
 from chat_frontend import openai_format as oa
 from chat_frontend import request_fields as rf
 from chat_frontend.errors import ChatError
@@ -36,7 +37,8 @@ FIELDS: dict[str, rf.Field] = {
     "prompt": _yes(f"a string, a list of strings, token ids, or lists of token ids (at most {MAX_PROMPTS})"),
     "echo": _yes("the prompt's text before the completion; not with logprobs"),
     "logprobs": _yes(f"0-{MAX_LOGPROBS}: the sampled token's and the likeliest that many"),
-    "max_tokens": _yes(f"default {DEFAULT_MAX_TOKENS}; 0 only with echo"),
+    "max_tokens": _yes(f"default {DEFAULT_MAX_TOKENS}; 0 only with echo; with the prompt at most the context "
+                       "(else context_length_exceeded); settings max_new_tokens_cap lowers it"),
     "n": _yes("1 to the frontend's max_n per prompt"),
     "stop": _yes("a string or up to 16"),
     "suffix": _default("null or \"\" (the model has no fill-in-the-middle format)", rf.empty),
@@ -58,7 +60,7 @@ class CompletionsRequest:
 
     model: str
     prompts: tuple[Prompt, ...]
-    max_tokens: int
+    max_tokens: int                      # DEFAULT_MAX_TOKENS when absent
     n: int
     sampling: compute_pb2.Sampling       # the choices' seeds are seed + choice index
     given: frozenset[str]                # sampling fields the request set (the rest take defaults)
@@ -70,6 +72,7 @@ class CompletionsRequest:
     add_special_tokens: bool = True
     token_ids_as_tokens: bool = False
     request_id: str = ""
+    max_tokens_given: bool = True        # False: the default (then the prompt is what passes the context)
 
     @property
     def choices(self) -> int:
@@ -123,7 +126,7 @@ def _stream_options(body: dict, stream: bool) -> bool:
     return oa._flag(options, "include_usage", "stream_options.include_usage")
 
 
-def parse_request(raw: bytes, max_tokens_cap: int, max_n: int,
+def parse_request(raw: bytes, max_n: int,
                   draw_seed: Callable[[], int] = lambda: secrets.randbits(64)) -> CompletionsRequest:
     """The completions a request body asks for (INVALID_ARGUMENT naming the field when it is not one)."""
     body = oa._load(raw)
@@ -139,7 +142,7 @@ def parse_request(raw: bytes, max_tokens_cap: int, max_n: int,
     logprobs = oa._number(body, "logprobs", int, None, 0, MAX_LOGPROBS)
     if echo and logprobs is not None:
         raise rf.bad(ECHO_LOGPROBS_REFUSED, "echo")
-    max_tokens = oa._number(body, "max_tokens", int, DEFAULT_MAX_TOKENS, 0, max_tokens_cap)
+    max_tokens = oa._number(body, "max_tokens", int, DEFAULT_MAX_TOKENS, 0, limits.MAX_TOKENS)
     if max_tokens == 0 and not echo:
         raise rf.bad("max_tokens must be at least 1 (0 only with echo: the prompt alone)", "max_tokens")
     if not isinstance(body.get("user", ""), (str, type(None))):
@@ -155,7 +158,8 @@ def parse_request(raw: bytes, max_tokens_cap: int, max_n: int,
         echo=echo, logprobs=logprobs, stream=stream, include_usage=include_usage,
         ignore_eos=oa._flag(body, "ignore_eos"), add_special_tokens=oa._flag(body, "add_special_tokens",
                                                                                 default=True),
-        token_ids_as_tokens=oa._flag(body, "return_tokens_as_token_ids"), request_id=oa._request_id(body))
+        token_ids_as_tokens=oa._flag(body, "return_tokens_as_token_ids"), request_id=oa._request_id(body),
+        max_tokens_given=body.get("max_tokens") is not None)
 
 
 # Responses

@@ -8,11 +8,12 @@ CODES = ("INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED", "NOT_FOUND"
 
 class ChatError(Exception):
     """A refusal or failure to report to the user: a status code name, a message, the request
-    field it is about (OpenAI's `param`), if any, and for a refusal of a busy frontend when to
-    try again (`retry_after_s`: HTTP's Retry-After)."""
+    field it is about (OpenAI's `param`), if any, for a refusal of a busy frontend when to try
+    again (`retry_after_s`: HTTP's Retry-After), and OpenAI's own error code where it has one
+    (`openai_code`, e.g. context_length_exceeded; None: the status code's name)."""
 
     def __init__(self, code: str, message: str, param: str | None = None,
-                 retry_after_s: float | None = None):
+                 retry_after_s: float | None = None, openai_code: str | None = None):
         if code not in CODES:
             raise ValueError(f"unknown status code {code!r}; one of {', '.join(CODES)}")
         super().__init__(f"{code}: {message}")
@@ -20,3 +21,4 @@ class ChatError(Exception):
         self.message = message
         self.param = param
         self.retry_after_s = retry_after_s
+        self.openai_code = openai_code

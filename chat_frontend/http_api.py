@@ -31,7 +31,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from chat_frontend import completions_api
+from chat_frontend import completions_api, limits
 from chat_frontend import openai_format as oa
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
@@ -45,19 +45,22 @@ MAX_BODY_BYTES = 2 << 20  # the model's whole context of text, JSON-escaped, wit
 
 
 def error_response(code: str, message: str, headers: dict | None = None,
-                   param: str | None = None) -> web.Response:
-    status, body = oa.error_body(code, message, param)
+                   param: str | None = None, openai_code: str | None = None) -> web.Response:
+    status, body = oa.error_body(code, message, param, openai_code)
     return web.json_response(body, status=status, headers=headers)
 
 
-def refusal(exc: ChatError, headers: dict | None = None) -> web.Response:
-    """The refusal in OpenAI's shape; a busy frontend's (429) says when to try again (Retry-After, s)."""
+def refusal(exc: ChatError, headers: dict | None = None, context_param: str = "messages") -> web.Response:
+    """The refusal in OpenAI's shape; a busy frontend's (429) says when to try again (Retry-After, s).
+    A prompt past the context that the compute node found names `context_param` (the request's prompt)."""
     if exc.retry_after_s is not None:
         headers = {**(headers or {}), "Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
     param = exc.param
-    if param is None and exc.code == "INVALID_ARGUMENT":  # the compute node's: it names sampling.<field>
+    if param is None and exc.openai_code == limits.CONTEXT_LENGTH_EXCEEDED:
+        param = context_param
+    elif param is None and exc.code == "INVALID_ARGUMENT":  # the compute node's: it names sampling.<field>
         param = oa.param_of(exc.message)
-    return error_response(exc.code, exc.message, headers, param)
+    return error_response(exc.code, exc.message, headers, param, exc.openai_code)
 
 
 class OpenAiApi:
@@ -95,7 +98,8 @@ class OpenAiApi:
         turn = frontend_pb2.ChatRequest(context_id=session, message=req.message, n=req.n,
                                         max_new_tokens=req.max_new_tokens, sampling=req.sampling)
         events = self.service.chat(turn, list(request.headers.items()), req.history, req.system,
-                                   whole=req.whole, ignore_eos=req.ignore_eos)
+                                   whole=req.whole, ignore_eos=req.ignore_eos,
+                                   max_tokens_param=req.max_tokens_param, default_max_tokens=0)
         completion_id = "chatcmpl-" + (req.request_id or uuid.uuid4().hex[:24])
         headers = None
         try:
@@ -124,7 +128,7 @@ class OpenAiApi:
         """The request (its sampling defaults filled in) and the session it names ("" for a new context)."""
         self.service.user("", request.headers.items())  # 401 before anything else
         settings = self.service.settings
-        req = oa.parse_request(await request.read(), settings.max_new_tokens_cap, settings.max_n)
+        req = oa.parse_request(await request.read(), settings.max_n)
         if req.model != self.model():
             raise ChatError("NOT_FOUND", f"the model {req.model!r} does not exist; this frontend "
                             f"serves {self.model()!r} (GET /v1/models)")
@@ -166,7 +170,7 @@ class OpenAiApi:
             return response
         except ChatError as exc:
             logger.info("chat completion failed while streaming: %s", exc)
-            await response.write(oa.sse(oa.error_body(exc.code, exc.message, exc.param)[1]))
+            await response.write(oa.sse(oa.error_body(exc.code, exc.message, exc.param, exc.openai_code)[1]))
         except Exception as exc:
             logger.exception("chat completion failed while streaming")
             await response.write(oa.sse(oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")[1]))

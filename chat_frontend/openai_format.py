@@ -94,10 +94,13 @@ def _function_call(value: Any, body: dict) -> bool:
 # what happens to each. A null value is the field left out.
 FIELDS: dict[str, Field] = {
     **SHARED,
-    "messages": _yes("roles system/developer, user, assistant in any order; text content (parts)"),
+    "messages": _yes("roles system/developer, user, assistant in any order; text content (parts); each "
+                     "message's fields as MESSAGE_FIELDS says"),
     "logprobs": _yes(),
     "top_logprobs": _yes("0-20, needs logprobs"),
-    "max_tokens": _yes("1 to the frontend's cap"),
+    "max_tokens": _yes("at least 1, at most what the context leaves after the prompt (past it: "
+                       "context_length_exceeded); absent: what it leaves; settings max_new_tokens_default "
+                       "and max_new_tokens_cap lower it"),
     "max_completion_tokens": _yes("as max_tokens; wins over it"),
     "n": _yes("1 to the frontend's max_n; the choices share the prompt's blocks"),
     "stop": _yes("a string or up to 16, not streamed"),
@@ -130,6 +133,27 @@ FIELDS: dict[str, Field] = {
     "include_reasoning": _default("any (the model produces no reasoning)", lambda value, body: True),
 }
 
+# Every field of a message (OpenAI's message params, vLLM's additions) and of a content part, as FIELDS
+# for the body: a field not listed is 400 naming it (messages[i].field, messages[i].content[j].field).
+MESSAGE_FIELDS: dict[str, Field] = {
+    "role": _yes("system (developer), user, assistant; tool and function are refused: " + TOOLS_REFUSED),
+    "content": _yes("a string or text parts; null or absent: empty"),
+    "name": _yes("a string; not rendered: the model's chat template has no place for it"),
+    "tool_calls": _default("null or []: " + TOOLS_REFUSED, _empty),
+    "function_call": _default("null or {}: " + TOOLS_REFUSED, _empty),
+    "tool_call_id": _default("null: " + TOOLS_REFUSED, _null_or()),
+    "tools": _default("null or [] (vLLM's per-message tools): " + TOOLS_REFUSED, _empty),
+    "refusal": _default("null or \"\" (an assistant's refusal has no place in the chat template)", _empty),
+    "audio": _default("null (text output only)", _null_or()),
+    "annotations": _default("null or [] (web search citations; web search is not supported)", _empty),
+    "reasoning": _default("null or \"\" (the model does not reason)", _empty),
+    "reasoning_content": _default("null or \"\" (the model does not reason)", _empty),
+}
+CONTENT_PART_FIELDS: dict[str, Field] = {
+    "type": _yes("\"text\" only: image, audio, file and refusal parts are refused"),
+    "text": _yes("a string"),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class CompletionRequest:
@@ -142,7 +166,7 @@ class CompletionRequest:
     model: str
     stream: bool
     include_usage: bool
-    max_new_tokens: int
+    max_new_tokens: int                    # 0: absent (what the context leaves)
     sampling: compute_pb2.Sampling
     n: int = 1
     ignore_eos: bool = False
@@ -151,12 +175,16 @@ class CompletionRequest:
     token_ids_as_tokens: bool = False      # return_tokens_as_token_ids
     request_id: str = ""
     given: frozenset[str] = frozenset()    # sampling fields the request set (the rest take defaults)
+    max_tokens_param: str = "max_tokens"   # the field that gave max_new_tokens (max_completion_tokens wins)
 
 
-def error_body(code: str, message: str, param: str | None = None) -> tuple[int, dict]:
-    """(HTTP status, OpenAI error object) of a ChatError code."""
+def error_body(code: str, message: str, param: str | None = None,
+               openai_code: str | None = None) -> tuple[int, dict]:
+    """(HTTP status, OpenAI error object) of a ChatError code; `code` is OpenAI's own where the error
+    has one (openai_code: context_length_exceeded), else the status code's name."""
     status, kind = HTTP_STATUS.get(code, (500, "internal_error"))
-    return status, {"error": {"message": message, "type": kind, "param": param, "code": code.lower()}}
+    return status, {"error": {"message": message, "type": kind, "param": param,
+                              "code": openai_code or code.lower()}}
 
 
 def http_error_body(status: int, message: str) -> dict:
@@ -213,17 +241,17 @@ def check_fields(body: dict) -> None:
 
 
 def _content(message: Any, index: int) -> tuple[str, str]:
+    """(role, text) of messages[index]; INVALID_ARGUMENT naming the first field (or content part's
+    field) that is unknown, refused or not its default, as MESSAGE_FIELDS says."""
     where = f"messages[{index}]"
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise _bad(f"{where} must be an object with a role", where)
     role = "system" if message["role"] == "developer" else message["role"]
     if role in ("tool", "function"):
         raise _bad(f"{where} has role {role!r}: {TOOLS_REFUSED}", f"{where}.role")
-    if message.get("tool_calls") or message.get("function_call"):
-        name = "tool_calls" if message.get("tool_calls") else "function_call"
-        raise _bad(f"{where} has {name}: {TOOLS_REFUSED}", f"{where}.{name}")
     if role not in ("system", "user", "assistant"):
         raise _bad(f"{where}: unsupported role {role[:40]!r}", f"{where}.role")
+    rf.check_keys(message, MESSAGE_FIELDS, where, "a chat message")
     content = message.get("content")
     if content is None:  # an assistant message may leave it out (OpenAI's schema)
         content = ""
@@ -232,10 +260,12 @@ def _content(message: Any, index: int) -> tuple[str, str]:
                    for p in content):
             raise _bad(f"{where}: only text content parts (with a string `text`) are supported",
                        f"{where}.content")
+        for j, part in enumerate(content):
+            rf.check_keys(part, CONTENT_PART_FIELDS, f"{where}.content[{j}]", "a text content part")
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise _bad(f"{where}.content must be a string", f"{where}.content")
-    if not isinstance(message.get("name", ""), str):
+    if not isinstance(message.get("name") or "", str):
         raise _bad(f"{where}.name must be a string", f"{where}.name")
     return role, content
 
@@ -414,12 +444,13 @@ def _load(raw: bytes) -> dict:
     return body
 
 
-def parse_request(raw: bytes, max_tokens_cap: int, max_n: int = 1,
+def parse_request(raw: bytes, max_n: int = 1,
                   draw_seed: Callable[[], int] = lambda: secrets.randbits(64)) -> CompletionRequest:
     """The turn a request body asks for (INVALID_ARGUMENT when it is not one).
 
     Every number is range-checked here, before it reaches protobuf (whose fields are 32- and
-    64-bit) or the compute node's torch.
+    64-bit) or the compute node's torch; max_tokens against the context once the prompt's tokens
+    are known (limits.max_new_tokens).
     """
     body = _load(raw)
     check_fields(body)
@@ -428,8 +459,8 @@ def parse_request(raw: bytes, max_tokens_cap: int, max_n: int = 1,
     pairs, generation_prompt, continue_final = _messages(body)
     split = split_messages(pairs) if generation_prompt else None
     n = _number(body, "n", int, 1, 1, max_n)
-    max_new = _number(body, "max_completion_tokens", int, None, 1, max_tokens_cap)
-    max_new = _number(body, "max_tokens", int, 0, 1, max_tokens_cap) if max_new is None else max_new
+    tokens_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_new = _number(body, tokens_param, int, 0, 1, limits.MAX_TOKENS)
     if not isinstance(body.get("user", ""), (str, type(None))):
         raise _bad("user must be a string", "user")
     options = {} if body.get("stream_options") is None else body["stream_options"]
@@ -441,7 +472,7 @@ def parse_request(raw: bytes, max_tokens_cap: int, max_n: int = 1,
     if _flag(options, "continuous_usage_stats", "stream_options.continuous_usage_stats"):
         raise _bad("stream_options.continuous_usage_stats is not supported: usage comes in the last chunk",
                    "stream_options.continuous_usage_stats")
-    sampling = _sampling(body, max_new or max_tokens_cap, draw_seed)
+    sampling = _sampling(body, max_new or limits.MAX_TOKENS, draw_seed)
     given = frozenset(name for name in SAMPLING_DEFAULTS if body.get(name) is not None)
     if split is None:
         message = next((content for role, content in reversed(pairs) if role == "user"), "")
@@ -453,7 +484,7 @@ def parse_request(raw: bytes, max_tokens_cap: int, max_n: int = 1,
                              _flag(options, "include_usage", "stream_options.include_usage"), max_new, sampling,
                              n=n, ignore_eos=_flag(body, "ignore_eos"), whole=whole, logprobs=sampling.logprobs,
                              token_ids_as_tokens=_flag(body, "return_tokens_as_token_ids"),
-                             request_id=_request_id(body), given=given)
+                             request_id=_request_id(body), given=given, max_tokens_param=tokens_param)
 
 
 # Responses

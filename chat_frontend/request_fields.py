@@ -4,8 +4,9 @@ Each endpoint's parser (openai_format for chat, completions_format) has one tabl
 it knows: SUPPORTED (honoured), DEFAULT_ONLY (accepted with the value the server behaves as anyway;
 any other value is a 400 naming the field) or REFUSED (a 400 saying why). `SHARED` holds the fields
 both endpoints handle alike (the sampling parameters, vLLM's extras); `check_fields` refuses the
-first field a request sends that is unknown, refused or not its default. The README's tables list
-the same (a test checks them against these).
+first field a request sends that is unknown, refused or not its default; `check_keys` does the same
+for an object inside the body (a chat message, a content part). The README's tables list the same
+(a test checks them against these).
 """
 from __future__ import annotations
 
@@ -123,9 +124,26 @@ def check_fields(body: dict, fields: dict[str, Field], api: str) -> None:
         if field is None:
             where = printable(name)[:60]
             raise bad(f"unknown field {where!r}: not part of the {api} API this server implements", where)
-        if value is None or field.handling == SUPPORTED:
-            continue
-        if field.handling == REFUSED:
-            raise bad(f"{name} is not supported: {field.note}", name)
-        if not field.accepts(value, body):
-            raise bad(f"{name} {shown(value)} is not supported; accepted: {field.note}", name)
+        _check_value(name, field, value, body)
+
+
+def check_keys(obj: dict, fields: dict[str, Field], where: str, what: str) -> None:
+    """As check_fields, for the keys of an object inside the body (a message, a content part): the
+    param names the key under `where` (messages[0].weird)."""
+    for key, value in obj.items():
+        param = f"{where}.{printable(key)[:60]}"
+        field = fields.get(key)
+        if field is None:
+            raise bad(f"{param}: unknown field {printable(key)[:60]!r}; {what} has only "
+                      f"{', '.join(fields)}", param)
+        _check_value(param, field, value, obj)
+
+
+def _check_value(param: str, field: Field, value, obj: dict) -> None:
+    """INVALID_ARGUMENT naming param when its value is refused or not its default (None passes)."""
+    if value is None or field.handling == SUPPORTED:
+        return
+    if field.handling == REFUSED:
+        raise bad(f"{param} is not supported: {field.note}", param)
+    if not field.accepts(value, obj):
+        raise bad(f"{param} {shown(value)} is not supported; accepted: {field.note}", param)

@@ -46,10 +46,7 @@ def _check_user_limits(where: str, fields: Mapping[str, object]) -> None:
         value = fields[name]
         require(isinstance(value, int) and not isinstance(value, bool),
                 f"{where}{name} must be a whole number, got {value!r}")
-    require(fields["user_max_concurrent_turns"] > 0, f"{where}user_max_concurrent_turns must be positive")
-    require(fields["user_max_waiting_turns"] >= 0, f"{where}user_max_waiting_turns must not be negative")
-    require(fields["user_max_queued_prompt_tokens"] > 0,
-            f"{where}user_max_queued_prompt_tokens must be positive")
+        require(value >= 0, f"{where}{name} must not be negative (0: no quota)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,20 +77,33 @@ class FrontendSettings:
     session_headers: tuple[str, ...] = ()    # headers naming the session after X-Session-Id (X-Correlation-ID)
     session_from_user_field: bool = False    # OpenAI's `user` field names the session when no header does
     max_n: int = 8                           # choices one request may ask for (OpenAI's n)
-    max_new_tokens_default: int = 256
-    max_new_tokens_cap: int = 1024
-    max_concurrent_turns: int = 64           # turns forwarded to the agent at once (the compute node batches them)
-    max_waiting_turns: int = 32              # turns waiting for one of those; past it RESOURCE_EXHAUSTED
+    # Tokens to generate (OpenAI's max_tokens), as vLLM: at most what the model's context leaves after
+    # the prompt; absent, all of that. Optional lower limits, 0: none. default: a request that gives no
+    # max_tokens (vLLM's generation-config max_tokens); cap: every request, a larger max_tokens lowered
+    # to it, not refused (vLLM's override_max_tokens). chat_frontend.limits.max_new_tokens.
+    max_new_tokens_default: int = 0
+    # the gRPC Chat API's reply length when a request gives none (kvtb chat): a CPU generating all that
+    # the context leaves takes minutes when the model does not end its turn; at most what the context leaves
+    chat_max_new_tokens: int = 256
+    max_new_tokens_cap: int = 0
+    # turns forwarded to the agents at once: past a compute node's batch (max_num_seqs) they wait in its
+    # scheduler, which is fair across users; at most its queue_bound (256) wait there
+    max_concurrent_turns: int = 256
+    max_waiting_turns: int = 256             # turns waiting for one of those; a full room pushes out (admission)
     queue_timeout_s: float = 60.0            # how long a turn may wait for its turn
-    # Each user's fair share (chat_frontend.admission): turns running at once, turns waiting (never
-    # more than half the waiting room), and prompt tokens of its turns running or waiting (estimated
-    # from the text's bytes; one turn alone always passes). Past them RESOURCE_EXHAUSTED (HTTP 429).
-    user_max_concurrent_turns: int = 2       # 2 meets issue 31's target on 2 cores (kvtb bench fairness)
-    user_max_waiting_turns: int = 4
-    user_max_queued_prompt_tokens: int = 16384
+    # An operator's quotas per user (chat_frontend.admission), 0: none, the default (a user alone may
+    # use every place; the fair share only bites when users contend): turns running at once (past it
+    # they wait), turns waiting, and prompt tokens of its turns running or waiting (estimated from the
+    # text's bytes; one turn alone always passes). Past them RESOURCE_EXHAUSTED (HTTP 429).
+    user_max_concurrent_turns: int = 0
+    user_max_waiting_turns: int = 0
+    user_max_queued_prompt_tokens: int = 0
     # tenant -> overrides of the user_* limits for that tenant's users ({"team-b": {"user_max_concurrent_turns": 16}})
     tenant_limits: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
     operators: tuple[str, ...] = ()          # users (of `users`) whose token shows SystemStats in detail
+    # users (of `users`) whose token may also read the API port's /metrics (a Prometheus outside the
+    # deployment): every tenant's traffic and the system's load, nothing else beyond what a user may
+    metrics_readers: tuple[str, ...] = ()
     agent_timeout_s: float = 300.0           # deadline of one forwarded turn
     info_retry_s: float = 0.5                # how often to ask the agent's Info until it answers
     # Several replicas (agent and compute node pairs), each "NAME=ADDRESS=IDENTITY"
@@ -112,8 +122,13 @@ class FrontendSettings:
         require(self.listen_address, "listen_address must be set")
         require(self.agent_address, "agent_address must be set")
         require(isinstance(self.max_n, int) and 1 <= self.max_n <= 64, "max_n must be in [1, 64]")
-        require(0 < self.max_new_tokens_default <= self.max_new_tokens_cap,
-                "need 0 < max_new_tokens_default <= max_new_tokens_cap")
+        for name in ("max_new_tokens_default", "max_new_tokens_cap", "chat_max_new_tokens"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                    f"{name} must be a whole number >= 0 (0: what the context leaves), got {value!r}")
+        require(not (self.max_new_tokens_default and self.max_new_tokens_cap)
+                or self.max_new_tokens_default <= self.max_new_tokens_cap,
+                "need max_new_tokens_default <= max_new_tokens_cap when both are set")
         require(self.max_concurrent_turns > 0, "max_concurrent_turns must be positive")
         require(self.max_waiting_turns >= 0, "max_waiting_turns must not be negative")
         require(self.queue_timeout_s > 0, "queue_timeout_s must be positive")
@@ -133,6 +148,8 @@ class FrontendSettings:
                 "session_headers must be header names")
         unknown = sorted(set(self.operators) - set(self.users))
         require(not unknown, f"operators names users that are not in users: {unknown}")
+        unknown = sorted(set(self.metrics_readers) - set(self.users))
+        require(not unknown, f"metrics_readers names users that are not in users: {unknown}")
         _check_user_limits("", self.user_limits_fields())
         require(self.routing in POLICIES, f"routing must be one of {', '.join(POLICIES)}, got {self.routing!r}")
         require(isinstance(self.balance_abs_threshold, int) and self.balance_abs_threshold >= 0,
@@ -163,11 +180,12 @@ class FrontendSettings:
         return {name: getattr(self, name) for name in USER_LIMITS}
 
     def limits_of(self, user: str) -> UserLimits:
-        """The user's share: the user_* settings, overridden by the user's tenant's `tenant_limits`."""
+        """The user's quotas: the user_* settings, overridden by the user's tenant's `tenant_limits`
+        (0: none)."""
         fields = {**self.user_limits_fields(), **self.tenant_limits.get(self.tenant_of(user), {})}
-        return UserLimits(max_concurrent_turns=int(fields["user_max_concurrent_turns"]),
-                          max_waiting_turns=int(fields["user_max_waiting_turns"]),
-                          max_queued_prompt_tokens=int(fields["user_max_queued_prompt_tokens"]))
+        return UserLimits(max_concurrent_turns=int(fields["user_max_concurrent_turns"]) or None,
+                          max_waiting_turns=int(fields["user_max_waiting_turns"]) or None,
+                          max_queued_prompt_tokens=int(fields["user_max_queued_prompt_tokens"]) or None)
 
     def tenant_of(self, user: str) -> str:
         """The user's tenant: its metrics and (with the user, or alone for a shared prompt) its KV's salt."""

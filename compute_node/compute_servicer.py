@@ -52,9 +52,10 @@ def make_turn(request: compute_pb2.TurnRequest, engine, compile_grammar=None) ->
         raise BadRequest(invalid, "token_ids is empty: send the conversation's token ids")
     check_token_ids(ids, engine.vocab_size)
     limit = s.max_context_tokens
-    if ids.size > limit:
-        raise BadRequest(invalid, f"the conversation has {ids.size} tokens, more than max_context_tokens "
-                                  f"({limit}) by {ids.size - limit}")
+    if ids.size > limit:  # vLLM's words (vllm/entrypoints/openai/serving_engine.py), as the frontend's
+        raise BadRequest(invalid, f"This model's maximum context length is {limit} tokens. However, you "
+                                  f"requested {ids.size} tokens in the messages. Please reduce the length "
+                                  "of the messages.")
     if not request.user_id or not request.context_id:
         raise BadRequest(invalid, "user_id and context_id must be set")
     policy = request.policy or s.policy

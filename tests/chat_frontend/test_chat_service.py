@@ -2,6 +2,7 @@ import asyncio
 
 import pytest
 
+from chat_frontend.admission import UserLimits
 from chat_frontend.chat_service import ChatService
 from chat_frontend.conversation import Whole
 from chat_frontend.errors import ChatError
@@ -90,9 +91,12 @@ def test_refusals(tmp_path):
         err = refusal(service, "hello", context_id=bad)
         assert (err.code, err.param) == ("INVALID_ARGUMENT", "context_id"), bad
     err = refusal(service, "x " * 40)  # a message is bounded in tokens, against the context
-    assert err.code == "INVALID_ARGUMENT" and "over the model's context of 30 tokens" in err.message
+    assert err.code == "INVALID_ARGUMENT" and "maximum context length is 30 tokens" in err.message
+    assert (err.param, err.openai_code) == ("messages", "context_length_exceeded")  # the prompt alone
     err = refusal(service, "a b c d", context_id=ctx, max_new_tokens=20)
-    assert err.code == "INVALID_ARGUMENT" and "over the model's context of 30 tokens" in err.message
+    assert err.code == "INVALID_ARGUMENT" and err.param == "max_new_tokens" and err.message == (
+        "This model's maximum context length is 30 tokens. However, you requested 33 tokens (13 in the "
+        "messages, 20 in the completion). Please reduce the length of the messages or completion.")
     # nothing of the refused turns was kept
     assert service.store.get_context("alice", ctx).turns == 1 and service.store.counts()["contexts"] == 1
 
@@ -189,6 +193,26 @@ def test_only_the_tenants_shared_system_prompt_is_shared(tmp_path):
         FrontendSettings(users=USERS, shared_system_prompts={"team-z": "x"})
 
 
+def test_max_new_tokens_is_what_the_context_leaves_unless_asked_or_lowered(tmp_path):
+    engine = FakeEngine(max_context_tokens=8192)
+    grpc_chat = make(tmp_path / "a", engine)
+    run_turn(grpc_chat, "hello there", max_new_tokens=0)
+    assert engine.turns.pop().max_new_tokens == 256  # the gRPC Chat API's own default (kvtb chat)
+    service = make(tmp_path, engine, chat_max_new_tokens=0)  # the settings' default and cap: 0, not set
+    ctx = run_turn(service, "hello there", max_new_tokens=0)[0].context_id
+    assert engine.turns[0].max_new_tokens == 8192 - 4  # vLLM's: max_model_len - prompt
+    run_turn(service, "and again", context_id=ctx, max_new_tokens=4096)
+    assert engine.turns[1].max_new_tokens == 4096  # over the old cap of 1,024, inside the context
+    lowered = make(tmp_path / "b", engine, max_new_tokens_default=256, max_new_tokens_cap=1024)
+    run_turn(lowered, "hello there", max_new_tokens=0)
+    run_turn(lowered, "hello there", max_new_tokens=4096)
+    assert [t.max_new_tokens for t in engine.turns[2:]] == [256, 1024]  # the cap lowers, never refuses
+    with pytest.raises(SettingsError, match="max_new_tokens_default <= max_new_tokens_cap"):
+        FrontendSettings(users=USERS, max_new_tokens_default=2048, max_new_tokens_cap=1024)
+    with pytest.raises(SettingsError, match="max_new_tokens_cap must be a whole number >= 0"):
+        FrontendSettings(users=USERS, max_new_tokens_cap=-1)
+
+
 def test_default_reply_length_fits_the_context(tmp_path):
     engine = FakeEngine(max_context_tokens=40)
     service = make(tmp_path, engine, max_new_tokens_default=256)
@@ -229,18 +253,20 @@ def test_metrics_count_tenants_never_users(tmp_path):
         FrontendSettings(users=USERS, tenants={"alice": ""})
 
 
-def test_user_limits_come_from_the_settings_and_the_tenants_overrides():
+def test_user_quotas_are_off_by_default_and_come_from_the_settings_and_the_tenants_overrides():
+    assert FrontendSettings(users=USERS).limits_of("alice") == UserLimits(None, None, None)
     settings = FrontendSettings(users=USERS, tenants={"alice": "gold"}, user_max_concurrent_turns=2,
+                                user_max_waiting_turns=4,
                                 tenant_limits={"gold": {"user_max_concurrent_turns": 6,
                                                         "user_max_queued_prompt_tokens": 99}})
     gold, plain = settings.limits_of("alice"), settings.limits_of("bob")
     assert (gold.max_concurrent_turns, gold.max_waiting_turns, gold.max_queued_prompt_tokens) == (6, 4, 99)
-    assert (plain.max_concurrent_turns, plain.max_queued_prompt_tokens) == (2, 16384)  # user_max_concurrent_turns=2 given
+    assert (plain.max_concurrent_turns, plain.max_queued_prompt_tokens) == (2, None)  # 0: no quota
     for bad, match in [({"tenant_limits": {"gold": {"user_max_turns": 1}}}, "unknown limits"),
                        ({"tenant_limits": {"nobody": {}}}, "no user belongs to"),
-                       ({"tenant_limits": {"gold": {"user_max_concurrent_turns": 0}}}, "must be positive"),
+                       ({"tenant_limits": {"gold": {"user_max_concurrent_turns": -1}}}, "must not be negative"),
                        ({"tenant_limits": {"gold": {"user_max_waiting_turns": "x"}}}, "whole number"),
-                       ({"user_max_queued_prompt_tokens": 0}, "must be positive"),
+                       ({"user_max_queued_prompt_tokens": -5}, "must not be negative"),
                        ({"operators": ("mallory",)}, "operators names users"),
                        ({"max_concurrent_turns": 0}, "must be positive")]:
         with pytest.raises(SettingsError, match=match):

@@ -6,7 +6,7 @@ import pytest
 
 from chat_frontend import completions_format as cf
 from chat_frontend.chat_service import ChatService
-from chat_frontend.completion_turns import CompletionTurns, Finished, Token, check_fits
+from chat_frontend.completion_turns import CompletionTurns, Finished, Token, fit_tokens
 from chat_frontend.errors import ChatError
 from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import SessionStore
@@ -16,16 +16,30 @@ from .fakes import FakeEngine
 
 
 def request(**body) -> cf.CompletionsRequest:
-    return cf.parse_request(json.dumps({"model": "fake", "prompt": [[20, 21]], **body}).encode(), 64, 4,
+    return cf.parse_request(json.dumps({"model": "fake", "prompt": [[20, 21]], **body}).encode(), 4,
                             draw_seed=lambda: 3)
 
 
-def test_check_fits_says_by_how_much():
-    check_fits(0, 10, 6, 16)
+def overflow(req, prompt_tokens, context) -> ChatError:
     with pytest.raises(ChatError) as info:
-        check_fits(2, 10, 8, 16)
-    assert info.value.code == "INVALID_ARGUMENT" and "prompt[2]" in info.value.message
-    assert "by 2" in info.value.message and info.value.param == "max_tokens"
+        fit_tokens(req, prompt_tokens, context)
+    assert (info.value.code, info.value.openai_code) == ("INVALID_ARGUMENT", "context_length_exceeded")
+    return info.value
+
+
+def test_fit_tokens_is_vllms_check_in_vllms_words():
+    assert fit_tokens(request(max_tokens=6), 10, 16) == 6
+    assert fit_tokens(request(max_tokens=4096), 10, 4096 + 10) == 4096
+    assert fit_tokens(request(max_tokens=4096), 10, 8192, cap=1024) == 1024  # the cap lowers, never refuses
+    err = overflow(request(max_tokens=8), 10, 16)
+    assert err.param == "max_tokens" and err.message == (
+        "This model's maximum context length is 16 tokens. However, you requested 18 tokens (10 in the "
+        "messages, 8 in the completion). Please reduce the length of the messages or completion.")
+    assert overflow(request(), 10, 20).param == "prompt"  # the default 16 was not asked: the prompt is too long
+    assert fit_tokens(request(), 4, 20) == 16
+    assert overflow(request(max_tokens=1), 20, 20).param == "prompt"  # a prompt must leave a token
+    assert fit_tokens(request(echo=True, max_tokens=0), 20, 20) == 0  # echo alone: the prompt only
+    assert overflow(request(echo=True, max_tokens=0), 21, 20).param == "prompt"
 
 
 def run(engine, scenario, **settings):
@@ -53,7 +67,7 @@ def test_a_request_runs_its_choices_and_counts_them_for_the_tenant():
     assert finishes == {"length": 4} and completed == 1
 
 
-def test_past_the_users_share_it_is_refused_and_counted():
+def test_past_the_users_quota_it_is_refused_and_counted():
     engine = FakeEngine()
     gate = asyncio.Event()
 
@@ -67,11 +81,17 @@ def test_past_the_users_share_it_is_refused_and_counted():
         first = turns.run("alice", request(), [[20, 21]], 0)
         started = asyncio.ensure_future(anext(first))
         await asyncio.sleep(0.05)  # the first holds the user's one place
+        second = turns.run("alice", request(), [[20, 21]], 0)
+        waiting = asyncio.ensure_future(anext(second))  # its one waiting turn
+        await asyncio.sleep(0.05)
         with pytest.raises(ChatError) as info:
             await anext(turns.run("alice", request(), [[20, 21]], 0))
         gate.set()
         await started
         await first.aclose()
-        return info.value.code, service.tenants.snapshot()[0]
-    code, by_status = run(Held(), scenario, user_max_concurrent_turns=1, user_max_waiting_turns=0)
-    assert code == "RESOURCE_EXHAUSTED" and by_status[("team-a", "RESOURCE_EXHAUSTED")] == 1
+        await waiting
+        await second.aclose()
+        return info.value, service.tenants.snapshot()[0]
+    refusal, by_status = run(Held(), scenario, user_max_concurrent_turns=1, user_max_waiting_turns=1)
+    assert refusal.code == "RESOURCE_EXHAUSTED" and "over your quota" in refusal.message
+    assert by_status[("team-a", "RESOURCE_EXHAUSTED")] == 1

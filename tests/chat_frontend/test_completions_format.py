@@ -11,8 +11,7 @@ from kvtb_proto import compute_pb2
 
 
 def parse(**body):
-    return cf.parse_request(json.dumps({"model": "m", **body}).encode(), max_tokens_cap=64, max_n=4,
-                            draw_seed=lambda: 42)
+    return cf.parse_request(json.dumps({"model": "m", **body}).encode(), max_n=4, draw_seed=lambda: 42)
 
 
 def refused(**body) -> ChatError:
@@ -25,6 +24,7 @@ def refused(**body) -> ChatError:
 def test_defaults_are_openais_completions_defaults():
     req = parse(prompt="hello")
     assert req.prompts == ("hello",) and req.max_tokens == 16 and req.n == 1 and req.add_special_tokens
+    assert not req.max_tokens_given and parse(prompt="a", max_tokens=16).max_tokens_given
     assert req.sampling.seed == 42 and not req.sampling.logprobs and req.logprobs is None
     assert req.given == frozenset() and not req.echo and not req.stream
 
@@ -54,6 +54,12 @@ def test_echo_with_logprobs_is_refused_and_max_tokens_0_needs_echo():
     assert error.param == "echo" and "prompt's logprobs" in error.message
     assert refused(prompt="a", max_tokens=0).param == "max_tokens"
     assert parse(prompt="a", echo=True, max_tokens=0).max_tokens == 0
+
+
+def test_max_tokens_is_taken_large_and_checked_against_the_context_later():
+    assert parse(prompt="a", max_tokens=4096).max_tokens == 4096  # no cap of 1,024 any more
+    assert parse(prompt="a", max_tokens=2**31 - 1).max_tokens == 2**31 - 1
+    assert refused(prompt="a", max_tokens=2**31).param == "max_tokens"  # not even a count protobuf takes
 
 
 def test_fields_honoured_defaulted_or_refused():

@@ -37,7 +37,10 @@ MALFORMED = [
     ("Chat", chat(message=""), "message is empty"),
     ("Chat", chat(message="hi", context_id="a b"), "context_id must be"),
     ("Chat", chat(message="hi", context_id="x" * 300), "over the limit of 240"),
-    ("Chat", chat(message="hi", max_new_tokens=1 << 31), "max_new_tokens"),
+    ("Chat", chat(message="hi", max_new_tokens=1 << 31), "This model's maximum context length is 256 tokens. "
+     "However, you requested 2147483664 tokens (16 in the messages, 2147483648 in the completion). Please "
+     "reduce the length of the messages or completion."),                       # vLLM's words, as over HTTP
+    ("Chat", chat(message="a " * 300), "However, you requested 316 tokens in the messages."),
     ("Chat", frontend_pb2.ChatRequest(token="t" * 5000, message="hi").SerializeToString(), "token is 5000"),
     ("Chat", chat(message="hi", sampling={"temperature": float("nan")}), "temperature"),
     ("Chat", chat(message="hi", n=9), "n is 9, over the limit of 8"),

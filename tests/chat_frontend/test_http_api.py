@@ -1,5 +1,6 @@
 """The OpenAI API of a real frontend process in front of a fake agent: the `openai` client,
-errors in OpenAI's shape, /health and /metrics."""
+errors in OpenAI's shape, /health and /metrics; token limits and messages' fields in process."""
+import asyncio
 import http.client
 import json
 import random
@@ -7,15 +8,24 @@ import socket
 import urllib.error
 import urllib.request
 
+import grpc
 import openai
 import pytest
 import yaml
+from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from chat_frontend.agent_client import chat_error
+from chat_frontend.chat_service import ChatService
+from chat_frontend.http_api import OpenAiApi
+from chat_frontend.settings import FrontendSettings
+from chat_frontend.store import SessionStore
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import free_port
+from kvtb_proto import compute_pb2
 
 from . import fake_agent
+from .fakes import FakeEngine
 
 TOKEN = "t-alice"
 HI = [{"role": "user", "content": "hi"}]
@@ -139,6 +149,8 @@ BAD_REQUESTS = [  # body, token, session, HTTP status, error code
     ({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}, TOKEN, "ctx none", 400,
      "invalid_argument"),
     ({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, TOKEN, "",
+     400, "context_length_exceeded"),
+    ({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2**31}, TOKEN, "",
      400, "invalid_argument"),
 ]
 
@@ -226,7 +238,11 @@ BAD_INPUTS = [  # (what, body, HTTP status, param or None): each is refused in O
      400, "stream_options.include_usage"),
     ("user that is an object", {**GOOD, "user": {}}, 400, "user"),
     ("a message past the model's context", {**GOOD, "messages": [{"role": "user", "content": "a " * 300}]},
-     400, None),
+     400, "messages"),
+    ("an unknown field in a message", {**GOOD, "messages": [{"role": "user", "content": "hi", "weird": 1}]}, 400,
+     "messages[0].weird"),
+    ("an unknown field in a content part", {**GOOD, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi", "weird": 1}]}]}, 400, "messages[0].content[0].weird"),
     ("JSON nested 100,000 deep", NESTED, 400, None),
     ("an integer of 5,000 digits", b'{"model": "fake", "messages": [], "seed": ' + b"9" * 5000 + b"}", 400, None),
     ("bytes that are not UTF-8", b'{"model": "\xff\xfe"}', 400, None),
@@ -320,3 +336,106 @@ def test_fuzzed_fields_never_give_a_500_or_a_body_that_is_not_json(frontend):
             assert_openai_error(status, got, status)
     assert statuses.count(400) > 50 and statuses.count(200) > 2  # both kinds were tried (most fields now checked)
     assert post(frontend["http"], GOOD)[0] == 200
+
+
+class ContextEngine(FakeEngine):
+    """FakeEngine whose replies run to max_new_tokens (finish_reason length), their prompt prefilled."""
+
+    async def generate(self, request: compute_pb2.TurnRequest, route=None):
+        self.turns.append(request)
+        for i in range(request.max_new_tokens):
+            yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=50, text=" w"))
+        yield compute_pb2.TurnEvent(record=compute_pb2.TurnRecord(
+            request_id=request.request_id, tokens_prefilled=len(request.token_ids), engine_ms=1.0,
+            tokens_out=request.max_new_tokens, output_token_ids=[50] * request.max_new_tokens,
+            finish_reason="length"))
+
+
+def in_process(engine, *bodies, **settings) -> list[tuple[int, dict]]:
+    """(status, JSON) of each chat completion body, in order, from an API in this process over engine."""
+    async def main():
+        settings.setdefault("users", {"alice": TOKEN})
+        service = ChatService(FrontendSettings(**settings), SessionStore(":memory:"), engine)
+        async with TestClient(TestServer(OpenAiApi(service, lambda: True, lambda: "fake").app())) as client:
+            out = []
+            for body in bodies:
+                r = await client.post("/v1/chat/completions", json={"model": "fake", **body},
+                                      headers={"Authorization": f"Bearer {TOKEN}"})
+                out.append((r.status, await r.json()))
+            return out
+    return asyncio.run(main())
+
+
+SHORT = [{"role": "user", "content": "hi there"}]  # FakeEngine's ids: 1, two words, 4
+
+
+def test_max_tokens_absent_or_4096_is_taken_up_to_what_the_context_leaves():
+    engine = FakeEngine(max_context_tokens=8192)
+    replies = in_process(engine, {"messages": SHORT}, {"messages": SHORT, "max_tokens": 4096},
+                         {"messages": SHORT, "max_completion_tokens": 4096, "max_tokens": 10})
+    assert [status for status, _ in replies] == [200, 200, 200], replies
+    prompt = len(engine.turns[0].token_ids)
+    assert [t.max_new_tokens for t in engine.turns] == [8192 - prompt, 4096, 4096]  # vLLM's; no cap of 1,024
+    in_process(engine, {"messages": SHORT}, {"messages": SHORT, "max_tokens": 4096},
+               max_new_tokens_default=256, max_new_tokens_cap=1024)
+    assert [t.max_new_tokens for t in engine.turns[3:]] == [256, 1024]  # the settings lower it
+
+
+def test_a_reply_to_the_contexts_end_says_length_and_counts_its_tokens():
+    (status, body), = in_process(ContextEngine(max_context_tokens=40), {"messages": SHORT})
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+    usage = body["usage"]
+    assert usage["total_tokens"] == 40 and usage["prompt_tokens"] + usage["completion_tokens"] == 40
+
+
+def test_past_the_context_is_vllms_message_with_openais_code():
+    engine = FakeEngine(max_context_tokens=8192)
+    long = [{"role": "user", "content": "a " * 8200}]
+    replies = in_process(engine, {"messages": SHORT, "max_tokens": 8192},
+                         {"messages": SHORT, "max_completion_tokens": 8192},
+                         {"messages": long}, {"messages": long, "max_tokens": 16},
+                         {"messages": SHORT, "max_tokens": 8192, "stream": True})
+    errors = [body["error"] for _, body in replies]
+    assert [status for status, _ in replies] == [400] * 5
+    assert {(e["code"], e["type"]) for e in errors} == {("context_length_exceeded", "invalid_request_error")}
+    assert [e["param"] for e in errors] == ["max_tokens", "max_completion_tokens", "messages", "messages",
+                                            "max_tokens"]
+    prompt = len(SHORT[0]["content"].split()) + 2
+    assert errors[0]["message"] == (
+        f"This model's maximum context length is 8192 tokens. However, you requested {8192 + prompt} tokens "
+        f"({prompt} in the messages, 8192 in the completion). Please reduce the length of the messages or "
+        "completion.")
+    assert errors[2]["message"] == (
+        "This model's maximum context length is 8192 tokens. However, you requested 8202 tokens in the "
+        "messages. Please reduce the length of the messages.")
+    assert engine.turns == []
+
+
+class _InvalidArgument(Exception):
+    """The agent's INVALID_ARGUMENT as grpc.aio raises it (code, details, trailing metadata)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.INVALID_ARGUMENT
+
+    def details(self) -> str:
+        return str(self)
+
+    def trailing_metadata(self) -> tuple:
+        return ()
+
+
+class RefusingEngine(FakeEngine):
+    """Its compute node refuses every turn's prompt as past the context (a node of a smaller context)."""
+
+    async def generate(self, request: compute_pb2.TurnRequest, route=None):
+        raise chat_error(_InvalidArgument("This model's maximum context length is 100 tokens. However, you "
+                                          "requested 120 tokens in the messages. Please reduce the length "
+                                          "of the messages."), "127.0.0.1:1")
+        yield  # an async generator
+
+
+def test_a_compute_nodes_context_refusal_keeps_openais_code():
+    (status, body), = in_process(RefusingEngine(), {"messages": SHORT})
+    assert (status, body["error"]["code"], body["error"]["param"]) == \
+        (400, "context_length_exceeded", "messages")
+    assert body["error"]["message"].startswith("agent: This model's maximum context length is 100 tokens.")

@@ -2,6 +2,7 @@ import pytest
 
 from chat_frontend import limits
 from chat_frontend.errors import ChatError
+from kvtb_proto import compute_pb2
 
 
 def refusal(fn, *args) -> ChatError:
@@ -22,21 +23,47 @@ def test_n_is_one_to_max_n():
     assert refusal(limits.check_n, 9, 8).param == "n"
 
 
-def test_max_new_tokens_default_and_cap():
-    assert limits.resolve_max_new_tokens(0, 64, 128) == 64
-    assert limits.resolve_max_new_tokens(128, 64, 128) == 128
-    assert refusal(limits.resolve_max_new_tokens, 130, 64, 128).message == \
-        "max_new_tokens is 130, over the limit of 128 by 2"
+def fit(prompt, context, requested=None, **kw) -> int:
+    return limits.max_new_tokens(prompt, context, requested, **kw)
 
 
-def test_context_limit_names_the_excess():
-    limits.check_context_fits(100, 20, 8, 128)
-    msg = refusal(limits.check_context_fits, 100, 20, 10, 128).message
-    assert "would need 130 tokens (100 so far + 20 for this message + 10 to generate)" in msg
-    assert "context of 128 tokens by 2" in msg
+def overflow(*args, **kw) -> ChatError:
+    with pytest.raises(ChatError) as err:
+        fit(*args, **kw)
+    assert (err.value.code, err.value.openai_code) == ("INVALID_ARGUMENT", "context_length_exceeded")
+    return err.value
 
 
-def test_the_default_shrinks_to_the_room_left_but_a_request_does_not():
-    assert limits.fit_default(256, 0, 100) == 100
-    assert limits.fit_default(256, 0, 0) == 1  # then check_context_fits refuses, saying by how much
-    assert limits.fit_default(200, 200, 100) == 200
+def test_absent_max_tokens_is_what_the_context_leaves_lowered_by_the_settings():
+    assert fit(100, 8192) == 8092  # vLLM's get_max_tokens: max_model_len - prompt
+    assert fit(100, 8192, default=256) == 256 and fit(8000, 8192, default=256) == 192
+    assert fit(100, 8192, cap=1024) == 1024 and fit(100, 8192, default=2048, cap=1024) == 1024
+    assert fit(8191, 8192) == 1  # the last token the context holds
+
+
+def test_a_requested_max_tokens_must_fit_beside_the_prompt_and_the_cap_lowers_it():
+    assert fit(100, 8192, 4096) == 4096 and fit(100, 8192, 8092) == 8092
+    assert fit(100, 8192, 4096, default=16) == 4096  # the default is for a request that gives none
+    assert fit(100, 8192, 4096, cap=1024) == 1024   # lowered, not refused (vLLM's override_max_tokens)
+    err = overflow(100, 8192, 8093)
+    assert err.param == "max_tokens" and err.message == (
+        "This model's maximum context length is 8192 tokens. However, you requested 8193 tokens (100 in the "
+        "messages, 8093 in the completion). Please reduce the length of the messages or completion.")
+    assert overflow(100, 8192, 8093, tokens_param="max_completion_tokens").param == "max_completion_tokens"
+
+
+def test_a_prompt_that_leaves_no_token_names_the_prompt():
+    err = overflow(8192, 8192)
+    assert err.param == "messages" and err.message == (
+        "This model's maximum context length is 8192 tokens. However, you requested 8192 tokens in the "
+        "messages. Please reduce the length of the messages.")
+    err = overflow(9000, 8192, 16, prompt_param="prompt")  # past the context even alone: the prompt
+    assert err.param == "prompt" and "(9000 in the messages, 16 in the completion)" in err.message
+
+
+def test_the_context_is_the_nodes_never_past_its_pool():
+    info = compute_pb2.InfoResponse(max_context_tokens=8192, num_blocks=1024, block_tokens=32)
+    assert limits.context_tokens(info) == 8192
+    info.num_blocks = 100
+    assert limits.context_tokens(info) == 3200
+    assert limits.context_tokens(compute_pb2.InfoResponse(max_context_tokens=300)) == 300  # pool unknown

@@ -17,7 +17,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 
 
 def parse(**fields):
-    return oa.parse_request(json.dumps({"model": "m", "messages": HI, **fields}).encode(), 1024, max_n=8,
+    return oa.parse_request(json.dumps({"model": "m", "messages": HI, **fields}).encode(), max_n=8,
                             draw_seed=lambda: 77)
 
 
@@ -39,20 +39,21 @@ def test_seeds_are_int64_and_map_one_to_one_onto_the_protos_uint64():
 
 def test_without_a_seed_each_request_draws_its_own():
     body = json.dumps({"model": "m", "messages": HI}).encode()
-    seeds = {oa.parse_request(body, 16).sampling.seed for _ in range(4)}
+    seeds = {oa.parse_request(body).sampling.seed for _ in range(4)}
     assert len(seeds) == 4
 
 
 def test_numbers_at_their_bounds_pass_and_just_past_them_are_refused():
-    req = parse(max_tokens=1024, temperature=100.0, top_p=1.0, n=8, seed=0, top_k=-1, min_p=1.0,
+    req = parse(max_tokens=2**31 - 1, temperature=100.0, top_p=1.0, n=8, seed=0, top_k=-1, min_p=1.0,
                 presence_penalty=-2, frequency_penalty=2, repetition_penalty=2.0, min_tokens=1024)
-    assert (req.max_new_tokens, req.sampling.temperature, req.sampling.top_p, req.n) == (1024, 100.0, 1.0, 8)
+    assert (req.max_new_tokens, req.sampling.temperature, req.sampling.top_p, req.n) == \
+        (2**31 - 1, 100.0, 1.0, 8)
     assert (req.sampling.top_k, req.sampling.min_p, req.sampling.presence_penalty,
             req.sampling.frequency_penalty, req.sampling.repetition_penalty, req.sampling.min_tokens) == \
         (-1, 1.0, -2.0, 2.0, 2.0, 1024)
     assert parse(max_completion_tokens=7, max_tokens=9).max_new_tokens == 7
     assert parse(max_tokens=5.0).max_new_tokens == 5  # 5.0 is an integer in JSON's sense
-    for field, value in (("max_tokens", 1025), ("temperature", 100.0001), ("top_p", 1.0001), ("top_p", 0),
+    for field, value in (("max_tokens", 2**31), ("temperature", 100.0001), ("top_p", 1.0001), ("top_p", 0),
                          ("max_tokens", -1), ("max_tokens", 0), ("max_completion_tokens", 0),
                          ("temperature", -1e-300), ("max_tokens", 1e300), ("n", 9), ("n", 0), ("top_k", -2),
                          ("min_p", 1.5), ("presence_penalty", 2.5), ("frequency_penalty", -3),
@@ -242,3 +243,80 @@ def test_the_readme_table_lists_every_field_of_the_parser_as_it_handles_it():
             listed.update({name: support[cells[1]] for name in re.findall(r"`([a-z_]+)`", cells[0])})
     assert set(listed) == set(oa.FIELDS), (sorted(set(listed) - set(oa.FIELDS)), sorted(set(oa.FIELDS) - set(listed)))
     assert {name: f.handling for name, f in oa.FIELDS.items()} == listed
+
+
+def test_max_tokens_is_taken_large_and_checked_against_the_context_later():
+    assert (parse().max_new_tokens, parse().max_tokens_param) == (0, "max_tokens")  # absent: the context's
+    assert parse(max_tokens=4096).max_new_tokens == 4096  # no cap of 1,024 any more
+    req = parse(max_completion_tokens=8000, max_tokens=5)
+    assert (req.max_new_tokens, req.max_tokens_param) == (8000, "max_completion_tokens")
+    assert parse(min_tokens=5000).sampling.min_tokens == 5000  # max_tokens absent: up to the context
+
+
+def test_a_context_overflow_has_openai_s_code():
+    err = oa.limits.context_exceeded(8192, 8000, 4096, "max_tokens")
+    status, body = oa.error_body(err.code, err.message, err.param, err.openai_code)
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["param"] == "max_tokens"
+    assert oa.error_body("INVALID_ARGUMENT", "x")[1]["error"]["code"] == "invalid_argument"
+
+
+def test_an_unknown_field_inside_a_message_is_named():
+    err = refused(messages=[{"role": "user", "content": "hi", "weird": 1}])
+    assert err.param == "messages[0].weird" and "unknown field 'weird'" in err.message
+    assert "role, content, name" in err.message  # what a message may have
+    err = refused(messages=[{"role": "system", "content": "s"}, {"role": "user", "content": [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]}])
+    assert err.param == "messages[1].content[1].cache_control" and "a text content part" in err.message
+    err = refused(messages=[{"role": "assistant", "content": "a", "weird": None},
+                            {"role": "user", "content": "b"}])
+    assert err.param == "messages[0].weird"  # unknown even when null, as at the top level
+
+
+def test_a_message_as_an_openai_client_resends_it_is_accepted():
+    # openai's ChatCompletionMessage.model_dump() of a reply, then the next question
+    reply = {"role": "assistant", "content": " ok", "refusal": None, "annotations": None, "audio": None,
+             "function_call": None, "tool_calls": None, "reasoning_content": None}
+    req = parse(messages=[{"role": "user", "content": "hi", "name": "ann"}, reply,
+                          {"role": "user", "content": "again", "name": None}])
+    assert req.history == (("user", "hi"), ("assistant", " ok")) and req.message == "again"
+    parse(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x", "tool_calls": [],
+                                                        "refusal": "", "annotations": [], "reasoning": ""}])
+
+
+def test_every_message_field_of_the_table_is_accepted_or_refused_as_it_says():
+    not_default = {"tool_calls": [{"id": "c"}], "function_call": {"name": "f"}, "tool_call_id": "c",
+                   "tools": [TOOL], "refusal": "no", "audio": {"id": "a"}, "annotations": [{"type": "url"}],
+                   "reasoning": "hmm", "reasoning_content": "hmm"}
+    assert set(not_default) == {k for k, f in oa.MESSAGE_FIELDS.items() if f.handling == rf.DEFAULT_ONLY}
+    for name, value in not_default.items():
+        assistant = {"role": "assistant", "content": "b", name: value}
+        err = refused(messages=[{"role": "user", "content": "a"}, assistant,
+                                {"role": "user", "content": "c"}])
+        assert err.param == f"messages[1].{name}" and "not supported" in err.message, name
+    assert "tool calling is not supported" in refused(
+        messages=[{"role": "user", "content": "a", "tool_call_id": "c"}]).message
+    for name in oa.MESSAGE_FIELDS:  # null is the field left out (a role is needed)
+        if name != "role":
+            parse(messages=[{"role": "user", "content": "hi", name: None}])
+    assert {k for k, f in oa.MESSAGE_FIELDS.items() if f.handling == rf.REFUSED} == set()
+    part = {"type": "text", "text": "a", "type2": 1}
+    assert refused(messages=[{"role": "user", "content": [part]}]).param == "messages[0].content[0].type2"
+
+
+def test_the_readme_lists_every_field_of_a_message_as_it_is_handled():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## OpenAI API support", 1)[1].split("\n## ", 1)[0]
+    table = section.split("### Messages", 1)[1].split("\n### ", 1)[0]
+    support = {"yes": rf.SUPPORTED, "default only": rf.DEFAULT_ONLY, "400": rf.REFUSED}
+    listed, parts = {}, {}
+    for row in table.splitlines():
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        if len(cells) == 3 and cells[1] in support:
+            names = re.findall(r"`([a-z_.]+)`", cells[0])
+            for name in names:
+                into, key = (parts, name.split(".", 1)[1]) if name.startswith("content.") else (listed, name)
+                into[key] = support[cells[1]]
+    assert listed == {name: f.handling for name, f in oa.MESSAGE_FIELDS.items()}
+    assert parts == {name: f.handling for name, f in oa.CONTENT_PART_FIELDS.items()}

@@ -31,6 +31,8 @@ def test_replicas_from_the_environment_as_a_list(tmp_path, monkeypatch):
     ({"health_interval_s": 0}, "health_interval_s"),
     ({"health_timeout_s": -1.0}, "health_timeout_s"),
     ({"balance_abs_threshold": -1}, "balance_abs_threshold"),
+    ({"users": {"a": "t"}, "metrics_readers": ("prometheus",)},
+     "metrics_readers names users that are not in users: ['prometheus']"),
 ])
 def test_a_bad_setting_is_a_clear_error(settings, message):
     with pytest.raises(SettingsError) as err:

@@ -592,3 +592,38 @@ def test_many_sequences_in_a_small_pool_all_finish_with_the_right_tokens(preempt
     if preemption == "swap":
         assert engine.swap_ins > 0
     assert sched.bm.prefix_cache_hits > 0
+
+
+# -- max_new_tokens holds no blocks ahead (issue 40: the OpenAI API's default is what the context leaves)
+def batch_over_time(max_new: int, steps: int = 40) -> tuple[list[int], list[int]]:
+    """(sequences running, blocks held) after each step of 48 turns of 100-token prompts, each asking for
+    max_new tokens, on the compute node's defaults: 1,024 blocks of 32 tokens, 32 sequences, 512 tokens
+    a step."""
+    sched = Scheduler(BlockManager(1024, 32), 32, 512, "recompute", 256)
+    for i in range(48):
+        sched.add(Sequence(list(range(1000 * i + 1, 1000 * i + 101)), max_new_tokens=max_new, block_tokens=32,
+                           salt=bytes([i])))
+    running, held = [], []
+    for _ in range(steps):
+        step(sched)
+        running.append(len(sched.running))
+        held.append(sched.bm.num_blocks - sched.bm.num_free_blocks)
+    return running, held
+
+
+def test_a_large_max_new_tokens_batches_as_many_sequences_as_a_small_one():
+    small = batch_over_time(256)
+    large = batch_over_time(8192 - 100)  # the whole context's room: 253 blocks each, were they reserved
+    assert large == small
+    running, held = large
+    assert max(running) == 32 and running[-1] == 32  # max_num_seqs, not the 4 that reserving would allow
+    assert held[-1] == 32 * 5  # 100 prompt + 40 generated tokens: 5 blocks each, taken as tokens came
+
+
+def test_a_reply_to_the_contexts_end_finishes_with_length():
+    context, prompt = 64, 10
+    sched = Scheduler(BlockManager(64, BT), 4, 64)
+    s = Sequence(list(range(1, prompt + 1)), max_new_tokens=context - prompt, block_tokens=BT)
+    sched.add(s)
+    run_all(sched)
+    assert (s.finish_reason, s.num_completion_tokens, len(s)) == ("length", context - prompt, context)

@@ -80,11 +80,11 @@ def test_agent_never_restores_another_users_kv(triggered):
     ("alice", "", "hello", "", 8, "UNAUTHENTICATED", "no token"),
     ("alice", None, "   ", "", 8, "INVALID_ARGUMENT", "message is empty"),
     ("alice", None, "lorem ipsum " * 600, "", 8, "INVALID_ARGUMENT",  # limits are in tokens, not characters
-     "over the model's context of 1024 tokens by"),
+     "This model's maximum context length is 1024 tokens. However, you requested"),
     ("alice", None, "hello", "ctx unknown", 8, "INVALID_ARGUMENT", "context_id must be ASCII letters"),
-    ("alice", None, "hello", "", 2000, "INVALID_ARGUMENT",
-     "max_new_tokens is 2000, over the limit of 1024 by 976"),
-    ("alice", None, "hello", "", 1020, "INVALID_ARGUMENT", "over the model's context of 1024 tokens by"),
+    ("alice", None, "hello", "", 2000, "INVALID_ARGUMENT",  # vLLM's words, as over HTTP
+     "in the messages, 2000 in the completion). Please reduce the length of the messages or completion."),
+    ("alice", None, "hello", "", 1020, "INVALID_ARGUMENT", "in the messages, 1020 in the completion)"),
 ])
 def test_refusals_say_what_and_by_how_much(triggered, user, token, message, context, max_new, code, details):
     client = FrontendClient(triggered.frontend, USERS[user] if token is None else token)
