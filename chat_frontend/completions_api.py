@@ -3,11 +3,12 @@ GET /v1/models/{id}, POST /tokenize, POST /detokenize, GET /version and GET /met
 
 Thin: handlers parse (completions_format, tokenize_format), run turns (completion_turns) and write
 JSON or server-sent events as http_api does for chat. /v1/completions, /tokenize and /detokenize
-take the user's bearer token (401 before anything else). /metrics takes an operator's token
-(settings `operators`; Prometheus sends it as `authorization: credentials`): it shows every
-tenant's traffic and the whole system's load, which one user may not see of the others (a user's
-token is 403; users have SystemStats' aggregates). /version and /v1/models/{id}, like /v1/models
-and /health, are open.
+take the user's bearer token (401 before anything else). /metrics takes the token of an operator
+or a metrics reader (settings `operators`, `metrics_readers`; Prometheus sends it as
+`authorization: credentials`): it shows every tenant's traffic and the whole system's load, which
+one user may not see of the others (a user's token is 403; users have SystemStats' aggregates).
+The frontend's metrics port shows the same without a token, inside the deployment's network
+(vllm_metrics). /version and /v1/models/{id}, like /v1/models and /health, are open.
 
 A completions stream: with echo, each choice's prompt text first; a chunk per generated token that
 adds text (or carries logprobs), a chunk with the finish_reason per choice, the usage chunk when
@@ -27,10 +28,10 @@ import uuid
 from aiohttp import web
 
 from chat_frontend import completions_format as cf
-from chat_frontend import http_api, vllm_metrics
+from chat_frontend import http_api, limits, vllm_metrics
 from chat_frontend import openai_format as oa
 from chat_frontend import tokenize_format as tf
-from chat_frontend.completion_turns import CompletionTurns, Finished, Token, check_fits, encode
+from chat_frontend.completion_turns import CompletionTurns, Finished, Token, encode, fit_tokens
 from chat_frontend.errors import ChatError
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ async def token_strs(decode, token_ids: list[int]) -> list[str]:
 
 def _refused(what: str, exc: ChatError) -> web.Response:
     logger.info("%s refused: %s", what, exc)
-    return http_api.refusal(exc)
+    return http_api.refusal(exc, context_param="prompt")
 
 
 def _failed(what: str, exc: Exception) -> web.Response:
@@ -83,14 +84,15 @@ class Handlers:
         try:
             user = self.service.user("", request.headers.items())  # 401 before anything else
             settings = self.service.settings
-            req = cf.parse_request(await request.read(), settings.max_new_tokens_cap, settings.max_n)
+            req = cf.parse_request(await request.read(), settings.max_n)
             cf.check_model(req.model, self.api.model())
             info = await self.service.agent.info()
             req = dataclasses.replace(req, sampling=oa.apply_defaults(req.sampling, req.given,
                                                                       info.generation_defaults))
             prompts = await encode(self.service, req)
-            for i, ids in enumerate(prompts):
-                check_fits(i, len(ids), req.max_tokens, info.max_context_tokens)
+            context = limits.context_tokens(info)
+            fitted = [fit_tokens(req, len(ids), context, settings.max_new_tokens_cap) for ids in prompts]
+            req = dataclasses.replace(req, max_tokens=min(fitted))  # every prompt's (the cap's, if lower)
             echoes = await self._echoes(req, prompts)
         except ChatError as exc:
             return _refused("completion", exc)
@@ -166,7 +168,7 @@ class Handlers:
             return response
         except ChatError as exc:
             logger.info("completion failed while streaming: %s", exc)
-            await response.write(oa.sse(oa.error_body(exc.code, exc.message, exc.param)[1]))
+            await response.write(oa.sse(oa.error_body(exc.code, exc.message, exc.param, exc.openai_code)[1]))
             done = []
         except Exception as exc:
             logger.exception("completion failed while streaming")
@@ -229,9 +231,11 @@ class Handlers:
     async def metrics(self, request: web.Request) -> web.Response:
         try:
             user = self.service.user("", request.headers.items())
-            if user not in self.service.settings.operators:
-                raise ChatError("PERMISSION_DENIED", "/metrics shows every tenant's traffic: it takes an "
-                                "operator's token (settings operators)")
+            settings = self.service.settings
+            if user not in settings.operators and user not in settings.metrics_readers:
+                raise ChatError("PERMISSION_DENIED", "/metrics shows every tenant's traffic: it takes the "
+                                "token of an operator or a metrics reader (settings operators, "
+                                "metrics_readers)")
         except ChatError as exc:
             return _refused("metrics", exc)
         body = await vllm_metrics.scrape(self.api.model() or "unknown", self.stats, self.finishes.counts)

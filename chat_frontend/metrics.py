@@ -11,7 +11,12 @@ import threading
 from typing import Callable, Iterable
 
 from kvtb import metrics
-from kvtb_proto import frontend_pb2
+from kvtb_proto import compute_pb2, frontend_pb2
+
+# the kvtb: histograms the frontend observes (kvtb.metrics.HISTOGRAMS), per turn or per request
+HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+              "time_per_output_token_seconds", "request_queue_time_seconds", "request_prompt_tokens",
+              "request_generation_tokens")
 
 
 class Tenants:
@@ -39,12 +44,32 @@ class Tenants:
 
 
 class TurnTimer:
-    """Observes one turn's TTFT, inter-token gaps and e2e latency (times in ns)."""
+    """Observes one turn's TTFT, inter-token gaps and e2e latency (times in ns), and per request (each
+    of its choices, as vLLM counts each of n sequences) the gaps between its tokens, its prompt and
+    generated tokens and the time it waited (`waited_s`: the turn's admission wait, plus the compute
+    node's queue time of the choice)."""
 
-    def __init__(self, tenant: str, start_ns: int):
+    def __init__(self, tenant: str, start_ns: int, waited_s: float = 0.0):
         self.tenant = tenant
         self.start_ns = start_ns
+        self.waited_s = waited_s
         self.last_ns = 0
+        self._token_ns: dict[int, int] = {}  # choice -> its last token's arrival
+
+    def token(self, choice: int, now_ns: int) -> None:
+        """A generated token of the choice arrived (text or not): vLLM's time per output token."""
+        last = self._token_ns.get(choice)
+        if last is not None:
+            metrics.histogram("time_per_output_token_seconds").labels(self.tenant).observe(
+                (now_ns - last) / 1e9)
+        self._token_ns[choice] = now_ns
+
+    def request_done(self, prompt_tokens: int, record: compute_pb2.TurnRecord) -> None:
+        """One choice ended: its prompt's and generated tokens, and how long it waited before it ran."""
+        metrics.histogram("request_prompt_tokens").labels(self.tenant).observe(prompt_tokens)
+        metrics.histogram("request_generation_tokens").labels(self.tenant).observe(record.tokens_out)
+        metrics.histogram("request_queue_time_seconds").labels(self.tenant).observe(
+            self.waited_s + max(0.0, record.queue_ms) / 1e3)
 
     def text(self, now_ns: int) -> None:
         if self.last_ns:
@@ -87,6 +112,9 @@ def families(tenants: Tenants, figures: Callable[[], dict],
     yield metrics.gauge("num_requests_waiting", "Turns waiting for admission.", f["turns_waiting"])
     yield metrics.counter("requests_rejected_busy_total", "Turns refused as busy (429).",
                           f["rejected_busy"])
+    yield metrics.counter("requests_rejected_total", "Turns refused (429) by reason: waiting_room_full, "
+                          "pushed_out (gave its waiting place to a user holding fewer), timeout, quota.",
+                          f.get("rejected_by_reason", {}), ("reason",))
     yield metrics.gauge("contexts", "Contexts stored by the frontend.", f.get("contexts", 0))
     if replicas is not None:
         yield from replica_families(replicas())
@@ -95,7 +123,6 @@ def families(tenants: Tenants, figures: Callable[[], dict],
 def reader(tenants: Tenants, figures: Callable[[], dict], replicas: Callable[[], dict] | None = None):
     """The frontend's collector (read at every scrape); its histograms are created now, so they show
     before the first turn."""
-    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
-                 "e2e_request_latency_seconds"):
+    for name in HISTOGRAMS:
         metrics.histogram(name)
     return lambda: families(tenants, figures, replicas)

@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 
 import grpc
-import uvloop
 
-from chat_frontend import http_api
+from chat_frontend import http_api, vllm_metrics
 from chat_frontend import metrics as frontend_metrics
 from chat_frontend.chat_service import ChatService
 from chat_frontend.frontend_servicer import ChatFrontendServicer
@@ -22,6 +20,7 @@ from chat_frontend.replicas import Replicas
 from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import SessionStore
 from kvtb.grpc_health import Health, add_health_and_reflection
+from kvtb.loop_thread import LoopThread
 from kvtb.metrics import MetricsEndpoint
 from kvtb.rpc import Security, server_options
 from kvtb_proto import frontend_pb2
@@ -45,39 +44,21 @@ class FrontendNode:
         self.settings = settings
         self.addresses: dict[str, str] = {}
         self.health: Health | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
+        self._loop = LoopThread("frontend-loop")
 
     def start(self) -> None:
         """Run the loop in its thread; return once both servers listen (or raise why they cannot)."""
-        started: concurrent.futures.Future = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(started,), name="frontend-loop", daemon=True)
-        self._thread.start()
-        self.addresses = started.result()
+        self.addresses = self._loop.start(self._serve)
 
     def ready_extra(self) -> dict:
         return {}
 
     def stop(self) -> None:
         """Stop taking requests and wait until the loop has closed everything."""
-        if self._loop is not None and self._stop is not None and self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._loop.stop()
 
-    def _run(self, started: concurrent.futures.Future) -> None:
-        try:
-            uvloop.run(self._serve(started))
-        except BaseException as exc:
-            if not started.done():
-                started.set_exception(exc)
-            else:
-                logger.exception("the frontend's loop failed")
-
-    async def _serve(self, started: concurrent.futures.Future) -> None:
+    async def _serve(self, started: concurrent.futures.Future, stop: asyncio.Event) -> None:
         s = self.settings
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         store = SessionStore(s.db_path)
         agent = Replicas.connect(s, Security.of("frontend", s.credentials_dir, s.insecure))
         service = ChatService(s, store, agent)
@@ -90,15 +71,18 @@ class FrontendNode:
         await server.start()
         api = http_api.OpenAiApi(service, lambda: bool(agent.model), lambda: agent.model)
         runner, http_address = await http_api.start(api, s.http_address)
+        # the metrics port: the kvtb: families and, as the API port's /metrics shows them, vLLM's (no token)
+        vllm = vllm_metrics.reader(lambda: agent.model, vllm_metrics.StatsCache(agent.compute_stats),
+                                   service.finishes.counts, asyncio.get_running_loop())
         metrics = MetricsEndpoint(s.metrics_address, frontend_metrics.reader(service.tenants,
                                                                              servicer.frontend_figures,
-                                                                             agent.figures))
+                                                                             agent.figures), vllm)
         started.set_result({"grpc": f"{host}:{port}", "http": http_address, "metrics": metrics.address})
         logger.info("frontend listening on %s:%d (OpenAI API http://%s/v1), %s %s routed %s, data %s", host,
                     port, http_address, "agent" if len(agent.replicas) == 1 else "replicas", agent.address,
                     s.routing, s.data_dir)
         waiter = asyncio.create_task(agent.run(self.health, s.health_interval_s, s.info_retry_s))
-        await self._stop.wait()
+        await stop.wait()
         self.health.set_not_serving()
         waiter.cancel()
         await runner.cleanup()

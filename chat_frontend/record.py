@@ -23,6 +23,7 @@ class TurnClock:
     start_ns: int
     first_text_ns: int = 0   # first reply text sent to the user
     end_ns: int = 0          # last event sent
+    wait_ns: int = 0         # how long it waited for admission (a duration)
 
 
 def stream_step(clock: TurnClock, reply_bytes: int) -> compute_pb2.Step:

@@ -1,19 +1,26 @@
-"""vLLM's metric names (`vllm:`) on the API port's /metrics, beside the process's `kvtb:` ones.
+"""vLLM's metric names (`vllm:`) beside the process's `kvtb:` ones, on two ports.
 
+The API port's /metrics shows them to a token of `operators` or `metrics_readers` (`scrape`, for a
+Prometheus outside the deployment); the frontend's metrics port (`metrics_address`, no token, kept
+inside the deployment's network as vLLM's own /metrics is) shows the same families (`reader`).
 Nothing is counted twice: the engine's figures are the compute nodes' Stats (through their agents,
-added up over the replicas in the rotation: `replicas.Replicas.compute_stats`, cached `STATS_TTL_S`), the latencies are the frontend's own `kvtb:`
-histograms summed over tenants (chat and completions turns), and finished requests by reason are
-counted where they end (`FinishCounts`, the ChatService's: chat choices and /v1/completions' choices). Labels are vLLM's (`model_name`, `engine`): never a user's name. A figure
-whose source does not answer is left out rather than shown as 0.
+added up over the replicas in the rotation: `replicas.Replicas.compute_stats`, cached `STATS_TTL_S`),
+the latencies and per-request counts are the frontend's own `kvtb:` histograms summed over tenants
+(chat and completions turns), and finished requests by reason are counted where they end
+(`FinishCounts`, the ChatService's: chat choices and /v1/completions' choices). Labels are vLLM's
+(`model_name`, `engine`): never a user's name. A figure whose source does not answer is left out
+rather than shown as 0.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
+import concurrent.futures
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -24,13 +31,18 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "vllm:"
 STATS_TTL_S = 1.0
+READ_TIMEOUT_S = 8.0  # the metrics port's read of them, on the frontend's loop (Prometheus waits 10 s)
 ENGINE = "0"  # vLLM's engine label: one engine (the replicas' compute nodes, added up)
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what generate_latest writes; the metrics port's too (kvtb.metrics)
 # vLLM's histogram -> the frontend's kvtb: histogram with the same meaning
 HISTOGRAMS = {
     "time_to_first_token_seconds": "time_to_first_token_seconds",
     "e2e_request_latency_seconds": "e2e_request_latency_seconds",
     "inter_token_latency_seconds": "inter_token_latency_seconds",
+    "time_per_output_token_seconds": "time_per_output_token_seconds",
+    "request_queue_time_seconds": "request_queue_time_seconds",
+    "request_prompt_tokens": "request_prompt_tokens",
+    "request_generation_tokens": "request_generation_tokens",
 }
 
 
@@ -150,10 +162,29 @@ def exposition(families: list[Metric]) -> bytes:
     return generate_latest(metrics.REGISTRY) + generate_latest(extra)
 
 
-async def scrape(model: str, stats: StatsCache, reasons: Mapping[str, int]) -> bytes:
-    """The API port's /metrics body."""
-    families: list[Metric] = [success_family(model, reasons), *latency_families(model)]
+async def families(model: str, stats: StatsCache, reasons: Mapping[str, int]) -> list[Metric]:
+    """Every vllm: family (the engine's only when its Stats answer)."""
+    out: list[Metric] = [success_family(model, reasons), *latency_families(model)]
     figures = await stats.get()
     if figures is not None:
-        families.extend(engine_families(model, figures))
-    return exposition(families)
+        out.extend(engine_families(model, figures))
+    return out
+
+
+async def scrape(model: str, stats: StatsCache, reasons: Mapping[str, int]) -> bytes:
+    """The API port's /metrics body."""
+    return exposition(await families(model, stats, reasons))
+
+
+def reader(model: Callable[[], str], stats: StatsCache, reasons: Mapping[str, int],
+           loop: asyncio.AbstractEventLoop, timeout_s: float = READ_TIMEOUT_S) -> Callable[[], list[Metric]]:
+    """The vllm: families for the metrics port, whose server thread calls this: they are made on the
+    frontend's loop (where the counts change and the Stats are asked); none if it does not answer in time."""
+    def read() -> list[Metric]:
+        future = asyncio.run_coroutine_threadsafe(families(model() or "unknown", stats, reasons), loop)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:  # left to end on the loop (cancelled, it would never start)
+            logger.info("vllm: metrics not read within %.1f s: the frontend's loop is busy", timeout_s)
+            return []
+    return read

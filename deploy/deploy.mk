@@ -1,5 +1,6 @@
 # Containers (issue 6): included by the Makefile.
 IMAGE ?= kvtb:latest
+PROMETHEUS_IMAGE ?= kvtb-prometheus:latest
 PUBLIC_BASE ?= python:3.11-slim
 LOCAL_BASE ?= kvtb-base:bookworm
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
@@ -7,7 +8,7 @@ COMPOSE_FILE := deploy/docker-compose.yml
 DC = $(COMPOSE) -f $(COMPOSE_FILE)
 FRONTEND_PORT ?= 50050
 
-.PHONY: docker base-image wheelhouse image up down compose-test stack-up
+.PHONY: docker base-image wheelhouse image prometheus-image up down compose-test stack-up
 
 docker:
 	@deploy/ensure-docker.sh
@@ -24,15 +25,26 @@ wheelhouse:
 	  pip download -q --no-deps -d deploy/wheelhouse torch==2.13.0 || true
 	@for f in deploy/wheelhouse/torch-*.whl; do case "$$f" in *+cpu*) ;; *) rm -f "$$f";; esac; done
 
-image: docker wheelhouse
-	@base=$(PUBLIC_BASE); \
+# The base image in $$base: PUBLIC_BASE when it is here or can be pulled, else the local one (made once).
+PICK_BASE = base=$(PUBLIC_BASE); \
 	if ! docker image inspect $$base >/dev/null 2>&1 && ! docker pull -q $$base >/dev/null 2>&1; then \
 	  echo "cannot pull $$base: using a local base image ($(LOCAL_BASE))"; \
 	  deploy/base-image.sh $(LOCAL_BASE); base=$(LOCAL_BASE); \
-	fi; \
+	fi
+
+image: docker wheelhouse
+	@$(PICK_BASE); \
 	start=$$(date +%s); \
 	docker build -q -f deploy/Dockerfile --build-arg BASE_IMAGE=$$base -t $(IMAGE) . >/dev/null && \
 	echo "built $(IMAGE) on $$base in $$(( $$(date +%s) - start )) s"
+
+# Prometheus for the profile `monitoring`: Debian's package on the same Debian base (one cached apt layer).
+prometheus-image: docker
+	@$(PICK_BASE); \
+	start=$$(date +%s); \
+	docker build -q -f deploy/prometheus/Dockerfile --build-arg BASE_IMAGE=$$base -t $(PROMETHEUS_IMAGE) \
+	  deploy/prometheus >/dev/null && \
+	echo "built $(PROMETHEUS_IMAGE) on $$base in $$(( $$(date +%s) - start )) s"
 
 # PLACEMENT=nic: each service on the CPUs of its placement's plan on this host (deploy/placement.py
 # prints the KVTB_<SECTION>_CPUS the compose file gives as cpuset and setting); empty: every CPU.
@@ -42,25 +54,32 @@ PLACEMENT ?=
 REPLICAS ?= 1
 REPLICA_LIST := replica-0=smartnic:50051=smartnic,replica-1=smartnic1:50051=smartnic-1
 PLACED := $(or $(PLACEMENT),$(if $(filter 2,$(REPLICAS)),shared))
-REPLICA_ENV = $(if $(filter 2,$(REPLICAS)),COMPOSE_PROFILES=replicas KVTB_FRONTEND_REPLICAS=$(REPLICA_LIST))
+# MONITORING=1: Prometheus too (profile `monitoring`), scraping every service; http://127.0.0.1:9090.
+MONITORING ?=
+comma := ,
+space := $(subst ,, )
+PROFILES = $(subst $(space),$(comma),$(strip $(if $(filter 2,$(REPLICAS)),replicas) $(if $(MONITORING),monitoring)))
+REPLICA_ENV = $(if $(filter 2,$(REPLICAS)),KVTB_FRONTEND_REPLICAS=$(REPLICA_LIST)) $(if $(PROFILES),COMPOSE_PROFILES=$(PROFILES))
 
-up: image
+up: image $(if $(MONITORING),prometheus-image)
 	@case "$(REPLICAS)" in 1|2) ;; *) echo "REPLICAS: 1 or 2 (the compose file has two pairs)" >&2; exit 2;; esac
 	@cpus=$$($(if $(PLACED),$(BIN)/python deploy/placement.py $(PLACED) --replicas $(REPLICAS),true)) || exit 1; \
 	[ -z "$$cpus" ] || echo "placement $(PLACED): $$cpus"; \
-	env $$cpus $(REPLICA_ENV) KVTB_IMAGE=$(IMAGE) KVTB_FRONTEND_PORT=$(FRONTEND_PORT) $(DC) up -d
+	env $$cpus $(REPLICA_ENV) KVTB_IMAGE=$(IMAGE) KVTB_PROMETHEUS_IMAGE=$(PROMETHEUS_IMAGE) \
+	  KVTB_FRONTEND_PORT=$(FRONTEND_PORT) $(DC) up -d
 	@echo
 	@echo "kvtestbed is up. Chat with it:"
 	@echo "  .venv/bin/kvtb chat --frontend localhost:$(FRONTEND_PORT)      (from the host)"
 	@echo "  $(DC) run --rm client                    (from a container)"
+	@$(if $(MONITORING),echo "Prometheus: http://127.0.0.1:9090 (dashboard: deploy/grafana/kvtestbed.json)")
 	@echo "Stop it with: make down"
 
 down:
-	COMPOSE_PROFILES=replicas KVTB_IMAGE=$(IMAGE) $(DC) down $(if $(VOLUMES),-v,)
+	COMPOSE_PROFILES=replicas,monitoring KVTB_IMAGE=$(IMAGE) $(DC) down $(if $(VOLUMES),-v,)
 	@$(if $(VOLUMES),echo "volumes removed",echo "stopped; the volumes (storage, conversations) remain: make down VOLUMES=1 removes them")
 
-compose-test: install image
-	KVTB_COMPOSE_TEST=1 KVTB_IMAGE=$(IMAGE) $(BIN)/python -m pytest -m compose tests/deploy -p no:cacheprovider $(PYTEST_ARGS)
+compose-test: install image prometheus-image
+	KVTB_COMPOSE_TEST=1 KVTB_IMAGE=$(IMAGE) KVTB_PROMETHEUS_IMAGE=$(PROMETHEUS_IMAGE) $(BIN)/python -m pytest -m compose tests/deploy -p no:cacheprovider $(PYTEST_ARGS)
 
 # The swarm form of the compose file (see deploy/stack_file.py).
 deploy/docker-stack.yml: deploy/docker-compose.yml deploy/stack_file.py

@@ -16,6 +16,12 @@ which `make stack-up` runs), mounted in /run/secrets: its certificate and key (i
 KVTB_<KIND>_IDENTITY its environment gives, else its kind), the CA, and the fabric and KV keys only
 where they are used.
 
+Monitoring: the Prometheus of the compose profile `monitoring` is not in the stack. Its image is built on
+the deploying host only (`make prometheus-image`), its scrape configuration names the compose project's
+services one target each, and a swarm has no profiles: it would run on every deployment. A swarm's
+operator points the Prometheus they run at the services' metrics ports (0.0.0.0 in every container) or
+at the frontend's API port with a metrics reader's token (deploy/prometheus/prometheus.yml shows both).
+
 Replicas: every agent and compute node pair of the compose file is in the stack, each on a node
 labelled `kvtb.compute=true`; the second (compose profile `replicas`) starts with 0 tasks and is
 scaled with the stack (`docker service scale kvtb_smartnic1=1 kvtb_compute1=1`; back to 0 takes it
@@ -38,6 +44,7 @@ TARGET = HERE / "docker-stack.yml"
 COLOCATED = ("compute", "smartnic")   # kinds: each pair (compute, smartnic; compute1, smartnic1) on a kvtb.compute host
 AGENT_PORT = 50051                      # the agents' listen port (kvtb.compose.yaml)
 SCALED_PROFILE = "replicas"             # the compose profile of the pairs the stack scales (0 tasks at first)
+LEFT_OUT_PROFILE = "monitoring"         # the compose profile whose services the stack has not (Prometheus)
 CONFIG_FILE = "kvtb.compose.yaml"
 CONFIG_TARGET = "/etc/kvtb/kvtb.yaml"
 HEADER = "# Generated from docker-compose.yml by deploy/stack_file.py; do not edit by hand.\n"
@@ -78,15 +85,25 @@ def _secret(file: str) -> str:
     return "kvtb_" + file.replace(".", "_").replace("-", "_")
 
 
+def _volume_names(service: dict) -> set[str]:
+    return {str(v).split(":", 1)[0] for v in service.get("volumes", [])}
+
+
 def stack_config(compose: dict) -> dict:
     """The stack form of a parsed compose file."""
-    volumes = {k: v for k, v in compose.get("volumes", {}).items() if k != CREDENTIALS_SERVICE}
+    left_out = {name for name, service in compose["services"].items()
+                if LEFT_OUT_PROFILE in (service.get("profiles") or ())}
+    kept = [s for name, s in compose["services"].items() if name not in left_out]
+    theirs = set().union(*(_volume_names(compose["services"][name]) for name in left_out)) - \
+        set().union(*(_volume_names(s) for s in kept))
+    volumes = {k: v for k, v in compose.get("volumes", {}).items()
+               if k != CREDENTIALS_SERVICE and k not in theirs}
     files = sorted({f for name, service in compose["services"].items() for f in _secret_files(name, service)})
     out = {"version": compose.get("version", "3.8"), "services": {}, "volumes": volumes,
            "configs": {"kvtb_config": {"file": "./" + CONFIG_FILE}},
            "secrets": {_secret(f): {"file": f"./{CREDENTIALS_SERVICE}/{f}"} for f in files}}
     for name, service in compose["services"].items():
-        if name == CREDENTIALS_SERVICE:
+        if name == CREDENTIALS_SERVICE or name in left_out:
             continue
         service = dict(service)
         volumes = [v for v in service.get("volumes", []) if not str(v).startswith("./" + CONFIG_FILE)

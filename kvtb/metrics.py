@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 import threading
 from typing import Callable, Iterable, Mapping
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
@@ -24,6 +27,28 @@ REGISTRY = CollectorRegistry()
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                      1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TRIGGER_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0)
+# vLLM's own buckets (vllm/v1/metrics/loggers.py) for the histograms that have vLLM's names and meanings:
+# its time per output token, its request latencies (queue time), and its 1-2-5 token counts up to the
+# model's context (max_model_len: SmolLM2's 8,192 tokens, the compute node's max_context_tokens).
+TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                             120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+MAX_MODEL_LEN = 8192
+
+
+def one_two_five(max_value: int) -> tuple[int, ...]:
+    """vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to max_value."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
+
+
+TOKEN_BUCKETS = one_two_five(MAX_MODEL_LEN)
 
 # name -> (documentation, label names, buckets)
 HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
@@ -35,6 +60,16 @@ HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
                                     ("tenant",), LATENCY_BUCKETS_S),
     "trigger_to_fire_seconds": ("Time from a trigger counter reaching a threshold to the "
                                 "triggered operation firing.", (), TRIGGER_BUCKETS_S),
+    # per request (each of a turn's choices, as vLLM counts each sequence of n), with vLLM's meanings
+    "time_per_output_token_seconds": ("Time between two generated tokens of a request (every token after "
+                                      "its first), as the frontend receives them.", ("tenant",),
+                                      TPOT_BUCKETS_S),
+    "request_queue_time_seconds": ("Time a request waited before it ran: the frontend's admission wait "
+                                   "plus the compute node's queue time.", ("tenant",),
+                                   REQUEST_LATENCY_BUCKETS_S),
+    "request_prompt_tokens": ("Prompt tokens of a request (its whole prompt, reused or computed).",
+                              ("tenant",), TOKEN_BUCKETS),
+    "request_generation_tokens": ("Tokens generated for a request.", ("tenant",), TOKEN_BUCKETS),
 }
 
 _histograms: dict[str, Histogram] = {}
@@ -108,12 +143,29 @@ def start_metrics_server(address: str) -> str:
     return _start_http(address)[0]
 
 
-class MetricsEndpoint:
-    """A node's metrics: its collector registered and `/metrics` served; close() undoes both."""
+class _Registry(Collector):
+    """Every family of REGISTRY, read at each scrape."""
 
-    def __init__(self, address: str, read: Read | None = None):
+    def collect(self) -> Iterable[Metric]:
+        return REGISTRY.collect()
+
+
+class MetricsEndpoint:
+    """A node's metrics: its collector registered and `/metrics` served; close() undoes both.
+
+    `read` joins the process's REGISTRY (every view of it shows its families); `served` adds families
+    this endpoint alone shows after REGISTRY's (the frontend's `vllm:` ones, which its API port's
+    /metrics shows too, computed there on its own).
+    """
+
+    def __init__(self, address: str, read: Read | None = None, served: Read | None = None):
         self._collector = add_collector(read) if read is not None else None
-        self.address, self._server = _start_http(address)
+        registry = REGISTRY
+        if served is not None:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(_Registry())
+            registry.register(_ReadAtScrape(served))
+        self.address, self._server = _start_http(address, registry)
 
     def close(self) -> None:
         self._server.shutdown()
@@ -123,8 +175,37 @@ class MetricsEndpoint:
             self._collector = None
 
 
-def _start_http(address: str):
-    """(bound host:port, server) serving REGISTRY on http://ADDRESS/metrics.
+class _QuietHandler(WSGIRequestHandler):
+    """Logs no request (a scrape every few seconds)."""
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+
+def _text_format(app):
+    """`app` answering in Prometheus's text format (0.0.4) whatever the scraper accepts.
+
+    prometheus_client's OpenMetrics output, which Prometheus asks for first, turns every colon of a
+    sample's name into an underscore (prometheus/client_python#1177, in 0.26): every kvtb: and vllm:
+    series would be renamed kvtb_ and vllm_. The text format keeps the names, as the API port's does.
+    """
+    def text_app(environ, start_response):
+        return app({**environ, "HTTP_ACCEPT": "text/plain; version=0.0.4"}, start_response)
+    return text_app
+
+
+def _serve(host: str, port: int, registry: CollectorRegistry):
+    """A WSGI server of `registry` (text format) on HOST:PORT in a daemon thread."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+    server = make_server(host, port, _text_format(make_wsgi_app(registry)), server_class,
+                         handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
+
+
+def _start_http(address: str, registry: CollectorRegistry = REGISTRY):
+    """(bound host:port, server) serving `registry` on http://ADDRESS/metrics.
 
     Port 0 picks a free port. When a fixed port is taken (a second service of the same kind on
     this machine) the server takes a free one and says so: metrics never stop a service.
@@ -134,12 +215,12 @@ def _start_http(address: str):
         if not _process_collector:  # process_cpu_seconds_total, process_resident_memory_bytes, ...
             _process_collector.append(ProcessCollector(registry=REGISTRY))
     try:
-        server, _ = start_http_server(port, host, registry=REGISTRY)
+        server = _serve(host, port, registry)
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE or port == 0:
             raise
         logger.warning("metrics port %d is taken; serving metrics on a free port", port)
-        server, _ = start_http_server(0, host, registry=REGISTRY)
+        server = _serve(host, 0, registry)
     bound = f"{host}:{server.server_port}"
     logger.info("metrics on http://%s/metrics", bound)
     return bound, server

@@ -157,8 +157,38 @@ def test_401_before_anything_else_and_the_context_checked_in_tokens():
     assert status == 401 and body["error"]["code"] == "unauthenticated"
     engine = TextEngine(max_context_tokens=20)
     status, body = completion(engine, prompt=" ".join(["word"] * 10), max_tokens=12)
-    assert status == 400 and "over the model's context of 20 tokens by 3" in body["error"]["message"]
+    assert status == 400 and body["error"] == {
+        "message": "This model's maximum context length is 20 tokens. However, you requested 23 tokens "
+                   "(11 in the messages, 12 in the completion). Please reduce the length of the messages or "
+                   "completion.",
+        "type": "invalid_request_error", "param": "max_tokens", "code": "context_length_exceeded"}
     assert engine.turns == []
+
+
+def test_max_tokens_up_to_the_context_and_the_overflow_in_vllms_words():
+    engine = TextEngine(max_context_tokens=8192, stop=False)
+    status, body = completion(engine, prompt="once upon a time")
+    assert status == 200 and engine.turns[-1].max_new_tokens == 16  # vLLM's completions default
+    status, body = completion(engine, prompt="once upon a time", max_tokens=4096)
+    assert status == 200 and engine.turns[-1].max_new_tokens == 4096  # over the old cap of 1,024
+    assert body["choices"][0]["finish_reason"] == "length"
+    status, body = completion(engine, prompt="once upon a time", max_tokens=8188)  # 5 prompt tokens: 8193
+    assert (status, body["error"]["code"], body["error"]["param"]) == \
+        (400, "context_length_exceeded", "max_tokens")
+    assert "However, you requested 8193 tokens (5 in the messages, 8188 in the completion)." in \
+        body["error"]["message"]
+    long = " ".join(["word"] * 8190)  # 8191 tokens with BOS: no room for the default 16
+    status, body = completion(engine, prompt=["short", long])
+    assert (status, body["error"]["code"], body["error"]["param"]) == \
+        (400, "context_length_exceeded", "prompt")
+    status, body = completion(engine, prompt=[1] * 8192, max_tokens=1)  # the prompt alone fills the context
+    assert (status, body["error"]["param"]) == (400, "prompt")
+    status, body = completion(engine, prompt=[1] * 8192, echo=True, max_tokens=0)  # echo alone: it fits
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+    turns = len(engine.turns)
+    request = {"model": "fake", "prompt": "a b", "max_tokens": 4096}
+    status, body = run(engine, post("/v1/completions", request), max_new_tokens_cap=100)
+    assert status == 200 and engine.turns[turns].max_new_tokens == 100  # the cap lowers, never refuses
 
 
 def test_streaming_chunks_usage_and_done():
@@ -250,3 +280,32 @@ def test_metrics_take_an_operators_token_and_show_vllm_names():
     assert samples[("vllm:request_success_total", (labels[0], ("finished_reason", "length"), labels[1]))] == 2
     assert samples[("vllm:e2e_request_latency_seconds_count", labels)] >= 1
     assert not any("alice" in str(key) for key in samples)  # tenants, never users
+
+
+def test_metrics_take_a_metrics_readers_token_and_count_each_choice_as_a_request():
+    """A metrics reader (Prometheus's user) reads /metrics and nothing an operator may; each choice of a
+    completions request is one observation of vLLM's request histograms."""
+    engine = TextEngine(stop=False, reply_words=3)
+    reader = {"Authorization": "Bearer t-prom"}
+
+    def counts(text: str) -> dict:
+        return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+                if s.name.startswith("vllm:request_") and s.name.endswith("_count")}
+
+    async def scenario(client):
+        before = await (await client.get("/metrics", headers=reader)).text()
+        await client.post("/v1/completions", headers=AUTH, json={"model": "fake", "prompt": ["a b", "c"], "n": 2,
+                                                                  "max_tokens": 3})
+        after = await client.get("/metrics", headers=reader)
+        return after.status, counts(before), counts(await after.text())
+    status, before, after = run(engine, scenario, users={"alice": "t-alice", "prom": "t-prom"},
+                                metrics_readers=("prom",), operators=())
+    assert status == 200
+    for name in ("vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
+                 "vllm:request_queue_time_seconds_count"):
+        assert after[name] - before.get(name, 0) == 4, name  # 2 prompts x n 2
+    assert run(engine, lambda client: _status(client, "/metrics", AUTH), metrics_readers=()) == 403
+
+
+async def _status(client, path, headers):
+    return (await client.get(path, headers=headers)).status

@@ -8,6 +8,8 @@ import yaml
 from chat_client.client import FrontendClient, RpcFailure
 from kvtb.grpc_health import NOT_SERVING, check, wait_serving
 from kvtb.launch import free_port
+from kvtb_proto import frontend_pb2, frontend_pb2_grpc
+from tests.kvtb.metrics_scrape import scrape, value
 
 from . import fake_agent
 
@@ -76,7 +78,6 @@ def test_statuses_over_grpc(frontend_before_agent):
     try:
         assert wait_serving(address, timeout_s=10)
         with grpc.insecure_channel(address) as channel:
-            from kvtb_proto import frontend_pb2, frontend_pb2_grpc
             stub = frontend_pb2_grpc.ChatFrontendStub(channel)
             events = list(stub.Chat(frontend_pb2.ChatRequest(token=TOKEN, message="hi")))
             assert events[0].context_id.startswith("ctx-") and events[-1].summary.turn == 1
@@ -90,6 +91,14 @@ def test_statuses_over_grpc(frontend_before_agent):
             stats = FrontendClient(address, "").system_stats()
             assert stats["frontend"]["turns_completed"] == 1 and stats["compute"]["turns"] == 1
             assert "UNIMPLEMENTED" in stats["agent"]["error"] and stats["storage"] == []
+        # the metrics port: the kvtb: families and vLLM's, with no token (as vLLM serves its /metrics)
+        metrics = scrape(proc.addresses["metrics"])
+        assert value(metrics, "kvtb:requests_total", tenant="default", status="ok") == 1
+        labels = {"model_name": "fake", "engine": "0"}
+        assert value(metrics, "vllm:request_success_total", finished_reason="stop", **labels) == 1
+        assert value(metrics, "vllm:request_prompt_tokens_count", **labels) == 1
+        assert value(metrics, "vllm:request_queue_time_seconds_count", **labels) == 1
+        assert ("vllm:num_requests_running", tuple(sorted(labels.items()))) in metrics  # the engine's Stats
         server.stop(0)
         with pytest.raises(RpcFailure) as err:
             FrontendClient(address, TOKEN).chat("hi").__next__()

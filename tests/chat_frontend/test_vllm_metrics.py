@@ -1,10 +1,15 @@
-"""vLLM's metric names from the compute node's Stats, the frontend's histograms and finish counts."""
+"""vLLM's metric names from the compute node's Stats, the frontend's histograms and finish counts, on
+the API port and the metrics port."""
 import asyncio
+import threading
+import time
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from chat_frontend import vllm_metrics
+from chat_frontend.metrics import TurnTimer
+from kvtb import metrics
 from kvtb_proto import compute_pb2
 
 LABELS = {"model_name": "m", "engine": "0"}
@@ -78,3 +83,77 @@ def test_stats_cached_for_a_second_and_left_out_when_the_node_does_not_answer():
     calls.append(1)  # the next fetch fails
     text = asyncio.run(scrape()).decode()
     assert "vllm:request_success_total" in text and "vllm:kv_cache_usage_perc" not in text
+
+
+def histogram(name: str) -> dict:
+    """{le: count} and _count, _sum of the vllm: histogram NAME (summed over tenants) as scraped now."""
+    got = samples(vllm_metrics.latency_families("m"))
+    out = {le: v for (n, labels), v in got.items() if n == f"vllm:{name}_bucket"
+           for k, le in labels if k == "le"}
+    out["count"], out["sum"] = got[key(f"vllm:{name}_count")], got[key(f"vllm:{name}_sum")]
+    return out
+
+
+def test_vllms_request_histograms_have_its_buckets():
+    """vllm/v1/metrics/loggers.py: time per output token, request latencies (queue time), and 1-2-5
+    token counts up to the model's context."""
+    assert metrics.HISTOGRAMS["time_per_output_token_seconds"][2] == (
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+    assert metrics.HISTOGRAMS["request_queue_time_seconds"][2] == (
+        0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+        960.0, 1920.0, 7680.0)
+    tokens = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+    assert metrics.one_two_five(100) == (1, 2, 5, 10, 20, 50, 100)
+    for name in ("request_prompt_tokens", "request_generation_tokens"):
+        assert metrics.HISTOGRAMS[name][2] == tokens and metrics.HISTOGRAMS[name][1] == ("tenant",)
+    assert set(vllm_metrics.HISTOGRAMS) >= {"time_per_output_token_seconds", "request_queue_time_seconds",
+                                            "request_prompt_tokens", "request_generation_tokens"}
+
+
+def test_each_choice_observed_once_and_summed_under_vllms_names():
+    """Two choices of one turn: every token after a choice's first is a time per output token; each
+    choice's prompt, generated tokens and wait (the turn's admission wait plus its queue time)."""
+    names = ("time_per_output_token_seconds", "request_prompt_tokens", "request_generation_tokens",
+             "request_queue_time_seconds")
+    before = {name: histogram(name) for name in names}
+    timer = TurnTimer("t-vllm", start_ns=0, waited_s=0.25)
+    for choice, now_ms in [(0, 1000), (1, 1010), (0, 1050), (1, 1210), (0, 1350)]:
+        timer.token(choice, now_ms * 1_000_000)
+    timer.request_done(300, compute_pb2.TurnRecord(tokens_out=3, queue_ms=500.0))
+    timer.request_done(300, compute_pb2.TurnRecord(tokens_out=2, queue_ms=10.0))
+    after = {name: histogram(name) for name in names}
+
+    def added(name, le=None):
+        return after[name][le or "count"] - before[name].get(le or "count", 0)
+    assert added("time_per_output_token_seconds") == 3  # 50, 200, 300 ms
+    assert added("time_per_output_token_seconds", "0.05") == 1 and added("time_per_output_token_seconds", "0.2") == 2
+    assert round(added("time_per_output_token_seconds", "sum"), 6) == 0.55
+    assert added("request_prompt_tokens") == 2 and added("request_prompt_tokens", "200.0") == 0
+    assert added("request_prompt_tokens", "500.0") == 2 and added("request_prompt_tokens", "sum") == 600
+    assert added("request_generation_tokens", "2.0") == 1 and added("request_generation_tokens", "sum") == 5
+    assert added("request_queue_time_seconds", "0.3") == 1  # 0.26 s
+    assert added("request_queue_time_seconds", "0.8") == 2  # and 0.75 s
+    assert round(added("request_queue_time_seconds", "sum"), 6) == 1.01
+
+
+def test_the_metrics_port_reads_them_on_the_frontends_loop_and_gives_up_when_it_is_busy():
+    """The metrics port's server thread asks the loop for the families; a loop that does not answer in
+    time gives none (the kvtb: families are still served)."""
+    async def fetch():
+        return compute_pb2.ComputeStatsResponse(num_requests_running=2)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        read = vllm_metrics.reader(lambda: "", vllm_metrics.StatsCache(fetch), {"stop": 1}, loop, timeout_s=5.0)
+        got = samples(read())
+        assert got[("vllm:num_requests_running", (("engine", "0"), ("model_name", "unknown")))] == 2
+        assert got[("vllm:request_success_total", (("engine", "0"), ("finished_reason", "stop"),
+                                                   ("model_name", "unknown")))] == 1
+        busy = vllm_metrics.reader(lambda: "m", vllm_metrics.StatsCache(fetch), {}, loop, timeout_s=0.05)
+        loop.call_soon_threadsafe(time.sleep, 0.5)  # the loop blocked
+        assert busy() == []
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()

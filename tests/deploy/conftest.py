@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,9 @@ from kvtb.launch import free_port
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
 IMAGE = os.environ.get("KVTB_IMAGE", "kvtb:latest")
+PROMETHEUS_IMAGE = os.environ.get("KVTB_PROMETHEUS_IMAGE", "kvtb-prometheus:latest")
 REPLICAS_PROFILE = "replicas"
+MONITORING_PROFILE = "monitoring"
 # the frontend's two replicas (the compose file's second pair is under profile `replicas`)
 TWO_REPLICAS = "replica-0=smartnic:50051=smartnic,replica-1=smartnic1:50051=smartnic-1"
 
@@ -50,7 +54,8 @@ class Deployment:
         self.project = project
         self.port = port
         self.env = {**os.environ, "KVTB_IMAGE": IMAGE, "KVTB_FRONTEND_PORT": str(port),
-                    "KVTB_HTTP_PORT": str(free_port())}
+                    "KVTB_HTTP_PORT": str(free_port()), "KVTB_PROMETHEUS_IMAGE": PROMETHEUS_IMAGE,
+                    "KVTB_PROMETHEUS_PORT": str(free_port())}
 
     def compose(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         cmd = [*compose_command(), "-p", self.project, "-f", str(COMPOSE_FILE), *args]
@@ -76,10 +81,16 @@ class Deployment:
             time.sleep(1)
         raise AssertionError(f"{service} not healthy after {timeout_s} s:\n{self.logs(service)}")
 
+    def add_profile(self, profile: str) -> None:
+        """Compose's later commands see this profile's services too (and those of the profiles before)."""
+        profiles = [p for p in self.env.get("COMPOSE_PROFILES", "").split(",") if p]
+        self.env["COMPOSE_PROFILES"] = ",".join(dict.fromkeys([*profiles, profile]))
+
     def add_second_replica(self) -> None:
         """Start the second pair (profile replicas) in this project and recreate the frontend with both in
         its list (its conversations stay in its volume); until both pairs are healthy and the frontend answers."""
-        self.env.update({"COMPOSE_PROFILES": REPLICAS_PROFILE, "KVTB_FRONTEND_REPLICAS": TWO_REPLICAS})
+        self.add_profile(REPLICAS_PROFILE)
+        self.env["KVTB_FRONTEND_REPLICAS"] = TWO_REPLICAS
         self.compose("up", "-d", timeout=900)
         for service in ("compute1", "smartnic1", "frontend"):
             self.wait_healthy(service, timeout_s=300)
@@ -92,6 +103,19 @@ class Deployment:
             time.sleep(1)
         raise AssertionError(f"the frontend did not put both replicas in its rotation:\n"
                              f"{[line for line in metrics.splitlines() if 'replica' in line]}\n{self.logs('frontend')}")
+
+    def start_monitoring(self) -> None:
+        """Start Prometheus (profile monitoring) in this project."""
+        self.add_profile(MONITORING_PROFILE)
+        self.compose("up", "-d", "prometheus")
+
+    def prometheus(self, path: str, **params: str) -> dict:
+        """The `data` of Prometheus's HTTP API answer at PATH (/api/v1/query, ...), by its published port."""
+        url = f"http://127.0.0.1:{self.env['KVTB_PROMETHEUS_PORT']}{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.loads(response.read())
+        assert body["status"] == "success", body
+        return body["data"]
 
     def frontend_metrics(self) -> str:
         """The frontend's /metrics, read inside its container (its metrics port is not published)."""
@@ -146,4 +170,6 @@ def deployment():
         assert wait_serving(f"127.0.0.1:{dep.port}", 60)
         yield dep
     finally:
+        dep.add_profile(REPLICAS_PROFILE)  # down stops every profile's services, started or not
+        dep.add_profile(MONITORING_PROFILE)
         dep.compose("down", "-v", "--timeout", "20", check=False)

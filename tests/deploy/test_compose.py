@@ -125,6 +125,84 @@ def test_internal_ports_refuse_a_container_without_the_deployments_credentials(d
         assert operator.returncode == 0 and "SERVING" in operator.stdout, (address, operator.stdout, operator.stderr)
 
 
+# (job, instance, a series of that service) that Prometheus holds once it scraped every service: the
+# frontend's vllm: and kvtb: series on its metrics port and on its API port (the scrape token), and a
+# kvtb: series of the agent, the compute node and each storage node (deploy/prometheus/prometheus.yml)
+SCRAPED = {
+    ("kvtb-frontend", "frontend:9100", "vllm:e2e_request_latency_seconds_count"),
+    ("kvtb-frontend", "frontend:9100", "vllm:request_queue_time_seconds_count"),
+    ("kvtb-frontend", "frontend:9100", "kvtb:requests_total"),
+    ("kvtb-frontend-api", "frontend:8000", "vllm:request_prompt_tokens_count"),
+    ("kvtb-frontend-api", "frontend:8000", "kvtb:e2e_request_latency_seconds_count"),
+    ("kvtb-smartnic", "smartnic:9101", "kvtb:triggered_ops_fired_total"),
+    ("kvtb-compute", "compute:9102", "kvtb:turns_total"),
+    ("kvtb-storage", "storage0:9103", "kvtb:storage_bytes_written_total"),
+    ("kvtb-storage", "storage1:9103", "kvtb:storage_bytes_written_total"),
+}
+
+
+SECTIONS = ("storage", "smartnic", "compute", "frontend")  # a compose service's config section, by its name
+
+
+def test_prometheus_has_every_services_metrics_port_and_the_scrape_token():
+    """Each service's metrics bind 0.0.0.0 in its container (reachable on the compose network) and are a
+    target of deploy/prometheus/prometheus.yml; its API port's job sends a metrics reader's token."""
+    services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    config = yaml.safe_load((COMPOSE_FILE.parent / "kvtb.compose.yaml").read_text())
+    prometheus = COMPOSE_FILE.parent / "prometheus" / "prometheus.yml"
+    scrape = yaml.safe_load(prometheus.read_text())["scrape_configs"]
+    targets = {t for job in scrape for group in job["static_configs"] for t in group["targets"]}
+    served = 0
+    for name, service in services.items():
+        section = next((k for k in SECTIONS if name.startswith(k)), None)
+        if section is None:
+            continue
+        env = service.get("environment") or {}
+        address = env.get(f"KVTB_{section.upper()}_METRICS_ADDRESS", config[section]["metrics_address"])
+        host, port = address.rsplit(":", 1)
+        assert host == "0.0.0.0" and f"{name}:{port}" in targets, (name, address)
+        served += 1
+    assert served == 7  # two storage nodes, two pairs, the frontend
+    (api,) = [job for job in scrape if job["job_name"] == "kvtb-frontend-api"]
+    frontend = config["frontend"]
+    assert api["static_configs"][0]["targets"] == [f"frontend:{frontend['http_address'].rsplit(':', 1)[1]}"]
+    assert api["authorization"]["credentials"] in {frontend["users"][u] for u in frontend["metrics_readers"]}
+    assert services["prometheus"]["profiles"] == ["monitoring"]
+
+
+@pytest.mark.compose
+@pytest.mark.slow
+def test_prometheus_scrapes_every_service(deployment):
+    """The profile monitoring's Prometheus (Debian's package, built here) scrapes every service over the
+    compose network every 2 s: after a turn it holds each one's series; the second replica's targets
+    (profile replicas, not started) are down."""
+    deployment.start_monitoring()
+    deployment.chat(RECIPE)
+    query = 'group by (job, instance, __name__) ({__name__=~"(vllm|kvtb):.+"})'
+    deadline, seen = time.monotonic() + 120, set()
+    while time.monotonic() < deadline:
+        try:
+            rows = deployment.prometheus("/api/v1/query", query=query)["result"]
+            seen = {(r["metric"]["job"], r["metric"]["instance"], r["metric"]["__name__"]) for r in rows}
+        except OSError:  # Prometheus still starting
+            pass
+        if SCRAPED <= seen:
+            break
+        time.sleep(2)
+    assert SCRAPED <= seen, (sorted(SCRAPED - seen), deployment.logs("prometheus"))
+    turns = deployment.prometheus("/api/v1/query", query='sum(kvtb:requests_total{job="kvtb-frontend"})')
+    assert float(turns["result"][0]["value"][1]) >= 1
+    targets = {t["labels"]["instance"]: t["health"]
+               for t in deployment.prometheus("/api/v1/targets")["activeTargets"]}
+    assert targets["frontend:8000"] == "up" and targets["compute1:9102"] != "up", targets
+    # every expression of the Grafana dashboard is PromQL this Prometheus evaluates (Grafana's variables set)
+    dashboard = json.loads((COMPOSE_FILE.parent / "grafana" / "kvtestbed.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$__rate_interval", "1m").replace("$frontend_job", "kvtb-frontend")
+            deployment.prometheus("/api/v1/query", query=expr)  # a 400 for PromQL it cannot parse
+
+
 def test_the_second_pair_has_identities_and_hosts_of_its_own():
     """Without the profile the frontend lists replica-0 alone; the second pair is replica-1 as
     kvtb.credentials names it, and every storage node allows both pairs' fabric hosts."""

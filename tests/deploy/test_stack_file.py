@@ -47,3 +47,13 @@ def test_every_secret_is_a_file_that_credentials_init_for_two_replicas_makes(tmp
     made = credentials.init(tmp_path / "credentials", credentials.deployment_identities(2))
     files = {secret["file"].removeprefix("./credentials/") for secret in stack["secrets"].values()}
     assert files and all((made / f).exists() for f in files), sorted(f for f in files if not (made / f).exists())
+
+
+def test_the_monitoring_profile_stays_out_of_the_stack():
+    """Prometheus (compose profile monitoring) is not deployed on a swarm, nor its volume; the rest is."""
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    stack = _stack_module().stack_config(compose)
+    monitoring = {name for name, s in compose["services"].items() if "monitoring" in (s.get("profiles") or ())}
+    assert monitoring == {"prometheus"}
+    assert not monitoring & set(stack["services"]) and "prometheus-data" not in stack["volumes"]
+    assert set(stack["services"]) == set(compose["services"]) - monitoring - {"credentials"}

@@ -1,10 +1,15 @@
 """kvtb.metrics: families from stats snapshots, the /metrics server, its fallback port."""
 import socket
+import urllib.request
 
 from kvtb import metrics
 from kvtb.service_metrics import agent_families, compute_families, storage_families
 
 from .metrics_scrape import scrape, value
+
+# what Prometheus 2.42 sends when it scrapes (OpenMetrics first)
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 
 
 def test_families_from_snapshots_parse_and_carry_labels():
@@ -68,3 +73,32 @@ def test_a_failing_collector_does_not_break_the_scrape():
     finally:
         metrics.REGISTRY.unregister(collector)
     assert value(got, "kvtb:trigger_to_fire_seconds_count") >= 1
+
+
+def test_an_endpoint_serves_its_own_families_after_the_processs():
+    """`served` families show on that endpoint alone; the process's REGISTRY shows on every endpoint."""
+    own = metrics.MetricsEndpoint("127.0.0.1:0", served=lambda: [metrics.gauge("endpoint_only", "doc", 7)])
+    plain = metrics.MetricsEndpoint("127.0.0.1:0")
+    try:
+        metrics.histogram("trigger_to_fire_seconds").observe(0.0001)
+        got, other = scrape(own.address), scrape(plain.address)
+    finally:
+        own.close()
+        plain.close()
+    assert value(got, "kvtb:endpoint_only") == 7 and ("kvtb:endpoint_only", ()) not in other
+    assert value(got, "kvtb:trigger_to_fire_seconds_count") >= 1
+    assert value(got, "kvtb:trigger_to_fire_seconds_count") == value(other, "kvtb:trigger_to_fire_seconds_count")
+
+
+def test_prometheus_asking_for_openmetrics_gets_the_text_format_with_the_names_as_they_are():
+    """prometheus_client's OpenMetrics output would turn `kvtb:` into `kvtb_` (client_python#1177)."""
+    endpoint = metrics.MetricsEndpoint("127.0.0.1:0")
+    try:
+        metrics.histogram("trigger_to_fire_seconds").observe(0.0001)
+        request = urllib.request.Request(f"http://{endpoint.address}/metrics", headers={"Accept": PROMETHEUS_ACCEPT})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            kind, text = response.headers["Content-Type"], response.read().decode()
+    finally:
+        endpoint.close()
+    assert kind.startswith("text/plain; version=0.0.4")
+    assert "\nkvtb:trigger_to_fire_seconds_count " in text and "kvtb_trigger" not in text
