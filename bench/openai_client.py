@@ -74,6 +74,13 @@ async def chat(session: aiohttp.ClientSession, base_url: str, token: str, model:
     ChatTimedOut when the stream has not ended timeout_s after the request was sent."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
+    return await send(session, base_url, token, body, timeout_s)
+
+
+async def send(session: aiohttp.ClientSession, base_url: str, token: str, body: dict,
+               timeout_s: float | None = None) -> Reply:
+    """chat() with a request body of the caller's (streamed, with its usage chunk: `stream` and
+    `stream_options.include_usage` must be set), such as another client's recorded payload."""
     start = time.perf_counter()
     seen = _Stream()
     try:

@@ -28,6 +28,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "replay"): "bench.replay:main",
     ("bench", "fairness"): "bench.fairness:main",
     ("bench", "abuse"): "bench.abuse:main",
+    ("bench", "aiperf"): "bench.aiperf:main",
     ("bench", "all"): "bench.suite:main",
     ("simulate",): "bench.simulate:main",
     ("study", "poster"): "bench.study.poster:main",
