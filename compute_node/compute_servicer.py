@@ -14,6 +14,7 @@ from compute_node.sampling import SamplingParams, check_params
 from compute_node.scheduler import NeverFits, QueueFull
 from compute_node.turn import Turn, TurnRecordData
 from kvtb_proto import compute_pb2, compute_pb2_grpc
+from scale.dilation import pacing_json
 
 # snapshot() keys that ComputeStatsResponse carries under the same name
 STATS_FIELDS = ("preempt_recompute_s", "preempt_recompute_tokens", "preempt_swap_s", "preempt_swap_out_s",
@@ -238,4 +239,4 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
             kv_cache_usage_perc=snap["kv_cache_usage_perc"], preemptions=snap["preemptions"],
             preempted_tokens=snap["preempted_tokens"], prefix_cache_queries=snap["prefix_cache_queries"],
             prefix_cache_hits=snap["prefix_cache_hits"], num_requests_restoring=snap["num_requests_restoring"],
-            **{name: snap[name] for name in STATS_FIELDS})
+            pacing_json=pacing_json(), **{name: snap[name] for name in STATS_FIELDS})

@@ -24,6 +24,7 @@ from fabric import chunk_format as cf
 from fabric.auth import FabricSecurity
 from fabric.placement import place
 from hostmem.block_hash import stored_prefix
+from scale import paced
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,10 @@ class CpuStore:
     def put(self, pool: KvPool, block: Block) -> int:
         """Copy the block out of the pool, store it and wait for the ack; the bytes stored."""
         L = pool.layout
-        ids = pool.read_token_ids(block.block_id, block.token_count).astype("<u4").tobytes()
         offset, length = L.block_range(block.block_id)
+        real_per_token = length // max(1, L.block_tokens)
+        copy = paced.ticket("cpu_copy", length, real_per_token)  # under a profile: cudaMemcpy D2H + the host stack
+        ids = pool.read_token_ids(block.block_id, block.token_count).astype("<u4").tobytes()
         kv = bytes(pool.region.view(offset, length))  # the copy out of "GPU memory"
         start = block.index * L.block_tokens
         key = cf.block_key(self.salt, block.hash)
@@ -76,8 +79,11 @@ class CpuStore:
                                 block.hash, self.generation, cf.MAC_BYTES if self.mac_key else 0, block.tenant,
                                 block.parent, block.shared, kv_parts=L.num_layers)
         frames = cf.sealed(self.mac_key, key, header, [ids], [kv])
+        paced.wait(copy)
+        wire = paced.ticket("host_to_wire", length, real_per_token)  # the NIC's DMA from host memory, the fabric
+        paced.settle(wire)  # its bytes cross while the node waits for them: the node checks they came in time
         node = place(key, self.nodes)
-        self.client(node).store(self.nsid, key, frames, cf.crc32c_of(frames))
+        self.client(node).store(self.nsid, key, frames, cf.crc32c_of(frames), paced_until=paced.end_of(wire))
         nbytes = sum(len(f) for f in frames)
         self.index[block.hash] = StoredBlock(node, key, block.token_count, nbytes, self.generation)
         return nbytes
@@ -137,6 +143,7 @@ class CpuOffload:
         self.pool = pool
         self.store_ = store
         self.errors = 0
+        self.last_error = ""
 
     def store(self, block: Block, stats: OffloadStats) -> None:
         try:
@@ -144,6 +151,7 @@ class CpuOffload:
             stats.chunks += 1
         except Exception as exc:  # noqa: BLE001 - offload failures never fail the turn
             self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
             logger.warning("cpu offload of block %d failed: %s", block.index, exc)
         return None
 

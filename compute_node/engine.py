@@ -43,6 +43,7 @@ from compute_node.settings import ComputeSettings
 from compute_node.turn import RestoreBlockEvent, StepSpan, Turn
 from compute_node.turn_state import TurnState
 from hostmem.block_hash import Salts, block_hash, salts_of
+from scale import paced
 
 logger = logging.getLogger(__name__)
 
@@ -375,7 +376,9 @@ class Engine:
             state.scheduled(sizes)
         wait = self._layer_wait(out)
         start = time.perf_counter()
+        slot = paced.step_ticket([(s.start, s.num_tokens) for s in out.scheduled])  # under a profile: the modeled GPU
         logits = self.runner.step(runs, self._between_layers(wait))  # [S, vocab]
+        paced.wait(slot)
         self.cost.add_step(time.perf_counter() - start, [(s.start, s.num_tokens, s.seq.kv_mark) for s in out.scheduled])
         dropped = self._settle_joined(wait)
         rows = [i for i, s in enumerate(out.scheduled) if s.samples and s.seq.seq_id not in dropped]

@@ -23,6 +23,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from hostmem.kv_layout import TOKEN_ID_BYTES, KvLayout
+from scale import paced
 
 
 def bytes_per_block(layout: KvLayout) -> int:
@@ -115,7 +116,10 @@ class HostSwapStore:
             self.stats.full += 1
             return None
         rows = np.asarray(block_ids, dtype=np.intp)
+        kv_bytes = len(block_ids) * self.layout.block_bytes
+        slot = paced.ticket("swap_out", kv_bytes, self.layout.block_bytes // self.layout.block_tokens)
         entry = Swapped(list(range(len(block_ids))), self._kv[rows], self._ids[rows])  # fancy indexing: copies
+        paced.wait(slot)  # under a profile: the copy over the modeled PCIe link
         self.swapped[seq_id] = entry
         self.used += entry.nbytes
         self.stats.swap_outs += 1
@@ -162,8 +166,11 @@ class HostSwapStore:
             src, dst = slice(rows[0], rows[0] + len(rows)), np.asarray(pool_rows, dtype=np.intp)
             if rows != list(range(src.start, src.stop)):
                 raise RuntimeError(f"swap-in rows {rows} are not consecutive")
+            slot = paced.ticket("swap_in", len(rows) * self.layout.block_bytes,
+                                self.layout.block_bytes // self.layout.block_tokens)
             self._kv[dst] = entry.kv[src]
             self._ids[dst] = entry.ids[src]
+            paced.wait(slot)  # under a profile: the copy over the modeled PCIe link
             nbytes = len(rows) * bytes_per_block(self.layout)
         self.stats.swap_ins += 1
         self.stats.blocks_in += len(rows)

@@ -15,6 +15,9 @@ from kvtb import placement
 from kvtb.logs import setup_logging
 from kvtb.node import run
 from kvtb.settings import SettingsError, load_settings
+from scale import settings as scale_settings
+from scale.dilation import DilationError
+from scale.profile import ProfileError
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +34,8 @@ def main(argv: list[str]) -> int:
         settings = load_settings(ComputeSettings, "compute", args.config,
                                  overrides={"policy": args.policy, "listen_address": args.listen})
         cpus = placement.pin("compute", settings.cpus)
-    except SettingsError as exc:
+        scale_settings.install_from(scale_settings.load(args.config))  # a hardware profile: paced, in virtual time
+    except (SettingsError, ProfileError, DilationError) as exc:
         print(f"kvtb serve compute: {exc}", file=sys.stderr)
         return 2
     threads = thread_count(settings.torch_threads, cpus)

@@ -281,15 +281,16 @@ class FabricClient:
     # -- key-value helpers --------------------------------------------------------------------
 
     def store(self, nsid: int, key: bytes, frames: Sequence, crc32c: int | None = None, *,
-              only_if_absent: bool = False, only_if_present: bool = False) -> Completion:
-        """Store the concatenation of frames under key; return once it is durable."""
+              only_if_absent: bool = False, only_if_present: bool = False, paced_until: float = 0.0) -> Completion:
+        """Store the concatenation of frames under key; return once it is durable (paced_until: under a
+        hardware profile, when the modeled link delivers it)."""
         frames = list(frames)
         length = sum(memoryview(f).nbytes for f in frames)
         capsule = nvmeof_pb2.CommandCapsule(
             command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_STORE, namespace_id=nsid,
             key=key, value_length=length, crc32c=compute_crc32c(frames) if crc32c is None else crc32c,
             has_crc32c=True, store_only_if_absent=only_if_absent,
-            store_only_if_present=only_if_present)
+            store_only_if_present=only_if_present, paced_until=paced_until)
         return self._wait(self.submit(capsule, frames)).raise_for_status()
 
     def retrieve(self, nsid: int, key: bytes, max_bytes: int = 0, offset: int = 0, lease_ms: int = 0) -> Completion:

@@ -31,6 +31,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "aiperf"): "bench.aiperf:main",
     ("bench", "all"): "bench.suite:main",
     ("simulate",): "bench.simulate:main",
+    ("profile", "check"): "bench.profile_check:main",
     ("study", "poster"): "bench.study.poster:main",
     ("study", "scalellm"): "bench.study.scalellm:main",
     ("study", "paper"): "bench.study.paper:main",

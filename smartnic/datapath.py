@@ -42,6 +42,7 @@ from hostmem import dma, gather
 from hostmem.region import Region, RegionError
 from kvtb import crc32c as _crc
 from kvtb_proto import nvmeof_pb2
+from scale import paced as pacing
 from smartnic.landing import DataError, Landing
 from smartnic.requester import StoredBlock, stored_block
 
@@ -85,6 +86,8 @@ class Datapath:
         except (RegionError, ValueError, TypeError) as exc:  # out of bounds, or the region is closed
             return done(None, DataError("bounds", str(exc)))
         total, ids_bytes = sum(r.nbytes for r in runs), header.token_ids_bytes
+        tokens = max(1, header.token_end - header.token_start)
+        slot = pacing.ticket("nic_put", total - ids_bytes, (total - ids_bytes) // tokens)  # under a profile
         if total < ids_bytes or (total - ids_bytes) % kv_parts:
             return done(None, DataError("bounds", f"runs of {total} bytes do not hold tokens [{header.token_start}, "
                                                   f"{header.token_end}) and {kv_parts} equal KV parts"))
@@ -108,10 +111,13 @@ class Datapath:
         capsule = nvmeof_pb2.CommandCapsule(command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_STORE,
                                             namespace_id=self.nsid, key=key, value_length=length,
                                             crc32c=crc or 0, has_crc32c=crc is not None)
+        capsule.paced_until = pacing.end_of(slot)  # under a profile: the node's drive starts then at the earliest
         try:
             future = client.submit(capsule, frames)
         except Exception as exc:  # noqa: BLE001 - a closed client: report, never raise into the engine
+            pacing.wait(slot)
             return done(None, DataError("storage_unavailable", str(exc)))
+        pacing.wait(slot)  # the modeled NIC puts the bytes on the wire meanwhile: the PUT thread is its engine
         future.add_done_callback(lambda f: self._put_done(f, node, block, done))
 
     def _next_generation(self) -> int:
@@ -161,8 +167,10 @@ class Datapath:
         except Exception as exc:  # noqa: BLE001
             self.nodes.report_failure(chunk.storage_node, exc)
             return landing.fail(_fetch_error(exc, f"GET of chunk {chunk.chunk_index} from {chunk.storage_node}"))
+        # under a profile: the NIC lands the value once the node sent it (the drive's time was the node's)
+        slot = pacing.ticket("nic_get", chunk.length, chunk.length // max(1, chunk.token_count))
         landing.take(0, completion.response.data_offset, completion.frames)
-        landing.end_range(0)
+        pacing.finish(slot, lambda: landing.end_range(0))
 
     def restore(self, region: Region, blocks: Sequence[tuple[StoredBlock, Sequence[gather.Run]]],
                 groups: Sequence[tuple[int, int]], on_group: Callable[[int, int, DataError | None], None],
@@ -225,10 +233,17 @@ class Datapath:
             for landing in bulk.members:
                 landing.end_range(bulk.group, error)
             return
+        # under a profile: the NIC lands the group once the node sent it (the drive's time was the node's)
+        tokens = sum(m.chunk.token_count for m in bulk.members)
+        bulk.slot = pacing.ticket("nic_get", bulk.starts[-1],
+                                  sum(m.chunk.length for m in bulk.members) // max(1, tokens))
         statuses = list(completion.response.range_status)
         if len(statuses) != len(bulk.members):
             statuses = [st.INTERNAL_ERROR.sct << 8 | st.INTERNAL_ERROR.sc] * len(bulk.members)
         bulk.take_frames(statuses, completion.frames)
+        pacing.finish(bulk.slot, lambda: self._group_landed(node, bulk, statuses))
+
+    def _group_landed(self, node: str, bulk: _Bulk, statuses: list[int]) -> None:
         for landing, status in zip(bulk.members, statuses):
             error = None
             if status:
@@ -283,6 +298,7 @@ class _Bulk:
 
     def __init__(self, group: int, members: list[Landing]):
         self.group, self.members = group, members
+        self.slot = None  # its slot on the modeled NIC, under a hardware profile
         self.ranges = [m.range(group) for m in members]
         self.starts = [0]
         for _, length in self.ranges:

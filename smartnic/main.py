@@ -9,6 +9,9 @@ from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb.logs import setup_logging
 from kvtb.node import run
 from kvtb.settings import SettingsError, load_settings
+from scale import settings as scale_settings
+from scale.dilation import DilationError
+from scale.profile import ProfileError
 from smartnic.node import serve
 from smartnic.settings import SmartNicSettings
 
@@ -26,7 +29,8 @@ def main(argv: list[str]) -> int:
         settings = load_settings(SmartNicSettings, "smartnic", args.config,
                                  overrides={"listen_address": args.listen})
         cpus = placement.pin("smartnic", settings.cpus)  # before any thread starts
-    except SettingsError as exc:
+        scale_settings.install_from(scale_settings.load(args.config))  # a hardware profile: paced, in virtual time
+    except (SettingsError, ProfileError, DilationError) as exc:
         logger.error("%s", exc)
         return 2
     keep_large_buffers_in_the_heap()

@@ -5,6 +5,7 @@ import threading
 import time
 
 from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
+from scale.dilation import pacing_json
 from smartnic.agent import Agent
 from smartnic.datapath import ChunkRef
 from smartnic.grpc_errors import rpc
@@ -163,4 +164,4 @@ class SmartNicServicer(smartnic_pb2_grpc.SmartNicServicer):
             denied=s.get("denied", 0), puts_skipped=s.get("puts_skipped", 0),
             discovery_requests=s.get("discovery_requests", 0), discovered_blocks=s.get("discovered_blocks", 0),
             discovery_timeouts=s.get("discovery_timeouts", 0),
-            deletes_refused_leased=s.get("deletes_refused_leased", 0))
+            deletes_refused_leased=s.get("deletes_refused_leased", 0), pacing_json=pacing_json())

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import grpc
 
+
 from fabric.status import NvmeError
 from kvtb_proto import storage_admin_pb2 as pb
 from kvtb_proto import storage_admin_pb2_grpc as pb_grpc
+from scale.dilation import pacing_json
 from storage_node.commit import GroupCommitter
 from storage_node.kv_namespace import MAX_KEY_BYTES, KvNamespace
 from storage_node.namespace import LBA_BYTES, Namespace
@@ -89,5 +91,6 @@ class StorageAdminServicer(pb_grpc.StorageAdminServicer):
                       for (op, status), n in sorted(snap["commands"].items())],
             namespaces=self._namespaces(),
             queue_depth_by_host={c.host_nqn: c.queue.outstanding for c in self.subsystem.controllers()},
-            offline_namespaces={nsid: why for nsid, (_, why) in self.subsystem.offline.items()})
+            offline_namespaces={nsid: why for nsid, (_, why) in self.subsystem.offline.items()},
+            pacing_json=pacing_json())
 

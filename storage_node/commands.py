@@ -19,7 +19,7 @@ from fabric.auth import TRAILER_BYTES, AuthError, FabricSecurity
 from fabric.frames import MAX_HEADER_BYTES
 from fabric.status import NvmeError, Status
 from kvtb_proto import nvmeof_pb2 as pb
-from storage_node import handlers
+from storage_node import handlers, pacing
 from storage_node.handlers import OPS, Command, RequestLimits, Result
 from storage_node.namespace import byte_view
 from storage_node.pre_auth import PreAuthLimits
@@ -208,6 +208,7 @@ class CommandProcessor:
         def finish(result: Result) -> None:
             self.post(cmd, result)
 
+        finish = pacing.wrap(cmd, finish)  # under a hardware profile: it ends when the modeled drive says
         spec = cmd.spec
         if spec.inline or (spec.size is not None and spec.size(cmd) <= INLINE_MAX_BYTES):
             handlers.run(cmd, finish, self.env)

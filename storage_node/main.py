@@ -9,6 +9,9 @@ from kvtb.heap import keep_large_buffers_in_the_heap
 from kvtb.logs import setup_logging
 from kvtb.node import run
 from kvtb.settings import SettingsError, load_settings
+from scale import settings as scale_settings
+from scale.dilation import DilationError
+from scale.profile import ProfileError
 from storage_node.node import serve
 from storage_node.settings import StorageSettings
 
@@ -28,7 +31,8 @@ def main(argv: list[str]) -> int:
     try:
         settings = load_settings(StorageSettings, "storage", args.config, overrides={"data_dir": args.data_dir})
         cpus = placement.pin("storage", settings.cpus)  # before any thread starts
-    except SettingsError as exc:
+        scale_settings.install_from(scale_settings.load(args.config))  # a hardware profile: paced, in virtual time
+    except (SettingsError, ProfileError, DilationError) as exc:
         print(f"kvtb serve storage: {exc}", file=sys.stderr)
         return 2
     keep_large_buffers_in_the_heap()

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("chat_frontend", "compute_node", "smartnic", "storage_node")
-SHARED = ("hostmem", "fabric", "kvtb")  # what a service may import (and kvtb_proto)
+SHARED = ("hostmem", "fabric", "kvtb", "scale")  # what a service may import (and kvtb_proto)
 CLIENTS = ("chat_client",)  # the user's command-line client: product, not a service
 PRODUCT = SERVICES + SHARED + CLIENTS
 

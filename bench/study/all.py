@@ -38,6 +38,7 @@ from bench.results import (
     stop_on_sigterm,
     write_json,
 )
+from bench import scaled
 from bench.study.report import claims_table
 from kvtb.launch import kvtb_argv
 from kvtb.placement import PLACEMENTS
@@ -75,6 +76,7 @@ STEPS = (
          {"quick": ("--sizes", "512", "2048", "--reps", "2")}),
 )
 NAMES = tuple(s.name for s in STEPS)
+PROFILED = ("paper", "poster")  # the steps that take --profile (bench/scaled.py)
 
 
 # -- running ---------------------------------------------------------------------------------------------
@@ -115,17 +117,27 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     out = Path(args.out).resolve()
     steps = [s for s in STEPS if (not args.only or s.name in args.only) and s.name not in args.skip]
+    profiled = getattr(args, "profile", "")
+    if profiled:  # the studies that run under a hardware profile; the others are said to be left out
+        left = [s.name for s in steps if s.name not in PROFILED]
+        steps = [s for s in steps if s.name in PROFILED]
+        if left:
+            logger.warning("under --profile, %s do not run (only %s take a profile)", ", ".join(left),
+                           ", ".join(PROFILED))
     start, machine = time.monotonic(), machine_info()  # the commit as the run starts
     entries = []
     with progress_for(args, len(steps), "study all") as progress:
         for step in steps:
             progress.update(0, note=step.name)
             step_argv = step.argv(mode, out, args.keep_data) + placement_args(step, args.placements)
+            if profiled:
+                step_argv += ["--profile", profiled, "--dilation", str(args.dilation)]
             entries.append(run_step(step, step_argv, TIMEOUT_S[mode]))
             progress.update(note=f"{step.name} {'failed' if entries[-1].get('error') else 'done'}")
     return {"study": "all", "mode": mode, "command": shlex.join(["kvtb", "study", "all", *argv]),
             "machine": machine, "seconds": time.monotonic() - start, "steps": entries,
             "placements": args.placements or "each step's default",
+            "profile": profiled or None,
             "ratios": {f"{e['name']}.{k}": v for e in entries if e.get("result")
                        for k, v in (e["result"].get("ratios") or {}).items()},
             "failed": [{"part": e["name"], "error": e["error"]} for e in entries if e.get("error")]}
@@ -274,7 +286,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "studies shared)")
     parser.add_argument("--readme", type=Path, metavar="FILE",
                         help="also write the headline table into FILE, between its summary markers")
-    return parser.parse_args(argv)
+    scaled.add_profile_args(parser)
+    args = parser.parse_args(argv)
+    profile = scaled.check(parser, args)
+    if profile is not None and args.out == Path("out") / "study":
+        args.out = Path("out") / "study" / f"profile-{profile.name}"  # beside today's pages
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

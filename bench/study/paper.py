@@ -48,7 +48,7 @@ from bench import calibration
 from bench.progress import Progress
 from bench.results import format_bytes, format_seconds, plot_lines, services_dir
 from bench.stats import median, ratio
-from bench.study.report import add_study_args, claim, main_of, new_study, run_part, unmeasured
+from bench.study.report import add_study_args, check_profile, claim, main_of, new_study, run_part, unmeasured
 from kvtb import steps as kv_steps
 
 logger = logging.getLogger(__name__)
@@ -133,9 +133,11 @@ def _compute_main(conn, fabric_address: str, host_nqn: str) -> None:
     from hostmem.kv_layout import KvLayout
     from hostmem.region import Region
     from kvtb.credentials import Credentials, resolve_dir
+    from scale import settings as scale_settings
 
+    _, pacer = scale_settings.from_environment()  # under a hardware profile (`kvtb study paper --profile`)
     mac_key = Credentials(resolve_dir(""), "compute").kv_mac_key()
-    store = CpuStore((fabric_address,), host_nqn, NSID, SALT, timeout_s=30.0,
+    store = CpuStore((fabric_address,), host_nqn, NSID, SALT, timeout_s=30.0 * (pacer.dilation if pacer else 1),
                      security=FabricSecurity.for_host("auth", "", host_nqn), mac_key=mac_key)
     pool = trig = cpu = None
 
@@ -158,7 +160,7 @@ def _compute_main(conn, fabric_address: str, host_nqn: str) -> None:
             for block in blocks:
                 trig.store(block, stats)
             issued, cpu1 = time.perf_counter(), time.process_time()
-            deadline = issued + 300.0
+            deadline = issued + 300.0 * (pacer.dilation if pacer else 1)
             while int(done.sum()) < base_total + n:  # the agent's PUT-done counters: every block stored
                 if time.perf_counter() > deadline:
                     left = base_total + n - int(done.sum())
@@ -177,12 +179,13 @@ def _compute_main(conn, fabric_address: str, host_nqn: str) -> None:
         else:
             raise ValueError(f"mode {mode!r}")
         if failed:
-            raise RuntimeError(f"{failed} of {n} {mode} stores failed")
+            why = f" (last: {cpu.last_error})" if mode == "cpu" and cpu.last_error else ""
+            raise RuntimeError(f"{failed} of {n} {mode} stores failed{why}")
         for key in keys:  # untimed: the next sample finds an empty namespace
             store.client(fabric_address).delete(NSID, key)
         store.index.clear()
         return {"mode": mode, "bytes": n * L.block_bytes, "blocks": n, "block_bytes": L.block_bytes,
-                "e2e_s": end - start, "blocked_s": issued - start, "busy_s": cpu1 - cpu0,
+                "e2e_s": end - start, "blocked_s": issued - start, "busy_s": cpu1 - cpu0, "t0": start,
                 "chunks": stats.chunks, "user": user, "context": context}
 
     try:
@@ -203,6 +206,10 @@ def _compute_main(conn, fabric_address: str, host_nqn: str) -> None:
                     pool, value = None, None
                 elif kind == "run":
                     value = run(*message[1:])
+                elif kind == "pacing":  # the pacer's snapshot (None in real time), then a fresh count
+                    value = pacer.snapshot() if pacer else None
+                    if pacer and message[1:] == (True,):
+                        pacer.reset()
                 else:
                     raise ValueError(f"unknown message {kind!r}")
                 conn.send(("ok", value))
@@ -272,7 +279,7 @@ def _fill(region, nbytes: int, seed: int = 5) -> None:
 
 
 @contextlib.contextmanager
-def transfer_rig(directory: Path) -> Iterator[tuple]:
+def transfer_rig(directory: Path, **agent_settings: Any) -> Iterator[tuple]:
     """A storage node process, an agent in this process (its standing PUTs), the compute process and a
     fabric client of our own to check the namespace is empty; all stopped at the end."""
     from bench.stack import BENCH_NQN, bench_client, start_storage
@@ -286,7 +293,8 @@ def transfer_rig(directory: Path) -> Iterator[tuple]:
         stack.callback(storage.stop)
         node = StorageNodeRef("paper", storage.addresses["admin"], storage.addresses["fabric"])
         agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,), salt=SALT,
-                                       eviction_policy="timer", fabric_security="auth", kv_mac=True))
+                                       eviction_policy="timer", fabric_security="auth", kv_mac=True,
+                                       **agent_settings))
         agent.start()
         stack.callback(agent.close)
         deadline = time.monotonic() + 60
@@ -892,7 +900,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="samples per size and mode (default full 7, quick 5, smoke 2)")
     parser.add_argument("--max-new-tokens", type=int,
                         help="tokens each of Fig. 2's turns generates (default 32, smoke 8)")
+    parser.add_argument("--sample-wall-s", type=float,
+                        help="under --profile: the wall time a paced sample may take at most, which caps "
+                             "D per size (default full 60, quick 20, smoke 5)")
     args = parser.parse_args(argv)
+    args.profile_obj = check_profile(parser, args, "paper")
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     disk = shutil.disk_usage(Path(os.environ.get("TMPDIR", "/tmp"))).free
     args.largest_fit = largest_size(memory_available(), disk)
@@ -903,11 +915,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 layout_for_size(size)  # now, not after the services started
             except ValueError as exc:
                 parser.error(f"--sizes-kib: {exc}")
+    elif args.profile_obj is not None:  # the paper's chunks: one per size up to 512 MiB (paper_scaled)
+        from bench.study import paper_scaled as ps
+        ladder = {"smoke": ps.SMOKE_SIZES, "quick": ps.QUICK_SIZES,
+                  "full": ps.QUICK_SIZES + ps.FULL_EXTRA}[mode]
+        args.sizes = [s for s in ladder if s <= max(args.largest_fit, QUICK_MAX_BYTES if mode != "full" else 0)]
     elif mode == "smoke":
         args.sizes = list(SMOKE_SIZES)
     else:
         largest = min(args.largest_fit, QUICK_MAX_BYTES) if mode == "quick" else args.largest_fit
         args.sizes = ladder_to(largest)
+    if args.profile_obj is not None and not args.repeats:
+        from bench.study import paper_scaled as ps
+        args.repeats = ps.SCALED_REPEATS[mode]
     args.repeats = args.repeats or REPEATS[mode]
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -950,6 +970,8 @@ the models' only.
 def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
     from bench.stack import use_credentials
 
+    if args.profile_obj is not None:
+        return run_profiled(args)
     study = new_study("paper", args, {
         "sizes_bytes": args.sizes, "repeats": args.repeats, "largest_fit_bytes": args.largest_fit,
         "block_tokens": BLOCK_TOKENS, "token_kv_bytes": TOKEN_KV_BYTES, "kv_parts": NUM_LAYERS,
@@ -1001,6 +1023,46 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
                                        lambda: plot_gantt(out / "fig2_turn_steps.png", turn["gantt"], title)))
     title = "The paper's Figs. 2, 5-7: triggered against CPU-centric KV transfer"
     return study, title, intro_text(args), body_text(rows, model, turn)
+
+
+def run_profiled(args: argparse.Namespace) -> tuple[dict, str, str, str]:
+    """Figs. 5-7 under a hardware profile (bench/study/paper_scaled.py); Fig. 2 is not run under one."""
+    from bench import scaled
+    from bench.stack import use_credentials
+    from bench.study import paper_scaled as ps
+
+    profile = args.profile_obj
+    study = new_study("paper", args, {
+        "sizes_bytes": args.sizes, "repeats": args.repeats, "profile": profile.name,
+        "chunk_bytes": ps.chunk_bytes(profile), "token_kv_bytes": TOKEN_KV_BYTES, "kv_parts": NUM_LAYERS,
+        "fabric_security": "auth", "kv_mac": True, "storage_fsync": True, "readings": list(ps.READINGS),
+        "dilation": args.dilation, "tolerance": ps.TOLERANCE, "placement_applies_to": "none (the rig is unpinned)"})
+    directory = services_dir(args, "paper")
+    use_credentials(directory)
+    result = None
+    try:
+        total = len(args.sizes) * (1 + args.repeats) * (1 if args.dilation_value else 2)
+        with Progress(total, f"study paper --profile {profile.name}", enabled=not args.json) as progress:
+            result = run_part(study, "transfers", lambda: ps.run_scaled(study, args, profile, progress))
+    finally:
+        if not args.keep_data:
+            shutil.rmtree(directory, ignore_errors=True)
+    result = result or {"rows": [], "sizes": {}, "samples": []}
+    study["results"]["scaled"] = result
+    ds = [s["dilation"] for s in result["sizes"].values()]
+    study["scale"] = scaled.record(profile, (min(ds), max(ds)) if ds else None,
+                                   [s["pacing"] for s in result["sizes"].values()],
+                                   "given" if args.dilation_value else "auto, per size")
+    if ds:
+        study["scale"]["dilation"] = ds[0] if len(set(ds)) == 1 else f"{min(ds):.0f}-{max(ds):.0f} (per size)"
+    run_part(study, "claims", lambda: ps.add_claims(study, result))
+    for row in result["rows"]:
+        key = f"{row['reading']}_{format_bytes(row['bytes']).replace(' ', '')}"
+        if row["cpu_ratio"] and row["triggered_ratio"]:
+            study["ratios"][f"cpu_testbed_over_model_{key}"] = row["cpu_ratio"]
+            study["ratios"][f"triggered_testbed_over_model_{key}"] = row["triggered_ratio"]
+    title = f"The paper's Figs. 5-7 under the hardware profile `{profile.name}` (virtual time)"
+    return study, title, ps.intro_text(profile), ps.body_text(result)
 
 
 TRANSFER_NOTE = (

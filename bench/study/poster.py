@@ -26,10 +26,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import scaled
 from bench.progress import Progress
 from bench.results import plot_lines, services_dir
 from bench.study import overhead as ov
-from bench.study.report import add_study_args, claim, main_of, new_study, run_part, unmeasured
+from bench.study.report import add_study_args, check_profile, claim, main_of, new_study, run_part, unmeasured
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +94,10 @@ def prompts(base: list[int], workload: Workload) -> list[list[int]]:
 class Runner:
     """The Stack's compute node, restarted per configuration; batches sent through the agent."""
 
-    def __init__(self, stack, smoke_model: str | None, progress: Progress):
+    def __init__(self, stack, smoke_model: str | None, progress: Progress, dilation: float = 1.0):
         self.stack, self.smoke_model, self.progress = stack, smoke_model, progress
+        self.dilation = dilation  # under a hardware profile: every time below is virtual (wall / D)
+        self.pacing: list[dict] = []  # the compute node's pacer snapshots, one per run of it
         self.config: tuple | None = None
         self.restarts_s: list[float] = []
         self.base_prompt: list[int] | None = None
@@ -111,6 +114,7 @@ class Runner:
         if config == self.config:
             return
         proc = next(p for p in self.stack.deployment.procs if p.name == "compute")
+        self.keep_pacing()
         proc.stop()
         proc.env.update({"KVTB_COMPUTE_POOL_TOKENS": str(pool_tokens), "KVTB_COMPUTE_BLOCK_TOKENS": str(block_tokens),
                          "KVTB_COMPUTE_PREEMPTION": preemption, "KVTB_COMPUTE_MAX_NUM_SEQS": str(max_num_seqs),
@@ -127,6 +131,18 @@ class Runner:
             self.base_prompt = context_prompt(self.stub, 96)
         warm = self.base_prompt[:min(len(self.base_prompt), block_tokens * 2)]
         self._turn("warm", f"warm-{uuid.uuid4().hex[:6]}", warm, 2, "resident", [])
+
+    def keep_pacing(self) -> None:
+        """Under a profile: the compute node's pacer snapshot, kept before a restart forgets it."""
+        if self.dilation == 1.0 or self.config is None:
+            return
+        import json
+        try:
+            text = self.stack.compute_stats().pacing_json
+            if text:
+                self.pacing.append(json.loads(text))
+        except Exception as exc:  # noqa: BLE001 - reported as a gap
+            logger.warning("the compute node's pacing stats: %s", exc)
 
     def _wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until the agent forwards turns to the restarted node (its registration is in)."""
@@ -147,15 +163,19 @@ class Runner:
                                           token_ids=ids, max_new_tokens=n, policy=policy, ignore_eos=True)
         got = 0
         record = None
-        for event in self.stub.Generate(request, timeout=1800):
+        for event in self.stub.Generate(request, timeout=1800 * self.dilation):
             if event.WhichOneof("event") == "token":
-                times.append(time.perf_counter())
+                times.append(self.now())
                 got += 1
             elif event.WhichOneof("event") == "record":
                 record = event.record
         if record is None or got != n:
             raise RuntimeError(f"turn {context}: {got} of {n} tokens, record {record is not None}")
-        return time.perf_counter()
+        return self.now()
+
+    def now(self) -> float:
+        """The batch's clock: wall time, or virtual time (wall / D) under a hardware profile."""
+        return time.perf_counter() / self.dilation
 
     def stats(self) -> dict:
         from kvtb_proto import compute_pb2
@@ -181,7 +201,7 @@ class Runner:
             while not stop.wait(POLL_S):
                 try:
                     s = self.stats()
-                    samples.append((time.perf_counter() - start, float(s.get("kv_cache_usage_perc", 0.0)),
+                    samples.append((self.now() - start, float(s.get("kv_cache_usage_perc", 0.0)),
                                     int(s.get("num_requests_running", 0)), int(s.get("num_requests_waiting", 0))))
                 except Exception:  # noqa: BLE001 - a missed sample is only a gap in Fig 6
                     pass
@@ -192,7 +212,7 @@ class Runner:
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
-        start = time.perf_counter()
+        start = self.now()
         poller = threading.Thread(target=poll, args=(start,), daemon=True)
         poller.start()
         threads = [threading.Thread(target=one, args=(i,)) for i in range(len(ids))]
@@ -209,6 +229,8 @@ class Runner:
         end = max(ends)
         token_times = sorted(t - start for ts in times for t in ts)
         delta = ov.counter_delta(before, after)
+        if self.dilation != 1.0:  # the engine's seconds are wall seconds: virtual under a profile
+            delta = {k: v / self.dilation if k.endswith("_s") else v for k, v in delta.items()}
         return {"makespan_s": end - start, "cpu_s": cpu_s, "e2e_s": [e - start for e in ends],
                 "mean_e2e_s": sum(e - start for e in ends) / len(ends),
                 "tokens": len(token_times), "tokens_per_s": len(token_times) / (end - start),
@@ -217,6 +239,30 @@ class Runner:
                 "counters": delta, **ov.engine_overhead(delta),
                 "throughput": ov.throughput_series([start + t for t in token_times], start, end, POLL_S),
                 "usage": [(t, u) for t, u, _, _ in samples], "running": [(t, r, w) for t, _, r, w in samples]}
+
+
+def stack_pacing(stack, compute: bool = True) -> list[dict]:
+    """The pacers' snapshots of the stack's compute node, agent and storage node (under a profile)."""
+    import json
+
+    from bench.study.paper_scaled import storage_pacing
+    snaps = []
+    gets = [lambda: stack.agent_stats().pacing_json]
+    if compute:
+        gets.append(lambda: stack.compute_stats().pacing_json)
+    for get in gets:
+        try:
+            text = get()
+            snaps.append(json.loads(text) if text else None)
+        except Exception as exc:  # noqa: BLE001 - a service that cannot say is reported as such
+            logger.warning("pacing stats: %s", exc)
+    for proc in stack.deployment.procs:
+        if proc.name.startswith("storage"):
+            try:
+                snaps.append(storage_pacing(proc))
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("storage pacing stats: %s", exc)
+    return [s for s in snaps if s]
 
 
 def _delta_map(before: dict | None, after: dict | None) -> dict:
@@ -608,7 +654,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="kvtb study poster", description=__doc__.splitlines()[0])
     add_study_args(parser, "poster")
     parser.add_argument("--torch-threads", type=int, default=0, help="the compute node's torch threads (0: all)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.profile_obj = check_profile(parser, args, "poster")
+    return args
+
+
+def choose_dilation(args: argparse.Namespace) -> tuple[float, str, dict | None]:
+    """D under --profile: the number given, or auto: `kvtb profile check`'s warm-up (the real model's
+    steps at the compute node's threads, the copies), the worst kind x 2."""
+    if args.dilation_value is not None:
+        return args.dilation_value, "given", None
+    from bench import profile_check
+    report = profile_check.check(args.profile_obj, quick=bool(args.smoke), margin=2.0, repeats=3,
+                                 threads=args.torch_threads)
+    return report["dilation"], f"auto: {report['dilation_set_by']}", report
 
 
 def intro_text(m: Mode, mode: str) -> str:
@@ -694,23 +753,53 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
         smoke_model = str(cached_tiny_model())
         compute["model_cache_dir"] = smoke_model
     config = bench_config(pool_tokens=4096, compute=compute)
+    dilation, how, warmup = 1.0, "", None
+    if args.profile_obj is not None:  # before the stack starts: its services inherit the profile and D
+        dilation, how, warmup = choose_dilation(args)
+        scaled.apply(args.profile_obj.name, dilation)
+        study["settings"]["profile"], study["settings"]["dilation"] = args.profile_obj.name, dilation
     progress = Progress(count_runs(m), "poster", enabled=not args.json)
     with Stack(services_dir(args, "poster"), config, policy="triggered", keep_data=args.keep_data,
                placement=args.placement) as stack, progress:
-        runner = Runner(stack, smoke_model, progress)
+        runner = Runner(stack, smoke_model, progress, dilation)
         try:
             points = Points(study, runner, progress)
             points.plan(m)
             study["results"] = sweep(points, m)
             study["results"]["compute_restarts_s"] = runner.restarts_s
+            if args.profile_obj is not None:
+                runner.keep_pacing()
+                study["scale"] = scaled.record(args.profile_obj, dilation, runner.pacing + stack_pacing(stack, False),
+                                               how)
+                study["scale"]["warmup"] = warmup
         finally:
             runner.close()
+            if args.profile_obj is not None:
+                scaled.clear()
     study["results"]["fig6"] = fig6(study["results"])
     add_claims(study)
     add_ratios(study)
     study["plots"] = make_plots(study, Path(args.out))
     body = "\n\n".join(t for t in (storage_note(study), rows_table(study)) if t)
-    return study, "The recompute-vs-swap poster, Figs 2-6", intro_text(m, mode), body
+    title = "The recompute-vs-swap poster, Figs 2-6"
+    if args.profile_obj is not None:
+        title += f", under the hardware profile `{args.profile_obj.name}` (virtual time)"
+        body = scaled_note(study, args.profile_obj) + "\n\n" + body
+    return study, title, intro_text(m, mode), body
+
+
+def scaled_note(study: dict, profile) -> str:
+    """What the scale model changes on this page."""
+    rec = study.get("scale") or {}
+    kinds = (rec.get("pacing") or {}).get("kinds", {})
+    rows = "\n".join(f"| {k} | {v['ops']} | {v['violations']} | {v['worst_ratio']:.3g} |" for k, v in kinds.items())
+    return (f"## Under the hardware profile `{profile.name}`\n\n{profile.description}\n\n"
+            "Every engine step takes the roofline time of the virtual model's step on the profile's GPU, every "
+            "swap-host copy the PCIe link's time for the virtual model's KV of the tokens moved, every "
+            "triggered PUT and GET the NIC's, every store and retrieve the NVMe drive's, each dilated by D; "
+            "the real SmolLM2 still computes every token. Makespans, engine seconds and throughput are virtual "
+            "(wall / D); the extra CPU time is this machine's real CPU time and speaks for this machine only.\n\n"
+            "| operation | paced | violations | worst real ÷ modeled |\n| --- | --- | --- | --- |\n" + rows)
 
 
 main = main_of(parse_args, run)

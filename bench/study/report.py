@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import scaled
 from bench.results import emit_json, machine_info, placement_info, setup_logging, stop_on_sigterm, write_json
 from kvtb.placement import PLACEMENTS
 
@@ -41,7 +42,17 @@ def add_study_args(parser: argparse.ArgumentParser, name: str) -> argparse.Argum
                         help="the CPU placement the study's services run in (kvtb.placement; default "
                              "shared; nic: the agent, storage and frontend on the NIC's cores, the compute "
                              "node on the rest)")
+    scaled.add_profile_args(parser)
     return parser
+
+
+def check_profile(parser: argparse.ArgumentParser, args: argparse.Namespace, name: str):
+    """The study's --profile checked (a parser error names what is wrong); its pages go beside today's:
+    out/study/NAME-PROFILE unless --out was given."""
+    profile = scaled.check(parser, args)
+    if profile is not None and Path(args.out) == Path("out") / "study" / name:
+        args.out = Path("out") / "study" / f"{name}-{profile.name}"
+    return profile
 
 
 def mode_of(args: argparse.Namespace) -> str:
@@ -95,7 +106,8 @@ def _cell(value: Any) -> str:
 
 def claims_table(claims: list[dict]) -> str:
     """The seed's claims beside ours, as a Markdown table."""
-    mark = {True: "yes", False: "no", None: "not measured"}
+    mark = {True: "yes", False: "no", None: "not measured", "invalid": "invalid (dilation violations)",
+            "inconclusive": "inconclusive"}
     rows = ["| figure | the seed's claim | measured here | agrees | why |", "| --- | --- | --- | --- | --- |"]
     rows += [f"| {_cell(c['figure'])} | {_cell(c['claim'])} | {_cell(c['measured'])} | {mark[c['agrees']]} "
              f"| {_cell(c['why'])} |" for c in claims]
@@ -111,6 +123,21 @@ def placement_text(record: Any) -> str:
     return f"placement {record.get('name')} ({cpus}{threads})"
 
 
+def scale_lines(record: Any) -> list[str]:
+    """The page's word on a scale model: the profile, D, virtual time, the violations."""
+    if not isinstance(record, dict):
+        return []
+    d = record.get("dilation")
+    d_text = f"D = {d:.3g}" if isinstance(d, (int, float)) else f"D {d}"
+    pacing = record.get("pacing") or {}
+    bad = record.get("invalid_kinds") or []
+    return [f"**Under hardware profile `{record.get('profile')}`: times are virtual (wall / D), {d_text} "
+            f"({record.get('dilation_chosen', '')}); {pacing.get('violations', 0)} of {pacing.get('ops', 0)} "
+            f"paced operations violated their budget"
+            + (f"; kinds over 1%: {', '.join(bad)} (claims depending on them are invalid)" if bad else "")
+            + ".**", ""]
+
+
 def page(study: dict, title: str, intro: str, body: str = "") -> str:
     """The study's Markdown page: what it is, where and how it ran, the claims, ratios, plots, failures."""
     m = study["machine"]
@@ -119,6 +146,7 @@ def page(study: dict, title: str, intro: str, body: str = "") -> str:
              f"`{(m.get('git_commit') or 'unknown')[:12]}`, {m.get('time_utc')}, on {m.get('cores')} cores of "
              f"{m.get('cpu_model')} (load average {m.get('load_average_1m')}), torch {m.get('torch')}; "
              f"{study.get('elapsed_s', 0):.0f} s; {placement_text(m.get('placement'))}.", "",
+             *scale_lines(study.get("scale")),
              "## The seed's claims beside ours", "", claims_table(study["claims"]), ""]
     if study["ratios"]:
         lines += ["## Ratios (measured side by side in this run)", "", "| ratio | value |", "| --- | --- |"]
@@ -138,10 +166,23 @@ def page(study: dict, title: str, intro: str, body: str = "") -> str:
     return "\n".join(lines)
 
 
+def invalidate(study: dict) -> None:
+    """Under a profile whose run had kinds over 1% of violations: a judged claim is invalid, never agreed
+    (every claim of a study depends on its times). A claim already invalid stays so."""
+    bad = (study.get("scale") or {}).get("invalid_kinds") or []
+    if not bad:
+        return
+    for c in study["claims"]:
+        if c["agrees"] in (True, False):
+            c["agrees"] = "invalid"
+            c["why"] += f" [invalid: dilation violations over 1% in {', '.join(bad)}]"
+
+
 def finish(args: argparse.Namespace, study: dict, title: str, intro: str, body: str = "") -> int:
     """Write OUT/results.json and OUT/README.md; print one JSON line (--json) or the page.
     Exit status 1 when a part failed (the result still says everything that was measured)."""
     study["elapsed_s"] = time.monotonic() - study.pop("_started", time.monotonic())
+    invalidate(study)
     if isinstance(study.get("machine"), dict):  # the stacks started after new_study made the record
         study["machine"]["placement"] = placement_info()
     study["plots"] = [str(p) for p in study["plots"] if p]
@@ -165,6 +206,10 @@ def main_of(parse_args: Callable[[list[str]], argparse.Namespace],
     def main(argv: list[str] | None = None) -> int:
         import sys
         args = parse_args(sys.argv[1:] if argv is None else argv)
+        if getattr(args, "profile", "") and getattr(args, "profile_obj", None) is None:
+            print(f"kvtb study: --profile is not supported by this study yet (kvtb study paper and poster take "
+                  f"one); run it without --profile", file=sys.stderr)
+            return 2
         setup_logging(args)
         with stop_on_sigterm():
             study, title, intro, body = run(args)

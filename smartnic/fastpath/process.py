@@ -19,6 +19,7 @@ import threading
 from hostmem.layout_proto import layout_to_proto
 from kvtb import placement
 from kvtb.logs import setup_logging
+from scale import settings as scale_settings
 from smartnic.admission import Admission
 from smartnic.data_plane import data_plane
 from smartnic.datapath import DataError
@@ -171,6 +172,7 @@ def main(argv: list[str]) -> int:
         print("smartnic.fastpath: the first message must be the settings", file=sys.stderr)
         return 2
     setup_logging("smartnic-fastpath", bool(os.environ.get("KVTB_LOG_JSON")))
+    scale_settings.from_environment()  # the agent's hardware profile, if it runs under one
     own, inherited = set(placement.parse_cpus(settings.fastpath_cpus)), set(placement.current_cpus())
     if own and inherited - own:  # before any thread starts: the watcher alone on its own CPUs, the rest not
         placement.pin("smartnic-fastpath (PUT and I/O threads)", placement.format_cpus(inherited - own))

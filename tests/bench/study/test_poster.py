@@ -150,3 +150,22 @@ def test_smoke_run_keeps_the_json_contract(tmp_path):
     assert (out / "README.md").exists() and (out / "results.json").exists()
     tight = result["results"]["fig5"]
     assert any(sum(r["preemptions"].values()) for by in tight.values() for r in by.values())
+
+
+@pytest.mark.slow
+def test_smoke_run_under_a_profile_is_in_virtual_time_with_d_and_violations(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(kvtb_argv("study", "poster", "--smoke", "--json", "--out", str(out),
+                                    "--profile", "polaris-a100", "--dilation", "3"),
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    scale = result["scale"]
+    assert scale["profile"] == "polaris-a100" and scale["dilation"] == 3.0 and scale["dilation_chosen"] == "given"
+    kinds = scale["pacing"]["kinds"]
+    assert kinds["gpu_step"]["ops"] > 0 and "violations" in kinds["gpu_step"]
+    assert result["settings"]["profile"] == "polaris-a100"
+    assert result["claims"] and all(c["agrees"] in (True, False, None, "invalid") for c in result["claims"])
+    page = (out / "README.md").read_text()
+    assert "times are virtual (wall / D), D = 3" in page and "Under the hardware profile `polaris-a100`" in page

@@ -1,0 +1,99 @@
+"""`--profile` and `--dilation` for every benchmark and study: a run under a hardware profile.
+
+`add_profile_args` adds the options; `apply(args)` checks the profile, puts it (and D) in this
+process (an in-process agent paces too) and in the environment every service the run starts
+inherits (KVTB_SCALE_*), and stretches the services' deadlines by D (a dilated run takes D times as
+long in wall time). `record(...)` is what a result says about it: the profile, D, and the
+violations per operation kind, merged over the processes. Virtual time is wall / D.
+
+Without `--profile` nothing changes: no variable is set, nothing is paced.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+
+from scale import dilation as dl
+from scale import profile as pf
+from scale import settings as scale_settings
+
+# Deadlines of the services that a dilated run must stretch by D (section, field, cap or None).
+DEADLINES = (("smartnic", "get_timeout_s", None), ("smartnic", "fabric_timeout_s", None),
+             ("smartnic", "discovery_timeout_s", 60.0), ("compute", "restore_timeout_s", None),
+             ("compute", "drain_timeout_s", None), ("compute", "restore_layer_wait_s", None),
+             ("frontend", "agent_timeout_s", None), ("frontend", "health_timeout_s", 600.0),
+             ("frontend", "queue_timeout_s", None))
+DEFAULTS = {"get_timeout_s": 3.0, "fabric_timeout_s": 5.0, "discovery_timeout_s": 1.0, "restore_timeout_s": 10.0,
+            "drain_timeout_s": 10.0, "restore_layer_wait_s": 1.0, "agent_timeout_s": 300.0,
+            "health_timeout_s": 2.0, "queue_timeout_s": 600.0}
+SMOLLM2_KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 4  # the real model's fp32 KV per token: 46,080 bytes
+
+
+def add_profile_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--profile", default="",
+                        help="a hardware profile (deploy/profiles: " + ", ".join(pf.available()) + ", or a .yaml "
+                             "path): every modeled operation takes max(real, D x modeled) and times are "
+                             "reported in virtual time (wall / D). Default: none, real time here")
+    parser.add_argument("--dilation", default="auto",
+                        help="D under --profile: a number >= 1, or auto (from a short warm-up; default)")
+    return parser
+
+
+def parse_dilation(value: str) -> float | None:
+    """None for auto; a number checked by scale.dilation."""
+    if str(value).strip().lower() == "auto":
+        return None
+    return dl.check_dilation(value)
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pf.Profile | None:
+    """The profile named by --profile, or a parser error saying what is wrong (before anything starts)."""
+    args.dilation_value = None
+    if not getattr(args, "profile", ""):
+        return None
+    try:
+        profile = pf.load(args.profile)
+        args.dilation_value = parse_dilation(args.dilation)
+    except (pf.ProfileError, dl.DilationError) as exc:
+        parser.error(str(exc))
+    return profile
+
+
+def deadlines_env(dilation: float) -> dict[str, str]:
+    out = {}
+    for section, field, cap in DEADLINES:
+        value = DEFAULTS[field] * dilation
+        out[f"KVTB_{section.upper()}_{field.upper()}"] = repr(min(value, cap) if cap else value)
+    return out
+
+
+def apply(profile: str, dilation: float, transfer_ends: str = "",
+          real_kv_bytes_per_token: int = SMOLLM2_KV_BYTES_PER_TOKEN, environ: dict | None = None,
+          kv_scale: float = 0.0) -> dl.Pacer:
+    """Run under `profile` at D = dilation from now on: this process and the services it starts
+    (kv_scale > 0: every transfer charged for that many bytes per real byte, whatever the model)."""
+    environ = os.environ if environ is None else environ
+    env = scale_settings.environment(profile, dilation, transfer_ends, real_kv_bytes_per_token, kv_scale)
+    env |= deadlines_env(dilation)
+    environ.update(env)
+    settings = scale_settings.ScaleSettings(profile, dilation, transfer_ends, real_kv_bytes_per_token, kv_scale)
+    _, pacer = scale_settings.install_from(settings)
+    return pacer
+
+
+def clear(environ: dict | None = None) -> None:
+    """Back to real time: this process and the services started from now on."""
+    environ = os.environ if environ is None else environ
+    for key in [k for k in environ if k.startswith("KVTB_SCALE_")] + list(deadlines_env(1.0)):
+        environ.pop(key, None)
+    scale_settings.install_from(scale_settings.ScaleSettings())
+
+
+def record(profile: pf.Profile, dilation: float, snapshots: list[Mapping | None], how: str) -> dict:
+    """What a result says of its scale model: profile, D (and how it was chosen), the violations."""
+    merged = dl.merge([s for s in snapshots if s])
+    return {"profile": profile.name, "description": profile.description, "dilation": dilation,
+            "dilation_chosen": how, "times": "virtual (wall / D)", "pacing": merged,
+            "violation_fraction": merged["violation_fraction"],
+            "invalid_kinds": dl.invalid_kinds(merged)}
