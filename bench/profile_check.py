@@ -99,9 +99,9 @@ def study_estimates(kinds: dict, dilation: float, recorded: dict[str, dict], wor
         for m in ("quick", "full"):
             if e["dominant"] == "its transfers (modeled)":
                 e[m] = {"estimate_s": paper_virtual[m],
-                        "basis": "`kvtb study paper --profile`'s sizes, each sample min(its wall cap, D x its "
-                                 "modeled time), a warm-up and two rigs per size (bench.study.paper_scaled."
-                                 "estimate_wall_s); D per size comes from its own warm-up, this D stands in"}
+                        "basis": "`kvtb study paper --profile`'s sizes, each sample D x its modeled time, and "
+                                 "two rigs per size (bench.study.paper_scaled.estimate_wall_s); D per size comes "
+                                 "from its own warm-up at D = 1, this D stands in: an upper estimate"}
             elif not rec:
                 e[m] = {"estimate_s": None, "basis": f"no docs/results/{study}/results.json"}
             else:
@@ -328,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", help="a profile in deploy/profiles (or a path to a .yaml)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--margin", type=float, default=2.0, help="D = the largest need x margin (default 2)")
+    parser.add_argument("--pacing", action="store_true",
+                        help="then run a plain decode step and a plain 64 MiB host copy paced at the D found "
+                             "(or --dilation): their virtual time beside the model's")
+    parser.add_argument("--dilation", type=float, help="with --pacing: this D instead of the one recommended")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny model for gpu_step, sizes to 32 MiB, 3 repeats (default 5)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -339,8 +343,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvtb profile check: {exc}", file=sys.stderr)
         return 2
     report = check(p, args.quick, args.margin, 3 if args.quick else 5)
+    if args.pacing:
+        report["pacing"] = pacing(p, args.dilation or report["dilation"], args.quick)
     print(json.dumps(report, indent=2) if args.json else table(report))
+    if args.pacing and not args.json:
+        from bench import pacing_exactness
+        print("\n".join(pacing_exactness.lines(report["pacing"]["kinds"], report["pacing"]["dilation"])))
     return 0
+
+
+def pacing(p: pf.Profile, dilation: float, quick: bool) -> dict:
+    """bench.pacing_exactness at D: the copy, and a decode step of the study's model (1 torch thread)."""
+    import torch
+
+    from bench import pacing_exactness
+    from compute_node.llama import pool_shape
+    from compute_node.model_runner import ModelRunner, SeqRun
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, note = step_model(quick)
+        per_seq = -(-(CONTEXT + 1) // BLOCK_TOKENS)
+        runner = ModelRunner(model, torch.zeros(pool_shape(model.config, per_seq, BLOCK_TOKENS)))
+        runs = [SeqRun([101], CONTEXT, range(per_seq))]
+        kinds = pacing_exactness.exactness(p, dilation, 5, lambda: runner.step(runs))
+    finally:
+        torch.set_num_threads(threads)
+    return {"dilation": dilation, "step_model": note, "kinds": kinds}
 
 
 if __name__ == "__main__":

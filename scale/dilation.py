@@ -246,6 +246,26 @@ def merge(snapshots: list[Mapping]) -> dict:
             "violations": violations, "violation_fraction": violations / ops if ops else 0.0}
 
 
+def since(after: Mapping, before: Mapping | None) -> dict:
+    """The operations of `after` (a snapshot) that came after `before` (an earlier one of the same
+    pacer): counts and seconds subtracted per kind; worst_ratio stays after's (it cannot be taken back)."""
+    if not before:
+        return dict(after)
+    kinds = {}
+    for k, s in after.get("kinds", {}).items():
+        b = before.get("kinds", {}).get(k, {})
+        d = {f: s.get(f, 0) - b.get(f, 0) for f in ("ops", "violations", "real_s", "modeled_s", "overrun_s")}
+        if d["ops"] <= 0:
+            continue
+        d["worst_ratio"] = s.get("worst_ratio", 0.0)
+        d["violation_fraction"] = d["violations"] / d["ops"]
+        kinds[k] = d
+    ops = sum(d["ops"] for d in kinds.values())
+    violations = sum(d["violations"] for d in kinds.values())
+    return {**after, "kinds": kinds, "ops": ops, "violations": violations,
+            "violation_fraction": violations / ops if ops else 0.0}
+
+
 def invalid_kinds(snapshot: Mapping, depends_on: list[str] | None = None, limit: float = 0.01) -> list[str]:
     """The kinds (of those a claim depends on; every kind when None) with more than `limit` of their
     operations in violation: a claim judged on them is invalid."""

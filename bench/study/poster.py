@@ -98,6 +98,7 @@ class Runner:
         self.stack, self.smoke_model, self.progress = stack, smoke_model, progress
         self.dilation = dilation  # under a hardware profile: every time below is virtual (wall / D)
         self.pacing: list[dict] = []  # the compute node's pacer snapshots, one per run of it
+        self.warm_pacing: dict | None = None  # its snapshot after the warm-up turn
         self.config: tuple | None = None
         self.restarts_s: list[float] = []
         self.base_prompt: list[int] | None = None
@@ -131,18 +132,26 @@ class Runner:
             self.base_prompt = context_prompt(self.stub, 96)
         warm = self.base_prompt[:min(len(self.base_prompt), block_tokens * 2)]
         self._turn("warm", f"warm-{uuid.uuid4().hex[:6]}", warm, 2, "resident", [])
+        self.warm_pacing = self._compute_pacing() if self.dilation != 1.0 else None
 
     def keep_pacing(self) -> None:
-        """Under a profile: the compute node's pacer snapshot, kept before a restart forgets it."""
+        """Under a profile: the compute node's pacer snapshot since its warm-up turn (a fresh node's first
+        steps pay its start-up, and are no batch's), kept before a restart forgets it."""
         if self.dilation == 1.0 or self.config is None:
             return
+        from scale.dilation import since
+        snap = self._compute_pacing()
+        if snap:
+            self.pacing.append(since(snap, self.warm_pacing))
+
+    def _compute_pacing(self) -> dict | None:
         import json
         try:
             text = self.stack.compute_stats().pacing_json
-            if text:
-                self.pacing.append(json.loads(text))
+            return json.loads(text) if text else None
         except Exception as exc:  # noqa: BLE001 - reported as a gap
             logger.warning("the compute node's pacing stats: %s", exc)
+            return None
 
     def _wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until the agent forwards turns to the restarted node (its registration is in)."""

@@ -69,7 +69,7 @@ def test_study_estimates_by_hand():
     # paper: the profiled study's own estimate of its wall time (given here by mode)
     assert est["paper"]["quick"]["estimate_s"] == pytest.approx(2.0)
     assert est["paper"]["full"]["estimate_s"] == pytest.approx(10.0)
-    assert "min(its wall cap, D x its modeled time)" in est["paper"]["full"]["basis"]
+    assert "D x its modeled time" in est["paper"]["full"]["basis"]
 
 
 def test_study_estimates_without_a_pace_or_a_record():
@@ -85,11 +85,11 @@ def test_the_paper_studys_wall_estimate_by_hand():
     from bench.study import paper_scaled as ps
     p = pf.load("paper")
     model = ps.model_times(32 * 1024, "nvme_write", p)  # 3.33 ms each path
-    want = (ps.SCALED_REPEATS["quick"] + 1) * sum(min(20.0, 100 * t) for t in model.values()) + 2 * ps.RIG_START_S
+    want = ps.SCALED_REPEATS["quick"] * sum(100 * t for t in model.values()) + 2 * ps.RIG_START_S
     assert ps.estimate_wall_s([32 * 1024], "quick", 100.0, p) == pytest.approx(want)
-    # a 512 MiB sample at D 100 would take 34 s: the quick cap of 20 s binds
-    big = ps.estimate_wall_s([512 * pc.MIB], "quick", 100.0, p)
-    assert big == pytest.approx(3 * 2 * 20.0 + 2 * ps.RIG_START_S)
+    # full mode: a paced warm-up and three samples of each path
+    full = ps.estimate_wall_s([32 * 1024], "full", 100.0, p)
+    assert full == pytest.approx(4 * sum(100 * t for t in model.values()) + 2 * ps.RIG_START_S)
 
 
 def test_work_ratios_from_the_studies_settings():

@@ -223,3 +223,19 @@ def test_a_kind_without_modeled_time_does_not_make_d_infinite():
     p.record("nvme_write", 0.0625, 0.125)            # needs D >= 2
     d, _ = dl.dilation_needed(p.snapshot()["kinds"])
     assert d == 4.0                                  # 2 x the margin 2; no D can pace a zero budget
+
+
+def test_since_takes_the_operations_before_a_snapshot_out():
+    from scale.dilation import Pacer, since
+    t = [0.0]
+    p = Pacer(2.0, clock=lambda: t[0], sleep=lambda s: t.__setitem__(0, t[0] + s))
+    with p.op("gpu_step", 0.001):
+        t[0] += 1.0  # a fresh node's first step: a violation
+    before = p.snapshot()
+    for _ in range(3):
+        with p.op("gpu_step", 0.001):
+            t[0] += 0.0005
+    got = since(p.snapshot(), before)
+    assert got["kinds"]["gpu_step"]["ops"] == 3 and got["kinds"]["gpu_step"]["violations"] == 0
+    assert got["ops"] == 3 and got["violation_fraction"] == 0.0
+    assert since(p.snapshot(), None)["ops"] == 4
