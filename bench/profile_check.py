@@ -130,7 +130,8 @@ def table(report: dict) -> str:
              f"{r['need']:.3g}", k["how"] if i == 0 else ""]
             for kind, k in report["kinds"].items() for i, r in enumerate(k["shapes"])]
     studies = [[s, duration(e["quick"]["estimate_s"]), duration(e["full"]["estimate_s"]), e["dominant"],
-                f"{e['paced_over_real']:.3g}", f"{e['full_over_quick_work']:.3g}"]
+                "-" if e["paced_over_real"] is None else f"{e['paced_over_real']:.3g}",
+                f"{e['full_over_quick_work']:.3g}"]
                for s, e in report["studies"].items()]
     by, d = report["dilation_set_by"], report["dilation"]
     return "\n".join([

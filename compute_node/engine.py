@@ -117,6 +117,7 @@ class Engine:
         self.known: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         self.stats = Stats()
         self.steps = 0
+        self._layer_waited = 0.0  # this step's wall seconds waiting for restored layers (a stall, under a profile)
         self.setup_span = setup_span
         self.region_id = lambda: 0  # the pool's region at the agent (the node sets it once registered)
         self.lock = threading.Condition()
@@ -377,8 +378,9 @@ class Engine:
         wait = self._layer_wait(out)
         start = time.perf_counter()
         slot = paced.step_ticket([(s.start, s.num_tokens) for s in out.scheduled])  # under a profile: the modeled GPU
+        self._layer_waited = 0.0
         logits = self.runner.step(runs, self._between_layers(wait))  # [S, vocab]
-        paced.wait(slot)
+        paced.wait(slot, stalled=self._layer_waited)  # a wait for restored layers stalls the modeled GPU too
         self.cost.add_step(time.perf_counter() - start, [(s.start, s.num_tokens, s.seq.kv_mark) for s in out.scheduled])
         dropped = self._settle_joined(wait)
         rows = [i for i, s in enumerate(out.scheduled) if s.samples and s.seq.seq_id not in dropped]
@@ -412,7 +414,9 @@ class Engine:
         def before_layer(layer: int) -> None:
             nonlocal last
             if wait is not None:
+                started = time.perf_counter()
                 wait.before_layer(layer)
+                self._layer_waited += time.perf_counter() - started
             now = time.perf_counter()
             if now - last >= HOUSEKEEPING_S:
                 last = now

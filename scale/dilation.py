@@ -91,12 +91,15 @@ class Pacer:
         start = timeline.take(ready, budget) if timeline is not None else ready
         return Ticket(kind, modeled_s, now, start + budget, resource if timeline is not None else None)
 
-    def settle(self, ticket: "Ticket") -> float:
-        """The ticket's real work ended now: record it; the seconds left until its end (0: violated)."""
+    def settle(self, ticket: "Ticket", stalled: float = 0.0) -> float:
+        """The ticket's real work ended now: record it; the seconds left until its end (0: violated).
+        `stalled`: seconds the work waited on other paced operations meanwhile (not its own: its end
+        moves that much later)."""
         now = self.clock()
-        violated = now > ticket.end
-        self.record(ticket.kind, ticket.modeled_s, now - ticket.started, violated)
-        return 0.0 if violated else ticket.end - now
+        end = ticket.end + max(0.0, stalled)
+        violated = now > end
+        self.record(ticket.kind, ticket.modeled_s, now - ticket.started - max(0.0, stalled), violated)
+        return 0.0 if violated else end - now
 
     def finish(self, kind: str, modeled_s: float, start: float) -> float:
         """The operation begun at `start` (this pacer's clock) ended its real work: wait out its budget.

@@ -65,12 +65,14 @@ def settle(t: Ticket | None) -> None:
         pacer.settle(t)
 
 
-def wait(t: Ticket | None) -> None:
-    """End the slot on this thread: sleep out what is left of it."""
+def wait(t: Ticket | None, stalled: float = 0.0) -> None:
+    """End the slot on this thread: sleep out what is left of it. `stalled`: wall seconds the work spent
+    waiting for another paced operation (a forward waiting for restored layers): the slot ends that much
+    later, and they are not the work's own."""
     pacer = dilation.current()
     if t is None or pacer is None:
         return
-    left = pacer.settle(t)
+    left = pacer.settle(t, stalled)
     if left > 0:
         pacer.sleep(left)
 

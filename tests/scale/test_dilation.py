@@ -239,3 +239,15 @@ def test_since_takes_the_operations_before_a_snapshot_out():
     assert got["kinds"]["gpu_step"]["ops"] == 3 and got["kinds"]["gpu_step"]["violations"] == 0
     assert got["ops"] == 3 and got["violation_fraction"] == 0.0
     assert since(p.snapshot(), None)["ops"] == 4
+
+
+def test_a_stall_on_another_paced_operation_moves_the_end_and_is_not_the_works_own():
+    from scale.dilation import Pacer
+    t = [0.0]
+    p = Pacer(10.0, clock=lambda: t[0], sleep=lambda s: t.__setitem__(0, t[0] + s))
+    ticket = p.reserve("gpu_step", 0.01)  # 100 ms of budget
+    t[0] += 0.5  # 0.45 s of it waiting for a restored layer, 0.05 s computing
+    left = p.settle(ticket, stalled=0.45)
+    assert left == pytest.approx(0.05)  # ends at 0.1 + 0.45
+    k = p.snapshot()["kinds"]["gpu_step"]
+    assert k["violations"] == 0 and k["real_s"] == pytest.approx(0.05)
