@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -29,6 +30,7 @@ from chat_frontend.settings import FrontendSettings
 from kvtb.grpc_health import Health
 from kvtb.rpc import Security
 from kvtb_proto import compute_pb2, smartnic_pb2
+from scale import dilation
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +103,9 @@ def sum_stats(figures: Sequence[compute_pb2.ComputeStatsResponse]) -> compute_pb
             for stats in figures:
                 for key, value in getattr(stats, name).items():
                     merged[key] += value
+        elif field.type == field.TYPE_STRING:  # pacing_json: the replicas' pacers as one
+            texts = [getattr(s, name) for s in figures if getattr(s, name)]
+            setattr(out, name, json.dumps(dilation.merge([json.loads(t) for t in texts])) if texts else "")
         elif name in MEAN_FIELDS:
             setattr(out, name, sum(getattr(s, name) for s in figures) / len(figures) if figures else 0.0)
         else:

@@ -263,3 +263,19 @@ def test_a_requests_choices_go_to_its_first_choices_replica_whatever_the_policy(
     assert [len(f.turns) for f in fakes] == [3, 0, 0]
     summaries = asyncio.run(go())  # the next request: the next replica, all its choices there
     assert {s.replica for s in summaries} == {"replica-1"} and [len(f.turns) for f in fakes] == [3, 3, 0]
+
+
+def test_the_replicas_pacers_add_up_as_one_under_a_profile():
+    import json
+    one = {"profile": "p", "dilation": 2.0, "kinds": {"gpu_step": {"ops": 3, "violations": 1, "real_s": 1.0,
+                                                                  "modeled_s": 1.0, "overrun_s": 0.1,
+                                                                  "worst_ratio": 4.0}}}
+    two = {"profile": "p", "dilation": 2.0, "kinds": {"gpu_step": {"ops": 5, "violations": 0, "real_s": 1.0,
+                                                                  "modeled_s": 2.0, "overrun_s": 0.0,
+                                                                  "worst_ratio": 1.0}}}
+    merged = sum_stats([compute_pb2.ComputeStatsResponse(turns=1, pacing_json=json.dumps(one)),
+                        compute_pb2.ComputeStatsResponse(turns=2, pacing_json=json.dumps(two))])
+    assert merged.turns == 3
+    kinds = json.loads(merged.pacing_json)["kinds"]["gpu_step"]
+    assert kinds["ops"] == 8 and kinds["violations"] == 1 and kinds["worst_ratio"] == 4.0
+    assert sum_stats([compute_pb2.ComputeStatsResponse(turns=1)]).pacing_json == ""  # real time
