@@ -101,16 +101,6 @@ class Pacer:
         self.record(ticket.kind, ticket.modeled_s, now - ticket.started - max(0.0, stalled), violated)
         return 0.0 if violated else end - now
 
-    def finish(self, kind: str, modeled_s: float, start: float) -> float:
-        """The operation begun at `start` (this pacer's clock) ended its real work: wait out its budget.
-        Returns its real seconds."""
-        ticket = Ticket(kind, modeled_s, start, start + self.budget_s(modeled_s))
-        real = self.clock() - start
-        left = self.settle(ticket)
-        if left > 0:
-            self.sleep(left)
-        return real
-
     def defer(self, at: float, fn: Callable[[], None]) -> None:
         """Call fn() at wall time `at` (this pacer's clock) on the pacer's timer thread; now if past."""
         if at <= self.clock():
@@ -151,16 +141,6 @@ class Pacer:
             if modeled_s > 0:  # an operation without a modeled time (a delivery check) needs no D
                 s.worst_ratio = max(s.worst_ratio, real_s / modeled_s)
         return violated
-
-    @contextlib.contextmanager
-    def stretch(self, kind: str) -> Iterator[None]:
-        """Software that is software on both worlds: its real CPU time (this thread's) is its modeled
-        time, so that virtual time sees it at its real speed (it takes D x its CPU time of wall)."""
-        cpu0, start = time.thread_time(), self.clock()
-        try:
-            yield
-        finally:
-            self.finish(kind, time.thread_time() - cpu0, start)
 
     def mark(self, name: str, at: float | None = None) -> None:
         """Note the wall time (this pacer's clock) of the latest event `name` (a store accepted, ...)."""
