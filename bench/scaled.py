@@ -97,3 +97,71 @@ def record(profile: pf.Profile, dilation: float, snapshots: list[Mapping | None]
             "dilation_chosen": how, "times": "virtual (wall / D)", "pacing": merged,
             "violation_fraction": merged["violation_fraction"],
             "invalid_kinds": dl.invalid_kinds(merged)}
+
+
+def choose_dilation(profile: pf.Profile, given: float | None, smoke: bool,
+                    torch_threads: int = 0) -> tuple[float, str, dict | None]:
+    """D of a study's run: the number given, or auto: `kvtb profile check`'s warm-up (the real model's
+    steps at the compute node's threads, the copies), the worst kind x 2. (D, how, the warm-up's report)."""
+    if given is not None:
+        return given, "given", None
+    from bench import profile_check
+    report = profile_check.check(profile, quick=smoke, margin=2.0, repeats=3, threads=torch_threads)
+    return report["dilation"], f"auto: {report['dilation_set_by']}", report
+
+
+def storage_pacing(storage) -> dict:
+    """A storage node's (a ServiceProcess) pacer snapshot, over its admin port ({} in real time)."""
+    import json
+
+    from bench.stack import operator_channel
+    from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
+
+    with operator_channel(storage.addresses["admin"], peer="storage") as channel:
+        stats = storage_admin_pb2_grpc.StorageAdminStub(channel).Stats(storage_admin_pb2.StatsRequest(), timeout=30)
+    return json.loads(stats.pacing_json) if stats.pacing_json else {}
+
+
+def frontend_pacing(address: str) -> dict:
+    """The frontend's pacer snapshot (its software's CPU time, stretched by D), from its SystemStats."""
+    from chat_client.client import FrontendClient
+
+    client = FrontendClient(address, "", timeout_s=30.0)
+    try:
+        return client.system_stats().get("frontend", {}).get("pacing") or {}
+    finally:
+        client.close()
+
+
+def stack_pacing(stack, compute: bool = True, frontend: bool = False) -> list[dict]:
+    """The pacers' snapshots of a bench.stack.Stack's services: every replica's agent (and compute node),
+    each storage node, and the frontend if asked. A service that cannot say is logged and left out."""
+    import logging
+
+    from kvtb_proto import smartnic_pb2, smartnic_pb2_grpc
+
+    def agent(i: int) -> dict:
+        with stack.replica_channel(i) as ch:
+            return _json(smartnic_pb2_grpc.SmartNicStub(ch).Stats(smartnic_pb2.StatsRequest(), timeout=10).pacing_json)
+
+    gets = []
+    for i in range(stack.replicas):
+        gets.append(lambda i=i: agent(i))
+        if compute:
+            gets.append(lambda i=i: _json(stack.compute_stats(i).pacing_json))
+    gets += [lambda proc=proc: storage_pacing(proc) for proc in stack.deployment.procs
+             if proc.name.startswith("storage")]
+    if frontend:
+        gets.append(lambda: frontend_pacing(stack.frontend))
+    snaps = []
+    for get in gets:
+        try:
+            snaps.append(get())
+        except Exception as exc:  # noqa: BLE001 - a service that cannot say is reported as such
+            logging.getLogger(__name__).warning("pacing stats: %s", exc)
+    return [s for s in snaps if s]
+
+
+def _json(text: str) -> dict:
+    import json
+    return json.loads(text) if text else {}

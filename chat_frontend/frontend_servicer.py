@@ -23,6 +23,7 @@ from chat_frontend.errors import ChatError
 from chat_frontend.replicas import Replicas
 from chat_frontend.store import TurnRow
 from kvtb_proto import frontend_pb2
+from scale import dilation
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +171,14 @@ class ChatFrontendServicer:
                 "turns_active": admission.active, "turns_waiting": admission.waiting,
                 "users_active": admission.users,
                 "rejected_busy": sum(rejected.values()), "rejected_by_reason": rejected,
-                "users": len(self.service.settings.users), **self.service.store.counts()}
+                "users": len(self.service.settings.users), **self.service.store.counts(),
+                **pacing_of(dilation.current())}
+
+
+def pacing_of(pacer) -> dict:
+    """Under a hardware profile, {"pacing": the frontend's pacer's snapshot} (its software's CPU time,
+    stretched by D); else nothing."""
+    return {"pacing": pacer.snapshot()} if pacer is not None else {}
 
 
 def _serialize(message: Message) -> bytes:

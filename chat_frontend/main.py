@@ -10,6 +10,9 @@ from kvtb import placement
 from kvtb.logs import setup_logging
 from kvtb.node import run
 from kvtb.settings import SettingsError
+from scale import settings as scale_settings
+from scale.dilation import DilationError
+from scale.profile import ProfileError
 
 
 def main(argv: list[str]) -> int:
@@ -26,7 +29,9 @@ def main(argv: list[str]) -> int:
         settings = settings_mod.load(args.config, listen_address=args.listen, agent_address=args.agent,
                                      replicas=() if args.agent else None, data_dir=args.data_dir)
         cpus = placement.pin("frontend", settings.cpus)  # before any thread starts
-    except SettingsError as exc:
+        # a hardware profile: the frontend is software on both worlds, its CPU time stretched by D
+        scale_settings.install_from(scale_settings.load(args.config))
+    except (SettingsError, ProfileError, DilationError) as exc:
         print(f"kvtb serve frontend: {exc}", file=sys.stderr)
         return 2
     return run(serve(settings), cpus=placement.format_cpus(cpus))

@@ -24,6 +24,7 @@ from kvtb.loop_thread import LoopThread
 from kvtb.metrics import MetricsEndpoint
 from kvtb.rpc import Security, server_options
 from kvtb_proto import frontend_pb2
+from scale import dilation, software
 
 logger = logging.getLogger(__name__)
 
@@ -82,9 +83,12 @@ class FrontendNode:
                     port, http_address, "agent" if len(agent.replicas) == 1 else "replicas", agent.address,
                     s.routing, s.data_dir)
         waiter = asyncio.create_task(agent.run(self.health, s.health_interval_s, s.info_retry_s))
+        stretch = software.on_loop(dilation.current(), software.FRONTEND)  # under a profile: real speed
         await stop.wait()
         self.health.set_not_serving()
         waiter.cancel()
+        if stretch is not None:
+            stretch.cancel()
         await runner.cleanup()
         await server.stop(grace=5.0)
         await agent.close()

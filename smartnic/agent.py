@@ -32,6 +32,7 @@ from fabric import chunk_format as cf
 from hostmem.block_hash import Salts, stored_prefix
 from hostmem.region import RegionError
 from kvtb import placement
+from scale import dilation
 from smartnic import discovery
 from smartnic import match_action as ma
 from smartnic.admission import Admission
@@ -89,8 +90,11 @@ class Agent:
         self.settings = settings
         self.lock = threading.RLock()
         self.requester = Requester()
+        # the idle timer is in virtual seconds: under a hardware profile at D, a context idle ttl_s of
+        # virtual time has been idle D x ttl_s of wall time (the eviction pass's interval likewise)
+        self.dilation = dilation.current().dilation if dilation.current() is not None else 1.0
         self.policy = make_policy(settings.eviction_policy, settings.capacity_high_bytes,
-                                  settings.capacity_low_bytes, settings.ttl_s)
+                                  settings.capacity_low_bytes, settings.ttl_s * self.dilation)
         self.admission = Admission(settings.admission, settings.admission_max_names)
         self.proved_bad = discovery.ProvedBad()  # blocks whose GET failed their checks: not discovered again
         self.tables = {"ingress": ma.Table("ingress")}  # the pipeline matches every turn in "ingress"
@@ -530,7 +534,7 @@ class Agent:
 
     def _eviction_loop(self) -> None:
         while not self._stop.is_set():
-            self._evict_now.wait(self.settings.eviction_interval_s)
+            self._evict_now.wait(self.settings.eviction_interval_s * self.dilation)
             self._evict_now.clear()
             if self._stop.is_set():
                 return

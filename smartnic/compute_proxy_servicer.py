@@ -32,6 +32,7 @@ from kvtb.logs import request_context
 from kvtb.rpc import Security, aio_channel
 from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc
+from scale import dilation, software
 from smartnic import ingress
 from smartnic.agent import Agent, Restore, RestoreBlock
 
@@ -48,6 +49,12 @@ async def relay(context, exc: grpc.RpcError, address: str) -> None:
         context.set_trailing_metadata((FAILED_SERVICE,))
         details = f"the compute node at {address} is unavailable: {details}"
     await context.abort(code, details)
+
+
+def _charged(fn, *args):
+    """fn(*args), its CPU time stretched by D under a hardware profile (the control plane is software)."""
+    with software.charged(dilation.current(), software.AGENT):
+        return fn(*args)
 
 
 def parse_peer(peer: str) -> tuple[str, int]:
@@ -98,7 +105,7 @@ class ComputeProxyServicer(compute_pb2_grpc.ComputeNodeServicer):
     async def _off_loop(self, fn, *args):
         """fn(*args) in the blocking pool (it may wait on a lock or the storage nodes), in this task's
         context (its log lines keep the turn's request id)."""
-        run = functools.partial(contextvars.copy_context().run, fn, *args)
+        run = functools.partial(contextvars.copy_context().run, _charged, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self.blocking, run)
 
     def _packet(self, request, context) -> ingress.Packet:

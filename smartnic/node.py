@@ -22,6 +22,7 @@ from kvtb.metrics import MetricsEndpoint
 from kvtb.rpc import AioInterceptor, Authorizer, CallCounter, Security, add_port, server_options
 from kvtb.service_metrics import agent_families
 from kvtb_proto import compute_pb2, compute_pb2_grpc, smartnic_pb2, smartnic_pb2_grpc
+from scale import dilation, software
 from smartnic.agent import Agent
 from smartnic.compute_proxy_servicer import ComputeProxyServicer
 from smartnic.match_action_servicer import MatchActionServicer
@@ -59,6 +60,15 @@ ACCESS = access()  # replica 0's
 def serve(settings: SmartNicSettings) -> "AgentNode":
     """The agent of these settings, not started yet."""
     return AgentNode(settings)
+
+
+def charged(servicer, pacer):
+    """The servicer, its handlers' CPU time stretched by D under a profile (as it is without one). The
+    compute node's calls to its NIC (memory, counters, triggers) are not: on the seeds' platform they
+    are the NIC's hardware path, paced where it is modeled (`scale.ops`)."""
+    if pacer is None or pacer.dilation <= 1:
+        return servicer
+    return software.ChargedServicer(servicer, pacer, software.AGENT, exclude=frozenset(COMPUTE_METHODS))
 
 
 class AgentNode:
@@ -102,15 +112,20 @@ class AgentNode:
             raise OSError(f"cannot listen on {s.listen_address}")
         self.proxy = ComputeProxyServicer(self.agent, security, host, port, s.compute_identity, s.replica,
                                           blocking=self._pool, max_turns=s.max_relayed_turns)
-        smartnic_pb2_grpc.add_SmartNicServicer_to_server(SmartNicServicer(self.agent), server)
-        smartnic_pb2_grpc.add_MatchActionServicer_to_server(MatchActionServicer(self.agent), server)
+        # under a profile the control plane is software on both worlds: its CPU time stretched by D
+        pacer = dilation.current()
+        smartnic_pb2_grpc.add_SmartNicServicer_to_server(charged(SmartNicServicer(self.agent), pacer), server)
+        smartnic_pb2_grpc.add_MatchActionServicer_to_server(charged(MatchActionServicer(self.agent), pacer), server)
         compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.proxy, server)
         self.health = add_health_and_reflection(server, SERVICE_NAMES, aio=True)
         await server.start()
         started.set_result(f"{host}:{port}")
+        stretch = software.on_loop(pacer, software.AGENT)  # the turn relay, on this loop
         try:
             await stop.wait()
         finally:
+            if stretch is not None:
+                stretch.cancel()
             self.health.set_not_serving()
             await server.stop(grace=2)
             await self.proxy.close()

@@ -35,10 +35,11 @@ from typing import Any
 
 from bench import cache_replay as cr
 from bench import conversation_trace as ct
+from bench import scaled
 from bench.progress import Progress
 from bench.results import data_dir, plot_lines, progress_for
 from bench.stack import Stack, bench_config
-from bench.study.report import add_study_args, claim, main_of, new_study, run_part, unmeasured
+from bench.study.report import add_study_args, check_profile, claim, main_of, new_study, run_part, unmeasured
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("capacities are fractions of the working set, in (0, 1]")
     if not 0 < args.low_watermark <= 1:
         parser.error("--low-watermark is a fraction in (0, 1]")
+    args.profile_obj = check_profile(parser, args, NAME)
+    args.pacing = []
     return args
 
 
@@ -235,12 +238,30 @@ def real_policy(args, policy: str, turns: list[ct.Turn], cap: int, services: Pat
                 failed += int(turn.record.blocks_failed)
                 progress.update()
         stats = stack.agent_stats()
+        if args.profile_obj is not None:
+            args.pacing += scaled.stack_pacing(stack)
     block_bytes = stats.bytes_stored / stats.chunks if stats.chunks else est
     return {"policy": policy, "agent": smartnic, "hits_per_request": hits, "hits": sum(hits),
             "blocks_failed": failed, "block_bytes": block_bytes, "estimated_block_bytes": est,
             "capacity_blocks": int(high // block_bytes), "low_blocks": int(low // block_bytes),
             "puts": round(stats.bytes_put / block_bytes), "puts_skipped": int(stats.puts_skipped),
             "evictions": dict(stats.evictions_by_reason), "stored_blocks_at_end": int(stats.chunks)}
+
+
+def scaled_real_part(study: dict, args, bt: int, progress: Progress) -> dict:
+    """The real part, under --profile at D (the trace and its replays are counts, not times: they need
+    none). Its services pace every modeled operation; the agent's idle timer counts virtual seconds."""
+    if args.profile_obj is None:
+        return real_part(study, args, bt, progress)
+    dilation, how, warmup = scaled.choose_dilation(args.profile_obj, args.dilation_value, args.smoke, 1)
+    scaled.apply(args.profile_obj.name, dilation)
+    study["settings"]["profile"], study["settings"]["dilation"] = args.profile_obj.name, dilation
+    try:
+        return real_part(study, args, bt, progress)
+    finally:
+        scaled.clear()
+        study["scale"] = scaled.record(args.profile_obj, dilation, args.pacing, how)
+        study["scale"]["warmup"] = warmup
 
 
 def real_part(study: dict, args, bt: int, progress: Progress) -> dict:
@@ -564,12 +585,20 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
         if made:
             run_part(study, "replay", lambda: replay_part(study, args, made["accesses"], progress))
         if args.real_requests:
-            run_part(study, "real", lambda: real_part(study, args, bt, progress))
+            run_part(study, "real", lambda: scaled_real_part(study, args, bt, progress))
     add_ratios(study)
     add_claims(study)
     study["plots"] = [plot(study, Path(args.out))]
     intro = __doc__.split("\n", 2)[2].strip()
-    return study, "Eviction and admission on a conversation trace, against Belady's bound", intro, body(study)
+    title = "Eviction and admission on a conversation trace, against Belady's bound"
+    if args.profile_obj is not None:
+        title += f", under the hardware profile `{args.profile_obj.name}`"
+        intro = (f"Under the hardware profile `{args.profile_obj.name}`, the real part's services pace every "
+                 "modeled operation at D and the agent's idle timer counts virtual seconds; its figures are "
+                 "counts (blocks restored, stored, evicted), which a profile does not change unless an "
+                 "operation's order does. The trace and its replays are counts alone and run as they do "
+                 "without a profile.\n\n" + intro)
+    return study, title, intro, body(study)
 
 
 main = main_of(parse_args, run)

@@ -158,20 +158,11 @@ def rig(directory: Path, profile: str, dilation: float) -> Iterator[tuple]:
         scaled.clear()
 
 
-def storage_pacing(storage) -> dict:
-    from bench.stack import operator_channel
-    from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
-
-    with operator_channel(storage.addresses["admin"], peer="storage") as channel:
-        stats = storage_admin_pb2_grpc.StorageAdminStub(channel).Stats(storage_admin_pb2.StatsRequest(), timeout=30)
-    return json.loads(stats.pacing_json) if stats.pacing_json else {}
-
-
 def pacing_snapshots(r, reset: bool = False) -> list[dict]:
     """The three processes' pacer snapshots: compute, agent (this process), storage."""
     agent, storage, _, compute = r
     pacer = dl.current()
-    snaps = [compute.call(("pacing", reset)), pacer.snapshot() if pacer else None, storage_pacing(storage)]
+    snaps = [compute.call(("pacing", reset)), pacer.snapshot() if pacer else None, scaled.storage_pacing(storage)]
     if reset and pacer:
         pacer.reset()
     return [s for s in snaps if s]
@@ -182,7 +173,7 @@ def sample(r, mode: str, size: int, rep: int, tag: str, dilation: float) -> dict
     agent, storage, admin, compute = r
     user, context = f"paper-{tag}-{mode}-{rep}", f"ctx-{uuid.uuid4().hex[:8]}"
     out = compute.call(("run", mode, user, context), timeout_s=900.0 + 30 * dilation)
-    accepted = (storage_pacing(storage).get("marks") or {}).get("store_accepted")
+    accepted = (scaled.storage_pacing(storage).get("marks") or {}).get("store_accepted")
     if mode == "triggered":
         agent.drop_context(user, context)
     base._wait_empty(admin, timeout_s=120.0 + dilation)

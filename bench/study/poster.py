@@ -250,30 +250,6 @@ class Runner:
                 "usage": [(t, u) for t, u, _, _ in samples], "running": [(t, r, w) for t, _, r, w in samples]}
 
 
-def stack_pacing(stack, compute: bool = True) -> list[dict]:
-    """The pacers' snapshots of the stack's compute node, agent and storage node (under a profile)."""
-    import json
-
-    from bench.study.paper_scaled import storage_pacing
-    snaps = []
-    gets = [lambda: stack.agent_stats().pacing_json]
-    if compute:
-        gets.append(lambda: stack.compute_stats().pacing_json)
-    for get in gets:
-        try:
-            text = get()
-            snaps.append(json.loads(text) if text else None)
-        except Exception as exc:  # noqa: BLE001 - a service that cannot say is reported as such
-            logger.warning("pacing stats: %s", exc)
-    for proc in stack.deployment.procs:
-        if proc.name.startswith("storage"):
-            try:
-                snaps.append(storage_pacing(proc))
-            except Exception as exc:  # noqa: BLE001
-                logger.warning("storage pacing stats: %s", exc)
-    return [s for s in snaps if s]
-
-
 def _delta_map(before: dict | None, after: dict | None) -> dict:
     before, after = before or {}, after or {}
     return {k: int(after[k]) - int(before.get(k, 0)) for k in after if int(after[k]) - int(before.get(k, 0))}
@@ -669,14 +645,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def choose_dilation(args: argparse.Namespace) -> tuple[float, str, dict | None]:
-    """D under --profile: the number given, or auto: `kvtb profile check`'s warm-up (the real model's
-    steps at the compute node's threads, the copies), the worst kind x 2."""
-    if args.dilation_value is not None:
-        return args.dilation_value, "given", None
-    from bench import profile_check
-    report = profile_check.check(args.profile_obj, quick=bool(args.smoke), margin=2.0, repeats=3,
-                                 threads=args.torch_threads)
-    return report["dilation"], f"auto: {report['dilation_set_by']}", report
+    """D under --profile (bench.scaled.choose_dilation at the compute node's threads)."""
+    return scaled.choose_dilation(args.profile_obj, args.dilation_value, bool(args.smoke), args.torch_threads)
 
 
 def intro_text(m: Mode, mode: str) -> str:
@@ -778,8 +748,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
             study["results"]["compute_restarts_s"] = runner.restarts_s
             if args.profile_obj is not None:
                 runner.keep_pacing()
-                study["scale"] = scaled.record(args.profile_obj, dilation, runner.pacing + stack_pacing(stack, False),
-                                               how)
+                study["scale"] = scaled.record(args.profile_obj, dilation,
+                                               runner.pacing + scaled.stack_pacing(stack, compute=False), how)
                 study["scale"]["warmup"] = warmup
         finally:
             runner.close()

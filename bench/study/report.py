@@ -207,8 +207,8 @@ def main_of(parse_args: Callable[[list[str]], argparse.Namespace],
         import sys
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if getattr(args, "profile", "") and getattr(args, "profile_obj", None) is None:
-            print(f"kvtb study: --profile is not supported by this study yet (kvtb study paper and poster take "
-                  f"one); run it without --profile", file=sys.stderr)
+            print("kvtb study: this study does not take --profile (kvtb study all --help names those that "
+                  "do); run it without --profile", file=sys.stderr)
             return 2
         setup_logging(args)
         with stop_on_sigterm():

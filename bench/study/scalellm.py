@@ -56,7 +56,8 @@ from bench.progress import Progress
 from bench.results import data_dir, plot_lines, progress_for
 from bench.stack import Stack, bench_config, bench_users
 from bench.stats import mean, percentile, ratio
-from bench.study.report import add_study_args, claim, main_of, new_study, run_part, unmeasured
+from bench import scaled
+from bench.study.report import add_study_args, check_profile, claim, main_of, new_study, run_part, unmeasured
 from bench.study.scalellm_replicas import (
     add_replica_claims,
     add_replica_ratios,
@@ -162,6 +163,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--replicas: every count must be 1 .. {MAX_REPLICAS}")
     args.levels = sorted(set(args.levels))
     args.replicas = sorted(set(args.replicas))
+    args.profile_obj = check_profile(parser, args, NAME)
+    args.dilation = 1.0   # D, once chosen (run_levels)
     return args
 
 
@@ -191,6 +194,20 @@ def tbt_s(record: RequestRecord) -> float | None:
     if record.status != "ok" or record.tokens < 2 or record.ttft_s is None:
         return None
     return (record.e2e_s - record.ttft_s) / (record.tokens - 1)
+
+
+def in_virtual_time(records: Sequence[RequestRecord], wall_s: float,
+                    dilation: float) -> tuple[list[RequestRecord], float]:
+    """Under a hardware profile: the records and the level's wall time in virtual time (every time / D).
+    The clients' clocks and the services' (the turn summaries' ms) are wall clocks of a run dilated D x."""
+    if dilation == 1.0:
+        return list(records), wall_s
+
+    def v(x):
+        return None if x is None else x / dilation
+    return ([dataclasses.replace(r, e2e_s=r.e2e_s / dilation, ttft_s=v(r.ttft_s), engine_ms=v(r.engine_ms),
+                                 frontend_e2e_ms=v(r.frontend_e2e_ms), gateway_ms=v(r.gateway_ms))
+             for r in records], wall_s / dilation)
 
 
 def classify(record: RequestRecord, timeout_s: float) -> str:
@@ -608,11 +625,13 @@ def run_level(stack: Stack, base_url: str, model: str, c: int, users: list[str],
     n = args.requests_per_client
     prompts = [[prompt_of(k * n + j) for j in range(n)] for k in range(c)]
     before, cpu_before = compute_counters(stack), stack.cpu_seconds()
-    records, wall_s = asyncio.run(run_clients(
-        base_url, model, [(u, tokens[u]) for u in users], prompts, args.max_tokens, args.timeout_s,
+    records, wall_s = asyncio.run(run_clients(  # the timeout is virtual: D x it in wall time
+        base_url, model, [(u, tokens[u]) for u in users], prompts, args.max_tokens, args.timeout_s * args.dilation,
         lambda: progress.update(note=f"{c} concurrent")))
     after, cpu_after = compute_counters(stack), stack.cpu_seconds()
     attach_summaries(stack.frontend, records, tokens)
+    cpu_wall_s = wall_s
+    records, wall_s = in_virtual_time(records, wall_s, args.dilation)
     figures = level_figures(records, wall_s, args.timeout_s)
     # the compute node's preemptions during the level (None when its Stats did not answer in time)
     figures["preemptions"] = None if before is None or after is None else {
@@ -622,7 +641,7 @@ def run_level(stack: Stack, base_url: str, model: str, c: int, users: list[str],
     figures["generated_tokens"] = after["tokens_out"] - before["tokens_out"] if counted else None
     figures["generated_tokens_per_s"] = figures["generated_tokens"] / wall_s if counted else None
     # cores each process kept busy during the level ("client": this process, the clients)
-    figures["cpu_cores"] = {name: (cpu_after[name] - cpu_before.get(name, 0.0)) / wall_s
+    figures["cpu_cores"] = {name: (cpu_after[name] - cpu_before.get(name, 0.0)) / cpu_wall_s
                             for name in cpu_after}
     return figures
 
@@ -656,6 +675,26 @@ def warm_up(base_url: str, token: str, max_tokens: int) -> str:
 
 
 def run_levels(study: dict, args) -> None:
+    """Under --profile: choose D, then run every stack under it (the services inherit it); back to real
+    time at the end."""
+    if args.profile_obj is None:
+        run_stacks(study, args)
+        return
+    dilation, how, warmup = scaled.choose_dilation(args.profile_obj, args.dilation_value, args.smoke,
+                                                   args.torch_threads)
+    scaled.apply(args.profile_obj.name, dilation)  # before any stack starts: its services inherit it
+    args.dilation = dilation
+    study["settings"]["profile"], study["settings"]["dilation"] = args.profile_obj.name, dilation
+    args.pacing = []
+    try:
+        run_stacks(study, args)
+    finally:
+        scaled.clear()
+    study["scale"] = scaled.record(args.profile_obj, dilation, args.pacing, how)
+    study["scale"]["warmup"] = warmup
+
+
+def run_stacks(study: dict, args) -> None:
     """Start the services, warm up, run each level (a failed level is recorded, the others go on)."""
     all_users = list(bench_users(1 + sum(args.levels)))
     compute: dict[str, Any] = {"max_num_seqs": MAX_NUM_SEQS, "torch_threads": args.torch_threads}
@@ -713,6 +752,8 @@ def run_stack(study: dict, args, config: dict, path: Path, all_users: list[str],
                 progress.update(args.requests_per_client * c, note=f"{c} concurrent failed")
             else:
                 levels[str(c)] = figures
+        if args.profile_obj is not None:  # every service's pacer, the frontend's software stretch too
+            args.pacing += scaled.stack_pacing(stack, frontend=True)
 
 
 # -- plots and the page -----------------------------------------------------------------------------------
@@ -870,7 +911,23 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
     study["plots"] += [p for p in run_part(study, "plots", lambda: draw(study, out)) or [] if p]
     study["plots"] += [p for p in run_part(study, "plots", lambda: draw_replicas(study, out)) or [] if p]
     title = "ScaleLLM: latency and throughput against concurrency, through the OpenAI HTTP API"
-    return study, title, intro_of(study), body_of(study)
+    intro = intro_of(study)
+    if args.profile_obj is not None:
+        title += f", under the hardware profile `{args.profile_obj.name}` (virtual time)"
+        intro = scaled_note(args.profile_obj) + "\n\n" + intro
+    return study, title, intro, body_of(study)
+
+
+def scaled_note(profile) -> str:
+    """What a run under a hardware profile charges, and what it does not."""
+    return (f"## Under the hardware profile `{profile.name}`\n\n{profile.description}\n\n"
+            "Every engine step takes the roofline time of the virtual model's step on the profile's GPU (the real "
+            "model still computes every token), every KV transfer the profile's links and drive. The frontend and "
+            "the agent's control plane are software on both worlds: their CPU time is stretched by D, so that in "
+            "virtual time they run at their real speed (`frontend_software`, `agent_software` in the pacing). "
+            "TTFT, TBT, e2e, engine and gateway times, throughput and the timeout are virtual (wall / D). The "
+            "HTTP clients run in this process unstretched: their own time is D times shorter in virtual time "
+            "than it is here, so the client's share of `gateway from client` is understated.")
 
 
 main = main_of(parse_args, run)

@@ -70,6 +70,21 @@ def test_the_record_says_profile_d_and_the_kinds_over_one_percent():
 
 
 def test_a_study_refuses_a_profile_it_cannot_run_under(capsys):
-    from bench.study import eviction
-    assert eviction.main(["--profile", "paper", "--smoke", "--out", "/tmp/kvtb-never"]) == 2
-    assert "not supported by this study yet" in capsys.readouterr().err
+    """A study whose parser kept no profile object (it does not take one) exits 2 before running."""
+    from bench.study.report import main_of
+
+    def parse(argv):
+        return argparse.Namespace(profile="paper", profile_obj=None)
+
+    def never(args):
+        raise AssertionError("a study refused must not run")
+    assert main_of(parse, never)([]) == 2
+    assert "does not take --profile" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("study", ["paper", "poster", "scalellm", "eviction"])
+def test_every_study_takes_a_profile(study):
+    import importlib
+    module = importlib.import_module(f"bench.study.{study}")
+    args = module.parse_args(["--smoke", "--profile", "polaris-a100", "--dilation", "3", "--out", "/tmp/kvtb-never"])
+    assert args.profile_obj.name == "polaris-a100" and args.dilation_value == 3.0

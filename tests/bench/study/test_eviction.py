@@ -98,3 +98,18 @@ def test_smoke_run_keeps_the_json_contract(tmp_path):
     assert all(not isinstance(v, float) or math.isfinite(v) for v in study["ratios"].values())
     assert len(study["plots"]) == 1 and all(Path(p).exists() for p in study["plots"])
     assert len(headline_rows(study)) == 2
+
+
+@pytest.mark.slow
+def test_smoke_run_under_a_profile_records_d_and_violations(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(kvtb_argv("study", "eviction", "--smoke", "--json", "--out", str(out),
+                                    "--profile", "polaris-a100", "--dilation", "3"),
+                          capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = json.loads(done.stdout.strip().splitlines()[-1])
+    scale = study["scale"]
+    assert scale["profile"] == "polaris-a100" and scale["dilation"] == 3.0
+    assert scale["pacing"]["kinds"]["gpu_step"]["ops"] > 0
+    assert study["failed"] == [] and len(study["results"]["real"]["runs"]["lru"]["hits_per_request"]) == 6
+    assert "times are virtual (wall / D), D = 3" in (out / "README.md").read_text()

@@ -273,3 +273,39 @@ def test_the_gateway_why_names_the_frontends_places_when_its_share_grows_past_th
     assert "max_concurrent_turns" not in within
     flat = scalellm.gateway_why({1: 0.003, 64: 0.01}, 64, agrees=False)
     assert "keeps up" in flat
+
+
+@pytest.mark.slow
+def test_smoke_run_under_a_profile_is_in_virtual_time_with_the_gateway_stretched(tmp_path):
+    """Under polaris-a100 at D = 3: the record's D and violations, the engine's steps paced, and the
+    frontend's and the agent's CPU time stretched (software on both worlds); times virtual."""
+    out = tmp_path / "out"
+    done = subprocess.run(kvtb_argv("study", "scalellm", "--smoke", "--json", "--out", str(out),
+                                    "--profile", "polaris-a100", "--dilation", "3"),
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = json.loads(done.stdout.strip().splitlines()[-1])
+    scale = study["scale"]
+    assert scale["profile"] == "polaris-a100" and scale["dilation"] == 3.0 and scale["dilation_chosen"] == "given"
+    kinds = scale["pacing"]["kinds"]
+    assert kinds["gpu_step"]["ops"] > 0 and "violations" in kinds["gpu_step"]
+    assert kinds["frontend_software"]["real_s"] > 0 and kinds["frontend_software"]["violations"] == 0
+    assert kinds["agent_software"]["ops"] > 0
+    assert study["settings"]["profile"] == "polaris-a100" and study["failed"] == []
+    levels = study["results"]["levels"]
+    assert all(f["completed"] == f["requests"] for f in levels.values())
+    assert all(c["agrees"] in (True, False, None, "invalid") for c in study["claims"])
+    page = (out / "README.md").read_text()
+    assert "times are virtual (wall / D), D = 3" in page and "Under the hardware profile `polaris-a100`" in page
+
+
+def test_under_a_profile_every_time_is_divided_by_d():
+    records = [RequestRecord(0, "ok", 8.0, ttft_s=2.0, tokens=5, engine_ms=4000.0, frontend_e2e_ms=6000.0,
+                             gateway_ms=2000.0),
+               RequestRecord(1, "timeout", 240.0)]
+    virtual, wall = scalellm.in_virtual_time(records, 16.0, 4.0)
+    assert wall == 4.0
+    assert (virtual[0].e2e_s, virtual[0].ttft_s, virtual[0].engine_ms, virtual[0].gateway_ms) == (2.0, 0.5, 1000.0, 500.0)
+    assert virtual[1].e2e_s == 60.0 and virtual[1].ttft_s is None and virtual[1].engine_ms is None
+    assert records[0].e2e_s == 8.0   # the wall records are left as they were
+    assert scalellm.in_virtual_time(records, 16.0, 1.0) == (records, 16.0)
