@@ -289,18 +289,20 @@ def recorded_runs() -> dict[str, dict]:
     return out
 
 
-def check(p: pf.Profile, quick: bool, margin: float, repeats: int, threads: int = 1) -> dict:
+def check(p: pf.Profile, quick: bool, margin: float, repeats: int, threads: int = 0) -> dict:
+    """The report of `kvtb profile check`; the steps run at `threads` torch threads (0: every core), as
+    the compute node of the run that uses the D will."""
     from bench.study import paper
     kinds, note = {}, "not paced: the profile names no gpu or no virtual model"
     if ops.applies(p, "gpu_step"):
         import torch
-        threads = torch.get_num_threads()
+        saved = torch.get_num_threads()
         torch.set_num_threads(threads or os.cpu_count() or 1)
         try:
             model, note = step_model(quick)
             kinds["gpu_step"] = kind_summary(measure_steps(p, model, repeats), HOW["gpu_step"])
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(saved)
     kinds |= measure_transfers(p, quick, repeats)
     kinds = {k: kinds[k] for k in ops.KINDS if k in kinds}
     dilation, by = recommend(kinds, margin)

@@ -11,22 +11,26 @@ Without `--profile` nothing changes: no variable is set, nothing is paced.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 
 from scale import dilation as dl
 from scale import profile as pf
 from scale import settings as scale_settings
 
-# Deadlines of the services that a dilated run must stretch by D (section, field, cap or None).
+# Deadlines and intervals of the services that a dilated run must stretch by D (section, field, cap or
+# None): each is in virtual seconds.
 DEADLINES = (("smartnic", "get_timeout_s", None), ("smartnic", "fabric_timeout_s", None),
              ("smartnic", "discovery_timeout_s", 60.0), ("compute", "restore_timeout_s", None),
              ("compute", "drain_timeout_s", None), ("compute", "restore_layer_wait_s", None),
              ("frontend", "agent_timeout_s", None), ("frontend", "health_timeout_s", 600.0),
-             ("frontend", "queue_timeout_s", None))
+             ("frontend", "queue_timeout_s", None), ("frontend", "health_interval_s", 120.0))
 DEFAULTS = {"get_timeout_s": 3.0, "fabric_timeout_s": 5.0, "discovery_timeout_s": 1.0, "restore_timeout_s": 10.0,
             "drain_timeout_s": 10.0, "restore_layer_wait_s": 1.0, "agent_timeout_s": 300.0,
-            "health_timeout_s": 2.0, "queue_timeout_s": 600.0}
+            "health_timeout_s": 2.0, "queue_timeout_s": 600.0,
+            "health_interval_s": 1.0}
 SMOLLM2_KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 4  # the real model's fp32 KV per token: 46,080 bytes
 
 
@@ -165,3 +169,34 @@ def stack_pacing(stack, compute: bool = True, frontend: bool = False) -> list[di
 def _json(text: str) -> dict:
     import json
     return json.loads(text) if text else {}
+
+
+@contextlib.contextmanager
+def virtual_clock(dilation: float) -> Iterator[None]:
+    """Within it, this process's time.perf_counter and time.monotonic run at 1/D: what a benchmark times
+    with them is virtual time (wall / D), and its asyncio timers and client timeouts are virtual
+    seconds too (D x as long in wall time, as the services' deadlines are). Pacers keep the wall clock
+    (scale.dilation.Pacer binds the real one). D = 1: nothing changes."""
+    if dilation == 1.0:
+        yield
+        return
+    real_perf, real_mono = time.perf_counter, time.monotonic
+    origin_perf, origin_mono = real_perf(), real_mono()
+    time.perf_counter = lambda: origin_perf + (real_perf() - origin_perf) / dilation
+    time.monotonic = lambda: origin_mono + (real_mono() - origin_mono) / dilation
+    try:
+        yield
+    finally:
+        time.perf_counter, time.monotonic = real_perf, real_mono
+
+
+def scale_line(record: Mapping | None) -> str:
+    """A benchmark's word on its scale model, for the top of its tables ("" in real time)."""
+    if not record:
+        return ""
+    pacing = record.get("pacing") or {}
+    bad = record.get("invalid_kinds") or []
+    return (f"under hardware profile `{record['profile']}`: times are virtual (wall / D), D = {record['dilation']:.3g} "
+            f"({record.get('dilation_chosen', '')}); {pacing.get('violations', 0)} of {pacing.get('ops', 0)} paced "
+            f"operations violated their budget" + (f"; kinds over 1%: {', '.join(bad)} (figures depending on them "
+                                                   f"are not valid)" if bad else ""))

@@ -34,7 +34,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from bench import prefill
+from bench import prefill, scaled
 from bench.placements import add_placements_arg, chosen, run_placements, tables
 from bench.results import (
     add_common_args,
@@ -130,7 +130,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              f"none: not measured)")
     parser.add_argument("--prefill-reps", type=int, default=2, help="rounds of every prefill size (default 2)")
     add_placements_arg(parser)
+    scaled.add_profile_args(parser)
     args = parser.parse_args(argv)
+    args.profile_obj = scaled.check(parser, args)
     if args.prefill_sizes is None:
         args.prefill_sizes = list(prefill.SMOKE_SIZES if args.smoke else prefill.SIZES)
     args.placements = chosen(args.placements)
@@ -285,8 +287,10 @@ def key_figures(sub: dict) -> dict[str, float]:
     return out
 
 
-def measure(args: argparse.Namespace, config: dict, placement: str, sub: dict, progress) -> None:
-    """Every size in one stack started in `placement`, into sub (results, ratios, failed)."""
+def measure(args: argparse.Namespace, config: dict, placement: str, sub: dict, progress,
+            pacing: list[dict] | None = None) -> None:
+    """Every size in one stack started in `placement`, into sub (results, ratios, failed); under a
+    profile, the stack's pacers' snapshots into `pacing`."""
     with Stack(services_dir(args, f"ttft-{placement}"), config, keep_data=args.keep_data,
                placement=placement) as stack:
         sub["settings"]["stack"] = stack.config
@@ -302,12 +306,15 @@ def measure(args: argparse.Namespace, config: dict, placement: str, sub: dict, p
                     generate, USERS["recompute"])
         stats = stack.agent_stats()
         sub["results"]["agent_stats"] = {"hits": stats.hits, "misses": stats.misses}
+        if pacing is not None:
+            pacing += scaled.stack_pacing(stack)
     add_ratios(sub)
 
 
 def report(result: dict) -> str:
-    """Each placement's table, then the key figures side by side."""
-    return tables(result, table)
+    """Each placement's table, then the key figures side by side (under a profile: said first)."""
+    line = scaled.scale_line(result.get("scale"))
+    return (line + "\n\n" if line else "") + tables(result, table)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -323,9 +330,22 @@ def run(args: argparse.Namespace) -> dict:
                           compute={"torch_threads": args.torch_threads})
     total = len(args.placements) * (len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES))
                                     + len(args.prefill_sizes) * args.prefill_reps)
-    with progress_for(args, total, "ttft") as progress:
-        run_placements(result, args.placements, lambda p, sub: measure(args, config, p, sub, progress),
-                       key_figures)
+    dilation, how, warmup, pacing = 1.0, "", None, None
+    if args.profile_obj is not None:  # before any stack starts: its services inherit the profile and D
+        threads = 1 if "nic" in args.placements else args.torch_threads  # nic: the compute node has one core
+        dilation, how, warmup = scaled.choose_dilation(args.profile_obj, args.dilation_value, args.smoke, threads)
+        scaled.apply(args.profile_obj.name, dilation)
+        result["settings"] |= {"profile": args.profile_obj.name, "dilation": dilation}
+        pacing = []
+    try:  # the follow-ups are timed by this process: on a virtual clock under a profile
+        with progress_for(args, total, "ttft") as progress, scaled.virtual_clock(dilation):
+            run_placements(result, args.placements,
+                           lambda p, sub: measure(args, config, p, sub, progress, pacing), key_figures)
+    finally:
+        if args.profile_obj is not None:
+            scaled.clear()
+    if args.profile_obj is not None:
+        result["scale"] = scaled.record(args.profile_obj, dilation, pacing, how) | {"warmup": warmup}
     result["plots"] = plots(plot(result, args.out))
     return result
 

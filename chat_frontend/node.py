@@ -78,12 +78,14 @@ class FrontendNode:
         metrics = MetricsEndpoint(s.metrics_address, frontend_metrics.reader(service.tenants,
                                                                              servicer.frontend_figures,
                                                                              agent.figures), vllm)
+        # under a profile the frontend is software on both worlds: its loop's CPU time stretched by D
+        # (the idle loop's own rate measured first, before anyone knows where it listens)
+        stretch = await software.on_loop(dilation.current(), software.FRONTEND)
         started.set_result({"grpc": f"{host}:{port}", "http": http_address, "metrics": metrics.address})
         logger.info("frontend listening on %s:%d (OpenAI API http://%s/v1), %s %s routed %s, data %s", host,
                     port, http_address, "agent" if len(agent.replicas) == 1 else "replicas", agent.address,
                     s.routing, s.data_dir)
         waiter = asyncio.create_task(agent.run(self.health, s.health_interval_s, s.info_retry_s))
-        stretch = software.on_loop(dilation.current(), software.FRONTEND)  # under a profile: real speed
         await stop.wait()
         self.health.set_not_serving()
         waiter.cancel()

@@ -7,9 +7,10 @@ gateway D times faster than it is. A Stretch charges a thread's CPU time instead
 of work it blocks the thread for (D - 1) x the CPU seconds the slice used. The thread's wall time is
 then D x its CPU time, and in virtual time (wall / D) the software runs at its real speed.
 
-On an event loop, `on_loop` ticks every `interval_s` in the loop's own thread. Blocking the loop is
-the point: the loop is the server of one that the software runs on, and while the profiled CPU would
-still be busy, nothing else on that loop runs. A handler on a thread pool is `charged` per call
+On an event loop, `on_loop` ticks in the loop's own thread, every 2 ms of virtual time. Blocking the
+loop is the point: the loop is the server of one that the software runs on, and while the profiled
+CPU would still be busy, nothing else on that loop runs. The idle loop's own CPU (its wake-ups and
+timers) is measured first and not charged (`Stretch.idle_rate`). A handler on a thread pool is `charged` per call
 instead (`ChargedServicer` wraps a gRPC servicer's handlers so).
 
 Only CPU time is charged (`time.thread_time`): time the thread waited on I/O, on a lock, or on other
@@ -29,7 +30,10 @@ from collections.abc import Callable, Iterator
 from scale.dilation import Pacer
 
 FRONTEND, AGENT = "frontend_software", "agent_software"   # the kinds the services count it under
-DEFAULT_INTERVAL_S = 0.005   # a loop's tick: the granularity of the stretch
+VIRTUAL_INTERVAL_S = 0.002   # a loop's tick, in virtual seconds: the granularity of the stretch
+MIN_INTERVAL_S = 0.005       # and at least this much wall time apart
+CALIBRATION_S = 2.0          # the idle loop's own CPU rate is measured this long (wall) before charging
+MAX_IDLE_RATE = 0.05         # an idle rate above this (traffic during calibration) is capped to it
 MIN_BLOCK_S = 0.0005         # smaller debts are carried to the next tick (a sleep costs ~50 us itself)
 
 
@@ -39,26 +43,35 @@ def owed_s(cpu_s: float, dilation: float) -> float:
 
 
 class Stretch:
-    """Stretches one thread's CPU time by the pacer's D. Call `tick` from that thread only."""
+    """Stretches one thread's CPU time by the pacer's D. Call `tick` from that thread only.
+
+    `idle_rate` (CPU seconds per wall second) is the thread's CPU when it serves nothing: its timers,
+    its wake-ups, the ticks themselves. It is not charged: on this machine one wake-up of an event loop
+    costs 100-230 us of CPU, so at D = 80 a loop ticked every 5 ms would be blocked all the time by its
+    own ticks. Its timers are in wall time, so they fire D times as often per virtual second as they
+    would on the profiled platform: charging them would charge the dilation, not the software."""
 
     def __init__(self, pacer: Pacer, kind: str, cpu_clock: Callable[[], float] = time.thread_time,
-                 min_block_s: float = MIN_BLOCK_S):
+                 min_block_s: float = MIN_BLOCK_S, idle_rate: float = 0.0,
+                 wall_clock: Callable[[], float] = time.perf_counter):
         if not kind:
             raise ValueError("a stretch needs a kind to count its CPU time under")
         self.pacer, self.kind = pacer, kind
-        self.cpu_clock, self.min_block_s = cpu_clock, min_block_s
-        self._last: float | None = None
+        self.cpu_clock, self.wall_clock, self.min_block_s = cpu_clock, wall_clock, min_block_s
+        self.idle_rate = idle_rate
+        self._last: tuple[float, float] | None = None
         self._owed = 0.0
         self.blocked_s = 0.0   # wall seconds added so far
 
     def tick(self) -> float:
-        """Charge the CPU time used since the last tick; returns the wall seconds blocked now."""
-        now = self.cpu_clock()
+        """Charge the CPU time used since the last tick beyond the idle rate; returns the wall seconds
+        blocked now."""
+        cpu, wall = self.cpu_clock(), self.wall_clock()
         if self._last is None:
-            self._last = now
+            self._last = (cpu, wall)
             return 0.0
-        used = max(0.0, now - self._last)
-        self._last = now
+        used = max(0.0, cpu - self._last[0] - self.idle_rate * max(0.0, wall - self._last[1]))
+        self._last = (cpu, wall)
         if used > 0:
             self.pacer.record(self.kind, used, used, violated=False)
             self._owed += owed_s(used, self.pacer.dilation)
@@ -67,23 +80,34 @@ class Stretch:
         block, self._owed = self._owed, 0.0
         self.pacer.sleep(block)
         self.blocked_s += block
-        self._last = self.cpu_clock()  # the sleep's own CPU time is not the software's
+        self._last = (self.cpu_clock(), self.wall_clock())  # the sleep is not the software's, nor idle time
         return block
 
 
-def on_loop(pacer: Pacer | None, kind: str, interval_s: float = DEFAULT_INTERVAL_S) -> asyncio.Task | None:
-    """Stretch the running loop's thread by the pacer's D (None, and nothing runs, without a pacer or at
-    D = 1). Call from a coroutine on that loop; cancel the task to stop."""
+async def on_loop(pacer: Pacer | None, kind: str, virtual_interval_s: float = VIRTUAL_INTERVAL_S,
+                  calibration_s: float = CALIBRATION_S) -> asyncio.Task | None:
+    """Stretch the running loop's thread by the pacer's D from now on (None, and nothing runs, without
+    a pacer or at D = 1). First the idle loop's own CPU rate is measured for `calibration_s`, ticking as
+    it will: await this before the service says it listens, so that no traffic is taken for idle. Then
+    a task charges, every tick, what the loop used beyond that rate. Ticks are `virtual_interval_s` of
+    virtual time apart (D x it of wall time, at least MIN_INTERVAL_S). Cancel the task to stop."""
     if pacer is None or pacer.dilation <= 1.0:
         return None
-    if not interval_s > 0:
-        raise ValueError(f"interval_s must be positive, got {interval_s}")
+    if not virtual_interval_s > 0 or calibration_s < 0:
+        raise ValueError("the interval must be positive and the calibration not negative")
+    interval = max(MIN_INTERVAL_S, virtual_interval_s * pacer.dilation)
     stretch = Stretch(pacer, kind)
+    cpu0, wall0 = time.thread_time(), time.perf_counter()
+    while time.perf_counter() - wall0 < calibration_s:
+        await asyncio.sleep(interval)
+    span = time.perf_counter() - wall0
+    stretch.idle_rate = min(MAX_IDLE_RATE, (time.thread_time() - cpu0) / span) if span > 0 else 0.0
+    pacer.mark(f"{kind}_idle_cpu_rate", stretch.idle_rate)   # the snapshot says what is not charged
 
     async def run() -> None:
         while True:
             stretch.tick()
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval)
 
     return asyncio.get_running_loop().create_task(run(), name=f"kvtb-stretch-{kind}")
 

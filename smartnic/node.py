@@ -119,8 +119,8 @@ class AgentNode:
         compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.proxy, server)
         self.health = add_health_and_reflection(server, SERVICE_NAMES, aio=True)
         await server.start()
+        stretch = await software.on_loop(pacer, software.AGENT)  # the turn relay, on this loop
         started.set_result(f"{host}:{port}")
-        stretch = software.on_loop(pacer, software.AGENT)  # the turn relay, on this loop
         try:
             await stop.wait()
         finally:

@@ -76,7 +76,7 @@ STEPS = (
          {"quick": ("--sizes", "512", "2048", "--reps", "2")}),
 )
 NAMES = tuple(s.name for s in STEPS)
-PROFILED = ("paper", "poster", "scalellm", "eviction")  # the steps that take --profile (bench/scaled.py)
+PROFILED = ("paper", "poster", "scalellm", "eviction", "ttft")  # the steps that take --profile (bench/scaled.py)
 
 
 # -- running ---------------------------------------------------------------------------------------------

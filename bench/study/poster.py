@@ -391,6 +391,10 @@ def add_claims(study: dict) -> None:
     why_cpu = ("judged on the engine's own preemption time (the extra e2e and CPU time swing by minutes with "
                "the other work on these 2 cores); here the 'GPU memory' is host memory too: a swap is a memcpy "
                "inside one process (no PCIe), while recompute runs a 135M model on the CPU")
+    if study.get("settings", {}).get("profile"):  # under a profile the costs are the profile's, in virtual time
+        why_cpu = ("judged on the engine's own preemption time, in virtual time: a swap-host copy costed as the "
+                   f"profile's PCIe copy of the virtual model's KV, recompute as its GPU's prefill "
+                   f"(profile `{study['settings']['profile']}`)")
 
     # Fig 2: block size
     xs, rec = _series(f2, "recompute")

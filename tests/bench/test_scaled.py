@@ -88,3 +88,25 @@ def test_every_study_takes_a_profile(study):
     module = importlib.import_module(f"bench.study.{study}")
     args = module.parse_args(["--smoke", "--profile", "polaris-a100", "--dilation", "3", "--out", "/tmp/kvtb-never"])
     assert args.profile_obj.name == "polaris-a100" and args.dilation_value == 3.0
+
+
+def test_the_virtual_clock_runs_at_one_over_d_and_is_put_back():
+    real = time.perf_counter
+    with scaled.virtual_clock(4.0):
+        a, m = time.perf_counter(), time.monotonic()
+        time.sleep(0.2)
+        elapsed, elapsed_mono = time.perf_counter() - a, time.monotonic() - m
+        pacer = dl.Pacer(4.0)
+        assert pacer.clock is real   # a pacer keeps the wall clock
+    assert 0.045 <= elapsed <= 0.1 and 0.045 <= elapsed_mono <= 0.1   # 0.2 s of wall time / 4
+    assert time.perf_counter is real
+    with scaled.virtual_clock(1.0):
+        assert time.perf_counter is real
+
+
+def test_a_benchmark_says_its_scale_model_first():
+    assert scaled.scale_line(None) == ""
+    line = scaled.scale_line({"profile": "polaris-a100", "dilation": 40.0, "dilation_chosen": "given",
+                              "pacing": {"ops": 10, "violations": 1}, "invalid_kinds": ["gpu_step"]})
+    assert line.startswith("under hardware profile `polaris-a100`: times are virtual (wall / D), D = 40")
+    assert "1 of 10 paced operations" in line and "kinds over 1%: gpu_step" in line

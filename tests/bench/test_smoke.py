@@ -75,6 +75,23 @@ def test_ttft_smoke_restores_from_storage_in_both_placements(tmp_path):
         assert compared <= set(result["ratios"])
 
 
+def test_ttft_smoke_under_a_profile_times_follow_ups_in_virtual_time(tmp_path):
+    """Under polaris-a100 at D = 3: the services paced, the record's D and violations, kv_source still
+    checked; a benchmark without --profile support refuses it (argparse's exit 2)."""
+    result = bench(tmp_path, "ttft", "--sizes", "96", "--reps", "1", "--placements", "shared",
+                   "--profile", "polaris-a100", "--dilation", "3", timeout=600)
+    scale = result["scale"]
+    assert scale["profile"] == "polaris-a100" and scale["dilation"] == 3.0 and scale["dilation_chosen"] == "given"
+    kinds = scale["pacing"]["kinds"]
+    assert kinds["gpu_step"]["ops"] > 0 and kinds["nic_get"]["ops"] > 0
+    size = result["results"]["sizes"]["96"]
+    assert size["mismatches"] == [] and size["policies"]["triggered"]["kv_source"] == ["restored"]
+    assert result["settings"]["profile"] == "polaris-a100" and result["failed"] == []
+    done = subprocess.run(kvtb_argv("bench", "fairness", "--smoke", "--profile", "paper"), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "--profile" in done.stderr
+
+
 def test_offload_smoke(tmp_path):
     from kvtb.placement import current_cpus
     result = bench(tmp_path, "offload", timeout=600)

@@ -70,30 +70,45 @@ def test_a_stretch_needs_a_kind():
 
 def test_no_pacer_or_d_of_one_starts_nothing():
     async def go():
-        return software.on_loop(None, "x"), software.on_loop(dl.Pacer(1.0), "x")
+        return await software.on_loop(None, "x"), await software.on_loop(dl.Pacer(1.0), "x")
     assert asyncio.run(go()) == (None, None)
 
 
 def test_on_a_real_loop_cpu_work_takes_about_d_times_its_cpu_time():
-    """A CPU-bound slice of ~40 ms on the loop at D = 3: the loop's thread is blocked ~80 ms more."""
+    """A CPU-bound slice of ~40 ms on the loop at D = 3, after a short idle calibration: the loop's
+    thread is blocked ~80 ms more."""
     pacer = dl.Pacer(3)
 
     async def go() -> float:
-        task = software.on_loop(pacer, "frontend_software", interval_s=0.001)
-        await asyncio.sleep(0.01)
+        task = await software.on_loop(pacer, "frontend_software", virtual_interval_s=0.002, calibration_s=0.05)
+        await asyncio.sleep(0.02)   # charging
         begin = time.perf_counter()
         end_cpu = time.thread_time() + 0.04
         while time.thread_time() < end_cpu:
             pass
-        await asyncio.sleep(0.02)   # the next tick charges the slice
+        await asyncio.sleep(0.03)   # the next tick charges the slice
         wall = time.perf_counter() - begin
         task.cancel()
         return wall
 
     wall = asyncio.run(go())
     kind = pacer.snapshot()["kinds"]["frontend_software"]
-    assert kind["real_s"] >= 0.04
-    assert wall >= 0.04 + 2 * 0.04 * 0.9   # the slice, and (D - 1) x it blocked (a tenth for clock grain)
+    assert kind["real_s"] >= 0.03
+    assert wall >= 0.04 + 2 * 0.03   # the slice, and (D - 1) x (it less the idle rate's share) blocked
+    assert "frontend_software_idle_cpu_rate" in pacer.snapshot()["marks"]
+
+
+def test_the_idle_rate_is_not_charged():
+    """0.5 s of CPU over 10 s of wall time at an idle rate of 0.01: 0.4 s charged."""
+    cpu, wall = FakeCpu(), [0.0]
+    pacer = dl.Pacer(2, sleep=cpu.sleep)
+    stretch = software.Stretch(pacer, "frontend_software", cpu_clock=cpu.clock, wall_clock=lambda: wall[0],
+                               idle_rate=0.01)
+    stretch.tick()
+    cpu.cpu, wall[0] = 0.5, 10.0
+    assert stretch.tick() == pytest.approx(0.4)
+    cpu.cpu, wall[0] = 0.55, 20.0   # idle: less than the idle rate
+    assert stretch.tick() == 0.0 and len(cpu.sleeps) == 1
 
 
 def test_charged_blocks_a_pool_thread_after_its_slice():
