@@ -61,12 +61,26 @@ space := $(subst ,, )
 PROFILES = $(subst $(space),$(comma),$(strip $(if $(filter 2,$(REPLICAS)),replicas) $(if $(MONITORING),monitoring)))
 REPLICA_ENV = $(if $(filter 2,$(REPLICAS)),KVTB_FRONTEND_REPLICAS=$(REPLICA_LIST)) $(if $(PROFILES),COMPOSE_PROFILES=$(PROFILES))
 
-up: image $(if $(MONITORING),prometheus-image)
-	@case "$(REPLICAS)" in 1|2) ;; *) echo "REPLICAS: 1 or 2 (the compose file has two pairs)" >&2; exit 2;; esac
+# `make up`'s arguments are checked as the Makefile is read: a bad one is refused before any build.
+ifneq ($(filter up,$(MAKECMDGOALS)),)
+ifneq ($(filter x1x x2x,x$(strip $(REPLICAS))x),x$(strip $(REPLICAS))x)
+$(error REPLICAS=$(REPLICAS): 1 or 2 (the compose file has two pairs))
+endif
+ifneq ($(filter-out x xshared xnic,x$(strip $(PLACEMENT))),)
+$(error PLACEMENT=$(PLACEMENT): shared, nic or empty (every CPU))
+endif
+endif
+# The services of the profiles this `make up` does not name (a second pair after REPLICAS=2, Prometheus
+# after MONITORING=1): stopped and removed, so that only what the frontend's list names runs.
+STALE = $(strip $(if $(filter 2,$(REPLICAS)),,compute1 smartnic1) $(if $(MONITORING),,prometheus))
+
+# install: the placement script and the `kvtb chat` it suggests run from the project's .venv
+up: install image $(if $(MONITORING),prometheus-image)
 	@cpus=$$($(if $(PLACED),$(BIN)/python deploy/placement.py $(PLACED) --replicas $(REPLICAS),true)) || exit 1; \
 	[ -z "$$cpus" ] || echo "placement $(PLACED): $$cpus"; \
+	$(if $(STALE),COMPOSE_PROFILES=replicas$(comma)monitoring KVTB_IMAGE=$(IMAGE) $(DC) rm -s -f $(STALE) >/dev/null 2>&1 || true;) \
 	env $$cpus $(REPLICA_ENV) KVTB_IMAGE=$(IMAGE) KVTB_PROMETHEUS_IMAGE=$(PROMETHEUS_IMAGE) \
-	  KVTB_FRONTEND_PORT=$(FRONTEND_PORT) $(DC) up -d
+	  KVTB_FRONTEND_PORT=$(FRONTEND_PORT) $(DC) up -d --remove-orphans
 	@echo
 	@echo "kvtestbed is up. Chat with it:"
 	@echo "  .venv/bin/kvtb chat --frontend localhost:$(FRONTEND_PORT)      (from the host)"
