@@ -64,6 +64,9 @@ def install_from(settings: ScaleSettings) -> tuple[pf.Profile | None, dl.Pacer |
     if profile is not None:  # the processes this one starts (the NIC's fast path) pace alike
         os.environ.update(environment(settings.profile, settings.dilation, settings.transfer_ends,
                                       settings.real_kv_bytes_per_token, settings.kv_scale))
+    else:  # and in real time, so do they: nothing of an earlier profile is left for them to inherit
+        for key in [k for k in os.environ if k.startswith("KVTB_SCALE_")]:
+            del os.environ[key]
     _kv_scale = settings.kv_scale
     dl.install(pacer)
     _install_profile(profile)
