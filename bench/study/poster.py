@@ -648,11 +648,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def choose_dilation(args: argparse.Namespace) -> tuple[float, str, dict | None]:
-    """D under --profile (bench.scaled.choose_dilation at the compute node's threads)."""
-    return scaled.choose_dilation(args.profile_obj, args.dilation_value, bool(args.smoke), args.torch_threads)
-
-
 def intro_text(m: Mode, mode: str) -> str:
     w = m.fig5
     return f"""The recompute-vs-swap poster (vLLM, Yarn-Llama-2-7B, A100 40 GB) asks what preemption costs when
@@ -738,7 +733,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
     config = bench_config(pool_tokens=4096, compute=compute)
     dilation, how, warmup = 1.0, "", None
     if args.profile_obj is not None:  # before the stack starts: its services inherit the profile and D
-        dilation, how, warmup = choose_dilation(args)
+        dilation, how, warmup = scaled.choose_dilation(args.profile_obj, args.dilation_value, bool(args.smoke),
+                                                       args.torch_threads)  # at the compute node's threads
         scaled.apply(args.profile_obj.name, dilation)
         study["settings"]["profile"], study["settings"]["dilation"] = args.profile_obj.name, dilation
     progress = Progress(count_runs(m), "poster", enabled=not args.json)
