@@ -4,10 +4,12 @@ Each part runs a storage node process of its own, with the deployment's fabric s
 bench.stack.start_storage), on loopback (issue 31, item 2 and 3):
 
 - reconnect: the node is killed and started again (same port and data) --repeats times without and
-  as many with a Connect flood: --connections connections from 127.0.0.2, each sending
-  --flood-repeat unauthenticated Connects as the agent's host NQN, queued while the node is down
-  and sent as it comes up. The agent is `fabric.nodes.StorageNodes` with the agent's settings; it
-  notices the node gone by a store that times out, as the agent would. Measured: the time from the
+  as many with a Connect flood: --connections connections from --flood-source (default 127.0.0.1,
+  the agent's own address, issue 42: the node's budget per address is then the agent's too), each
+  sending --flood-repeat unauthenticated Connects as the agent's host NQN, queued while the node is
+  down and sent as it comes up, then --flood-rate Connects a second more among them until the flood
+  is closed. The agent gets by on its first-message proof (`fabric.first_proof`). The agent is
+  `fabric.nodes.StorageNodes` with the agent's settings; it notices the node gone by a store that times out, as the agent would. Measured: the time from the
   new node being ready to the agent storing again, and the node's memory (RSS) before the kill,
   its peak until the flood is closed (kept --hold-s after the node is ready, at least until the agent
   stores), and --after-s after that. Quiet and flooded runs alternate, so a flooded run's "before"
@@ -73,7 +75,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_common_args(parser, "abuse")
     parser.add_argument("--connections", type=int, default=1100,
                         help="the Connect flood's connections (default 1,100, issue 31's)")
-    parser.add_argument("--flood-repeat", type=int, default=1, help="Connects each connection sends (default 1)")
+    parser.add_argument("--flood-repeat", type=int, default=1,
+                        help="Connects each connection queues while the node is down (default 1)")
+    parser.add_argument("--flood-rate", type=float, default=2000.0,
+                        help="Connects a second the flood goes on sending after those, until it is closed "
+                             "(default 2,000: over the node's budget per address, 300 messages a second; 0: none)")
+    parser.add_argument("--flood-source", default=FLOOD_SOURCE,
+                        help=f"the flood's source address, 127.0.0.x (default {FLOOD_SOURCE}, the agent's own; "
+                             "127.0.0.2: an address of the attacker's own)")
     parser.add_argument("--repeats", type=int, default=3, help="restarts without and with the flood, each (default 3)")
     parser.add_argument("--hold-s", type=float, default=3.0,
                         help="the flood stays open at least this long after the node is ready (default 3)")
@@ -102,6 +111,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--parts: unknown {sorted(unknown)}; one of {list(PARTS)}")
     if min(args.connections, args.flood_repeat, args.repeats, args.frames, args.ranges) < 1:
         parser.error("--connections, --flood-repeat, --repeats, --frames and --ranges must be at least 1")
+    if args.flood_rate < 0:
+        parser.error("--flood-rate must not be negative")
+    if not args.flood_source.startswith("127."):
+        parser.error("--flood-source: a loopback address (127.0.0.x)")
     if args.frame_mib << 20 <= StorageSettings().max_frame_bytes:
         parser.error(f"--frame-mib must be over the node's max_frame_bytes "
                      f"({StorageSettings().max_frame_bytes >> 20} MiB)")
@@ -224,8 +237,8 @@ def restart_run(proc: ServiceProcess, nodes: StorageNodes, args: argparse.Namesp
     address = proc.addresses["fabric"]
     before = vm_rss_bytes(proc.proc.pid)
     proc.kill()
-    flood = ConnectFlood(address, SmartNicSettings().host_nqn, args.connections, FLOOD_SOURCE,
-                         args.flood_repeat) if flooded else None
+    flood = ConnectFlood(address, SmartNicSettings().host_nqn, args.connections, args.flood_source,
+                         args.flood_repeat, args.flood_rate) if flooded else None
     try:
         with RssWatch(lambda: node_pid(proc)) as watch:
             agent_store(nodes)  # fails after the agent's timeout: it notices the node gone
@@ -241,7 +254,8 @@ def restart_run(proc: ServiceProcess, nodes: StorageNodes, args: argparse.Namesp
     return {"kind": "flooded" if flooded else "quiet", "gave_up": reconnect_s is None,
             "reconnect_s": args.reconnect_timeout_s if reconnect_s is None else reconnect_s,
             "rss_before_bytes": before, "rss_peak_bytes": watch.peak,
-            "rss_after_bytes": vm_rss_bytes(proc.proc.pid), "flood_answered": answered}
+            "rss_after_bytes": vm_rss_bytes(proc.proc.pid), "flood_answered": answered,
+            "flood_sent": flood.sent if flood else 0}
 
 
 def measure_reconnect(directory: Path, args: argparse.Namespace, result: dict) -> dict:
@@ -336,9 +350,9 @@ def measure_ranges(directory: Path, args: argparse.Namespace) -> dict:
 def bench_settings(args: argparse.Namespace) -> dict:
     """The run's settings for its result: its options, the attackers' addresses, the node's bounds."""
     settings = {k: getattr(args, k) for k in (
-        "connections", "flood_repeat", "repeats", "hold_s", "after_s", "reconnect_timeout_s", "frames",
-        "frame_mib", "frame_settle_s", "value_mib", "ranges", "parts", "smoke")}
-    settings["flood_source"], settings["frames_source"] = FLOOD_SOURCE, FRAMES_SOURCE
+        "connections", "flood_repeat", "flood_rate", "repeats", "hold_s", "after_s", "reconnect_timeout_s",
+        "frames", "frame_mib", "frame_settle_s", "value_mib", "ranges", "parts", "smoke")}
+    settings["flood_source"], settings["frames_source"] = args.flood_source, FRAMES_SOURCE
     settings["node"] = {k: getattr(StorageSettings(), k) for k in (
         "fabric_security", "max_frame_bytes", "max_half_open", "max_half_open_per_peer",
         "handshakes_per_s_per_peer", "handshake_timeout_s", "max_ranges")}
@@ -366,14 +380,17 @@ def reconnect_text(result: dict) -> str:
     if not part:
         return ""
     head = ["restart", "agent storing again (s)", "RSS before (MiB)", "peak (MiB)",
-            f"{s['after_s']:g} s after (MiB)", "flood answered"]
+            f"{s['after_s']:g} s after (MiB)", "flood sent", "flood answered"]
+    flooded = [r["kind"] == "flooded" for r in part["runs"]]
     rows = [[r["kind"], f"{r['reconnect_s']:.2f}" + (" (gave up)" if r["gave_up"] else ""),
              f"{mib(r['rss_before_bytes']):.0f}", f"{mib(r['rss_peak_bytes']):.0f}",
-             f"{mib(r['rss_after_bytes']):.0f}", r["flood_answered"] if r["kind"] == "flooded" else "-"]
-            for r in part["runs"]]
+             f"{mib(r['rss_after_bytes']):.0f}", r.get("flood_sent", "?") if f else "-",
+             r["flood_answered"] if f else "-"]
+            for r, f in zip(part["runs"], flooded)]
     medians = ", ".join(f"{kind} {f['reconnect_p50_s']:.2f} s" for kind, f in part["summary"].items())
+    steady = f", then {s['flood_rate']:g} a second more" if s.get("flood_rate") else ""
     return (f"reconnect: the node killed and started again; flooded: {s['connections']} connections from "
-            f"{s['flood_source']} sending {s['flood_repeat']} unauthenticated Connect(s) each\n"
+            f"{s['flood_source']} sending {s['flood_repeat']} unauthenticated Connect(s) each{steady}\n"
             f"{format_table(head, rows)}\nmedians: {medians}")
 
 

@@ -1,11 +1,14 @@
 """An attacker on the storage fabric, for `kvtb bench abuse`: unauthenticated Connects from many
 connections of one source address, oversized unauthenticated frames, and a process's resident memory
-watched while they land. Loopback only: the source addresses are 127.0.0.x.
+watched while they land. Loopback only: the source addresses are 127.0.0.x. The Connect flood comes
+by default from the agent's own address (127.0.0.1, as in issue 42: hosts behind one NAT, or on one
+machine, share an address), so the node's budget per peer address is the agent's too.
 """
 from __future__ import annotations
 
 import resource
 import threading
+import time
 from collections.abc import Callable
 from typing import Self
 
@@ -13,7 +16,9 @@ import zmq
 
 from kvtb_proto import nvmeof_pb2 as pb
 
-FLOOD_SOURCE = "127.0.0.2"   # the Connect flood's address (the agent is 127.0.0.1)
+AGENT_SOURCE = "127.0.0.1"   # the agent's own address (it connects to the node at 127.0.0.1)
+OTHER_SOURCE = "127.0.0.2"   # an address of the attacker's own
+FLOOD_SOURCE = AGENT_SOURCE  # the Connect flood's default address
 FRAMES_SOURCE = "127.0.0.3"  # the big frames' address
 
 
@@ -30,10 +35,16 @@ def raise_open_files(needed: int) -> None:
 
 class ConnectFlood:
     """n DEALER connections from source_ip, each sending `repeat` Fabrics Connects as host_nqn (before
-    the node is up, they go when it is), never finishing a handshake nor reading a reply."""
+    the node is up, they go when it is), never finishing a handshake nor reading a reply; with `rate`,
+    then Connects at about `rate` a second more, round-robin, from a thread, until answered() or close()
+    (those dropped by a full send queue are not counted in `sent`)."""
 
-    def __init__(self, address: str, host_nqn: str, n: int, source_ip: str = FLOOD_SOURCE, repeat: int = 1):
+    def __init__(self, address: str, host_nqn: str, n: int, source_ip: str = FLOOD_SOURCE, repeat: int = 1,
+                 rate: float = 0.0):
         raise_open_files(2 * n + 1024)
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         host_port = address.removeprefix("tcp://")
         self.ctx = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, n + 64)
@@ -50,15 +61,44 @@ class ConnectFlood:
             for _ in range(repeat):
                 for sock in self.socks:
                     sock.send(connect)
+            self.sent = n * repeat
         except BaseException:
             self.close()
             raise
+        if rate > 0:  # the sockets are the thread's until it stops
+            self._thread = threading.Thread(target=self._steady, args=(connect, rate), name="connect-flood",
+                                            daemon=True)
+            self._thread.start()
+
+    def _steady(self, connect: bytes, rate: float) -> None:
+        batch, began, sent, i = 10, time.monotonic(), 0, 0
+        while not self._stop.is_set():
+            for _ in range(batch):
+                i = (i + 1) % len(self.socks)
+                try:
+                    self.socks[i].send(connect, zmq.NOBLOCK)
+                    self.sent += 1
+                except zmq.Again:  # that connection's queue is full (the node is down or slow)
+                    pass
+            sent += batch
+            ahead = sent / rate - (time.monotonic() - began)
+            if ahead > 0:
+                self._stop.wait(ahead)
+
+    def stop_sending(self) -> None:
+        """Stop the steady Connects (the connections stay open)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
 
     def answered(self) -> int:
-        """How many connections got an answer to a Connect so far."""
+        """How many connections got an answer to a Connect so far (the steady Connects stop first)."""
+        self.stop_sending()
         return sum(1 for s in self.socks if s.poll(0))
 
     def close(self) -> None:
+        self.stop_sending()
         for sock in self.socks:
             sock.close(linger=0)
         self.socks = []

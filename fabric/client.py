@@ -16,7 +16,10 @@ both ends (DH-HMAC-CHAP over AUTH_SEND / AUTH_RECV) and every capsule after it, 
 sealed with the session's MAC and sequence number; a response that fails its MAC is dropped
 (its command then times out), except a plain "invalid host" (a target that forgot this
 connection, e.g. after a restart), which can only fail its command. `curve` also encrypts the
-connection (ZeroMQ CURVE, the storage nodes' public key from the credentials).
+connection (ZeroMQ CURVE, the storage nodes' public key from the credentials). The Connect then
+carries a proof that the host holds its secret (`fabric.first_proof`), bound to the target's
+subsystem NQN once a handshake with that address told it (`LEARNED_SUBSYSTEMS`): a node serves it
+before its budget per peer address, so a flood from the host's own address does not shut it out.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from typing import Self
 
 import zmq
 
-from fabric import auth
+from fabric import auth, first_proof
 from fabric import frames as frames_
 from fabric import status as st
 from fabric.auth import AuthError, FabricSecurity
@@ -46,6 +49,8 @@ logger = logging.getLogger(__name__)
 CID_SPACE = 1 << 16  # command ids rotate through 16 bits, skipping those still outstanding
 HEAD_RANGES = 256  # keys per head read (submit_heads): under every node's max_ranges (its default is 1,024)
 LIST_PAGE_KEYS = 1000  # keys asked per List command (every node takes at least this many)
+# fabric address -> the subsystem NQN a handshake there named (this process's next proofs there bind to it)
+LEARNED_SUBSYSTEMS = first_proof.LearnedSubsystems()
 
 
 class FabricError(Exception):
@@ -161,8 +166,12 @@ class FabricClient:
     def connect(self) -> Completion:
         """Send the Fabrics Connect capsule, and authenticate when the security asks for it; raise
         FabricError with the status when refused, or when the target does not authenticate itself."""
+        proof = b""
+        if self.security.authenticates:  # checked by the node before its budget per peer address
+            bound = self.subsystem_nqn or LEARNED_SUBSYSTEMS.get(self.fabric_address)
+            proof = first_proof.make(self.security.key, self.host_nqn, bound)
         done = self._fabrics(nvmeof_pb2.FABRICS_CONNECT, "connect", host_nqn=self.host_nqn,
-                             subsystem_nqn=self.subsystem_nqn)
+                             subsystem_nqn=self.subsystem_nqn, auth_message=proof)
         required = done.response.authentication_required
         if self.security.authenticates and not required:
             raise FabricError(f"the storage node at {self.fabric_address} does not authenticate itself "
@@ -189,6 +198,7 @@ class FabricClient:
             raise FabricError(f"authentication with {self.fabric_address} failed: {exc}",
                               *st.CONNECT_INVALID_HOST) from exc
         self._channel = handshake.channel()  # nothing is outstanding: the next capsule is the first sealed
+        LEARNED_SUBSYSTEMS.remember(self.fabric_address, handshake.subsystem_nqn)
         return done
 
     def _fabrics(self, opcode: int, what: str, **fields) -> Completion:

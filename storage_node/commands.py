@@ -3,7 +3,10 @@
 Bounded before anything else: a capsule (header frame) of at most MAX_HEADER_BYTES and a message of at
 most MAX_FRAMES frames, refused before they are copied or parsed. Before a session authenticates
 (`fabric_security` auth or curve) its messages are rate-limited per peer address (over the rate:
-dropped unanswered) and at most MAX_PRE_AUTH_BYTES each (`storage_node.pre_auth`).
+dropped unanswered) and at most MAX_PRE_AUTH_BYTES each (`storage_node.pre_auth`). Known hosts
+first: a Connect whose first-message proof holds (`fabric.first_proof`, checked before anything is
+allocated), and the rest of that session's handshake, skip the address's rate; a proof that fails is
+no better than none (the address's rate, as before).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
+from fabric import first_proof
 from fabric import status as st
 from fabric.auth import TRAILER_BYTES, AuthError, FabricSecurity
 from fabric.frames import MAX_HEADER_BYTES
@@ -107,7 +111,8 @@ class CommandProcessor:
         self.executor = executor
         self.post = post
         self.stats = stats
-        self.sessions = Sessions(security or FabricSecurity.off(), PreAuthLimits.of(subsystem.settings))
+        self.sessions = Sessions(security or FabricSecurity.off(), PreAuthLimits.of(subsystem.settings),
+                                 subsystem_nqn=subsystem.settings.subsystem_nqn, allowed=self._serves)
         self.limits = RequestLimits.of(subsystem.settings)
         self.refused_before_auth = 0  # messages dropped or refused before authentication (rate, size)
         self.env = {"committers": subsystem.committers, "limits": self.limits}
@@ -115,10 +120,11 @@ class CommandProcessor:
     def receive(self, session: bytes, frames: list, peer: Peer | str = "") -> list[Reply]:
         """Handle one received message: [header, payload buffers...] (buffers, not copied) from the
         connection at peer (an address, or a function that tells it)."""
-        address = ""
+        address, proven, capsule = "", False, None
         if self.sessions.required and not self.sessions.sealed(session):  # before authentication
             address = peer() if callable(peer) else peer
-            if not self.sessions.admit(address):
+            capsule, proven = self._known_host(session, frames)  # before any budget
+            if not proven and not self.sessions.admit(address):
                 self.stats.count("pre_auth_message", "rate limited")
                 self.refused_before_auth += 1
                 return []
@@ -131,22 +137,23 @@ class CommandProcessor:
         if header_bytes > MAX_HEADER_BYTES or len(frames) > MAX_FRAMES:
             return [self._error(session, 0, None, st.INVALID_FIELD, f"a capsule of {header_bytes} bytes and "
                                 f"{len(frames)} frames (at most {MAX_HEADER_BYTES} bytes, {MAX_FRAMES} frames)")]
-        capsule = pb.CommandCapsule()
-        try:
-            header = self.sessions.open(session, frames[0] if frames else b"")
-        except AuthError as exc:
-            logger.warning("capsule refused: %s", exc)
-            return [self._error(session, _command_id(frames[0] if frames else b""), None,
-                                st.CONNECT_INVALID_HOST, f"capsule refused: {exc}")]
-        try:
-            if not header:
-                raise DecodeError("no header frame, or an empty one")
-            capsule.ParseFromString(header)
-        except (DecodeError, ValueError, TypeError) as exc:
-            return [self._error(session, 0, None, st.INVALID_FIELD, f"unparsable command capsule: {exc}")]
+        if capsule is None:
+            capsule = pb.CommandCapsule()
+            try:
+                header = self.sessions.open(session, frames[0] if frames else b"")
+            except AuthError as exc:
+                logger.warning("capsule refused: %s", exc)
+                return [self._error(session, _command_id(frames[0] if frames else b""), None,
+                                    st.CONNECT_INVALID_HOST, f"capsule refused: {exc}")]
+            try:
+                if not header:
+                    raise DecodeError("no header frame, or an empty one")
+                capsule.ParseFromString(header)
+            except (DecodeError, ValueError, TypeError) as exc:
+                return [self._error(session, 0, None, st.INVALID_FIELD, f"unparsable command capsule: {exc}")]
         payload = frames[1:]
         if capsule.command_set == pb.FABRICS:
-            return [self._fabrics(session, capsule, payload, address)]
+            return [self._fabrics(session, capsule, payload, address, proven)]
         controller = self.subsystem.controller_for(session)
         if controller is None:
             return [self._error(session, capsule.command_id, None, st.CONNECT_INVALID_HOST,
@@ -161,6 +168,35 @@ class CommandProcessor:
         if admitted:
             self._start(cmd)
         return []
+
+    def _known_host(self, session: bytes, frames: list) -> tuple[pb.CommandCapsule | None, bool]:
+        """A message of a session not authenticated yet, before any budget is spent on it: its capsule
+        (parsed when it is one small frame, else None) and whether it comes from a known host, that is a
+        Connect whose first-message proof holds, or a handshake message of a session whose Connect's did."""
+        if len(frames) != 1:
+            return None, False
+        header = frames[0]
+        if not 0 < memoryview(header).nbytes <= self.sessions.limits.max_pre_auth_bytes:
+            return None, False
+        capsule = pb.CommandCapsule()
+        try:
+            capsule.ParseFromString(bytes(header))
+        except (DecodeError, ValueError, TypeError):
+            return None, False
+        if capsule.command_set != pb.FABRICS:
+            return capsule, False
+        if capsule.opcode == pb.FABRICS_CONNECT:
+            if not capsule.auth_message:
+                return capsule, False
+            outcome = self.sessions.prove(capsule.host_nqn, capsule.auth_message)
+            self.stats.count("first_proof", outcome)
+            return capsule, outcome == first_proof.OK
+        handshake = capsule.opcode in (pb.FABRICS_AUTH_SEND, pb.FABRICS_AUTH_RECV)
+        return capsule, handshake and self.sessions.proven(session)
+
+    def _serves(self, host_nqn: str) -> bool:
+        """Whether host_nqn is on this node's allow list."""
+        return self.subsystem.settings.allowed_namespaces(host_nqn) is not None
 
     def complete(self, cmd: Command, result: Result) -> list[Reply]:
         """Retire a finished command, start what waited for its slot, and build its reply."""
@@ -230,14 +266,15 @@ class CommandProcessor:
         self.stats.count("handshake", "expired", gone)
         return gone
 
-    def _fabrics(self, session: bytes, capsule: pb.CommandCapsule, payload: list, peer: str = "") -> Reply:
+    def _fabrics(self, session: bytes, capsule: pb.CommandCapsule, payload: list, peer: str = "",
+                 proven: bool = False) -> Reply:
         """Connect binds the session to a controller, or starts its authentication (or refuses it);
         AUTH_SEND / AUTH_RECV carry the handshake; Disconnect unbinds the session."""
         try:
             if payload:
                 raise NvmeError(st.INVALID_FIELD, "fabrics commands carry no payload")
             if capsule.opcode == pb.FABRICS_CONNECT:
-                return self._connect(session, capsule, peer)
+                return self._connect(session, capsule, peer, proven)
             if capsule.opcode in (pb.FABRICS_AUTH_SEND, pb.FABRICS_AUTH_RECV):
                 return self._authenticate(session, capsule)
             if capsule.opcode == pb.FABRICS_DISCONNECT:
@@ -254,7 +291,7 @@ class CommandProcessor:
             logger.info("fabrics command refused: %s", exc.message)
             return self._error(session, capsule.command_id, None, exc.status, exc.message)
 
-    def _connect(self, session: bytes, capsule: pb.CommandCapsule, peer: str) -> Reply:
+    def _connect(self, session: bytes, capsule: pb.CommandCapsule, peer: str, proven: bool = False) -> Reply:
         if self.sessions.sealed(session):
             raise NvmeError(st.INVALID_FIELD, "already connected and authenticated (Disconnect first)")
         if not self.sessions.required:
@@ -264,7 +301,7 @@ class CommandProcessor:
         self.subsystem.check_allowed(capsule.host_nqn, capsule.subsystem_nqn)
         self.subsystem.disconnect_session(session)  # a session that connects again starts over
         evicted, expired = self.sessions.evicted, self.sessions.expired
-        self.sessions.begin(session, capsule.host_nqn, self.subsystem.settings.subsystem_nqn, peer)
+        self.sessions.begin(session, capsule.host_nqn, self.subsystem.settings.subsystem_nqn, peer, proven)
         self.stats.count("handshake", "evicted", self.sessions.evicted - evicted)
         self.stats.count("handshake", "expired", self.sessions.expired - expired)
         reply = self._reply(session, capsule.command_id, None, st.SUCCESS, "")

@@ -5,6 +5,13 @@ half-open handshake. `PreAuthLimits` bounds each: a message's size, the messages
 may send a second (a token bucket per address, `PeerBuckets`), the half-open handshakes in all
 and per address (`storage_node.sessions`), and how long one may stay half-open. Peer addresses
 are the TCP source addresses ZeroMQ reports; every table keyed by them is bounded.
+
+Known hosts come first: a Connect that carries a valid first-message proof (`fabric.first_proof`: an
+HMAC under a key of the host's secret, in its time window, never seen before) skips its address's
+bucket, and so does the rest of that session's handshake; its half-open handshake counts against its
+host's own small allowance (`max_half_open_per_host`) instead of its address's, and its Connects
+against a bucket of its host NQN (`PeerBuckets`, the same rate). A message whose proof fails, or that
+carries none, is rationed by its address as before.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ HANDSHAKE_MESSAGES = 6   # Connect, AUTH_SEND NEGOTIATE, AUTH_RECV, AUTH_SEND RE
 BURST_S = 2.0            # a bucket holds this many seconds' worth of messages
 MAX_PRE_AUTH_BYTES = 4096   # a Connect or handshake capsule is a few hundred bytes
 MAX_PEERS = 4096         # peer addresses whose buckets are kept (least recently seen go first)
+MAX_HALF_OPEN_PER_HOST = 4   # half-open handshakes of one proven host NQN (past it, its oldest goes)
 
 
 @dataclass(frozen=True)
@@ -27,10 +35,13 @@ class PreAuthLimits:
     handshake_timeout_s: float = 10.0
     max_pre_auth_bytes: int = MAX_PRE_AUTH_BYTES
     max_peers: int = MAX_PEERS
+    max_half_open_per_host: int = MAX_HALF_OPEN_PER_HOST
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_half_open_per_peer <= self.max_half_open:
             raise ValueError("max_half_open_per_peer must be in 1..max_half_open")
+        if not 1 <= self.max_half_open_per_host <= self.max_half_open:
+            raise ValueError("max_half_open_per_host must be in 1..max_half_open")
         if self.handshakes_per_s_per_peer <= 0 or self.handshake_timeout_s <= 0 or self.max_peers < 1:
             raise ValueError("handshakes_per_s_per_peer, handshake_timeout_s and max_peers must be positive")
 

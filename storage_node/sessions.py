@@ -7,20 +7,27 @@ not finished) are bounded (`storage_node.pre_auth.PreAuthLimits`): per peer addr
 cap, that address's oldest goes, so a flood from one address cannot push out another's), in all
 (past the cap, the oldest of the address holding the most goes), and in time (older than the
 handshake timeout, forgotten). Before authenticating, a session's messages are rate-limited per
-peer address (`admit`). Not thread-safe: the fabric thread owns it.
+peer address (`admit`). A session whose Connect carried a valid first-message proof (`prove`,
+`fabric.first_proof`) is a known host's: its handshake skips the address's rate, and its half-open
+handshake counts against its host NQN's own allowance (`max_half_open_per_host`), not its address's
+(in all, it counts as any other). Not thread-safe: the fabric thread owns it.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 
+from fabric import first_proof
 from fabric.auth import AuthError, Channel, FabricSecurity, TargetHandshake
 from storage_node.pre_auth import PeerBuckets, PreAuthLimits
 
 logger = logging.getLogger(__name__)
+
+OVER_HOST_RATE = "over the host's rate"  # a valid proof past its host NQN's rate of Connects
 
 
 @dataclass
@@ -30,23 +37,36 @@ class HalfOpen:
     handshake: TargetHandshake
     peer: str
     started: float
+    proven: bool = False   # its Connect carried a valid first-message proof
 
 
 class Sessions:
     """session -> HalfOpen (authenticating) or Channel (authenticated)."""
 
     def __init__(self, security: FabricSecurity, limits: PreAuthLimits | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, subsystem_nqn: str = "",
+                 allowed: Callable[[str], bool] = lambda host_nqn: True,
+                 wall_clock: Callable[[], float] = time.time):
+        """allowed(host_nqn): whether the node serves that host (a proof of any other is refused unchecked);
+        wall_clock: the time first-message proofs are checked against (the hosts' clock)."""
         self.security = security
         self.limits = limits or PreAuthLimits()
         self.clock = clock
         self._pending: OrderedDict[bytes, HalfOpen] = OrderedDict()   # oldest first
         self._by_peer: dict[str, OrderedDict[bytes, None]] = {}       # peer -> its half-open, oldest first
+        self._by_host: dict[str, OrderedDict[bytes, None]] = {}       # proven host NQN -> its half-open
         self._channels: dict[bytes, Channel] = {}
         self._buckets = PeerBuckets.for_handshakes(self.limits.handshakes_per_s_per_peer, self.limits.max_peers)
+        # a proven host's Connects, per host NQN (a leaked secret still cannot flood)
+        self._host_buckets = PeerBuckets(self.limits.handshakes_per_s_per_peer,
+                                         self.limits.handshakes_per_s_per_peer * 2, self.limits.max_peers)
+        self._allowed = allowed
+        self._proofs = first_proof.Verifier(subsystem_nqn, self._proof_key, clock=wall_clock) \
+            if security.authenticates else None
         self.evicted = 0   # half-open sessions dropped for a cap
         self.expired = 0   # half-open sessions dropped for the timeout
         self.limited = 0   # pre-authentication messages dropped for the rate limit
+        self.proofs: Counter[str] = Counter()  # first-message proofs checked, by outcome (first_proof.OK...)
 
     @property
     def required(self) -> bool:
@@ -58,6 +78,10 @@ class Sessions:
 
     def half_open_of(self, peer: str) -> int:
         return len(self._by_peer.get(peer, ()))
+
+    def half_open_of_host(self, host_nqn: str) -> int:
+        """The proven half-open handshakes of host_nqn."""
+        return len(self._by_host.get(host_nqn, ()))
 
     @property
     def peers_tracked(self) -> int:
@@ -78,6 +102,27 @@ class Sessions:
                            self.limited, peer or "a local peer")
         return False
 
+    def prove(self, host_nqn: str, proof: bytes) -> str:
+        """Whether a Connect as host_nqn carrying `proof` is a known host's: first_proof.OK when it is (it
+        may skip its address's budget; its nonce is spent), else why not (first_proof's outcomes, or
+        OVER_HOST_RATE past the host NQN's own rate of Connects). Checked in microseconds; nothing is kept
+        unless it holds."""
+        if self._proofs is None:
+            return first_proof.MALFORMED
+        outcome = self._proofs.check(proof, host_nqn)
+        if outcome == first_proof.OK and not self._host_buckets.take(host_nqn, self.clock()):
+            outcome = OVER_HOST_RATE
+        self.proofs[outcome] += 1
+        return outcome
+
+    def proven(self, session: bytes) -> bool:
+        """True for a half-open session whose Connect carried a valid proof."""
+        half = self._pending.get(session)
+        return half is not None and half.proven
+
+    def _proof_key(self, host_nqn: str) -> bytes | None:
+        return self.security.host_key(host_nqn) if self._allowed(host_nqn) else None
+
     def open(self, session: bytes, header) -> bytes:
         """The capsule bytes of a received header frame (its seal checked for an authenticated session)."""
         channel = self._channels.get(session)
@@ -88,20 +133,24 @@ class Sessions:
         channel = self._channels.get(session)
         return capsule if channel is None else channel.seal(capsule)
 
-    def begin(self, session: bytes, host_nqn: str, subsystem_nqn: str, peer: str = "") -> None:
-        """Start the handshake of a session that connected as host_nqn (an allowed host) from peer."""
+    def begin(self, session: bytes, host_nqn: str, subsystem_nqn: str, peer: str = "",
+              proven: bool = False) -> None:
+        """Start the handshake of a session that connected as host_nqn (an allowed host) from peer;
+        proven: its Connect's proof held (`prove`), so it counts against its host's allowance."""
         self.drop(session)
         now = self.clock()
         self.expire(now)
-        mine = self._by_peer.setdefault(peer, OrderedDict())
-        while len(mine) >= self.limits.max_half_open_per_peer:
+        table, key, cap = (self._by_host, host_nqn, self.limits.max_half_open_per_host) if proven else \
+            (self._by_peer, peer, self.limits.max_half_open_per_peer)
+        mine = table.setdefault(key, OrderedDict())
+        while len(mine) >= cap:
             self._evict(next(iter(mine)))
         while len(self._pending) >= self.limits.max_half_open:
-            crowded = max(self._by_peer.values(), key=len)
+            crowded = max(chain(self._by_peer.values(), self._by_host.values()), key=len)
             self._evict(next(iter(crowded)))
-        mine = self._by_peer.setdefault(peer, OrderedDict())  # an eviction may have emptied it
+        mine = table.setdefault(key, OrderedDict())  # an eviction may have emptied it
         handshake = TargetHandshake(self.security.host_key(host_nqn), host_nqn, subsystem_nqn)
-        self._pending[session] = HalfOpen(handshake, peer, now)
+        self._pending[session] = HalfOpen(handshake, peer, now, proven)
         mine[session] = None
 
     def expire(self, now: float | None = None) -> int:
@@ -144,9 +193,11 @@ class Sessions:
     def _forget(self, session: bytes) -> HalfOpen | None:
         half = self._pending.pop(session, None)
         if half is not None:
-            mine = self._by_peer.get(half.peer)
+            table, key = (self._by_host, half.handshake.host_nqn) if half.proven else \
+                (self._by_peer, half.peer)
+            mine = table.get(key)
             if mine is not None:
                 mine.pop(session, None)
                 if not mine:
-                    del self._by_peer[half.peer]
+                    del table[key]
         return half

@@ -5,7 +5,7 @@ import time
 import pytest
 import zmq
 
-from fabric import auth
+from fabric import auth, first_proof
 from fabric import status as st
 from fabric.auth import FabricSecurity
 from fabric.client import (
@@ -119,28 +119,31 @@ class AuthTarget:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.address = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
         self.key, self.answers = key, list(answers)
+        self.connects: list[pb.CommandCapsule] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self):
-        handshake, channel = None, None
+        handshakes, channels = {}, {}  # per connection (routing id)
         while not self._stop.is_set():
             if not self.sock.poll(50):
                 continue
             ident, header, *_ = self.sock.recv_multipart()
+            channel = channels.get(ident)
             if channel is not None:
                 header = channel.open(header)
             capsule = pb.CommandCapsule.FromString(header)
             rsp = pb.ResponseCapsule(command_id=capsule.command_id)
             answer = "sealed"
             if capsule.opcode == pb.FABRICS_CONNECT and capsule.command_set == pb.FABRICS:
-                handshake = auth.TargetHandshake(self.key, capsule.host_nqn, "nqn.fake")
+                self.connects.append(capsule)
+                handshakes[ident] = auth.TargetHandshake(self.key, capsule.host_nqn, "nqn.fake")
                 rsp.authentication_required = True
             elif capsule.opcode == pb.FABRICS_AUTH_SEND and capsule.command_set == pb.FABRICS:
-                handshake.receive(capsule.auth_message)
+                handshakes[ident].receive(capsule.auth_message)
             elif capsule.opcode == pb.FABRICS_AUTH_RECV and capsule.command_set == pb.FABRICS:
-                rsp.auth_message = handshake.send()
+                rsp.auth_message = handshakes[ident].send()
             elif self.answers:
                 answer = self.answers.pop(0)
             if answer == "invalid host":
@@ -149,8 +152,9 @@ class AuthTarget:
             if channel is not None and answer == "sealed":
                 data = channel.seal(data)
             self.sock.send_multipart([ident, data])
+            handshake = handshakes.get(ident)
             if handshake is not None and handshake.done and channel is None:
-                channel = handshake.channel()
+                channels[ident] = handshake.channel()
 
     def close(self):
         self._stop.set()
@@ -181,6 +185,38 @@ def test_a_client_refuses_a_target_that_does_not_authenticate_itself():
     try:
         with pytest.raises(FabricError, match="does not authenticate itself"):
             client.connect()
+    finally:
+        client.close()
+        target.close()
+
+
+def test_a_connect_carries_a_proof_bound_to_the_subsystem_once_a_handshake_named_it():
+    key = bytes(range(32))
+    target = AuthTarget(key, [])
+    verifier = first_proof.Verifier("nqn.fake", lambda nqn: key)
+    other = first_proof.Verifier("nqn.other", lambda nqn: key)
+    try:
+        for _ in range(2):  # a first client, then another (as the agent's reconnect)
+            client = FabricClient(target.address, "nqn:h", timeout_s=2, security=FabricSecurity("auth", key))
+            try:
+                client.connect()
+            finally:
+                client.close()
+        first, second = (c.auth_message for c in target.connects)
+        assert first_proof.parse(first).bound is False and first_proof.parse(second).bound is True
+        assert other.check(first, "nqn:h") == first_proof.OK  # unbound: any node takes it
+        assert other.check(second, "nqn:h") == first_proof.FORGED  # bound: only "nqn.fake" does
+        assert verifier.check(second, "nqn:h") == first_proof.OK
+    finally:
+        target.close()
+
+
+def test_a_client_without_security_sends_no_proof():
+    target = FakeTarget(hold=1)
+    client = FabricClient(target.address, "nqn:h", timeout_s=1)
+    try:
+        client.connect()
+        assert target.capsules[0].auth_message == b""
     finally:
         client.close()
         target.close()

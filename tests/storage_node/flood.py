@@ -1,6 +1,9 @@
 """Unauthenticated Fabrics Connects from many connections of one source address (tests' attacker)."""
 from __future__ import annotations
 
+import threading
+import time
+
 import zmq
 
 from kvtb_proto import nvmeof_pb2 as pb
@@ -35,6 +38,56 @@ class ConnectFlood:
         for sock in self.socks:
             sock.close(linger=0)
         self.ctx.term()
+
+
+class SteadyFlood:
+    """n DEALER connections from source_ip sending unauthenticated Connects (as host_nqn) round-robin at about
+    `rate` a second from a thread of their own, until closed; queued while the node is down."""
+
+    def __init__(self, address: str, host_nqn: str, n: int, source_ip: str, rate: float = 5000.0):
+        self.address, self.host_nqn, self.n, self.source_ip, self.rate = address, host_nqn, n, source_ip, rate
+        self.sent = 0
+        self.started = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="steady-flood", daemon=True)
+        self._thread.start()
+        if not self.started.wait(30):
+            raise TimeoutError("the flood's connections were not made")
+
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        ctx.set(zmq.MAX_SOCKETS, self.n + 64)
+        host_port = self.address.removeprefix("tcp://")
+        socks = []
+        try:
+            for _ in range(self.n):
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, 1000)
+                sock.connect(f"tcp://{self.source_ip}:0;{host_port}")
+                socks.append(sock)
+            self.started.set()
+            connect = pb.CommandCapsule(command_id=1, command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT,
+                                        host_nqn=self.host_nqn).SerializeToString()
+            batch, began = 10, time.monotonic()
+            while not self._stop.is_set():
+                for i in range(batch):
+                    try:
+                        socks[(self.sent + i) % len(socks)].send(connect, zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass
+                self.sent += batch
+                ahead = self.sent / self.rate - (time.monotonic() - began)
+                if ahead > 0:
+                    self._stop.wait(ahead)
+        finally:
+            for sock in socks:
+                sock.close(linger=0)
+            ctx.term()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
 
 
 def send_frame(address: str, nbytes: int, source_ip: str = "127.0.0.3", parts: int = 1) -> zmq.Socket:

@@ -1,25 +1,28 @@
 """A flood of unauthenticated Connects (1,100 connections) and an oversized unauthenticated frame, on loopback (real sockets):
 the half-open handshakes stay within their caps, a host whose handshake is under way (and one that
 connects during the flood) authenticates and stores promptly, and the node's memory does not grow by
-what the attacker sends."""
+what the attacker sends. A flood from the host's own address (its budget spent) while the node restarts
+does not keep the host out: its Connect's first-message proof puts it before the budget."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from fabric import auth
+from fabric import auth, first_proof
 from fabric import status as st
+from kvtb.launch import free_port
 from kvtb_proto import nvmeof_pb2 as pb
 from storage_node.node import StorageNode
 from tests.conftest import fabric_client, fabric_security
 from tests.fabric.raw_host import RawHost
 
 from .conftest import GOOD_HOST, settings_for
-from .flood import ConnectFlood, send_frame, vm_rss_bytes
+from .flood import ConnectFlood, SteadyFlood, send_frame, vm_rss_bytes
 
 FLOOD = 1100
 ATTACKER = "127.0.0.2"
+HOSTS_OWN = "127.0.0.1"  # the address a FabricClient of these tests connects from
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:
@@ -135,3 +138,67 @@ def test_a_real_node_drops_an_oversized_frame_unbuffered_and_bears_a_flood(start
     # and memory are gone
     wait_for(lambda: vm_rss_bytes(pid) - baseline < 32 << 20, 20, "the memory to go back after the flood")
     assert store_and_read(address, b"after-flood") < 2.0
+
+
+def test_a_known_host_reconnects_through_a_flood_from_its_own_address(tmp_path):
+    settings = settings_for(tmp_path, metrics_address="127.0.0.1:0", fabric_security="auth",
+                            fabric_address=f"tcp://127.0.0.1:{free_port()}")
+    node = StorageNode(settings)
+    node.start()
+    address = node.addresses["fabric"]
+    try:
+        quiet = store_and_read(address, b"before")  # the host learns the node's subsystem NQN here
+        node.stop()
+        # the flood comes from the host's own address, queued while the node is down, and goes on after
+        flood = SteadyFlood(address, GOOD_HOST, 200, HOSTS_OWN, rate=5000)
+        node = StorageNode(settings)
+        node.start()
+        sessions = node.fabric.processor.sessions
+        try:
+            wait_for(lambda: sessions.limited > 100, 30, "the flood to spend the address's budget")
+            limited = sessions.limited
+            again = store_and_read(address, b"through-flood")  # a new client, as the agent's reconnect
+            assert again < max(3.0, 10 * quiet), f"reconnected in {again:.2f} s (quiet: {quiet:.2f} s)"
+            assert sessions.limited > limited  # the budget was spent meanwhile: the proof let the host by
+            assert sessions.proofs[first_proof.OK] >= 1
+            assert sessions.half_open_of(HOSTS_OWN) <= sessions.limits.max_half_open_per_peer
+        finally:
+            flood.close()
+    finally:
+        node.stop()
+
+
+def test_a_replayed_first_message_gets_no_bypass_on_a_real_node(node):
+    """The host's own Connect, captured and sent again from the same address while a flood spends its
+    budget, and a forged one: neither is taken as a known host's (they go to the address's budget, which
+    the flood keeps spent: the in-process tests show them dropped, test_known_hosts)."""
+    address = node.addresses["fabric"]
+    sessions = node.fabric.processor.sessions
+    key = fabric_security(GOOD_HOST).key
+    host = RawHost(address, GOOD_HOST, key, timeout_ms=1000)
+    flood = None
+    try:
+        captured = host.header(command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT, host_nqn=GOOD_HOST,
+                               auth_message=first_proof.make(key, GOOD_HOST))
+        host.send_raw(captured)
+        assert host.receive()[0].authentication_required
+        flood = SteadyFlood(address, GOOD_HOST, 50, HOSTS_OWN, rate=5000)
+        wait_for(lambda: sessions.limited > 100, 30, "the flood to spend the address's budget")
+        forged = host.header(command_set=pb.FABRICS, opcode=pb.FABRICS_CONNECT, host_nqn=GOOD_HOST,
+                             auth_message=first_proof.make(b"k" * 32, GOOD_HOST))
+        replayer = RawHost(address, GOOD_HOST, timeout_ms=300)
+        try:
+            for _ in range(5):
+                for header in (captured, forged):
+                    replayer.send_raw(header)
+            wait_for(lambda: sessions.proofs[first_proof.REPLAYED] + sessions.proofs[first_proof.FORGED]
+                     >= 10, 10, "the replays to be checked")
+        finally:
+            replayer.close()
+        assert sessions.proofs[first_proof.REPLAYED] == 5 and sessions.proofs[first_proof.FORGED] == 5
+        assert sessions.proofs[first_proof.OK] == 1
+        assert sessions.half_open_of_host(GOOD_HOST) <= 1  # only the genuine Connect's is a known host's
+    finally:
+        if flood is not None:
+            flood.close()
+        host.close()

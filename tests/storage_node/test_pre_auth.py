@@ -1,14 +1,17 @@
 """Work before authentication is bounded (pure, a fake clock): a token bucket per peer address, half-open
 handshakes capped per address and in all (a flood from one address never pushes out another's), and
-forgotten after the handshake timeout."""
+forgotten after the handshake timeout. A known host's proven handshake (a first-message proof) has its own
+allowance, so a flood from its own address does not push it out; forged, unknown and replayed proofs
+prove nothing."""
 from __future__ import annotations
 
 import pytest
 
+from fabric import first_proof
 from fabric.auth import AuthError, FabricSecurity
 from kvtb import credentials
 from storage_node.pre_auth import HANDSHAKE_MESSAGES, PeerBuckets, PreAuthLimits
-from storage_node.sessions import Sessions
+from storage_node.sessions import OVER_HOST_RATE, Sessions
 
 AGENT = "nqn.2026-11.org.kvtestbed:smartnic-0"
 SUBSYSTEM = "nqn.2026-11.org.kvtestbed:storage-0"
@@ -103,3 +106,86 @@ def test_a_handshake_completes_within_the_caps(tmp_path):
     s.handshake(b"a").receive(hs.success2(s.handshake(b"a").send()))
     s.establish(b"a")
     assert s.sealed(b"a") and s.half_open == 0 and not s._by_peer
+
+
+# -- known hosts first (a first-message proof) ------------------------------------------------------
+
+MASTER = b"m" * 32
+WALL = 1_800_000_000.0
+
+
+def known(clock: Clock, wall: float = WALL, allowed=(AGENT,), **limits) -> Sessions:
+    return Sessions(FabricSecurity("auth", MASTER), PreAuthLimits(**limits), clock, subsystem_nqn=SUBSYSTEM,
+                    allowed=lambda nqn: nqn in allowed, wall_clock=lambda: wall)
+
+
+def agent_proof(subsystem: str = SUBSYSTEM, key: bytes | None = None) -> bytes:
+    return first_proof.make(key or credentials.host_key(MASTER, AGENT), AGENT, subsystem, WALL)
+
+
+def test_a_valid_proof_is_taken_once_and_a_forged_or_unknown_one_never():
+    s = known(Clock())
+    p = agent_proof()
+    assert s.prove(AGENT, p) == first_proof.OK
+    assert s.prove(AGENT, p) == first_proof.REPLAYED
+    assert s.prove(AGENT, agent_proof(key=b"k" * 32)) == first_proof.FORGED
+    evil = "nqn.2026-11.org.evil:bob"
+    assert s.prove(evil, first_proof.make(credentials.host_key(MASTER, evil), evil, SUBSYSTEM, WALL)) \
+        == first_proof.UNKNOWN_HOST  # a key of the master, but not a host this node serves
+    assert s.prove(AGENT, b"") == first_proof.MALFORMED
+    assert s.proofs[first_proof.OK] == 1 and sum(s.proofs.values()) == 5
+
+
+def test_a_proven_host_has_a_rate_of_its_own():
+    clock = Clock()
+    s = known(clock, handshakes_per_s_per_peer=5)
+    taken = sum(s.prove(AGENT, agent_proof()) == first_proof.OK for _ in range(100))
+    assert taken == 10  # two seconds' worth
+    assert s.proofs[OVER_HOST_RATE] == 90
+    clock.now += 1
+    assert s.prove(AGENT, agent_proof()) == first_proof.OK
+
+
+def test_without_authentication_nothing_is_proven():
+    s = Sessions(FabricSecurity.off(), PreAuthLimits(), Clock())
+    assert s.prove(AGENT, agent_proof()) != first_proof.OK
+
+
+def test_a_flood_from_the_agents_own_address_leaves_its_proven_handshake():
+    s = known(Clock(), max_half_open=64, max_half_open_per_peer=8, max_half_open_per_host=2)
+    s.begin(b"agent", AGENT, SUBSYSTEM, "127.0.0.1", proven=True)
+    for i in range(1100):  # the same address, the same host NQN, no proof
+        s.begin(b"evil%d" % i, AGENT, SUBSYSTEM, "127.0.0.1")
+    assert s.half_open_of("127.0.0.1") == 8 and s.half_open_of_host(AGENT) == 1 and s.half_open == 9
+    assert s.proven(b"agent") and not s.proven(b"evil1099") and not s.proven(b"nobody")
+    assert s.handshake(b"agent").host_nqn == AGENT
+    # the proven host's own allowance: past it, its own oldest goes
+    for i in range(3):
+        s.begin(b"agent%d" % i, AGENT, SUBSYSTEM, "127.0.0.1", proven=True)
+    assert s.half_open_of_host(AGENT) == 2 and not s.proven(b"agent") and s.proven(b"agent2")
+    s.drop(b"agent1")
+    s.drop(b"agent2")
+    assert s.half_open_of_host(AGENT) == 0 and not s._by_host
+
+
+def test_past_the_total_cap_a_flood_loses_before_a_proven_host():
+    s = known(Clock(), max_half_open=32, max_half_open_per_peer=16, max_half_open_per_host=4)
+    s.begin(b"agent", AGENT, SUBSYSTEM, "10.0.0.1", proven=True)
+    for i in range(2000):
+        s.begin(b"evil%d" % i, AGENT, SUBSYSTEM, f"10.1.{i // 16 % 250}.1")
+    assert s.half_open == 32 and s.proven(b"agent")
+
+
+def test_a_proven_half_open_session_expires_too():
+    clock = Clock()
+    s = known(clock, handshake_timeout_s=5)
+    s.begin(b"agent", AGENT, SUBSYSTEM, "127.0.0.1", proven=True)
+    clock.now += 6
+    assert s.expire() == 1 and not s._by_host and not s.proven(b"agent")
+
+
+def test_limits_check_the_host_allowance():
+    with pytest.raises(ValueError):
+        PreAuthLimits(max_half_open_per_host=0)
+    with pytest.raises(ValueError):
+        PreAuthLimits(max_half_open=4, max_half_open_per_peer=4, max_half_open_per_host=5)
