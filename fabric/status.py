@@ -35,6 +35,8 @@ INVALID_OPCODE = Status(SCT_GENERIC, 0x01)
 INVALID_FIELD = Status(SCT_GENERIC, 0x02)
 COMMAND_ID_CONFLICT = Status(SCT_GENERIC, 0x03)
 INTERNAL_ERROR = Status(SCT_GENERIC, 0x06)
+# the queue is full (NVMe 1.4 "Command Interrupted", retryable: send it again after a completion)
+COMMAND_INTERRUPTED = Status(SCT_GENERIC, 0x21)
 INVALID_NAMESPACE = Status(SCT_GENERIC, 0x0B)
 NAMESPACE_NOT_READY = Status(SCT_GENERIC, 0x82)
 LBA_OUT_OF_RANGE = Status(SCT_GENERIC, 0x80)
@@ -58,6 +60,7 @@ NAMES: dict[Status, str] = {
     INVALID_FIELD: "invalid field",
     COMMAND_ID_CONFLICT: "command id conflict",
     INTERNAL_ERROR: "internal error",
+    COMMAND_INTERRUPTED: "command interrupted",
     INVALID_NAMESPACE: "invalid namespace",
     NAMESPACE_NOT_READY: "namespace not ready",
     LBA_OUT_OF_RANGE: "LBA out of range",

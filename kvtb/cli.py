@@ -17,6 +17,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("serve", "compute"): "compute_node.main:main",
     ("serve", "frontend"): "chat_frontend.main:main",
     ("bench", "storage"): "bench.storage:main",
+    ("bench", "soak"): "bench.storage_soak:main",
     ("bench", "smartnic"): "bench.smartnic:main",
     ("bench", "offload"): "bench.offload:main",
     ("bench", "ttft"): "bench.ttft:main",

@@ -5,12 +5,15 @@ Logic (no zmq, no grpc):
     journal.py       append-only index journal: numbered, crc32c records; replay skips damage in
                      the middle (and reports it), cuts a torn tail; reads version-1 journals
     replay.py        records -> key index, setting aside values whose extents a newer one holds
-    queues.py        queue pair per host: depth, command ids, waiting commands, sq head
+    queues.py        queue pair per host: depth, command ids, a bounded number parked, the rest
+                     refused "command interrupted" (retryable), sq head
     namespace.py     file-backed namespaces, zero-copy extent I/O, the NVM block namespace
     kv_namespace.py  the key-value namespace: index, atomic replace, crc32c on every Retrieve
                      (unless the host checks it itself: NVMe's PRCHK guard bit clear); a data
                      file cut short loses the values past the cut, not the process
-    commit.py        group commit (one data fdatasync + one journal fsync per batch)
+    commit.py        group commit (one data fdatasync + one journal fsync per batch, on its own thread)
+    stall_watch.py   stalls over 1 s (the fabric thread busy, a command outstanding) logged with
+                     what they wait on
     leases.py        read leases (lease_ms): a Delete of a key another host leased is refused
     manifest.py      subsystem.json: read, or rebuilt from its good entries and the data files
     subsystem.py     namespaces (a damaged one is offline, not fatal), access list, host controllers

@@ -11,6 +11,13 @@ Bounded: a frame over `max_frame_bytes` (ZMQ_MAXMSGSIZE) makes libzmq drop its p
 before buffering it, and at most `rcv_hwm` messages wait per connection while the node does not
 read (then TCP's own window stops the peer). The processor learns each connection's peer address
 (ZeroMQ's "Peer-Address") for its limits on work before authentication.
+
+No head-of-line blocking across hosts: the socket is read whatever any queue pair holds. A host
+past its queue depth has its next commands parked (a bounded number, `storage_node.queues`) and
+then refused with "command interrupted" (retryable), never held in the socket where they would
+stop every other host's. Nothing on this thread waits for the disk's cache: fsyncs run on each
+namespace's committer and sync threads. A stall over 1 s, of this thread or of a command, is
+logged with what it waited on (`storage_node.stall_watch`).
 """
 from __future__ import annotations
 
@@ -26,10 +33,12 @@ from kvtb.doorbell import Doorbell
 from storage_node.commands import CommandProcessor, Reply
 from storage_node.handlers import Command, Result
 from storage_node.idle_trim import IdleTrim
+from storage_node.stall_watch import CHECK_S, CommandWatch, LoopWatch, executor_state
 
 logger = logging.getLogger(__name__)
 
 RECV_BATCH = 64  # messages taken per loop turn before completions get their turn
+COMPLETION_BATCH = 256  # completions answered per loop turn before the socket gets its turn
 MAX_FRAME_BYTES = 16 << 20  # as StorageSettings.max_frame_bytes
 # Messages ZeroMQ queues per connection before the node reads them; past it, TCP's window holds the
 # peer back (nothing is lost). Small: libzmq keeps a small message in an 8 KiB receive buffer of its
@@ -46,8 +55,12 @@ def bindable(address: str) -> str:
 class FabricServer:
     """Owns the ROUTER socket on one thread; other threads only call post() and stop().
 
-    Back-pressure: while any queue pair has `depth` commands waiting, the socket is not read,
-    so ZeroMQ's and TCP's buffers fill and the hosts' sends block; nothing is dropped.
+    Back-pressure is per host, never shared: the socket is always read (RECV_BATCH messages a turn,
+    then the completions), and a host past its queue depth gets its extra commands parked, then
+    refused with "command interrupted" (QueuePair), so one host's full queue or slow commands never
+    keep another host's capsules unread. Each turn's work is bounded: a batch of receives, the
+    completions posted so far. A turn over 1 s and a command outstanding over 1 s are logged with
+    what they wait on (`watch`, `commands_watch`).
     """
 
     def __init__(self, address: str, context: zmq.Context | None = None, security: FabricSecurity | None = None,
@@ -72,6 +85,8 @@ class FabricServer:
         self.processor: CommandProcessor | None = None
         self.idle_trim = IdleTrim()  # what refused unauthenticated work held goes back to the system
         self._refused_seen = 0
+        self.watch: LoopWatch | None = None
+        self._next_check = 0.0
 
     def post(self, cmd: Command, result: Result) -> None:
         """Hand a finished command to the fabric thread (thread-safe; dropped once stopped)."""
@@ -82,8 +97,11 @@ class FabricServer:
 
     def start(self, processor: CommandProcessor) -> None:
         self.processor = processor
+        self.watch = LoopWatch("fabric", stats=processor.stats)
+        self.commands_watch = CommandWatch(processor.stats, executor_state(processor.executor))
         self._thread = threading.Thread(target=self._run, name="fabric", daemon=True)
         self._thread.start()
+        self.watch.start(self._thread.ident)
 
     def stop(self) -> None:
         """Stop the loop and close the socket."""
@@ -91,6 +109,11 @@ class FabricServer:
         self._wake.ring()
         if self._thread:
             self._thread.join()
+        if self.watch is not None:
+            self.watch.stop()
+            stats = self.processor.stats
+            logger.info("fabric stopped: the longest command took %.3f s (%s); %d stalls over 1 s logged",
+                        stats.longest_command_s, stats.longest_command or "none", stats.stalls)
         self._sock.close(linger=0)
         self._wake.close()
 
@@ -98,12 +121,15 @@ class FabricServer:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake.fd, zmq.POLLIN)
-        reading = True
+        watch = self.watch
         while not self._stopping.is_set():
+            watch.idle()
             events = dict(poller.poll(500))
+            watch.busy("sending completions")
             if self._wake.fd in events:
                 self._wake.answer()
             self._drain_completions()
+            watch.busy("expiring half-open handshakes")
             self.processor.expire()
             now = time.monotonic()
             if self._sock in events:
@@ -114,16 +140,14 @@ class FabricServer:
                     self.idle_trim.want()
             else:
                 self.idle_trim.tick(now)
-            backlogged = self._backlogged()
-            if backlogged == reading:
-                reading = not backlogged
-                poller.modify(self._sock, zmq.POLLIN if reading else 0)
-                logger.debug("fabric %s reading", "resumes" if reading else "stops")
-
-    def _backlogged(self) -> bool:
-        return any(c.queue.waiting >= c.queue.depth for c in self.processor.subsystem.controllers())
+            if now >= self._next_check:  # commands outstanding over 1 s, logged with what they wait on
+                self._next_check = now + CHECK_S
+                watch.busy("checking for stalled commands")
+                self.commands_watch.check(self.processor.subsystem.controllers(), now)
 
     def _receive_batch(self) -> None:
+        session = b""
+        self.watch.busy("handling received capsules", lambda: f"the last from session {session.hex()}")
         for _ in range(RECV_BATCH):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -137,16 +161,16 @@ class FabricServer:
                 logger.exception("unexpected failure handling a capsule")
                 continue
             self._send(replies)
-            if self._backlogged():
-                return
 
     def _drain_completions(self) -> None:
-        while True:
+        for _ in range(COMPLETION_BATCH):
             try:
                 cmd, result = self._done.get_nowait()
             except queue.Empty:
                 return
+            self.commands_watch.answered(cmd, time.monotonic())
             self._send(self.processor.complete(cmd, result))
+        self._wake.ring()  # more are waiting: the next turn takes them, after the socket's turn
 
     def _send(self, replies: list[Reply]) -> None:
         for reply in replies:

@@ -12,6 +12,8 @@ A Retrieve, range read or Exist with lease_ms leases each key it read to its hos
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,9 +30,17 @@ from storage_node.namespace import LBA_BYTES, BlockNamespace, Namespace, byte_vi
 logger = logging.getLogger(__name__)
 
 
+WAITING_FOR_WORKER = "waiting for an I/O worker"
+
+
 @dataclass
 class Command:
-    """An admitted command: its capsule, payload buffers and where it runs."""
+    """An admitted command: its capsule, payload buffers and where it runs.
+
+    admitted, stage and waits_on say how long it has been outstanding and on what (the fabric
+    thread's stall check reads them): stage is set where the command moves on (a worker starts it,
+    it goes to a group commit or a flush), waits_on, when set, describes that stage's holder now.
+    """
 
     session: bytes
     capsule: pb.CommandCapsule
@@ -39,6 +49,10 @@ class Command:
     controller: Any
     namespace: Namespace
     spec: OpSpec
+    admitted: float = field(default_factory=time.monotonic)
+    stage: str = WAITING_FOR_WORKER
+    waits_on: Callable[[], str] | None = None
+    stall_logged: bool = False
 
 
 @dataclass
@@ -196,6 +210,7 @@ def _kv_store(cmd: Command, finish: Finish, env: dict) -> None:
         ns.abort(pending)
         raise NvmeError(st.GUARD_CHECK_ERROR, "payload does not match its crc32c")
     committer: GroupCommitter = env["committers"][ns.nsid]
+    cmd.stage, cmd.waits_on = f"group commit of namespace {ns.nsid}", committer.describe
     committer.submit(pending, lambda status: finish(
         Result(status, crc32c=crc, value_length=c.value_length,
                bytes_written=c.value_length if status.ok else 0)))
@@ -243,8 +258,9 @@ def _kv_retrieve_ranges(cmd: Command, finish: Finish, env: dict) -> None:
 
 
 def _kv_delete(cmd: Command, finish: Finish, env: dict) -> None:
-    env["committers"][cmd.namespace.nsid].submit(PendingDelete(cmd.capsule.key, cmd.controller.host_nqn),
-                                                 lambda status: finish(Result(status)))
+    committer: GroupCommitter = env["committers"][cmd.namespace.nsid]
+    cmd.stage, cmd.waits_on = f"group commit of namespace {cmd.namespace.nsid}", committer.describe
+    committer.submit(PendingDelete(cmd.capsule.key, cmd.controller.host_nqn), lambda status: finish(Result(status)))
 
 
 def _kv_exist(cmd: Command, finish: Finish, env: dict) -> None:
@@ -281,8 +297,14 @@ def _nvm_deallocate(cmd: Command, finish: Finish, env: dict) -> None:
 
 
 def _flush(cmd: Command, finish: Finish, env: dict) -> None:
-    cmd.namespace.flush()
-    finish(Result())
+    """The fdatasync runs on the namespace's own sync thread (never a worker's or the fabric's); concurrent
+    Flushes of one namespace share it."""
+    def done(error: OSError | None) -> None:
+        finish(Result(st.WRITE_FAULT, f"flush failed: {error}") if error else Result())
+
+    syncer = cmd.namespace.syncer
+    cmd.stage, cmd.waits_on = f"flush of namespace {cmd.namespace.nsid}", syncer.describe
+    syncer.submit(done)
 
 
 def _retrieve_bytes(cmd: Command) -> int:
@@ -332,6 +354,8 @@ def payload_size(payload: list) -> int:
 
 def run(cmd: Command, finish: Finish, env: dict) -> None:
     """Execute cmd; every outcome, errors included, reaches finish exactly once."""
+    cmd.stage = "executing on the fabric thread" if threading.current_thread().name == "fabric" else \
+        "executing on an I/O worker"
     try:
         cmd.spec.execute(cmd, finish, env)
     except NvmeError as exc:

@@ -120,6 +120,8 @@ class KvNamespace(Namespace):
         self.compact_min_records = compact_min_records
         self.mapped_reads = mapped_reads
         self.integrity_errors = 0
+        self.commit_phase = ""  # what commit() is doing now ("": not committing), for the stall log
+        self.last_commit_s = (0.0, 0.0)  # the last commit's seconds in the data fdatasync, in the journal
         self.values_lost = 0  # to a data file cut short, or set aside at replay
         self._lock = threading.Lock()
         self._index: dict[bytes, IndexEntry] = {}
@@ -226,12 +228,19 @@ class KvNamespace(Namespace):
         """Make a batch durable (one data fdatasync, one journal append) and visible, in order."""
         statuses, records = self._decide(ops)
         try:
+            start = time.monotonic()
             if any(isinstance(op, PendingStore) for op, s in zip(ops, statuses) if s.ok):
+                self.commit_phase = "fdatasync of the data file"
                 self.sync_data()
+            synced = time.monotonic()
+            self.commit_phase = "journal append and fdatasync"
             self.journal.append(records)
+            self.last_commit_s = (synced - start, time.monotonic() - synced)
         except OSError as exc:
             logger.error("namespace %d: commit failed: %s", self.nsid, exc)
             statuses = [st.INTERNAL_ERROR if s.ok else s for s in statuses]
+        finally:
+            self.commit_phase = ""
         with self._lock:
             for op, status in zip(ops, statuses):
                 if isinstance(op, PendingStore) and not status.ok:

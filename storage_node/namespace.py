@@ -5,9 +5,11 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import queue
 import threading
+import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -137,10 +139,84 @@ def new_buffer(nbytes: int) -> np.ndarray:
     return np.empty(nbytes, dtype=np.uint8)
 
 
+class Syncer:
+    """A namespace's Flushes: fdatasync on a thread of its own, started at the first one, so that neither
+    the fabric thread nor an I/O worker ever waits for the disk's cache. Flushes queued while one
+    runs share the next fdatasync (each still ends after everything written before it was asked for).
+
+    Thread-safe: submit from any thread; callbacks run on the sync thread, in order.
+    """
+
+    def __init__(self, namespace: Namespace):
+        self.namespace = namespace
+        self.busy_since = 0.0  # monotonic start of the fdatasync running now (0: none)
+        self.batch = 0
+        self._queue: queue.SimpleQueue[Callable[[OSError | None], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, callback: Callable[[OSError | None], None]) -> None:
+        """fdatasync the namespace's file; callback(None) once done, callback(error) if it failed."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"sync-ns{self.namespace.nsid}", daemon=True)
+                self._thread.start()
+        self._queue.put(callback)
+
+    def stop(self) -> None:
+        """Finish the queued Flushes, then stop the thread (if it ever started)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def describe(self) -> str:
+        busy = self.busy_since
+        if busy:
+            return (f"fdatasync of {self.namespace.path} running for {time.monotonic() - busy:.1f} s "
+                    f"({self.batch} Flushes), {self._queue.qsize()} queued")
+        return f"sync thread idle, {self._queue.qsize()} Flushes queued"
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while batch[-1] is not None:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stopping = batch[-1] is None
+            callbacks = [c for c in batch if c is not None]
+            if callbacks:
+                self.batch, self.busy_since = len(callbacks), time.monotonic()
+                error = None
+                try:
+                    self.namespace.sync_data()
+                except OSError as exc:
+                    logger.error("namespace %d: flush failed: %s", self.namespace.nsid, exc)
+                    error = exc
+                took, self.busy_since = time.monotonic() - self.busy_since, 0.0
+                if took > SLOW_SYNC_S:
+                    logger.warning("namespace %d: fdatasync of a Flush took %.1f s (%d Flushes waited on it)",
+                                   self.namespace.nsid, took, len(callbacks))
+                for callback in callbacks:
+                    try:
+                        callback(error)
+                    except Exception:  # one failing callback must not starve the others
+                        logger.exception("flush callback failed")
+            if stopping:
+                return
+
+
+SLOW_SYNC_S = 1.0  # an fdatasync longer than this is logged, with what waited on it
+
+
 class Namespace:
     """A namespace backed by one sparse file of size_bytes.
 
     Thread-safe: file I/O uses pread/pwrite at explicit offsets; flush may run concurrently.
+    A Flush command goes through `syncer` (its own thread), not flush().
     """
 
     command_set = ""
@@ -153,6 +229,7 @@ class Namespace:
         self.fsyncs = 0
         self._fsync_lock = threading.Lock()
         self.fd = -1
+        self.syncer = Syncer(self)
 
     def open(self) -> None:
         """Open (create) the backing file, 0600 (also one an older run left wider), size_bytes long."""
@@ -162,6 +239,7 @@ class Namespace:
             os.ftruncate(self.fd, self.size_bytes)
 
     def close(self) -> None:
+        self.syncer.stop()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

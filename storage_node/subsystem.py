@@ -15,7 +15,7 @@ from storage_node import manifest
 from storage_node.commit import GroupCommitter
 from storage_node.kv_namespace import KvNamespace
 from storage_node.namespace import BlockNamespace, Namespace
-from storage_node.queues import QueuePair
+from storage_node.queues import ParkBudget, QueuePair
 from storage_node.settings import WILDCARD, StorageSettings
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class Subsystem:
         self._controllers: dict[str, Controller] = {}
         self._sessions: dict[bytes, Controller] = {}
         self._qids = itertools.count(1)
+        self.park_budget = ParkBudget()  # payload bytes parked commands hold, all queues together
         self._lock = threading.Lock()
 
     # -- namespaces ---------------------------------------------------------------------------
@@ -143,7 +144,7 @@ class Subsystem:
             controller = self._controllers.get(host_nqn)
             if controller is None:
                 nsids = allowed if allowed == WILDCARD else frozenset(allowed)
-                queue = QueuePair(next(self._qids), self.settings.queue_depth)
+                queue = QueuePair(next(self._qids), self.settings.queue_depth, budget=self.park_budget)
                 controller = Controller(host_nqn, queue, nsids)
                 self._controllers[host_nqn] = controller
         return controller

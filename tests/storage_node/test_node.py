@@ -157,21 +157,33 @@ def test_a_value_over_64_mib_is_stored_and_read_back(start_service, node_config)
         assert b"".join(p for _, p in pieces) == value[:64 << 20].tobytes()
 
 
-def test_a_host_past_its_queue_depth_is_held_back_and_nothing_is_dropped(start_service, node_config):
+def test_a_host_past_its_queue_depth_is_parked_then_refused_and_nothing_is_dropped(start_service, node_config):
+    """Past depth (4) a host's commands are parked (4 more), then refused "command interrupted": every
+    command is answered, none silently dropped, and the refused ones stored once sent again."""
     node = start_node(start_service, node_config(queue_depth=4))
     host = RawHost(node.addresses["fabric"], GOOD_HOST, fabric_security(GOOD_HOST).key, timeout_ms=20_000)
+    value = os.urandom(200_000)
+
+    def store(cid: int) -> None:
+        host.send_raw(host.seal(host.header(command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1,
+                                            command_id=cid, key=b"bp%d" % cid, value_length=len(value))), value)
     try:
         assert host.authenticate().sq_id > 0
-        value = os.urandom(200_000)
         for cid in range(60):  # far past the depth of 4, without waiting for completions
-            host.send_raw(host.seal(host.header(command_set=pb.KEY_VALUE, opcode=pb.KV_STORE, namespace_id=1,
-                                                command_id=cid, key=b"bp%d" % cid, value_length=len(value))),
-                          value)
+            store(cid)
         answered = [host.receive()[0] for _ in range(60)]
         assert sorted(r.command_id for r in answered) == list(range(60))
-        assert all(r.status_code == 0 for r in answered)
+        refused = sorted(r.command_id for r in answered if (r.status_code_type, r.status_code) == st.COMMAND_INTERRUPTED)
+        assert all(r.status_code == 0 for r in answered if r.command_id not in refused)
+        assert len(refused) <= 60 - 8 and "full" in next(r.message for r in answered if r.command_id in refused)
+        for cid in refused:  # sent again one at a time, as a host within its depth does
+            store(cid)
+            again = host.receive()[0]
+            assert again.command_id == cid and again.status_code == 0
     finally:
         host.close()
+    with fabric_client(node.addresses["fabric"], GOOD_HOST) as client:
+        assert all(bytes(client.retrieve(1, b"bp%d" % cid).payload()) == value for cid in range(60))
 
 
 def test_storage_node_serves_once_started_and_not_while_stopping(tmp_path):
