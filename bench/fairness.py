@@ -1,7 +1,12 @@
 """`kvtb bench fairness`: a modest user's turns alone and beside a greedy user holding many streams.
 
 Every service runs as a process (`kvtb up`'s wiring, bench.stack) with the real model and the
-frontend's admission settings as a deployment has them (its defaults, unless given). The modest
+frontend's admission settings as a deployment has them (its defaults, unless given). With
+--long-prompt-tokens N (issue 42: one long prompt holding every step), the greedy user sends
+--greedy-streams prompts of ~N tokens at once instead (each once; the frontend's caps, e.g.
+--user-max-concurrent-turns 2, admit some), and the modest user's turns run beside them until
+--long-alone-prompts of them are done; the long prompts' prefill tokens/s is reported alone (as many
+sent alone first) against beside the modest user, and the target is a TTFT p50 within 3x of alone. The modest
 user runs --modest-turns turns one after the other alone (each a new context with the same kind
 of short question; half before the load, half after it, so that the machine's drift falls on both
 sides), and the same number beside a greedy user's --greedy-streams streams (default 130, the
@@ -34,6 +39,7 @@ from bench.results import (
 from bench.stack import Stack, bench_config
 from bench.stats import ratio, summarize
 from chat_frontend.settings import FrontendSettings
+from compute_node.settings import ComputeSettings
 from kvtb_proto import frontend_pb2, frontend_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -43,6 +49,10 @@ QUESTIONS = ("What is a storage node?", "What does a SmartNIC do?", "What is a K
              "Why offload KV to storage?", "What is a queue pair?", "What is a trigger counter?")
 FLOORS = {"modest_served_loaded": 1.0}                 # every modest turn served under the load
 CEILINGS = {"modest_ttft_p50_loaded_vs_alone": 2.0}    # issue 31's target
+LONG_CEILINGS = {"modest_ttft_p50_loaded_vs_alone": 3.0}  # issue 42's, beside long prompts
+LONG_WORDS = ("storage", "queue", "block", "cache", "token", "offload", "restore", "fabric", "prefill", "decode",
+              "agent", "region", "counter", "chunk", "replica", "tenant", "latency", "budget", "schedule", "step")
+MAX_LOADED_S = 900.0  # the modest user's turns beside long prompts stop by then, done or not
 RETRY_CAP_S = 5.0   # a refused greedy stream waits Retry-After, at most this
 WARM_UP_TURNS = 2   # the modest user's turns before any measured (the model's first turns are slower)
 
@@ -57,6 +67,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="tokens per greedy reply (default 64)")
     parser.add_argument("--settle-s", type=float, default=5.0,
                         help="seconds the greedy load runs before the modest turns (default 5)")
+    parser.add_argument("--long-prompt-tokens", type=int, default=0,
+                        help="each greedy turn a prompt of about this many tokens, sent once (default 0: the "
+                             "short turns of issue 31, back to back)")
+    parser.add_argument("--long-alone-prompts", type=int, default=2,
+                        help="long prompts sent at once alone, and done beside the modest user, for the prefill "
+                             "tokens/s (default 2)")
+    parser.add_argument("--step-target-s", type=float, default=ComputeSettings().step_target_s,
+                        help=f"the compute node's step_target_s (default {ComputeSettings().step_target_s}; "
+                             "0: no time bound)")
     parser.add_argument("--torch-threads", type=int, default=0,
                         help="the compute node's torch threads (default 0: one per CPU of its placement's)")
     defaults = FrontendSettings()
@@ -70,8 +89,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.modest_turns = min(args.modest_turns, 3)
         args.max_new_tokens, args.greedy_max_new_tokens = 4, 8
         args.settle_s = min(args.settle_s, 1.0)
+        args.long_prompt_tokens = min(args.long_prompt_tokens, 512)
+        args.long_alone_prompts = min(args.long_alone_prompts, 2)
     if args.greedy_streams < 1 or args.modest_turns < 1:
         parser.error("--greedy-streams and --modest-turns must be at least 1")
+    if args.long_prompt_tokens < 0 or not 1 <= args.long_alone_prompts <= args.greedy_streams:
+        parser.error("--long-prompt-tokens must be >= 0 and --long-alone-prompts in [1, --greedy-streams]")
     return args
 
 
@@ -83,6 +106,8 @@ class Turn:
     client_ttft_ms: float = 0.0  # request sent to the first text
     ttft_ms: float = 0.0         # the frontend's (its turn summary)
     e2e_ms: float = 0.0
+    prompt_tokens: int = 0       # the compute node's (prefilled and reused)
+    done_s: float = 0.0          # when it ended (time.perf_counter())
 
 
 def phase_figures(turns: list[Turn]) -> dict:
@@ -109,7 +134,12 @@ def add_ratios(result: dict) -> None:
                                                                     alone["client_ttft_ms"]["p50"])
         result["ratios"]["modest_frontend_ttft_p50_loaded_vs_alone"] = ratio(loaded["ttft_ms"]["p50"],
                                                                              alone["ttft_ms"]["p50"])
-    result["floors"] = floors(result["ratios"], FLOORS, CEILINGS)
+    long = r.get("long") or {}
+    if long.get("alone_tokens_per_s") and long.get("beside_tokens_per_s"):
+        result["ratios"]["long_prefill_tokens_per_s_beside_vs_alone"] = ratio(long["beside_tokens_per_s"],
+                                                                           long["alone_tokens_per_s"])
+    ceilings = LONG_CEILINGS if result["settings"].get("long_prompt_tokens") else CEILINGS
+    result["floors"] = floors(result["ratios"], FLOORS, ceilings)
 
 
 async def one_turn(stub, token: str, message: str, max_new_tokens: int) -> tuple[Turn, float | None]:
@@ -125,7 +155,8 @@ async def one_turn(stub, token: str, message: str, max_new_tokens: int) -> tuple
             elif kind == "summary":
                 s = event.summary
                 client_ttft = ((first or time.perf_counter()) - begin) * 1e3
-                return Turn("ok", client_ttft, s.ttft_ms, s.e2e_ms), None
+                return Turn("ok", client_ttft, s.ttft_ms, s.e2e_ms, s.tokens_prefilled + s.tokens_reused,
+                            time.perf_counter()), None
         return Turn("NO_SUMMARY"), None
     except grpc.aio.AioRpcError as exc:
         retry = dict(exc.trailing_metadata() or ()).get("retry-after")
@@ -196,6 +227,74 @@ async def measure(frontend: str, args: argparse.Namespace, tokens: dict[str, str
             "greedy": load.figures()}
 
 
+class LongPrompts:
+    """Prompts of about `tokens` tokens (the model's tokenizer), each different from its first words (no
+    prefix of one is another's)."""
+
+    def __init__(self, tokens: int):
+        from compute_node.model_loader import load_tokenizer
+        self.tokenizer = load_tokenizer(ComputeSettings().model_cache_dir)
+        self.tokens, self.made = tokens, 0
+
+    def next(self) -> str:
+        self.made += 1
+        words = [LONG_WORDS[(self.made * 7 + i * i) % len(LONG_WORDS)] for i in range(self.tokens)]
+        text = f"Document {self.made}-{time.time_ns()}: " + " ".join(words)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[:self.tokens]
+        return self.tokenizer.decode(ids) + "\nSummarize it."
+
+
+def prefill_rate(turns: list[Turn], began: float) -> float | None:
+    """Prompt tokens of the served turns over the time from `began` to the last one's end (tokens/s)."""
+    served = [t for t in turns if t.status == "ok"]
+    if not served or max(t.done_s for t in served) <= began:
+        return None
+    return sum(t.prompt_tokens for t in served) / (max(t.done_s for t in served) - began)
+
+
+async def measure_long(frontend: str, args: argparse.Namespace, tokens: dict[str, str]) -> dict:
+    """Issue 42's load: {alone, loaded, greedy, long}; the long prompts alone, then beside the modest turns."""
+    prompts = LongPrompts(args.long_prompt_tokens)
+    hog, k = tokens[GREEDY], args.long_alone_prompts
+    async with grpc.aio.insecure_channel(frontend) as channel:
+        stub = frontend_pb2_grpc.ChatFrontendStub(channel)
+        await modest_phase(stub, tokens[MODEST], WARM_UP_TURNS, args.max_new_tokens)
+        before = -(-args.modest_turns // 2)
+        alone = await modest_phase(stub, tokens[MODEST], before, args.max_new_tokens)
+        began = time.perf_counter()  # the long prompts alone, as many at once as beside
+        sent = [one_turn(stub, hog, prompts.next(), args.greedy_max_new_tokens) for _ in range(k)]
+        alone_long = [t for t, _ in await asyncio.gather(*sent)]
+        alone_rate = prefill_rate(alone_long, began)
+        began = time.perf_counter()
+        tasks = [asyncio.create_task(one_turn(stub, hog, prompts.next(), args.greedy_max_new_tokens))
+                 for _ in range(args.greedy_streams)]
+        loaded = []
+        try:
+            await asyncio.sleep(args.settle_s)  # the frontend admitted the first of them
+
+            def served() -> list[Turn]:
+                ok = [t.result()[0] for t in tasks if t.done() and t.result()[0].status == "ok"]
+                return sorted(ok, key=lambda t: t.done_s)[:k]
+
+            def waiting() -> bool:  # for the first k long prompts, while k of them may still be served
+                return len(served()) < k <= len(served()) + sum(not t.done() for t in tasks)
+            while time.perf_counter() - began < MAX_LOADED_S and (len(loaded) < args.modest_turns or waiting()):
+                loaded += await modest_phase(stub, tokens[MODEST], 1, args.max_new_tokens)
+            loaded_s = time.perf_counter() - began
+            done = served()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        beside_rate = prefill_rate(done, began) if len(done) == k else None
+        await asyncio.sleep(args.settle_s)  # the long turns cancelled
+        alone += await modest_phase(stub, tokens[MODEST], args.modest_turns - before, args.max_new_tokens)
+    return {"alone": phase_figures(alone), "loaded": {**phase_figures(loaded), "wall_s": loaded_s},
+            "greedy": {"streams": args.greedy_streams, "served": len(done), "refused": {}},
+            "long": {"prompts": k, "prompt_tokens": [t.prompt_tokens for t in alone_long + done],
+                     "alone_tokens_per_s": alone_rate, "beside_tokens_per_s": beside_rate}}
+
+
 def frontend_settings(args: argparse.Namespace) -> dict:
     defaults = FrontendSettings()
     return {"max_concurrent_turns": args.max_concurrent_turns, "max_waiting_turns": args.max_waiting_turns,
@@ -207,16 +306,24 @@ def frontend_settings(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     settings = {"greedy_streams": args.greedy_streams, "modest_turns": args.modest_turns,
+                "long_prompt_tokens": args.long_prompt_tokens, "long_alone_prompts": args.long_alone_prompts,
+                "step_target_s": args.step_target_s,
                 "max_new_tokens": args.max_new_tokens, "greedy_max_new_tokens": args.greedy_max_new_tokens,
                 "settle_s": args.settle_s, "torch_threads": args.torch_threads, "smoke": args.smoke,
                 "frontend": frontend_settings(args)}
     result = new_result("fairness", settings)
-    config = bench_config(users=2, max_new_tokens=args.max_new_tokens, max_context_tokens=1024,
-                          compute={"torch_threads": args.torch_threads}, frontend=frontend_settings(args))
+    # the long prompts must fit the context: 8192 (the compute node's default) holds ~7k-token prompts
+    context = max(1024, args.long_prompt_tokens + args.greedy_max_new_tokens + 256)
+    # a long prompt beside the modest user's turns may take longer than the frontend's stock deadline (300 s)
+    frontend = {**frontend_settings(args), **({"agent_timeout_s": MAX_LOADED_S} if args.long_prompt_tokens else {})}
+    config = bench_config(users=2, max_new_tokens=args.max_new_tokens, max_context_tokens=context,
+                          compute={"torch_threads": args.torch_threads, "step_target_s": args.step_target_s},
+                          frontend=frontend)
     try:
         with Stack(services_dir(args, "fairness"), config, keep_data=args.keep_data) as stack:
             tokens = {user: stack.token(user) for user in (GREEDY, MODEST)}
-            result["results"].update(asyncio.run(measure(stack.frontend, args, tokens)))
+            how = measure_long if args.long_prompt_tokens else measure
+            result["results"].update(asyncio.run(how(stack.frontend, args, tokens)))
     except Exception as exc:  # noqa: BLE001 - a failed run is reported with its error
         fail(result, "fairness", exc)
     add_ratios(result)
@@ -227,7 +334,10 @@ def table(result: dict) -> str:
     r, s = result["results"], result["settings"]
     head = ["modest user", "served", "client TTFT p50", "client TTFT p99", "frontend TTFT p50", "e2e p50"]
     rows = []
-    for phase, label in (("alone", "alone"), ("loaded", f"beside {s['greedy_streams']} greedy streams")):
+    beside = f"beside {s['greedy_streams']} greedy streams"
+    if s.get("long_prompt_tokens"):
+        beside = f"beside {s['greedy_streams']} prompts of ~{s['long_prompt_tokens']} tokens"
+    for phase, label in (("alone", "alone"), ("loaded", beside)):
         f = r.get(phase)
         if not f:
             continue
@@ -243,8 +353,21 @@ def table(result: dict) -> str:
     return (f"times in ms; the frontend's places: {fe['max_concurrent_turns']} running, "
             f"{fe['max_waiting_turns']} waiting, shared fairly (work-conserving); quotas per user: {quotas}\n"
             f"{format_table(head, rows)}\n"
-            f"greedy user: {greedy.get('served', 0)} turns served, refused {greedy.get('refused', {})}\n\n"
+            f"greedy user: {greedy.get('served', 0)} turns served, refused {greedy.get('refused', {})}\n"
+            f"{long_text(r.get('long'), s)}\n"
             f"{ratios_text(result['ratios'])}")
+
+
+def long_text(long: dict | None, s: dict) -> str:
+    """The long prompts' prefill rate alone and beside the modest user, and the step target (long mode)."""
+    if not long:
+        return ""
+
+    def rate(v):
+        return f"{v:.0f}" if v else "-"
+    return (f"long prompts (step_target_s {s.get('step_target_s')}): {long['prompts']} at once, prefill tokens/s "
+            f"alone {rate(long.get('alone_tokens_per_s'))}, beside the modest user "
+            f"{rate(long.get('beside_tokens_per_s'))}; prompt tokens {long.get('prompt_tokens')}\n")
 
 
 def main(argv: list[str]) -> int:

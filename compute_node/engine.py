@@ -40,6 +40,7 @@ from compute_node.sampling import SequenceSampler, TokenLogprobs, sample
 from compute_node.scheduler import NeverFits, QueueFull, RestoreRequest, Scheduler, SchedulerOutput, SwapOut
 from compute_node.sequence import Sequence, SequenceStatus
 from compute_node.settings import ComputeSettings
+from compute_node.step_budget import StepBudget
 from compute_node.turn import RestoreBlockEvent, StepSpan, Turn
 from compute_node.turn_state import TurnState
 from hostmem.block_hash import Salts, block_hash, salts_of
@@ -92,10 +93,11 @@ class Engine:
         self.pieces = TokenPieces(tokenizer)  # each token's text alone (logprobs)
         self.generation_defaults = generation_defaults(model)
         self.bm = BlockManager(self.layout.num_blocks, self.layout.block_tokens)
+        self.step_budget = StepBudget(settings.step_target_s) if settings.step_target_s else None  # fed by _iterate
         self.scheduler = Scheduler(self.bm, settings.max_num_seqs, settings.max_num_batched_tokens,
                                    settings.preemption, settings.queue_bound, self.stop_token_ids,
                                    newcomer_slots=settings.newcomer_slots,
-                                   first_token_steps=settings.first_token_steps)
+                                   first_token_steps=settings.first_token_steps, step_budget=self.step_budget)
         self.runner = ModelRunner(model, pool.kv, settings.device)
         # preemption swap-host: the host swap tier (vLLM's CPU swap space)
         self.host_swap = (HostSwapStore(self.layout, pool.region.array,
@@ -230,7 +232,11 @@ class Engine:
         if out.is_empty:
             return progressed or bool(new)
         self._charge_poll_cost()
+        started = time.perf_counter()
         self._step(out)
+        if self.step_budget is not None:  # the time the scheduler's step cap learns from (restore waits excluded)
+            self.step_budget.observe([(s.start, s.num_tokens) for s in out.scheduled],
+                                     max(0.0, time.perf_counter() - started - self._layer_waited))
         return True
 
     # -- turns in and out

@@ -8,7 +8,12 @@ own sequences in their order); while a greedy user holds most of the batch, a ne
 may take a place past max_num_seqs (`newcomer_slots`) and gets a step of its own for its first
 token (`first_token_steps`); the prefill budget is split across users (one user's long prompts do
 not hold back another's turn), and when a decode cannot get a block the victim is the most recently
-admitted sequence of the user with the most running sequences. A victim is preempted: by recompute (its blocks are freed, it
+admitted sequence of the user with the most running sequences. With a step budget
+(`compute_node.step_budget`), while another user's turn waits or runs beside a prefill (or did
+lately), each prefill chunk takes only the tokens that keep the step's predicted time within its
+target (time is left for
+the next admission's prompt first), so one user's long prompt never holds another's first token for a
+long step; alone, prefills take full chunks. A victim is preempted: by recompute (its blocks are freed, it
 prefills again later, finding its full blocks in the prefix cache if they are still there),
 by swap (its KV blocks are pinned until the engine has stored them, then it is restored; a
 sequence whose policy stores nothing is recomputed) or by swap-host (its blocks are freed at
@@ -135,7 +140,8 @@ class Scheduler:
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption: str = "recompute", max_waiting: int = 64, stop_token_ids: Iterable[int] = (),
-                 pin_finished: bool = False, newcomer_slots: int = 0, first_token_steps: bool = False):
+                 pin_finished: bool = False, newcomer_slots: int = 0, first_token_steps: bool = False,
+                 step_budget=None):
         if preemption not in PREEMPTION_MODES:
             raise ValueError(f"preemption must be one of {PREEMPTION_MODES}")
         if max_num_seqs <= 0 or max_waiting <= 0:
@@ -149,6 +155,9 @@ class Scheduler:
         self.pin_finished = pin_finished  # pin a finished sequence's KV blocks (so its tail can be stored)
         self.newcomer_slots, self.first_token_steps = newcomer_slots, first_token_steps  # fair_order
         self._first_token_step_last = False  # the last step was a first-token step: the next one is not
+        # compute_node.step_budget.StepBudget (fed by the engine; None: steps are bounded by tokens only)
+        self.step_budget = step_budget
+        self._target: float | None = None  # this step's target in seconds (None: its chunks are not capped)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.ready: collections.deque[Sequence] = collections.deque()
         self.restoring: dict[int, Sequence] = {}
@@ -296,6 +305,7 @@ class Scheduler:
         """Choose the next step's work (decodes, prefill chunks, admissions), preempting if blocks run out;
         or, beside a greedy user, a first-token step: newcomers' whole prompts and nothing else."""
         out = SchedulerOutput()
+        self._target = self._step_target()
         if self._first_token_step(out):
             return out
         budget = self.max_num_batched_tokens
@@ -313,10 +323,14 @@ class Scheduler:
         prefills = [seq for seq in self.running if not seq.is_decode]
         if prefills and budget:  # then the prefills already under way, the budget split across users
             admitting = not out.preempted and len(self.running) < self.max_num_seqs
-            shares = fair_order.prefill_shares(prefills, budget,
-                                               admitting and self._other_user_admissible(prefills))
+            other = self._other_user_admissible(prefills) if admitting else None
+            shares = fair_order.prefill_shares(prefills, budget, other is not None)
+            # under the step budget the next admission's prompt is counted in first: the prefills leave it time
+            reserved = [(other.num_computed_tokens, min(other.num_tokens_to_compute, budget))] \
+                if other is not None and self._target is not None else []
             for seq in prefills:
-                tokens = min(seq.num_tokens_to_compute, shares[seq.user_id], budget)
+                tokens = self._timed_tokens(seq, min(seq.num_tokens_to_compute, shares[seq.user_id], budget),
+                                            out, reserved)
                 if tokens:
                     shares[seq.user_id] -= tokens
                     budget -= self._run(seq, tokens, out)
@@ -335,14 +349,38 @@ class Scheduler:
         self._first_token_step_last = bool(out.scheduled)
         return self._first_token_step_last
 
-    def _other_user_admissible(self, prefills: list[Sequence]) -> bool:
-        """Whether the next sequence admission would take is another user's than those prefilling, and could
+    def _other_user_admissible(self, prefills: list[Sequence]) -> Sequence | None:
+        """The next sequence admission would take if it is another user's than those prefilling, and could
         be admitted now (its blocks are there): then the prefills leave it a share of the budget."""
         running = collections.Counter(s.user_id for s in self.running)
         seq = fair_order.next_admission(self.ready, self.waiting, running, self._in_service(), self._last_admitted)
         if seq is None or seq.user_id in {s.user_id for s in prefills}:
-            return False
-        return seq in self.ready or (not seq.pinned_blocks and self.bm.can_allocate(seq))
+            return None
+        return seq if seq in self.ready or (not seq.pinned_blocks and self.bm.can_allocate(seq)) else None
+
+    def _step_target(self) -> float | None:
+        """The step budget's target for this step, by whether more than one user has sequences running, or
+        here at all (running, ready, restoring or waiting); None without a step budget."""
+        if self.step_budget is None:
+            return None
+        running = {seq.user_id for seq in self.running}
+        users = set(running)
+        for queue in (self.ready, self.restoring.values(), self.waiting):
+            users.update(seq.user_id for seq in queue)
+        return self.step_budget.step_target(len(users) > 1, len(running) > 1)
+
+    def _timed_tokens(self, seq: Sequence, tokens: int, out: SchedulerOutput,
+                      reserved: list[tuple[int, int]] = ()) -> int:
+        """Of `tokens` of seq's prefill, those that keep the step's predicted time (what out scheduled, and
+        the `reserved` runs) within the step's target, when it has one; at least one when
+        the step has no prefill yet and none is reserved, so that prefills always move on."""
+        if self._target is None or not tokens:
+            return tokens
+        runs = [(s.start, s.num_tokens) for s in out.scheduled] + list(reserved)
+        fit = self.step_budget.fit(runs, seq.num_computed_tokens, tokens, self._target)
+        if not fit and not reserved and all(s.seq.is_decode for s in out.scheduled):
+            return 1
+        return fit
 
     def _in_service(self) -> collections.Counter:
         """Sequences per user that are running, restoring or ready (holding blocks)."""
@@ -402,6 +440,8 @@ class Scheduler:
             newcomer = greedy and running[seq.user_id] == 0
             if len(self.running) >= self.max_num_seqs + (self.newcomer_slots if newcomer else 0):
                 break
+            if not newcomers_only and not self._timed_tokens(seq, 1, out):
+                break  # the step's time is spent: it waits for the next
             if seq in self.ready:
                 self.ready.remove(seq)
                 self._took_turn(seq.user_id)
@@ -432,7 +472,10 @@ class Scheduler:
             self.running.append(seq)
             running[seq.user_id] += 1
             out.admitted.append(seq)
-            budget -= self._run(seq, min(seq.num_tokens_to_compute, budget), out)
+            tokens = min(seq.num_tokens_to_compute, budget)
+            if not newcomers_only:  # a newcomer's first-token step takes its whole prompt
+                tokens = max(1, self._timed_tokens(seq, tokens, out))
+            budget -= self._run(seq, tokens, out)
 
     def _run(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> int:
         start = seq.num_computed_tokens

@@ -37,6 +37,13 @@ class ComputeSettings:
     # its own for a newcomer's first token (never twice in a row), so its TTFT is not a full batch step's
     newcomer_slots: int = 4
     first_token_steps: bool = True
+    # While another user's sequence runs beside a prefill, a step stays within this many seconds (half of it
+    # while another user's turn is about to start, and for 2 s of steps after another user was last seen):
+    # each prefill chunk takes only the tokens that the step time measured so far says fit
+    # (compute_node.step_budget), the next admission's prompt counted in first. Alone, prompts prefill in
+    # full chunks of max_num_batched_tokens. 0: no time bound (vLLM's fixed long_prefill_token_threshold is
+    # the token-count analogue).
+    step_target_s: float = 0.25
     # How a sequence is preempted: swap (its KV stored by the turn's policy, restored later; under a
     # policy that stores nothing it is recomputed), swap-host (its KV blocks copied into the host swap
     # tier below and back: vLLM's CPU swap space; any policy) or recompute.
@@ -99,6 +106,9 @@ class ComputeSettings:
                 and self.max_num_seqs + self.newcomer_slots <= self.max_num_batched_tokens,
                 "need 0 < max_num_seqs, 0 <= newcomer_slots and max_num_seqs + newcomer_slots <= "
                 "max_num_batched_tokens (a decode per sequence fits a step)")
+        require(isinstance(self.step_target_s, (int, float)) and not isinstance(self.step_target_s, bool)
+                and self.step_target_s >= 0,
+                f"step_target_s must be >= 0 seconds (0: no time bound), got {self.step_target_s!r}")
         if self.preemption not in PREEMPTIONS:
             raise ValueError(f"preemption must be one of {PREEMPTIONS}, got {self.preemption!r}")
         if isinstance(self.swap_space_tokens, bool) or not isinstance(self.swap_space_tokens, int) \

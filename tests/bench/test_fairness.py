@@ -60,3 +60,24 @@ def test_defaults_are_the_frontends_settings_and_the_command_is_wired():
     assert args.max_waiting_turns == defaults.max_waiting_turns
     assert parse_args(["--smoke"]).greedy_streams == 16
     assert COMMANDS[("bench", "fairness")] == "bench.fairness:main"
+
+
+def test_long_prompt_mode_reports_the_prefill_rate_alone_and_beside_and_the_3x_target():
+    from bench.fairness import prefill_rate
+    done = [Turn("ok", 1.0, 1.0, 1.0, 7000, 110.0), Turn("ok", 1.0, 1.0, 1.0, 7000, 114.0), Turn("CANCELLED")]
+    assert prefill_rate(done, 100.0) == 14000 / 14.0 and prefill_rate([Turn("CANCELLED")], 0.0) is None
+    args = parse_args(["--long-prompt-tokens", "7000", "--greedy-streams", "12"])
+    assert args.long_prompt_tokens == 7000 and args.long_alone_prompts == 2 and args.step_target_s == 0.25
+    result = new_result("fairness", {"greedy_streams": 12, "long_prompt_tokens": 7000, "step_target_s": 0.25,
+                                     "frontend": {"max_concurrent_turns": 256, "max_waiting_turns": 256,
+                                                  "user_max_concurrent_turns": 2, "user_max_waiting_turns": 0,
+                                                  "user_max_queued_prompt_tokens": 0}})
+    result["results"] = {"alone": phase_figures(turns(280.0, 300.0)), "loaded": phase_figures(turns(700.0, 800.0)),
+                         "greedy": {"streams": 12, "served": 2, "refused": {}},
+                         "long": {"prompts": 2, "prompt_tokens": [7030] * 4, "alone_tokens_per_s": 200.0,
+                                  "beside_tokens_per_s": 80.0}}
+    add_ratios(result)
+    assert result["ratios"]["long_prefill_tokens_per_s_beside_vs_alone"] == 0.4
+    assert result["floors"]["modest_ttft_p50_loaded_vs_alone"] == {"ceiling": 3.0, "value": 750 / 290, "met": True}
+    text = table(result)
+    assert "prompts of ~7000 tokens" in text and "alone 200, beside the modest user 80" in text

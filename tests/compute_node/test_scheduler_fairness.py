@@ -184,3 +184,84 @@ def test_without_a_greedy_user_prefills_and_decodes_share_every_step_as_before()
     late = seq("late", n=6, start=700)
     sched.add(late)
     assert late not in step(sched).admitted  # the batch of 4 is full: no place past it
+
+
+# -- the step budget: a step of bounded length while another user waits (compute_node.step_budget)
+
+TARGET_S = 0.1
+
+
+def machine(runs):
+    """The step time of a stand-in machine: a + b * tokens + c * kpairs seconds."""
+    from compute_node.step_budget import features
+    x = features(runs)
+    return 0.01 + 0.001 * x[1] + 0.0002 * x[2]
+
+
+def timed(budget=256, hold_s=0.5):
+    """A scheduler with a step budget the 'engine' (timed_step) has fed a few varied steps already."""
+    from compute_node.step_budget import StepBudget
+    steps = StepBudget(TARGET_S, hold_s=hold_s)
+    for start, n in ((0, 256), (256, 256), (1000, 40), (2000, 5), (64, 1), (3000, 120)):
+        steps.observe([(start, n)], machine([(start, n)]))
+    sched = Scheduler(BlockManager(2048, BT), 8, budget, "recompute", 64, step_budget=steps)
+    return sched, steps
+
+
+def timed_step(sched, steps):
+    """One step as the engine runs it: schedule, the machine's time fed to the budget, postprocess."""
+    out = sched.schedule()
+    runs = [(s.start, s.num_tokens) for s in out.scheduled]
+    if runs:
+        steps.observe(runs, machine(runs))
+    sched.postprocess(out, [7] * len(out.sampling))
+    return out, machine(runs) if runs else 0.0
+
+
+def test_alone_a_long_prompt_prefills_in_full_chunks_under_a_step_budget():
+    sched, steps = timed(budget=256)
+    long = seq("hog", n=2000, max_new=2, start=10_000)
+    sched.add(long)
+    chunks = [timed_step(sched, steps)[0].scheduled[0].num_tokens for _ in range(7)]
+    assert chunks == [256] * 7  # each step ~0.9 s on this machine: no one else waits for it
+
+
+def test_a_waiting_short_turn_gets_its_first_token_in_the_next_step_within_the_target():
+    sched, steps = timed(budget=256)
+    long = seq("hog", n=4000, max_new=2, start=10_000)
+    sched.add(long)
+    for _ in range(4):
+        timed_step(sched, steps)  # full chunks alone: 1024 tokens in
+    short = seq("victim", n=24, max_new=6, start=50_000)
+    sched.add(short)
+    out, took = timed_step(sched, steps)
+    work = {s.seq.seq_id: s.num_tokens for s in out.scheduled}
+    assert short.num_completion_tokens == 1 and work[short.seq_id] == 24  # its whole prompt, its first token
+    assert took <= TARGET_S, took  # the step it waited for is within the target (in estimated step time)
+    assert 0 < work[long.seq_id] < 256  # the long prompt goes on, in a chunk that leaves the short one time
+    chunks = []
+    while not short.is_finished:  # its decodes: each step within the target, the long prompt still moving
+        out, took = timed_step(sched, steps)
+        assert took <= TARGET_S * 1.001, took
+        chunks.append({s.seq.seq_id: s.num_tokens for s in out.scheduled}.get(long.seq_id, 0))
+    assert all(0 < c < 256 for c in chunks), chunks
+    after = [timed_step(sched, steps) for _ in range(15)]
+    chunks = [out.scheduled[0].num_tokens for out, _ in after]
+    assert all(c < 256 for c in chunks[:5]), chunks  # its next turn may come: held, at half the target
+    assert all(took <= TARGET_S / 2 * 1.001 for _, took in after[:5]), [t for _, t in after]
+    assert chunks[-1] == 256 and chunks.count(256) >= 2, chunks  # after hold_s (0.5 s) of steps: full chunks
+
+
+def test_two_long_prompts_beside_a_short_turn_take_the_steps_time_one_at_a_time():
+    sched, steps = timed(budget=256)
+    a, b = seq("hog", n=1500, max_new=2, start=10_000), seq("hog", n=1500, max_new=2, start=20_000)
+    sched.add(a)
+    sched.add(b)
+    timed_step(sched, steps)
+    short = seq("victim", n=16, max_new=4, start=50_000)
+    sched.add(short)
+    out, took = timed_step(sched, steps)
+    assert short.num_completion_tokens == 1 and took <= TARGET_S
+    out, took = timed_step(sched, steps)
+    longs = [s for s in out.scheduled if s.seq in (a, b)]
+    assert len(longs) == 1 and took <= TARGET_S * 1.001  # one long chunk: the other waits (max_num_partial_prefills 1)

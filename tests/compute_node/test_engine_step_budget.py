@@ -1,0 +1,83 @@
+"""The engine's step budget with the tiny model and an injected slow step: the measured step time shrinks a
+long prompt's chunks while another user's turn runs beside it; alone they stay full."""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+from kvtb_proto import compute_pb2
+
+PER_TOKEN_S = 0.004  # the injected slowness: a 64-token step takes ~0.26 s, past the 0.1 s target
+TARGET_S = 0.1
+HOG, VICTIM = 1000, 5000  # where each user's token ids start (a run's first id says whose it is)
+
+
+def slow_steps(node) -> list[list[tuple[int, int, int]]]:
+    """Slow the node's forward by PER_TOKEN_S a token; record each step's (first id, start, tokens) per run."""
+    real, steps = node.engine.runner.step, []
+
+    def step(batch, before_layer=None):
+        steps.append([(r.token_ids[0], r.start, len(r.token_ids)) for r in batch])
+        time.sleep(PER_TOKEN_S * sum(len(r.token_ids) for r in batch))
+        return real(batch, before_layer)
+    node.engine.runner.step = step
+    return steps
+
+
+def turn(node, ids, user, context, n):
+    """(time of the first token, tokens out) of a turn through the node's gRPC service."""
+    request = compute_pb2.TurnRequest(request_id=f"r-{context}", user_id=user, context_id=context, token_ids=ids,
+                                      max_new_tokens=n, policy="resident", ignore_eos=True)
+    first, out = None, 0
+    for event in node.stub.Generate(request, timeout=120):
+        if event.HasField("token"):
+            first = first or time.monotonic()
+            out += 1
+    return first, out
+
+
+def hog_chunks(steps, base: int, prompt: int = 240) -> list[int]:
+    """The prefill chunks of the long prompt whose ids start at `base`, in step order."""
+    return [n for step in steps for first, start, n in step if base <= first < base + 1000 and start < prompt]
+
+
+def test_a_slow_step_shrinks_a_long_prompts_chunks_beside_another_users_turn_and_alone_they_stay_full(make_node):
+    node = make_node(max_num_batched_tokens=64, step_target_s=TARGET_S, max_context_tokens=256)
+    steps = slow_steps(node)
+    _, out = turn(node, list(range(HOG, HOG + 240)), "hog", "alone", 2)  # alone: 240 tokens in full chunks
+    assert out == 2
+    alone = hog_chunks(steps, HOG)
+    assert alone == [64, 64, 64, 48], alone
+
+    steps.clear()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        hog = pool.submit(turn, node, list(range(HOG + 300, HOG + 540)), "hog", "beside", 2)
+        deadline = time.monotonic() + 30
+        while not steps:  # the long prompt's first (full) chunk is under way
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        victim = pool.submit(turn, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 8)
+        assert victim.result(timeout=120)[1] == 8 and hog.result(timeout=120)[1] == 2
+    beside = hog_chunks(steps, HOG + 300)
+    budget = node.engine.step_budget
+    assert budget.coef is not None and budget.coef[1] > PER_TOKEN_S / 2  # it measured the slow tokens
+    assert beside[0] == 64 and min(beside) < 64, beside  # the chunks shrank once the victim's turn came in
+    assert sum(beside) == 240
+    with_victim = [sum(n for _, _, n in step) for step in steps if any(VICTIM <= f < VICTIM + 1000 for f, _, _ in step)]
+    assert max(with_victim) < 64, with_victim  # each step the victim waited on carried well under a full chunk
+
+
+def test_without_a_step_target_the_chunks_stay_full_beside_another_user(make_node):
+    node = make_node(max_num_batched_tokens=64, step_target_s=0, max_context_tokens=256)
+    assert node.engine.step_budget is None
+    steps = slow_steps(node)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        hog = pool.submit(turn, node, list(range(HOG, HOG + 240)), "hog", "h", 2)
+        deadline = time.monotonic() + 30
+        while not steps:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        victim = pool.submit(turn, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 8)
+        assert victim.result(timeout=120)[1] == 8 and hog.result(timeout=120)[1] == 2
+    # the token budget alone: the victim's 12 and the hog's chunk share 64 tokens
+    assert max(sum(n for _, _, n in step) for step in steps) == 64
