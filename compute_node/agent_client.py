@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -20,6 +21,9 @@ from hostmem.layout_proto import layout_to_proto
 
 logger = logging.getLogger(__name__)
 
+# An agent that restarts is dialled again within 2 s of its coming back (gRPC's backoff grows to 120 s)
+RECONNECT = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000))
+
 
 class AgentClient:
     """One registered region at one agent. Thread-safe (gRPC stubs are)."""
@@ -28,7 +32,7 @@ class AgentClient:
         """peer: the agent's identity (replica i's is smartnic-i: kvtb.credentials.replica_identities)."""
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = channel(address, security, peer=peer)
+        self.channel = channel(address, security, peer=peer, options=RECONNECT)
         self.stub = smartnic_pb2_grpc.SmartNicStub(self.channel)
         self.region_id: int | None = None
         self.access_key = ""
@@ -87,23 +91,44 @@ class AgentClient:
         self.region_id = response.region_id
         return True
 
-    def keep_registered(self, stop: threading.Event, interval_s: float = 1.0) -> threading.Thread:
+    def keep_registered(self, stop: threading.Event, interval_s: float = 1.0,
+                        on_change: Callable[[bool], None] | None = None, lost_after: int = 2) -> threading.Thread:
         """A daemon thread that keeps the region registered until stop is set, without an RPC while
         the connection to the agent stays up (a turn's decode never calls the agent): the channel's
         connectivity is watched, and once it left READY (the agent went away, and may come back
-        without the region) ensure_registered runs every interval_s until it succeeds."""
+        without the region) ensure_registered runs every interval_s until it succeeds.
+
+        on_change(False) once ensure_registered failed lost_after times in a row (the agent is gone),
+        on_change(True) once it succeeds again (the agent is back and knows the region)."""
         check = threading.Event()
+        failures = 0
 
         def watch(state: grpc.ChannelConnectivity) -> None:
             if state != grpc.ChannelConnectivity.READY:
                 check.set()
 
+        def notify(up: bool) -> None:
+            if on_change is None:
+                return
+            try:
+                on_change(up)
+            except Exception:  # noqa: BLE001 - the keeper must outlive a bad callback
+                logger.exception("the agent %s callback failed", "back" if up else "lost")
+
         def run() -> None:
+            nonlocal failures
             while not stop.wait(interval_s):
                 if check.is_set():
                     check.clear()  # first: a drop during the check sets it again
-                    if not self.ensure_registered():
+                    if self.ensure_registered():
+                        if failures >= lost_after:
+                            notify(True)
+                        failures = 0
+                    else:
+                        failures += 1
                         check.set()
+                        if failures == lost_after:
+                            notify(False)
             self.channel.unsubscribe(watch)
 
         self.channel.subscribe(watch, try_to_connect=True)

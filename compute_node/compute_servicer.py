@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -136,9 +137,11 @@ def restore_to_proto(blocks, layer_groups: int) -> compute_pb2.RestoreRequest:
 class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
     """Thin: every method translates and calls the engine or the chat encoder."""
 
-    def __init__(self, engine, encoder: ChatEncoder):
+    def __init__(self, engine, encoder: ChatEncoder, unavailable: Callable[[], str] | None = None):
+        """unavailable() -> why turns are refused now with UNAVAILABLE (the node's agent is gone), "" if not."""
         self.engine = engine
         self.encoder = encoder
+        self.unavailable = unavailable or (lambda: "")
         self._grammars = None  # the node's one grammar compiler, built at the first structured turn
         self._grammars_lock = threading.Lock()
 
@@ -163,6 +166,8 @@ class ComputeNodeServicer(compute_pb2_grpc.ComputeNodeServicer):
                 self._grammars = None
 
     def Generate(self, request, context):
+        if why := self.unavailable():
+            context.abort(grpc.StatusCode.UNAVAILABLE, why)
         try:
             turn = make_turn(request, self.engine, self._compile)
             self.engine.submit(turn)

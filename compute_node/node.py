@@ -2,6 +2,11 @@
 metrics (`serve`).
 
 start() creates the pool and registers it with the agent (step 1, once per start), then serves.
+
+Its agent gone (killed, restarting: a NIC reset), the node waits for it with its pool kept: health
+NOT_SERVING and every turn refused with UNAVAILABLE ("its SmartNIC agent ... is gone"), Info and Stats
+still answered; once the agent answers again the node registers its region with it again (the agent
+lost it) and serves. `kvtb up` restarts a dead agent on its address; the node never exits for it.
 """
 from __future__ import annotations
 
@@ -66,6 +71,7 @@ class ComputeNode:
         self.metrics: MetricsEndpoint | None = None
         self.addresses: dict[str, str] = {}
         self._keeper_stop = threading.Event()
+        self._agent_lost = ""  # why turns are refused while the agent is gone; "" while it answers
 
     def start(self) -> None:
         """Load the model (if not given), create and register the pool, start the engine and serve."""
@@ -112,15 +118,17 @@ class ComputeNode:
                              setup_span=setup)
         self.engine.region_id = lambda: (self.agent.region_id or 0) if self.agent is not None else 0
         self.engine.start()
+        self.servicer = ComputeNodeServicer(self.engine, ChatEncoder(self.tokenizer), unavailable=self.unavailable)
         if self.agent is not None:
-            self.agent.keep_registered(self._keeper_stop)
-        self.servicer = ComputeNodeServicer(self.engine, ChatEncoder(self.tokenizer))
+            self.agent.keep_registered(self._keeper_stop, on_change=self._agent_changed)
         compute_pb2_grpc.add_ComputeNodeServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.server.start()
         self.metrics = MetricsEndpoint(s.metrics_address, lambda: compute_families(self.engine.snapshot()))
         self.addresses = {"grpc": address, "metrics": self.metrics.address}
         self.health.set_serving()
+        if self._agent_lost:  # the agent went away while the server started
+            self.health.set_not_serving()
         logger.info("compute node serving on %s (policy %s)", address, s.policy)
 
     def _register(self, client_class, address: str) -> StepSpan | None:
@@ -142,16 +150,39 @@ class ComputeNode:
         self.agent = agent
         return StepSpan(Step.SETUP, start_ns, time.time_ns(), self.pool.layout.region_bytes)
 
+    def unavailable(self) -> str:
+        """Why a turn is refused now (UNAVAILABLE), "" when it is not."""
+        return self._agent_lost
+
+    def _agent_changed(self, up: bool) -> None:
+        """The keeper's word: the agent is gone (wait for it, pool kept) or back (the region registered again)."""
+        if self._keeper_stop.is_set():
+            return  # stopping
+        if up:
+            self._agent_lost = ""
+            logger.warning("the SmartNIC agent at %s is back (region %s registered again): serving",
+                           self.settings.agent_address, self.agent.region_id if self.agent else "?")
+            if self.health:
+                self.health.set_serving()
+            return
+        self._agent_lost = (f"the compute node's SmartNIC agent at {self.settings.agent_address} is gone; the node "
+                            "waits for it to come back (its KV pool kept) and takes no turn meanwhile")
+        logger.warning("%s", self._agent_lost)
+        if self.health:
+            self.health.set_not_serving()
+
     def ready_extra(self) -> dict:
         import torch
         return {"policy": self.settings.policy, "policies": self.engine.policies() if self.engine else [],
-                "torch_threads": torch.get_num_threads()}
+                "torch_threads": torch.get_num_threads(),
+                # what `kvtb up` removes if this process dies without removing it (kill -9)
+                "regions": [str(self.pool.region.path)] if self.pool is not None else []}
 
     def stop(self) -> None:
         """Stop serving, stop the engine, deregister the pool and free it."""
+        self._keeper_stop.set()  # first: the keeper sets no health from now on
         if self.health:
             self.health.set_not_serving()
-        self._keeper_stop.set()
         if self.server:
             self.server.stop(grace=2.0).wait()
         if self.engine:

@@ -5,15 +5,27 @@ order, each with `kvtb serve NAME` on the CPUs its placement gives it (`--placem
 kvtb.placement; a service whose `cpus` its settings give keeps those), waits for each one's ready line and gRPC health, wires the
 addresses each one announced into the next (so a config with port 0 works too), prints where
 each listens and then a ready line of its own (`KVTB_READY {"service": "up", ...}`).
-Stops them all, last started first, on Ctrl-C, SIGTERM, or when one of them dies.
+Stops them all, last started first, on Ctrl-C, SIGTERM, or when a storage node or the frontend dies.
 
 `--replicas N` starts N replicas, an agent and its compute node each, sharing the storage nodes:
 replica 0's are `smartnic` and `compute` (as with one), replica i's `smartnic-i` and `compute-i`, each
 with its own identity (kvtb.credentials.replica_identities), fabric host NQN, ports (replica 0's plus
 100 i; port 0 stays 0) and share of the compute CPUs (kvtb.placement.shares); every storage node
-allows every replica's hosts, and the frontend routes over them all (KVTB_FRONTEND_REPLICAS). With
-several, a replica's process that dies is reported and the others keep serving (the frontend fails
-over); the storage nodes or the frontend dying, or every replica losing one, stops everything.
+allows every replica's hosts, and the frontend routes over them all (KVTB_FRONTEND_REPLICAS).
+
+Replicas heal (`check`, every 0.5 s): a replica's process that dies is reported, the others keep serving
+(the frontend fails over), and the replica is restarted after a delay of its restart policy
+(kvtb.restart_policy: 1 s, 2 s, 4 s ... up to 30 s; after --max-restarts restarts within 5 minutes it is
+given up, and said so), on the addresses it announced, so the frontend's health probe takes it back into
+the rotation. Its compute node dead: the pair restarts (the agent, stopped first, maps the dead node's
+region); only its agent dead: the agent alone (its compute node waits for it, pool kept, and registers
+again). A storage node or the frontend dying, or every replica given up, stops everything (they are
+not restarted). A restart blocks the loop until the replica is SERVING (the compute node loads its model).
+
+Regions (kvtb.regions): the /dev/shm file of a compute node's KV pool (named in its ready line, and
+kvtb-<node_name>-<pid> by its settings) is removed once its process is dead (kill -9 included): as soon as
+the loop sees it, before the replica restarts, and when `kvtb up` stops. (`kvtb up` itself killed with -9
+removes nothing; a node of the same name reclaims it when it starts: hostmem.region_reclaim.)
 
 Private by default (kvtb.private): the data directory is 0700, and what an older run left in the parts
 of it `kvtb up` makes (logs, the frontend's, each storage node's) is narrowed to 0700 and 0600.
@@ -30,11 +42,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtb import credentials, placement
+from kvtb import credentials, placement, regions
 from kvtb.credentials import AGENT_NQN, COMPUTE_NQN, MAX_REPLICAS, replica_identities, replica_nqns
 from kvtb.grpc_health import wait_serving
 from kvtb.launch import ServiceProcess, announce_ready, kvtb_argv
 from kvtb.private import make_private, private_dir, private_tree
+from kvtb.restart_policy import Limits, RestartPolicy
 from kvtb.rpc import OPERATOR, Security
 from kvtb.settings import SettingsError, read_config_file
 
@@ -205,10 +218,16 @@ class Deployment:
     """The running services, in start order. Owned by the main thread."""
 
     def __init__(self, config: str | None, data_dir: Path, policy: str | None, storage_nodes: int,
-                 placement: str | None = None, replicas: int = 1):
+                 placement: str | None = None, replicas: int = 1, limits: Limits = Limits()):
         if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
             raise ValueError(f"replicas must be a whole number 1 .. {MAX_REPLICAS}, got {replicas!r}")
         self.replicas = replicas
+        self.restart = [RestartPolicy(limits) for _ in range(replicas)]  # each replica's
+        self.up_since: dict[int, float] = {}  # replica -> when it (last) came up (time.monotonic())
+        self.due: dict[int, float] = {}       # replica -> when its restart is due
+        self.given_up: set[int] = set()       # replicas no longer restarted
+        self.cleaned: set[Any] = set()        # the (dead) processes (Popen) whose regions were removed
+        self.config_data: dict[str, Any] = {}
         self.config = config
         self.data_dir = data_dir
         self.policy = policy
@@ -249,7 +268,7 @@ class Deployment:
     def start(self, section: dict[str, Any]) -> None:
         """Make the data directory private and the deployment's credentials (the first time), then start
         every service in order."""
-        config = read_config_file(self.config) if self.config else {}
+        config = self.config_data = read_config_file(self.config) if self.config else {}
         self.make_private()
         self.placement = placement_name(self.placement, config)  # plan below; ValueError: nic on one CPU
         self.plan = placement.plan(self.placement, replicas=self.replicas)
@@ -274,6 +293,7 @@ class Deployment:
             self._start(compute_name, ["compute", *policy], env(compute_name, {
                 **compute_env(agent, storage), **replica_compute_env(i, config)}), 600)
             agents.append(agent)
+            self.up_since[i] = time.monotonic()
         self._start("frontend", ["frontend"], env("frontend", {
             **frontend_env(agents[0], storage, self.data_dir), **replicas_env(agents)}), 120)
 
@@ -335,20 +355,141 @@ class Deployment:
         return out
 
     def fatal_death(self) -> ServiceProcess | None:
-        """The death that stops everything, if any: with one replica, any process's; with several, a storage
-        node's or the frontend's, or a replica's once every replica has lost a process (none left to serve)."""
+        """The death that stops everything, if any: a storage node's or the frontend's, or a replica's once
+        every replica is given up (dead, no restart left: none left to serve)."""
         dead = [p for p in self.procs if not p.alive()]
-        if not dead or self.replicas == 1:
-            return dead[0] if dead else None
         shared = [p for p in dead if placement.section(p.name) in ("storage", "frontend")]
         if shared:
             return shared[0]
-        return dead[0] if len(self.dead_replicas()) == self.replicas else None
+        if dead and len(self.given_up) == self.replicas:
+            return dead[0]
+        return None
+
+    # regions: what a compute node made in /dev/shm, removed once it is dead
+
+    def regions_of(self, proc: ServiceProcess) -> list[str]:
+        """The regions proc's process made (or would have: it may have died before its ready line): those it
+        announced, and its compute node's by name (kvtb-<node_name>-<pid>)."""
+        if proc.proc is None:
+            return []
+        paths = [str(p) for p in proc.ready.get("regions", []) if isinstance(p, str)]
+        if placement.section(proc.name) == "compute":
+            node = _setting(self.config_data, proc.env, "compute", "node_name")
+            paths.append(str(regions.region_path(node, proc.proc.pid, proc.env)))
+        return paths
+
+    def remove_regions(self, proc: ServiceProcess) -> list[str]:
+        """Remove the regions of proc's process once it is dead (none while it lives); those removed."""
+        if proc.proc is None or proc.alive() or proc.proc in self.cleaned:
+            return []
+        self.cleaned.add(proc.proc)
+        removed = regions.remove_dead(self.regions_of(proc), proc.proc.pid, regions.shm_dir(proc.env))
+        for path in removed:
+            logger.info("removed %s, the region %s (pid %d) left", path, proc.name, proc.proc.pid)
+        return removed
+
+    # restarts
+
+    def check(self, now: float, say=None) -> ServiceProcess | None:
+        """One look at the processes (the supervisor's loop, every 0.5 s): the regions of the dead removed, a
+        replica with a dead process scheduled for a restart by its policy (or given up), a restart that is
+        due done; the death that stops everything, if any (fatal_death)."""
+        say = say or _say
+        for proc in self.procs:
+            self.remove_regions(proc)
+        if (fatal := self.fatal_death()) is not None:
+            return fatal
+        for i in range(self.replicas):
+            if i in self.given_up:
+                continue
+            try:
+                procs = self.replica_procs(i)
+            except LookupError:
+                continue
+            if i in self.due:
+                if now >= self.due[i]:
+                    self.restart_replica(i, say)
+                continue
+            dead = [p for p in procs if not p.alive()]
+            if not dead:
+                continue
+            for proc in dead:
+                say(f"{proc.name} of {replica_name(i)} exited with {proc.proc.returncode if proc.proc else None}; "
+                    f"log {proc.log_path}:\n{proc.log_tail(20)}")
+            delay = self.restart[i].died(now, self.up_since.pop(i, None))
+            if delay is None:
+                self.given_up.add(i)
+                others = self.replicas - len(self.given_up)
+                say(f"giving up on {replica_name(i)}: {self.restart[i].describe()}; "
+                    + (f"{others} other replica(s) keep serving" if others else "no replica left"))
+                for proc in procs:  # the half of the pair still running serves no one
+                    proc.stop()
+                    self.remove_regions(proc)
+                continue
+            self.due[i] = now + delay
+            say(f"restarting {replica_name(i)} in {delay:.0f} s ({self.restart[i].describe()})"
+                + ("; the other replicas keep serving" if self.replicas > 1 else ""))
+        return self.fatal_death()
+
+    def restart_replica(self, index: int, say=None) -> bool:
+        """Start replica index's dead processes again, on the addresses they announced (the frontend and the
+        compute node dial those): its compute node dead, the pair (the agent, stopped first if it lives,
+        maps the dead node's region and holds its registration); only its agent dead, the agent (its compute
+        node waits for it with its pool kept, and registers again: compute_node.node). Whether it is up."""
+        say = say or _say
+        self.due.pop(index, None)
+        agent, compute = self.replica_procs(index)
+        started = time.monotonic()
+        pair = not compute.alive()
+        try:
+            if pair:
+                if agent.alive():
+                    agent.stop()
+                self.remove_regions(agent)
+                self.remove_regions(compute)
+            self._relaunch(agent, "smartnic", 60)
+            if pair:
+                compute.env["KVTB_COMPUTE_AGENT_ADDRESS"] = grpc_address(agent)
+                self._relaunch(compute, "compute", 600)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            say(f"restarting {replica_name(index)} failed: {exc}")
+            return False
+        self.up_since[index] = time.monotonic()
+        pids = ", ".join(f"{p.name} {p.proc.pid}" for p in ((agent, compute) if pair else (agent,)) if p.proc)
+        say(f"{replica_name(index)} restarted ({'agent and compute node' if pair else 'agent'}: pids {pids}) in "
+            f"{self.up_since[index] - started:.1f} s; the frontend takes it back once its health probe passes")
+        return True
+
+    def _relaunch(self, proc: ServiceProcess, section: str, timeout_s: float) -> None:
+        """Start proc again on the addresses it announced; killed if it does not come up SERVING."""
+        before = proc.addresses
+        if "grpc" in before:
+            proc.env[f"KVTB_{section.upper()}_LISTEN_ADDRESS"] = before["grpc"]
+        if "metrics" in before:
+            proc.env[f"KVTB_{section.upper()}_METRICS_ADDRESS"] = before["metrics"]
+        logger.info("starting %s again", proc.name)
+        try:
+            proc.start(timeout_s=timeout_s)
+            if not wait_serving(grpc_address(proc), timeout_s=timeout_s, security=self.security(proc.name)):
+                raise RuntimeError(f"{proc.name} announced {proc.addresses} but is not SERVING; "
+                                   f"log {proc.log_path}:\n{proc.log_tail()}")
+        except BaseException:
+            if proc.alive():
+                proc.kill()
+            if not proc.addresses:
+                proc.ready = {"addresses": before}  # the addresses to come back on next time
+            raise
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
             code = proc.stop()
             logger.info("%s stopped (exit code %s)", proc.name, code)
+        for proc in self.procs:  # whatever killed them (a kill -9 leaves a compute node's region)
+            self.remove_regions(proc)
+
+
+def _say(message: str) -> None:
+    print(f"kvtb up: {message}", file=sys.stderr, flush=True)
 
 
 def describe(deployment: Deployment) -> list[str]:
@@ -386,7 +527,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, default=1, choices=range(1, MAX_REPLICAS + 1), metavar="N",
                         help=f"how many replicas, an agent and its compute node each, sharing the storage nodes "
                              f"(1 .. {MAX_REPLICAS}, default 1); the frontend routes over them")
-    return parser.parse_args(argv)
+    parser.add_argument("--max-restarts", type=int, default=Limits.max_restarts, metavar="N",
+                        help=f"restarts of a replica within {Limits.window_s:.0f} s before it is given up "
+                             f"(default {Limits.max_restarts}; 0: a dead replica stays dead)")
+    args = parser.parse_args(argv)
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    return args
 
 
 def main(argv: list[str]) -> int:
@@ -402,7 +549,8 @@ def main(argv: list[str]) -> int:
         print(f"kvtb up: {exc}", file=sys.stderr)
         return 2
     deployment = Deployment(config and str(Path(config).resolve()), Path(args.data_dir).resolve(),
-                            args.policy, args.storage_nodes, args.placement, args.replicas)
+                            args.policy, args.storage_nodes, args.placement, args.replicas,
+                            Limits(max_restarts=args.max_restarts))
     signal.signal(signal.SIGINT, _raise_stopped)
     signal.signal(signal.SIGTERM, _raise_stopped)
     code = 0
@@ -414,17 +562,11 @@ def main(argv: list[str]) -> int:
                        placement=deployment.placement, cpus=deployment.cpus(),
                        torch_threads=deployment.torch_threads(), replicas=deployment.replica_addresses(),
                        pids=deployment.pids())
-        reported: set[str] = set()
-        while (dead := deployment.fatal_death()) is None:
-            for replica, procs in deployment.dead_replicas().items():
-                for proc in procs:
-                    if proc.name not in reported:
-                        reported.add(proc.name)
-                        print(f"kvtb up: {proc.name} of {replica} exited with {proc.proc.returncode}; the other "
-                              f"replicas keep serving; log {proc.log_path}:\n{proc.log_tail(20)}", file=sys.stderr)
+        while (dead := deployment.check(time.monotonic())) is None:
             time.sleep(0.5)
-        print(f"kvtb up: {dead.name} exited with {dead.proc.returncode}; stopping everything; "
-              f"log {dead.log_path}:\n{dead.log_tail(20)}", file=sys.stderr)
+        why = ("every replica is given up" if len(deployment.given_up) == deployment.replicas
+               else f"{dead.name} exited with {dead.proc.returncode if dead.proc else None}")
+        print(f"kvtb up: {why}; stopping everything; log {dead.log_path}:\n{dead.log_tail(20)}", file=sys.stderr)
         code = 1
     except Stopped:
         logger.info("stopping")

@@ -60,3 +60,36 @@ def test_registers_again_after_the_agent_restarts(start_service, tmp_path):
         stop.set()
         client.close()
         region.close()
+
+
+@pytest.mark.slow
+def test_the_keeper_says_when_the_agent_is_gone_and_when_it_is_back(start_service, tmp_path):
+    storage = start_service("storage", "serve", "storage", env=storage_env(tmp_path, "storage-0"))
+    address = f"127.0.0.1:{free_port()}"
+    env = {**agent_env([("storage-0", storage)]), "KVTB_SMARTNIC_LISTEN_ADDRESS": address}
+    agent = start_service("agent", "serve", "smartnic", env=env)
+    region = Region.create(f"kvtb-test-{uuid.uuid4().hex[:12]}", LAYOUT.region_bytes,
+                           LAYOUT.counter_offset, LAYOUT.counter_count)
+    client = AgentClient(address, as_identity("compute"), timeout_s=5.0)
+    stop, changes = threading.Event(), []
+    try:
+        client.register(types.SimpleNamespace(region=region, layout=LAYOUT), "key", "test", "", 10.0)
+        client.keep_registered(stop, interval_s=0.1, on_change=changes.append)
+        time.sleep(0.5)
+        assert changes == []
+        agent.kill()  # as kill -9 would
+        deadline = time.monotonic() + 20
+        while changes != [False]:
+            assert time.monotonic() < deadline and len(changes) <= 1, changes
+            time.sleep(0.05)
+        start_service("agent-again", "serve", "smartnic", env=env)
+        back = time.monotonic()
+        while changes != [False, True]:
+            assert time.monotonic() < deadline + 40, changes
+            time.sleep(0.05)
+        assert time.monotonic() - back < 10  # dialled again within its 2 s backoff, not gRPC's 120 s
+        assert client.ensure_registered()
+    finally:
+        stop.set()
+        client.close()
+        region.close()

@@ -103,7 +103,7 @@ def test_a_killed_compute_node_the_next_turn_restores_on_the_other(replicas, one
     assert second.replica and second.replica != served, (served, second.replica, second.retried_from)
     assert second.kv_origin == "storage_other", (second.kv_origin, second.kv_source, second.fallback_reason)
     assert text == second.reply == one_replica[1].reply
-    _, third = run_turn(c, MESSAGES[2], first.context_id)  # the rest of the conversation stays on the survivor
-    c.close()
-    assert third.replica == second.replica and third.reply == one_replica[2].reply
+    _, third = run_turn(c, MESSAGES[2], first.context_id)  # on the survivor, or on the killed one once
+    c.close()                                                # `kvtb up` restarted it (test_replicas_heal.py)
+    assert third.replica in (second.replica, served) and third.reply == one_replica[2].reply
     assert replicas.proc.alive(), replicas.proc.log_tail()  # kvtb up keeps the other replica serving

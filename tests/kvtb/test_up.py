@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import types
 from pathlib import Path
 
 import pytest
@@ -200,7 +202,7 @@ def test_replicas_on_eight_cpus_under_nic(deployment):
     assert {p.given["KVTB_SMARTNIC_FASTPATH_CPUS"] for p in dep.procs if p.name.startswith("smartnic")} == {""}
 
 
-def test_a_dead_replica_stops_nothing_while_another_serves(deployment):
+def test_a_dead_replica_stops_nothing_a_dead_shared_service_stops_everything(deployment):
     dep = deployment(None, replicas=2)
     alive = {p.name: True for p in dep.procs}
     for proc in dep.procs:
@@ -208,18 +210,137 @@ def test_a_dead_replica_stops_nothing_while_another_serves(deployment):
     assert dep.fatal_death() is None
     alive["compute-1"] = False
     assert dep.fatal_death() is None and list(dep.dead_replicas()) == ["replica-1"]
-    alive["smartnic"] = False  # every replica lost a process: nothing left to serve
+    alive["smartnic"] = False  # every replica lost a process: restarted, not the end
+    assert dep.fatal_death() is None
+    dep.given_up = {0, 1}  # every replica given up: nothing left to serve
     assert dep.fatal_death().name == "smartnic"
-    alive["smartnic"] = True
+    dep.given_up = set()
     alive["storage-1"] = False
     assert dep.fatal_death().name == "storage-1"
 
 
-def test_with_one_replica_any_death_stops_everything(deployment):
+class Supervised:
+    """A deployment's processes alive or dead at will; each restart recorded (and alive again)."""
+
+    def __init__(self, dep: up.Deployment, monkeypatch, fail: set[str] = frozenset()):
+        self.dep, self.said, self.started, self.fail = dep, [], [], set(fail)
+        self.alive = {p.name: True for p in dep.procs}
+        for proc in dep.procs:
+            proc.alive = lambda name=proc.name: self.alive[name]
+            proc.stop = lambda name=proc.name: self.alive.__setitem__(name, False)
+
+        def relaunch(proc, section, timeout_s):
+            self.started.append(proc.name)
+            if proc.name in self.fail:
+                raise RuntimeError(f"{proc.name} exited with 1 before it was ready")
+            self.alive[proc.name] = True
+        monkeypatch.setattr(dep, "_relaunch", relaunch)
+
+    def check(self, now: float):
+        return self.dep.check(now, self.said.append)
+
+
+def test_a_dead_compute_node_restarts_with_its_agent_after_the_policys_delay(deployment, monkeypatch):
+    dep = deployment(None, replicas=2)
+    sup = Supervised(dep, monkeypatch)
+    dep.up_since = {0: 0.0, 1: 0.0}
+    sup.alive["compute-1"] = False
+    assert sup.check(100.0) is None
+    assert sup.started == [] and dep.due == {1: 101.0}
+    assert any(m.startswith("compute-1 of replica-1 exited") for m in sup.said)
+    assert "restarting replica-1 in 1 s" in sup.said[-1] and "the other replicas keep serving" in sup.said[-1]
+    assert sup.check(100.5) is None and sup.started == []  # not due yet
+    assert sup.check(101.0) is None
+    # the pair: the agent (alive) stopped first, then started again, then the compute node
+    assert sup.started == ["smartnic-1", "compute-1"] and all(sup.alive.values())
+    assert "replica-1 restarted (agent and compute node" in sup.said[-1]
+    assert 1 in dep.up_since and not dep.due
+
+
+def test_a_dead_agent_restarts_alone_its_compute_node_waits(deployment, monkeypatch):
+    dep = deployment(None, replicas=2)
+    sup = Supervised(dep, monkeypatch)
+    sup.alive["smartnic"] = False
+    sup.check(10.0)
+    sup.check(11.0)
+    assert sup.started == ["smartnic"]
+    assert "replica-0 restarted (agent:" in sup.said[-1]
+
+
+def test_the_delays_double_and_the_replica_is_given_up_after_max_restarts(deployment, monkeypatch):
+    dep = deployment(None, replicas=2)
+    dep.restart = [up.RestartPolicy(up.Limits(max_restarts=3)) for _ in range(2)]
+    sup = Supervised(dep, monkeypatch, fail={"compute-1"})  # it never comes up again
+    sup.alive["compute-1"] = False
+    now, delays = 0.0, []
+    while 1 not in dep.given_up:
+        now += 0.5
+        sup.check(now)
+        if 1 in dep.due and (not delays or delays[-1][1] != dep.due[1]):
+            delays.append((now, dep.due[1]))
+    assert [round(due - at) for at, due in delays] == [1, 2, 4]
+    assert sup.started.count("compute-1") == 3
+    assert "giving up on replica-1: 3 restarts within 300 s (at most 3); 1 other replica(s) keep serving" in sup.said[-1]
+    assert not sup.alive["smartnic-1"]  # the half that lived is stopped: it serves no one
+    assert sup.check(now + 100) is None  # replica-0 serves on
+    sup.alive["compute"] = False
+    dep.restart[0] = up.RestartPolicy(up.Limits(max_restarts=0))
+    assert sup.check(now + 101) is not None  # none left: everything stops
+    assert "no replica left" in sup.said[-1]
+
+
+def test_with_one_replica_a_dead_process_is_restarted_too(deployment, monkeypatch):
     dep = deployment(None)
-    for proc in dep.procs:
-        proc.alive = lambda name=proc.name: name != "compute"
-    assert dep.fatal_death().name == "compute"
+    sup = Supervised(dep, monkeypatch)
+    sup.alive["compute"] = False
+    assert sup.check(0.0) is None and dep.due == {0: 1.0}
+    assert "keep serving" not in sup.said[-1]
+    sup.check(1.0)
+    assert sup.started == ["smartnic", "compute"]
+    sup.alive["frontend"] = False
+    assert sup.check(2.0).name == "frontend"
+
+
+class Dead:
+    """A reaped process: its pid, no longer running."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, -9
+
+    def poll(self):
+        return self.returncode
+
+
+def test_the_regions_of_a_dead_compute_node_are_removed_and_only_those(deployment, tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    dep = deployment(None, {"compute": {"node_name": "node7"}}, replicas=2)
+    compute, compute1 = dep.replica_procs(0)[1], dep.replica_procs(1)[1]
+    for proc, pid in ((compute, 4001), (compute1, 4002)):
+        proc.env = {**proc.env, **proc.given, "KVTB_SHM_DIR": str(shm)}
+        proc.proc = Dead(pid)
+    made = shm / "kvtb-node7-4001"            # announced and named by the settings
+    unannounced = shm / "kvtb-node7-1-4002"   # replica 1's, dead before its ready line
+    other = shm / "kvtb-node7-4003"           # another process's
+    outside = tmp_path / "kvtb-node7-4001"    # a claim outside the directory
+    for path in (made, unannounced, other, outside):
+        path.write_bytes(b"x")
+    compute.ready = {"regions": [str(made), str(other), str(outside)]}
+    assert dep.remove_regions(compute) == [str(made)]
+    assert dep.remove_regions(compute1) == [str(unannounced)]
+    assert other.exists() and outside.exists()
+    assert dep.remove_regions(compute) == []  # once per process
+
+
+def test_a_live_process_keeps_its_region(deployment, tmp_path):
+    dep = deployment(None)
+    compute = dep.replica_procs(0)[1]
+    region = tmp_path / f"kvtb-compute0-{os.getpid()}"
+    region.write_bytes(b"x")
+    compute.env = {**compute.env, "KVTB_SHM_DIR": str(tmp_path)}
+    compute.proc = types.SimpleNamespace(pid=os.getpid(), poll=lambda: None)
+    compute.alive = lambda: True
+    assert dep.remove_regions(compute) == [] and region.exists()
 
 
 def test_up_parses_replicas():
@@ -230,3 +351,6 @@ def test_up_parses_replicas():
             up.parse_args(["--replicas", bad])
     with pytest.raises(ValueError, match="replicas must be a whole number 1 .. 8"):
         up.Deployment(None, Path("/d"), None, 2, replicas=0)
+    assert up.parse_args([]).max_restarts == 5 and up.parse_args(["--max-restarts", "0"]).max_restarts == 0
+    with pytest.raises(SystemExit):
+        up.parse_args(["--max-restarts", "-1"])
