@@ -26,6 +26,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "concurrency"): "bench.concurrency:main",
     ("bench", "eviction"): "bench.eviction:main",
     ("bench", "decode"): "bench.decode:main",
+    ("bench", "attention"): "bench.attention:main",
     ("bench", "replay"): "bench.replay:main",
     ("bench", "fairness"): "bench.fairness:main",
     ("bench", "abuse"): "bench.abuse:main",
