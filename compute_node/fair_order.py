@@ -71,3 +71,11 @@ def prefill_shares(prefills: list[Sequence], budget: int, reserve: bool) -> dict
             if shares[user] == need[user]:
                 active.remove(user)
     return shares
+
+
+def in_service(*groups: Iterable[Sequence]) -> collections.Counter:
+    """Sequences per user over the groups (running, ready, restoring: those holding blocks)."""
+    counts = collections.Counter()
+    for group in groups:
+        counts.update(seq.user_id for seq in group)
+    return counts

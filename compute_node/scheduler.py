@@ -33,6 +33,7 @@ from collections.abc import Sequence as Seq
 from compute_node import fair_order
 from compute_node.block_manager import BlockManager
 from compute_node.sequence import Sequence, SequenceStatus
+from compute_node.step_budget import StepCap
 
 logger = logging.getLogger(__name__)
 
@@ -155,9 +156,8 @@ class Scheduler:
         self.pin_finished = pin_finished  # pin a finished sequence's KV blocks (so its tail can be stored)
         self.newcomer_slots, self.first_token_steps = newcomer_slots, first_token_steps  # fair_order
         self._first_token_step_last = False  # the last step was a first-token step: the next one is not
-        # compute_node.step_budget.StepBudget (fed by the engine; None: steps are bounded by tokens only)
-        self.step_budget = step_budget
-        self._target: float | None = None  # this step's target in seconds (None: its chunks are not capped)
+        self.step_budget = step_budget  # step_budget.StepBudget, fed by the engine (None: tokens bound a step)
+        self._cap = StepCap(None)  # this step's cap on prefill chunks (the step budget's target, or none)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.ready: collections.deque[Sequence] = collections.deque()
         self.restoring: dict[int, Sequence] = {}
@@ -305,7 +305,7 @@ class Scheduler:
         """Choose the next step's work (decodes, prefill chunks, admissions), preempting if blocks run out;
         or, beside a greedy user, a first-token step: newcomers' whole prompts and nothing else."""
         out = SchedulerOutput()
-        self._target = self._step_target()
+        self._cap = StepCap(self.step_budget, *self._users())
         if self._first_token_step(out):
             return out
         budget = self.max_num_batched_tokens
@@ -327,7 +327,7 @@ class Scheduler:
             shares = fair_order.prefill_shares(prefills, budget, other is not None)
             # under the step budget the next admission's prompt is counted in first: the prefills leave it time
             reserved = [(other.num_computed_tokens, min(other.num_tokens_to_compute, budget))] \
-                if other is not None and self._target is not None else []
+                if other is not None and self._cap.on else []
             for seq in prefills:
                 tokens = self._timed_tokens(seq, min(seq.num_tokens_to_compute, shares[seq.user_id], budget),
                                             out, reserved)
@@ -353,41 +353,22 @@ class Scheduler:
         """The next sequence admission would take if it is another user's than those prefilling, and could
         be admitted now (its blocks are there): then the prefills leave it a share of the budget."""
         running = collections.Counter(s.user_id for s in self.running)
-        seq = fair_order.next_admission(self.ready, self.waiting, running, self._in_service(), self._last_admitted)
+        served = fair_order.in_service(self.running, self.ready, self.restoring.values())
+        seq = fair_order.next_admission(self.ready, self.waiting, running, served, self._last_admitted)
         if seq is None or seq.user_id in {s.user_id for s in prefills}:
             return None
         return seq if seq in self.ready or (not seq.pinned_blocks and self.bm.can_allocate(seq)) else None
 
-    def _step_target(self) -> float | None:
-        """The step budget's target for this step, by whether more than one user has sequences running, or
-        here at all (running, ready, restoring or waiting); None without a step budget."""
-        if self.step_budget is None:
-            return None
+    def _users(self) -> tuple[int, int]:
+        """How many users have a sequence here (running, ready, restoring or waiting), and running."""
         running = {seq.user_id for seq in self.running}
-        users = set(running)
-        for queue in (self.ready, self.restoring.values(), self.waiting):
-            users.update(seq.user_id for seq in queue)
-        return self.step_budget.step_target(len(users) > 1, len(running) > 1)
+        return len(running.union(*({q.user_id for q in queue} for queue in
+                                   (self.ready, self.restoring.values(), self.waiting)))), len(running)
 
-    def _timed_tokens(self, seq: Sequence, tokens: int, out: SchedulerOutput,
-                      reserved: list[tuple[int, int]] = ()) -> int:
-        """Of `tokens` of seq's prefill, those that keep the step's predicted time (what out scheduled, and
-        the `reserved` runs) within the step's target, when it has one; at least one when
-        the step has no prefill yet and none is reserved, so that prefills always move on."""
-        if self._target is None or not tokens:
-            return tokens
-        runs = [(s.start, s.num_tokens) for s in out.scheduled] + list(reserved)
-        fit = self.step_budget.fit(runs, seq.num_computed_tokens, tokens, self._target)
-        if not fit and not reserved and all(s.seq.is_decode for s in out.scheduled):
-            return 1
-        return fit
-
-    def _in_service(self) -> collections.Counter:
-        """Sequences per user that are running, restoring or ready (holding blocks)."""
-        counts = collections.Counter(seq.user_id for seq in self.running)
-        counts.update(seq.user_id for seq in self.ready)
-        counts.update(seq.user_id for seq in self.restoring.values())
-        return counts
+    def _timed_tokens(self, seq: Sequence, tokens: int, out: SchedulerOutput, reserved=()) -> int:
+        """Of `tokens` of seq's prefill, those the step's cap allows beside what out scheduled."""
+        return self._cap.tokens([(s.start, s.num_tokens, s.seq.is_decode) for s in out.scheduled],
+                                seq.num_computed_tokens, tokens, reserved)
 
     def _make_room(self, index: int, out: SchedulerOutput) -> str:
         """Blocks for running[index]'s decode: "ok", "stalled" (pinned blocks will do) or "preempted" (it
@@ -423,7 +404,7 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int, newcomers_only: bool = False) -> None:
         """Take sequences into the batch in fair order (fair_order) while places, the budget and blocks
         allow; newcomers_only: only users with nothing running, each with its whole prompt."""
-        served = self._in_service()
+        served = fair_order.in_service(self.running, self.ready, self.restoring.values())
         running = collections.Counter(seq.user_id for seq in self.running)
         greedy = fair_order.has_greedy_user(self.running)
         blocked = False  # a waiting sequence found no blocks: only restored (ready) ones may still come in
@@ -525,26 +506,13 @@ class Scheduler:
             if token is None:
                 continue
             seq.append_token(token)
-            reason = self._stop_check(seq, token)
+            reason = seq.check_stop(token, self.stop_token_ids)
             if reason is None:
                 continue
             self.running.remove(seq)
             self._finish(seq, reason)
             finished.append(seq)
         return finished
-
-    def _stop_check(self, seq: Sequence, token: int) -> str | None:
-        """Why seq ends with this token just appended, or None (as vLLM's check_stop: nothing stops it before
-        min_tokens; the end of turn unless ignore_eos, then its own stop tokens, then the length)."""
-        if seq.num_completion_tokens >= seq.min_tokens:
-            if token in self.stop_token_ids and not seq.ignore_eos:
-                return "stop"
-            if token in seq.stop_token_ids:
-                seq.stop_reason = str(token)
-                return "stop"
-        if seq.num_completion_tokens >= seq.max_new_tokens:
-            return "length"
-        return None
 
     def stop(self, seq: Sequence, stop_reason: str = "") -> None:
         """End a running sequence after its step's postprocess (a stop string matched, or its grammar ended),

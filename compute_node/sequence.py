@@ -138,5 +138,19 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def check_stop(self, token: int, eos_ids: frozenset[int] | set[int]) -> str | None:
+        """Why this sequence ends with `token` just appended, or None (as vLLM's check_stop: nothing stops it
+        before min_tokens; the end of turn (eos_ids) unless ignore_eos, then its own stop tokens (its
+        stop_reason set to the token), then the length)."""
+        if self.num_completion_tokens >= self.min_tokens:
+            if token in eos_ids and not self.ignore_eos:
+                return "stop"
+            if token in self.stop_token_ids:
+                self.stop_reason = str(token)
+                return "stop"
+        if self.num_completion_tokens >= self.max_new_tokens:
+            return "length"
+        return None
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -143,3 +143,29 @@ class StepBudget:
             else:
                 hi = mid
         return lo
+
+
+class StepCap:
+    """One step's cap on prefill chunks: its StepBudget's target for the step (by the users with work
+    here and running), or none (no budget, or the step is not contended: chunks stay full)."""
+
+    def __init__(self, budget: StepBudget | None, users_here: int = 0, users_running: int = 0):
+        self.budget = budget
+        self.target = None if budget is None else budget.step_target(users_here > 1, users_running > 1)
+
+    @property
+    def on(self) -> bool:
+        return self.target is not None
+
+    def tokens(self, scheduled: Iterable[tuple[int, int, bool]], start: int, tokens: int,
+               reserved: Iterable[tuple[int, int]] = ()) -> int:
+        """Of `tokens` of a prefill at `start`, those that keep the step's predicted time (the (start,
+        num_tokens, is_decode) runs scheduled so far and the `reserved` runs) within the target; at least
+        one when only decodes are scheduled and nothing is reserved, so that prefills always move on."""
+        if self.target is None or not tokens:
+            return tokens
+        scheduled, reserved = list(scheduled), list(reserved)
+        fit = self.budget.fit([(s, n) for s, n, _ in scheduled] + reserved, start, tokens, self.target)
+        if not fit and not reserved and all(decode for _, _, decode in scheduled):
+            return 1
+        return fit

@@ -107,3 +107,25 @@ def test_the_setting_defaults_to_a_quarter_second_reads_from_the_environment_and
     for bad in (-0.1, float("nan"), True):
         with pytest.raises(SettingsError):
             ComputeSettings(step_target_s=bad)
+
+
+def test_a_step_cap_without_a_budget_or_contention_leaves_chunks_full():
+    from compute_node.step_budget import StepCap
+    assert StepCap(None, 3, 3).tokens([(0, 1, True)], 100, 512) == 512
+    budget = StepBudget(0.25)
+    assert not StepCap(budget, 1, 1).on  # alone
+    assert StepCap(budget, 1, 1).tokens([], 0, 512) == 512
+
+
+def test_a_step_cap_gives_a_prefill_beside_decodes_at_least_one_token():
+    from compute_node.step_budget import StepCap
+    budget = StepBudget(0.25)
+    for n in (10, 20, 30, 10, 20):  # 10 ms a token
+        budget.observe([(0, n)], 0.01 * n)
+    cap = StepCap(budget, 2, 2)  # another user runs: the whole target
+    assert cap.on and cap.target == pytest.approx(0.25)
+    decodes = [(0, 1, True)] * 25  # 0.25 s of decodes: not one more token fits
+    assert cap.tokens(decodes, 0, 64) == 1                # only decodes scheduled: one token, to move on
+    assert cap.tokens(decodes + [(0, 8, False)], 0, 64) == 0  # another prefill already moves this step
+    assert cap.tokens(decodes, 0, 64, [(0, 8)]) == 0      # a reserved admission comes first
+    assert 10 <= cap.tokens([(0, 1, True)] * 10, 0, 64) <= 16  # 0.1 s of decodes: about 15 tokens fit
