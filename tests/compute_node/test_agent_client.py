@@ -25,15 +25,20 @@ def compute_calls(agent) -> dict[str, float]:
             if name == "kvtb:agent_rpc_calls_total" and dict(labels)["peer"] == "compute"}
 
 
-@pytest.mark.slow
-def test_registers_again_after_the_agent_restarts(start_service, tmp_path):
+def agent_and_client(start_service, tmp_path):
+    """A storage node and an agent (its env, to start it again), a region and a client of the agent."""
     storage = start_service("storage", "serve", "storage", env=storage_env(tmp_path, "storage-0"))
     address = f"127.0.0.1:{free_port()}"
     env = {**agent_env([("storage-0", storage)]), "KVTB_SMARTNIC_LISTEN_ADDRESS": address}
     agent = start_service("agent", "serve", "smartnic", env=env)
     region = Region.create(f"kvtb-test-{uuid.uuid4().hex[:12]}", LAYOUT.region_bytes,
                            LAYOUT.counter_offset, LAYOUT.counter_count)
-    client = AgentClient(address, as_identity("compute"), timeout_s=5.0)
+    return env, agent, region, AgentClient(address, as_identity("compute"), timeout_s=5.0)
+
+
+@pytest.mark.slow
+def test_registers_again_after_the_agent_restarts(start_service, tmp_path):
+    env, agent, region, client = agent_and_client(start_service, tmp_path)
     stop = threading.Event()
     try:
         client.register(types.SimpleNamespace(region=region, layout=LAYOUT), "key", "test", "", 10.0)
@@ -64,13 +69,7 @@ def test_registers_again_after_the_agent_restarts(start_service, tmp_path):
 
 @pytest.mark.slow
 def test_the_keeper_says_when_the_agent_is_gone_and_when_it_is_back(start_service, tmp_path):
-    storage = start_service("storage", "serve", "storage", env=storage_env(tmp_path, "storage-0"))
-    address = f"127.0.0.1:{free_port()}"
-    env = {**agent_env([("storage-0", storage)]), "KVTB_SMARTNIC_LISTEN_ADDRESS": address}
-    agent = start_service("agent", "serve", "smartnic", env=env)
-    region = Region.create(f"kvtb-test-{uuid.uuid4().hex[:12]}", LAYOUT.region_bytes,
-                           LAYOUT.counter_offset, LAYOUT.counter_count)
-    client = AgentClient(address, as_identity("compute"), timeout_s=5.0)
+    env, agent, region, client = agent_and_client(start_service, tmp_path)
     stop, changes = threading.Event(), []
     try:
         client.register(types.SimpleNamespace(region=region, layout=LAYOUT), "key", "test", "", 10.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 
-from kvtb_proto import compute_pb2
+from tests.compute_node.test_engine_fairness import first_token_at
 
 PER_TOKEN_S = 0.004  # the injected slowness: a 64-token step takes ~0.26 s, past the 0.1 s target
 TARGET_S = 0.1
@@ -24,18 +24,6 @@ def slow_steps(node) -> list[list[tuple[int, int, int]]]:
     return steps
 
 
-def turn(node, ids, user, context, n):
-    """(time of the first token, tokens out) of a turn through the node's gRPC service."""
-    request = compute_pb2.TurnRequest(request_id=f"r-{context}", user_id=user, context_id=context, token_ids=ids,
-                                      max_new_tokens=n, policy="resident", ignore_eos=True)
-    first, out = None, 0
-    for event in node.stub.Generate(request, timeout=120):
-        if event.HasField("token"):
-            first = first or time.monotonic()
-            out += 1
-    return first, out
-
-
 def hog_chunks(steps, base: int, prompt: int = 240) -> list[int]:
     """The prefill chunks of the long prompt whose ids start at `base`, in step order."""
     return [n for step in steps for first, start, n in step if base <= first < base + 1000 and start < prompt]
@@ -44,19 +32,19 @@ def hog_chunks(steps, base: int, prompt: int = 240) -> list[int]:
 def test_a_slow_step_shrinks_a_long_prompts_chunks_beside_another_users_turn_and_alone_they_stay_full(make_node):
     node = make_node(max_num_batched_tokens=64, step_target_s=TARGET_S, max_context_tokens=256)
     steps = slow_steps(node)
-    _, out = turn(node, list(range(HOG, HOG + 240)), "hog", "alone", 2)  # alone: 240 tokens in full chunks
+    _, out = first_token_at(node, list(range(HOG, HOG + 240)), "hog", "alone", 2)  # alone: 240 tokens in full chunks
     assert out == 2
     alone = hog_chunks(steps, HOG)
     assert alone == [64, 64, 64, 48], alone
 
     steps.clear()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        hog = pool.submit(turn, node, list(range(HOG + 300, HOG + 540)), "hog", "beside", 2)
+        hog = pool.submit(first_token_at, node, list(range(HOG + 300, HOG + 540)), "hog", "beside", 2)
         deadline = time.monotonic() + 30
         while not steps:  # the long prompt's first (full) chunk is under way
             assert time.monotonic() < deadline
             time.sleep(0.002)
-        victim = pool.submit(turn, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 8)
+        victim = pool.submit(first_token_at, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 8)
         assert victim.result(timeout=120)[1] == 8 and hog.result(timeout=120)[1] == 2
     beside = hog_chunks(steps, HOG + 300)
     budget = node.engine.step_budget
@@ -72,12 +60,12 @@ def test_without_a_step_target_the_chunks_stay_full_beside_another_user(make_nod
     assert node.engine.step_budget is None
     steps = slow_steps(node)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        hog = pool.submit(turn, node, list(range(HOG, HOG + 240)), "hog", "h", 2)
+        hog = pool.submit(first_token_at, node, list(range(HOG, HOG + 240)), "hog", "h", 2)
         deadline = time.monotonic() + 30
         while not steps:
             assert time.monotonic() < deadline
             time.sleep(0.002)
-        victim = pool.submit(turn, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 8)
+        victim = pool.submit(first_token_at, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 8)
         assert victim.result(timeout=120)[1] == 8 and hog.result(timeout=120)[1] == 2
     # the token budget alone: the victim's 12 and the hog's chunk share 64 tokens
     assert max(sum(n for _, _, n in step) for step in steps) == 64
