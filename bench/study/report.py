@@ -2,8 +2,9 @@
 
 A study's result is one JSON object: `study`, `mode` (full, quick or smoke), `machine`,
 `settings` (with the `placement` its services ran in: `--placement shared|nic`, each stack started
-in it; the machine record says each service's CPUs), `results`, `claims` (a list of {figure,
-claim, measured, agrees, why}), `ratios`
+in it; the machine record says each service's CPUs), `results`, `claims` (the study's claims table
+judged by bench.study.claims: per claim its key, figure, the seed's words and numbers, the measure, the
+test, the values per repeat, the noise band and the verdict), `ratios`
 (figures measured side by side in the same run), `plots`, `failed` (a part that raised: its name
 and error, never left out silently) and `elapsed_s`. `finish` writes OUT/results.json and
 OUT/README.md (the page: the seed's claims beside ours, the ratios, the plots, the failures) and
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import scaled
+from bench.study import claims
 from bench.results import emit_json, machine_info, placement_info, setup_logging, stop_on_sigterm, write_json
 from kvtb.placement import PLACEMENTS
 
@@ -67,13 +69,18 @@ def new_study(name: str, args: argparse.Namespace, settings: dict[str, Any]) -> 
             "_started": time.monotonic()}
 
 
-def claim(study: dict, figure: str, text: str, measured: str, agrees: bool | None, why: str) -> None:
-    """One of the seed's claims beside our measurement. agrees=None: not measured in this run (then
-    `measured` says why, e.g. the part failed)."""
-    if not measured:
-        raise ValueError(f"claim {figure!r}: every claim needs its measurement (or why it has none)")
-    study["claims"].append({"figure": figure, "claim": text, "measured": measured,
-                            "agrees": agrees, "why": why})
+def judge(study: dict, table, results: dict | None = None) -> list[dict]:
+    """The study's claims table (bench.study.claims) judged on its results: each claim's record appended
+    to study["claims"] (a part that failed leaves its claims `not measured`, saying which part)."""
+    profile = (study.get("settings") or {}).get("profile") or ""
+
+    def why_unmeasured(c) -> str:
+        return unmeasured(study, study["failed"][0]["part"]) if study["failed"] else ""
+
+    records = claims.evaluate(table, study["results"] if results is None else results, profile,
+                              why_unmeasured)
+    study["claims"].extend(records)
+    return records
 
 
 def fail(study: dict, part: str, exc: BaseException) -> None:
@@ -104,13 +111,25 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def claims_table(claims: list[dict]) -> str:
+def verdict_text(c: dict) -> str:
+    """The verdict as the page shows it."""
+    return {"out of scope": "out of scope", "invalid": "invalid (dilation violations)"}.get(
+        c["verdict"], c["verdict"])
+
+
+def _words(c: dict) -> str:
+    quoted = f"\u201c{c['claim']}\u201d" if c.get("source", "seed") == "seed" else f"(our hypothesis) {c['claim']}"
+    return quoted + (f" [seed: {c['seed']}]" if c.get("seed") else "")
+
+
+def claims_table(records: list[dict]) -> str:
     """The seed's claims beside ours, as a Markdown table."""
-    mark = {True: "yes", False: "no", None: "not measured", "invalid": "invalid (dilation violations)",
-            "inconclusive": "inconclusive"}
-    rows = ["| figure | the seed's claim | measured here | agrees | why |", "| --- | --- | --- | --- | --- |"]
-    rows += [f"| {_cell(c['figure'])} | {_cell(c['claim'])} | {_cell(c['measured'])} | {mark[c['agrees']]} "
-             f"| {_cell(c['why'])} |" for c in claims]
+    rows = ["| figure | the seed's words [its numbers] | measured here | test | verdict | why |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for c in records:
+        test = (c.get("test") or {}).get("text", "")
+        rows.append(f"| {_cell(c['figure'])} | {_cell(_words(c))} | {_cell(c['measured'])} | {_cell(test)} "
+                    f"| {verdict_text(c)} | {_cell(c['why'])} |")
     return "\n".join(rows)
 
 
@@ -173,8 +192,8 @@ def invalidate(study: dict) -> None:
     if not bad:
         return
     for c in study["claims"]:
-        if c["agrees"] in (True, False):
-            c["agrees"] = "invalid"
+        if c["verdict"] in claims.JUDGED:
+            c["verdict"] = "invalid"
             c["why"] += f" [invalid: dilation violations over 1% in {', '.join(bad)}]"
 
 
