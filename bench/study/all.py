@@ -13,6 +13,20 @@ side (by default `shared nic` on 2 CPUs or more), and is where the placement mat
 restore against a resident context, the NIC's work beside the forward's); the studies run once,
 in one placement (`--placement`, shared by default), so that placing them does not double the
 run. `--placements P...` passes P to `bench ttft` and the first of them to every study.
+
+Full mode fits a time budget, `--hours` (default 3; 0: none): full mode of every step is estimated at
+about 5.7 hours here, so before it starts the run plans each step's tier (bench.study.all_budget: full,
+a documented cut, or quick), the largest saving first, until the estimate fits. With 3 hours: scalellm
+runs full with `--requests-per-client 5` and the poster study runs in quick mode; the plan and every cut
+are in all.json (`budget`), on the report and in the README block.
+
+The headline table takes each study's `headline_rows(study)`: a list of rows, each a mapping with
+`question`, `measured` and `target` (a missing target shows "-"), and optionally `verdict` (one of
+bench.study.claims.VERDICTS) or `claim` (the key of one of the study's claims, whose verdict the row then
+shows); a (question, measured, target) tuple is taken too. Each study's section sets its claims table
+(report.claims_table: the seed's words, the measurement, the test and the verdict) under a tally of its
+verdicts; the report opens with the tally over every study (claims.Tally), and all.json keeps every
+step's whole result, the tallies and the budget.
 """
 from __future__ import annotations
 
@@ -39,6 +53,8 @@ from bench.results import (
     write_json,
 )
 from bench import scaled
+from bench.study import all_budget
+from bench.study.claims import Tally
 from bench.study.report import claims_table
 from kvtb.launch import kvtb_argv
 from kvtb.placement import PLACEMENTS
@@ -72,8 +88,9 @@ STEPS = (
     Step("scalellm", ("study", "scalellm"), "Latency against concurrency (ScaleLLM's Table 1, Figs 6-7)"),
     Step("paper", ("study", "paper"), "KV transfer, CPU-centric against triggered (the paper's Figs 2, 5-7)"),
     Step("eviction", ("study", "eviction"), "Eviction on a conversation trace, against Belady's bound"),
+    # quick: sizes from 64 tokens, so that a crossover below 512 is bracketed, not guessed; 3 repeats
     Step("ttft", ("bench", "ttft"), "A follow-up's KV restored against recomputed",
-         {"quick": ("--sizes", "512", "2048", "--reps", "2")}),
+         {"quick": ("--sizes", "64", "128", "256", "512", "2048", "--reps", "3")}),
 )
 NAMES = tuple(s.name for s in STEPS)
 PROFILED = ("paper", "poster", "scalellm", "eviction", "ttft")  # the steps that take --profile (bench/scaled.py)
@@ -124,20 +141,25 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         if left:
             logger.warning("under --profile, %s do not run (only %s take a profile)", ", ".join(left),
                            ", ".join(PROFILED))
+    budget = all_budget.plan([s.name for s in steps], mode, getattr(args, "hours", None))
+    if not budget.fits:
+        logger.warning("study all: %s", budget.text())
     start, machine = time.monotonic(), machine_info()  # the commit as the run starts
     entries = []
     with progress_for(args, len(steps), "study all") as progress:
         for step in steps:
             progress.update(0, note=step.name)
-            step_argv = step.argv(mode, out, args.keep_data) + placement_args(step, args.placements)
+            tier = budget.tiers[step.name]
+            step_argv = (step.argv(tier.mode, out, args.keep_data) + list(tier.extra)
+                         + placement_args(step, args.placements))
             if profiled:
                 step_argv += ["--profile", profiled, "--dilation", str(args.dilation)]
-            entries.append(run_step(step, step_argv, TIMEOUT_S[mode]))
+            entries.append(run_step(step, step_argv, TIMEOUT_S[tier.mode]))
             progress.update(note=f"{step.name} {'failed' if entries[-1].get('error') else 'done'}")
     return {"study": "all", "mode": mode, "command": shlex.join(["kvtb", "study", "all", *argv]),
             "machine": machine, "seconds": time.monotonic() - start, "steps": entries,
             "placements": args.placements or "each step's default",
-            "profile": profiled or None,
+            "profile": profiled or None, "budget": budget.to_json(), "tally": tallies(entries),
             "ratios": {f"{e['name']}.{k}": v for e in entries if e.get("result")
                        for k, v in (e["result"].get("ratios") or {}).items()},
             "failed": [{"part": e["name"], "error": e["error"]} for e in entries if e.get("error")]}
@@ -145,8 +167,32 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
 # -- the headline table ---------------------------------------------------------------------------------
 
+def as_row(raw: Any) -> dict:
+    """A headline row as the table takes it: {question, measured, target, verdict, claim}, from a mapping
+    (question and measured required) or a (question, measured[, target]) tuple."""
+    if isinstance(raw, dict):
+        if "question" not in raw or "measured" not in raw:
+            raise ValueError(f"a headline row needs a question and a measured value, got keys {sorted(raw)}")
+        row = dict(raw)
+    elif isinstance(raw, (tuple, list)) and 2 <= len(raw) <= 4:
+        row = dict(zip(("question", "measured", "target"), raw))
+    else:
+        raise ValueError(f"a headline row is a mapping or a (question, measured, target) tuple, got {raw!r}")
+    row.setdefault("target", "-")
+    return row
+
+
+def row_verdict(row: dict, result: dict | None) -> str:
+    """The row's own verdict, or that of the claim it names (by key) in the step's result; else '-'."""
+    if row.get("verdict"):
+        return str(row["verdict"])
+    key = row.get("claim")
+    found = next((c for c in (result or {}).get("claims") or [] if c.get("key") == key), None) if key else None
+    return str(found.get("verdict") or "-") if found else "-"
+
+
 def _rows_of(entry: dict) -> list[dict]:
-    """A step's headline rows (question, measured, target), from its own module."""
+    """A step's headline rows (question, measured, target, verdict), from its own module."""
     name, result = entry["name"], entry.get("result")
     if name == "ttft":
         from bench import suite
@@ -159,7 +205,7 @@ def _rows_of(entry: dict) -> list[dict]:
     else:
         module = importlib.import_module(f"bench.study.{name}")
         try:
-            rows = module.headline_rows(result) if result else []
+            rows = [as_row(r) for r in module.headline_rows(result)] if result else []
         except Exception as exc:  # noqa: BLE001 - a study whose result lacks a figure still gets its row
             logger.warning("no headline rows for %s: %s", name, exc)
             rows = [{"question": f"{name} study", "measured": f"failed: no headline ({exc})", "target": "-"}]
@@ -168,7 +214,31 @@ def _rows_of(entry: dict) -> list[dict]:
         for row in rows:
             if not row["measured"] or entry.get("result") is None:
                 row["measured"] = f"failed: {entry['error'][:300]}"
+    for row in rows:
+        row["verdict"] = row_verdict(row, result)
     return rows
+
+
+def claim_records(result: dict | None) -> list[dict]:
+    """A step's claim records; one without a verdict (an older record) is shown as not judged."""
+    return [c if "verdict" in c else {**c, "verdict": "not judged (no verdict in the record)"}
+            for c in (result or {}).get("claims") or []]
+
+
+def tallies(entries: list[dict]) -> dict:
+    """Each step's verdict counts and the counts over every step (claims.Tally)."""
+    by = {e["name"]: Tally.of(claim_records(e.get("result"))).counts for e in entries
+          if claim_records(e.get("result"))}
+    overall = Tally()
+    for counts in by.values():
+        for verdict, n in counts.items():
+            overall.counts[verdict] = overall.counts.get(verdict, 0) + n
+    return {"overall": overall.counts, "by_step": by}
+
+
+def tally_text(counts: dict[str, int]) -> str:
+    """'3 agrees, 1 disagrees' (no claims: 'no claims')."""
+    return Tally(dict(counts)).text() or "no claims"
 
 
 def placement_rows(result: dict | None) -> list[dict]:
@@ -210,11 +280,12 @@ def _cell(text: Any) -> str:
 
 def headline_table(report: dict) -> str:
     """One row per headline figure of every step, with the command that measured it."""
-    lines = ["| question | measured | the seed's figure, floor or goal | by |", "| --- | --- | --- | --- |"]
+    lines = ["| question | measured | the seed's figure, floor or goal | verdict | by |",
+             "| --- | --- | --- | --- | --- |"]
     for entry in report["steps"]:
         for row in _rows_of(entry):
             lines.append(f"| {_cell(row['question'])} | {_cell(row['measured'] or 'not measured')} "
-                         f"| {_cell(row['target'])} | {_command(entry)} |")
+                         f"| {_cell(row['target'])} | {_cell(row['verdict'])} | {_command(entry)} |")
     return "\n".join(lines)
 
 
@@ -233,9 +304,15 @@ def readme_block(report: dict, report_path: str) -> str:
     """The headline table and the line that says which run, commit and command it comes from."""
     m = report["machine"]
     return (f"{headline_table(report)}\n\nEvery figure above comes from one run: `{report['command']}` "
-            f"({report['mode']} mode, {report['seconds'] / 60:.0f} min) of {_commit_text(report)}, "
+            f"({report['mode']} mode, {report['seconds'] / 60:.0f} min; {_budget_text(report)}) of "
+            f"{_commit_text(report)}, "
             f"{m.get('time_utc', '')[:10]}, on {m.get('cores')} "
             f"cores of an {m.get('cpu_model')}; each study's page, claims and plots: `{report_path}`.")
+
+
+def _budget_text(report: dict) -> str:
+    """The run's budget and cuts in words ('no time budget' for a report without one)."""
+    return (report.get("budget") or {}).get("text") or "no time budget"
 
 
 def splice(text: str, block: str) -> str:
@@ -250,6 +327,8 @@ def render(report: dict) -> str:
     lines = ["# kvtestbed: the studies", "",
              f"Generated by `{report['command']}` ({report['mode']} mode) in {report['seconds'] / 60:.1f} min. "
              "Every figure was measured in this run; every ratio compares figures measured side by side.", "",
+             f"Time: {_budget_text(report)}.", "",
+             f"Verdicts over every study: {tally_text(tallies(report['steps'])['overall'])}.", "",
              "## Headline", "", headline_table(report), ""]
     if report["failed"]:
         lines += ["**Failed:** " + "; ".join(f"{f['part']}: {_cell(f['error'][:300])}" for f in report["failed"]), ""]
@@ -260,10 +339,14 @@ def render(report: dict) -> str:
                   f"{_command(entry)}: {entry['seconds'] / 60:.1f} min, exit code {entry['exit_code']}. "
                   + (f"Page: [{step.name}/README.md]({step.name}/README.md)." if step.words[0] == "study"
                      else f"Raw results: `{step.name}/results.json`."), ""]
+        cut = ((report.get("budget") or {}).get("cut") or {}).get(step.name)
+        if cut and report["mode"] == "full":
+            lines += [f"**Cut to fit the time budget: run as {cut}, not full mode.**", ""]
         if entry.get("error"):
             lines += [f"**Failed:** {_cell(entry['error'][:600])}", ""]
-        if result.get("claims"):
-            lines += [claims_table(result["claims"]), ""]
+        records = claim_records(result)
+        if records:
+            lines += [f"Verdicts: {tally_text(Tally.of(records).counts)}.", "", claims_table(records), ""]
         lines += [f"![{Path(p).stem}]({step.name}/{Path(p).name})" for p in result.get("plots", [])[:3]]
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -275,8 +358,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("out") / "study",
                         help="output directory (default out/study; docs/results holds a committed run)")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="every study's --quick (about 45 minutes here)")
+    mode.add_argument("--quick", action="store_true", help="every study's --quick (about 50 minutes here)")
     mode.add_argument("--smoke", action="store_true", help="every study's --smoke (a tiny model: minutes)")
+    parser.add_argument("--hours", type=float, default=all_budget.DEFAULT_HOURS,
+                        help="full mode's time budget in hours (default 3; 0: none): full mode of every step "
+                             "is estimated at 5.7 h here, so steps are cut, the largest saving first, until the "
+                             "estimate fits; with 3 h, scalellm runs --requests-per-client 5 and poster runs "
+                             "quick (bench/study/all_budget.py; the plan is in all.json and the report)")
     parser.add_argument("--keep-data", action="store_true", help="keep the services' data and logs")
     parser.add_argument("--only", nargs="+", choices=NAMES, help="run only these")
     parser.add_argument("--skip", nargs="+", choices=NAMES, default=[], help="leave these out")
@@ -288,6 +376,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="also write the headline table into FILE, between its summary markers")
     scaled.add_profile_args(parser)
     args = parser.parse_args(argv)
+    if args.hours < 0:
+        parser.error("--hours must not be negative")
     profile = scaled.check(parser, args)
     if profile is not None and args.out == Path("out") / "study":
         args.out = Path("out") / "study" / f"profile-{profile.name}"  # beside today's pages

@@ -30,7 +30,14 @@ def test_a_failed_step_keeps_its_rows_and_says_failed():
     table = study_all.headline_table(report(entry("ttft", None, "exit code 1: boom")))
     rows = [line for line in table.splitlines()[2:]]
     assert rows and all("failed: exit code 1: boom" in row for row in rows)
-    assert all("`kvtb bench ttft --sizes 512 2048 --reps 2`" in row for row in rows)
+    assert all("`kvtb bench ttft --sizes 64 128 256 512 2048 --reps 3`" in row for row in rows)
+
+
+def test_quick_ttft_measures_below_512_so_a_crossover_there_is_bracketed():
+    ttft = next(s for s in study_all.STEPS if s.name == "ttft")
+    argv = ttft.argv("quick", study_all.Path("/o"))
+    sizes = [int(a) for a in argv[argv.index("--sizes") + 1:argv.index("--reps")]]
+    assert min(sizes) < 512 and int(argv[argv.index("--reps") + 1]) >= 3
 
 
 def test_a_measured_ratio_lands_in_its_row():
@@ -77,7 +84,11 @@ def test_smoke_writes_the_report_and_the_readme_table(tmp_path):
     assert (out / "eviction" / "README.md").exists() and (out / "all.json").exists()
     text = readme.read_text()
     assert "old" not in text and "`kvtb study eviction --smoke`" in text
-    assert "| figure | the seed's claim |" in (out / "README.md").read_text()
+    page = (out / "README.md").read_text()
+    assert "| figure | the seed's words [its numbers] |" in page and "| verdict |" in page
+    assert "Verdicts over every study: " in page
+    every = json.loads((out / "all.json").read_text())
+    assert every["tally"]["by_step"]["eviction"] and every["budget"]["tiers"]["eviction"]["tier"] == "smoke"
 
 
 def test_placements_go_to_bench_ttft_all_and_to_each_study_the_first():
@@ -102,3 +113,53 @@ def test_ttft_in_both_placements_gets_a_row_for_each_and_nic_over_shared():
     assert row in table
     assert "placement shared | 1.17 |" in table and "nic / shared | 0.89 |" in table
     assert study_all.placement_rows({"ratios": {}, "results": {"by_placement": {"shared": {}}}}) == []
+
+
+def _claim(key, verdict):
+    return {"key": key, "figure": "Sec. III-B", "claim": "words", "seed": "", "source": "seed", "measured": "m",
+            "test": {"text": "< 0.03"}, "verdict": verdict, "why": "w"}
+
+
+def test_study_rows_take_mappings_and_tuples_and_show_a_named_claims_verdict(monkeypatch):
+    from bench.study import eviction
+    rows = [{"question": "Real agent vs its replay", "measured": "0.1 vs 0.1", "target": "equal",
+             "claim": "sec3b"},
+            ("End-to-end, recompute / swap", "1.3x", "the poster: swap wins"),
+            {"question": "Compute freed", "measured": "0.4 s/GB", "verdict": "disagrees"}]
+    monkeypatch.setattr(eviction, "headline_rows", lambda study: rows)
+    result = {"claims": [_claim("sec3b", "agrees")]}
+    table = study_all.headline_table(report(entry("eviction", result)))
+    assert "| Real agent vs its replay | 0.1 vs 0.1 | equal | agrees |" in table
+    assert "| End-to-end, recompute / swap | 1.3x | the poster: swap wins | - |" in table
+    assert "| Compute freed | 0.4 s/GB | - | disagrees |" in table
+    with pytest.raises(ValueError):
+        study_all.as_row({"measured": "no question"})
+
+
+def test_tallies_count_each_study_and_all_and_the_page_shows_them():
+    poster = entry("poster", {"claims": [_claim("a", "agrees"), _claim("b", "disagrees")]})
+    evict = entry("eviction", {"claims": [_claim("c", "agrees"), _claim("d", "inconclusive")],
+                               "settings": {"capacities": []}, "results": {}})
+    got = study_all.tallies([poster, evict])
+    assert got["by_step"]["poster"]["agrees"] == 1 and got["by_step"]["eviction"]["inconclusive"] == 1
+    assert got["overall"]["agrees"] == 2 and got["overall"]["disagrees"] == 1
+    page = study_all.render(report(poster, evict))
+    assert "Verdicts over every study: 2 agrees, 1 disagrees, 1 inconclusive." in page
+    assert "Verdicts: 1 agrees, 1 disagrees." in page and "| verdict |" in page
+
+
+def test_an_older_claim_record_without_a_verdict_is_shown_not_judged():
+    old = {"figure": "Fig. 2", "claim": "words", "measured": "m", "agrees": True, "why": "w"}
+    records = study_all.claim_records({"claims": [old]})
+    assert records[0]["verdict"].startswith("not judged")
+
+
+def test_a_cut_step_is_named_on_its_section():
+    rep = report(entry("poster", {"claims": []}))
+    rep["mode"] = "full"
+    rep["budget"] = {"text": "budget 3 h, estimated 2.1 h; cut to fit: poster quick", "cut": {"poster": "quick"}}
+    page = study_all.render(rep)
+    assert "Cut to fit the time budget: run as quick" in page and "budget 3 h" in page
+    assert study_all.parse_args([]).hours == 3.0 and study_all.parse_args(["--hours", "0"]).hours == 0
+    with pytest.raises(SystemExit):
+        study_all.parse_args(["--hours", "-1"])
