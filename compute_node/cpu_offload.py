@@ -1,7 +1,10 @@
 """The CPU-centric baseline (policy `cpu`): the compute process moves the KV itself.
 
 When a block fills, the engine thread copies it out of the pool (the paper's cudaMemcpy), stores
-it on a storage node through the fabric and waits for the acknowledgement before it goes on. A
+it on a storage node through the fabric and waits for the acknowledgement before it goes on
+(`CpuOffload(in_flight=1)`, the baseline). With `in_flight=K > 1` the same process keeps up to K
+blocks' stores outstanding and waits only when K are out (pipelining alone, without the NIC: the
+paper study's `cpu-pipelined` path); its owner calls `drain()` before it counts the transfer done. A
 follow-up's stored prefix is found in this process's own index (by the blocks' hash chain, as the
 agent finds it), retrieved, checked and copied back into the blocks the engine allocated; then
 the blocks' GET completion counters are bumped as the agent would, so the engine waits the same
@@ -11,6 +14,8 @@ its crc32c) before its bytes are used, and falls back to recompute otherwise.
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -24,6 +29,7 @@ from fabric import chunk_format as cf
 from fabric.auth import FabricSecurity
 from fabric.placement import place
 from hostmem.block_hash import stored_prefix
+from kvtb_proto import nvmeof_pb2
 from scale import paced
 
 logger = logging.getLogger(__name__)
@@ -36,6 +42,19 @@ class StoredBlock:
     token_count: int
     length: int
     generation: int
+
+
+@dataclasses.dataclass
+class PendingStore:
+    """A block's Store sent and not acknowledged yet; its block is indexed only once the completion succeeded.
+
+    `frames` stay referenced here: the fabric client sends them without a copy until the future resolves."""
+    name: bytes             # the block's hash: its key in the index
+    stored: StoredBlock
+    future: concurrent.futures.Future
+    frames: list
+    nbytes: int
+    wait_s: float           # how long finish() waits for the completion at most
 
 
 class CpuStore:
@@ -66,6 +85,10 @@ class CpuStore:
 
     def put(self, pool: KvPool, block: Block) -> int:
         """Copy the block out of the pool, store it and wait for the ack; the bytes stored."""
+        return self.finish(self.submit(pool, block))
+
+    def submit(self, pool: KvPool, block: Block) -> PendingStore:
+        """Copy the block out of the pool, seal it and send its Store; the Store to finish()."""
         L = pool.layout
         offset, length = L.block_range(block.block_id)
         real_per_token = length // max(1, L.block_tokens)
@@ -83,10 +106,23 @@ class CpuStore:
         wire = paced.ticket("host_to_wire", length, real_per_token)  # the NIC's DMA from host memory, the fabric
         paced.settle(wire)  # its bytes cross while the node waits for them: the node checks they came in time
         node = place(key, self.nodes)
-        self.client(node).store(self.nsid, key, frames, cf.crc32c_of(frames), paced_until=paced.end_of(wire))
+        client = self.client(node)
         nbytes = sum(len(f) for f in frames)
-        self.index[block.hash] = StoredBlock(node, key, block.token_count, nbytes, self.generation)
-        return nbytes
+        capsule = nvmeof_pb2.CommandCapsule(  # as FabricClient.store builds it
+            command_set=nvmeof_pb2.KEY_VALUE, opcode=nvmeof_pb2.KV_STORE, namespace_id=self.nsid, key=key,
+            value_length=sum(memoryview(f).nbytes for f in frames), crc32c=cf.crc32c_of(frames), has_crc32c=True,
+            paced_until=paced.end_of(wire))
+        future = client.submit(capsule, frames)
+        stored = StoredBlock(node, key, block.token_count, nbytes, self.generation)
+        return PendingStore(block.hash, stored, future, frames, nbytes, client.timeout_s + 5.0)
+
+    def finish(self, pending: PendingStore) -> int:
+        """Wait for a Store's completion (raises on a failure or a non-zero status), then index its block;
+        the bytes stored."""
+        completion = pending.future.result(timeout=pending.wait_s)
+        completion.raise_for_status()
+        self.index[pending.name] = pending.stored
+        return pending.nbytes
 
     def stored_tokens(self, seq: Sequence, bm) -> int:
         """Tokens of seq's prefix whose blocks this process stored (one left to compute)."""
@@ -135,23 +171,60 @@ class CpuStore:
 
 
 class CpuOffload:
-    """Offload driven by the compute process: store each block as it fills, and wait."""
+    """Offload driven by the compute process: store each block as it fills, and wait.
+
+    in_flight=1 (the baseline, as the engine runs it): each block's Store is acknowledged before store()
+    returns. in_flight=K > 1: store() returns once the block is sent, waiting first (oldest first) while K
+    Stores are out; drain() waits for the rest. Either way a failed Store is counted in `errors` (never
+    acknowledged silently) and a block is indexed as stored, and counted in its OffloadStats, only once its
+    completion succeeded. Not thread-safe: one thread (the engine's) calls store() and drain().
+    """
 
     offloads = True
 
-    def __init__(self, pool: KvPool, store: CpuStore):
+    def __init__(self, pool: KvPool, store: CpuStore, in_flight: int = 1):
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, not {in_flight}")
         self.pool = pool
         self.store_ = store
+        self.in_flight = in_flight
         self.errors = 0
         self.last_error = ""
+        self._outstanding: collections.deque[tuple[PendingStore, Block, OffloadStats]] = collections.deque()
+
+    @property
+    def outstanding(self) -> int:
+        """Stores sent and not finished yet."""
+        return len(self._outstanding)
 
     def store(self, block: Block, stats: OffloadStats) -> None:
         try:
-            stats.bytes += self.store_.put(self.pool, block)
-            stats.chunks += 1
+            pending = self.store_.submit(self.pool, block)
         except Exception as exc:  # noqa: BLE001 - offload failures never fail the turn
-            self.errors += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            logger.warning("cpu offload of block %d failed: %s", block.index, exc)
+            self._failed(block, exc)
+            return None
+        self._outstanding.append((pending, block, stats))
+        while self._outstanding and (len(self._outstanding) >= self.in_flight
+                                     or self._outstanding[0][0].future.done()):
+            self._finish_oldest()  # in_flight=1: this block's own ack, before the engine goes on
         return None
 
+    def drain(self) -> int:
+        """Wait for every outstanding Store (oldest first); how many there were."""
+        count = len(self._outstanding)
+        while self._outstanding:
+            self._finish_oldest()
+        return count
+
+    def _finish_oldest(self) -> None:
+        pending, block, stats = self._outstanding.popleft()
+        try:
+            stats.bytes += self.store_.finish(pending)
+            stats.chunks += 1
+        except Exception as exc:  # noqa: BLE001 - offload failures never fail the turn
+            self._failed(block, exc)
+
+    def _failed(self, block: Block, exc: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        logger.warning("cpu offload of block %d failed: %s", block.index, exc)
