@@ -42,10 +42,11 @@ class BlockManager:
     all its tokens are computed, and is never written while its ref_count > 1 or while pinned.
     """
 
-    def __init__(self, num_blocks: int, block_tokens: int):
+    def __init__(self, num_blocks: int, block_tokens: int, prefix_cache: bool = True):
         if num_blocks <= 0 or block_tokens <= 0:
             raise ValueError(f"num_blocks ({num_blocks}) and block_tokens ({block_tokens}) must be positive")
         self.num_blocks, self.block_tokens = num_blocks, block_tokens
+        self.prefix_cache = prefix_cache  # False: lookups never hit (every block is computed or restored)
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block: dict[bytes, int] = {}
         self._plain: collections.deque[int] = collections.deque(range(num_blocks))
@@ -107,6 +108,8 @@ class BlockManager:
         if seq.block_tokens != self.block_tokens:
             raise ValueError("the sequence's block_tokens is not the pool's")
         hits = []
+        if not self.prefix_cache:
+            return hits
         limit = (len(seq) - 1) // self.block_tokens
         for h in self._hashes(seq, limit)[:limit]:
             block_id = self.hash_to_block.get(h)

@@ -92,7 +92,7 @@ class Engine:
         self.vocab_size = model.config.vocab_size
         self.pieces = TokenPieces(tokenizer)  # each token's text alone (logprobs)
         self.generation_defaults = generation_defaults(model)
-        self.bm = BlockManager(self.layout.num_blocks, self.layout.block_tokens)
+        self.bm = BlockManager(self.layout.num_blocks, self.layout.block_tokens, settings.prefix_cache)
         self.step_budget = StepBudget(settings.step_target_s) if settings.step_target_s else None  # fed by _iterate
         self.scheduler = Scheduler(self.bm, settings.max_num_seqs, settings.max_num_batched_tokens,
                                    settings.preemption, settings.queue_bound, self.stop_token_ids,

@@ -51,6 +51,10 @@ class ComputeSettings:
     # The host swap tier's size in tokens (whole blocks), for preemption swap-host: 0 means as large as
     # the pool. A victim that does not fit is recomputed (counted in swap_host_fallbacks).
     swap_space_tokens: int = 0
+    # The prefix cache: an admitted sequence finds full blocks already computed (a preempted one, its own freed
+    # blocks). False: nothing is ever found, so a recompute preemption recomputes everything it lost (vLLM
+    # before automatic prefix caching, as in the recompute-vs-swap poster; `kvtb study poster` runs so).
+    prefix_cache: bool = True
     device: str = "cpu"
     # Decode attention (and chunks of a few tokens) read straight from the pool by the compiled kernel
     # (compute_node._attention) when the install built it; false: gather, then torch's attention.

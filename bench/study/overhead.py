@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 ENGINE_FIELDS = ("preempt_recompute_s", "preempt_recompute_tokens", "preempt_swap_s", "preempt_swap_out_s",
                  "preempt_swap_in_s", "preempt_swap_wait_s", "swap_host_bytes_out", "swap_host_bytes_in",
-                 "swap_host_fallbacks")
+                 "swap_host_fallbacks", "prefix_cache_hits")  # hits: tokens found in the prefix cache (0 with it off)
 
 
 def blocks_for(tokens: int, block_tokens: int) -> int:
@@ -106,57 +106,3 @@ def rebin(series: Sequence[tuple[float, float]], factor: int) -> list[tuple[floa
         chunk = series[k:k + factor]
         out.append((chunk[0][0], sum(v for _, v in chunk) / len(chunk)))
     return out
-
-
-def usage_swings(usage: Sequence[float], min_step: float = 0.02) -> dict:
-    """How a KV usage series moves: drops and rises of at least min_step between samples (evictions free
-    blocks, resumed requests take them back)."""
-    drops = rises = 0
-    for a, b in zip(usage, usage[1:]):
-        if b <= a - min_step:
-            drops += 1
-        elif b >= a + min_step:
-            rises += 1
-    return {"drops": drops, "rises": rises, "peak": max(usage, default=0.0)}
-
-
-def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Spearman's rank correlation (average ranks for ties); None below 3 points or with no spread."""
-    if len(xs) != len(ys):
-        raise ValueError("xs and ys differ in length")
-    if len(xs) < 3:
-        return None
-
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    vx = sum((a - mx) ** 2 for a in rx)
-    vy = sum((b - my) ** 2 for b in ry)
-    if not vx or not vy:
-        return None
-    return cov / math.sqrt(vx * vy)
-
-
-def trend(xs: Sequence[float], ys: Sequence[float]) -> str:
-    """"up", "down" or "flat/mixed": by Spearman's correlation when 3+ points, else by the ends."""
-    if len(xs) < 2:
-        return "flat/mixed"
-    rho = spearman(xs, ys)
-    if rho is None:
-        pairs = sorted(zip(xs, ys))
-        d = pairs[-1][1] - pairs[0][1]
-        return "up" if d > 0 else "down" if d < 0 else "flat/mixed"
-    return "up" if rho >= 0.5 else "down" if rho <= -0.5 else "flat/mixed"

@@ -7,7 +7,8 @@ concurrency replica parallelism wins (two replicas a modest improvement over one
 cores are one compute node with all of them or, with `kvtb up --replicas 2`, two compute nodes with
 a share each, behind one frontend that routes by load. Each count's levels are in
 `results.by_replicas[N].levels`, shaped as the single-replica study's (bench.study.scalellm), and
-every ratio is N replicas over the smallest count measured, at the same level of the same run.
+every ratio is N replicas over the smallest count measured, at the same level of the same run; the
+claims pair the counts' repeats by index (the counts run one stack after the other).
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from typing import Any
 
 from bench.results import plot_lines
 from bench.stats import ratio
-from bench.study.report import claim, unmeasured
+from bench.study.claims import Claim, Evidence, Test
 
-FIGURE = "Fig. 8"
+SEED = "scalellm-paper.txt"
 
 
 def _throughput(f: dict) -> float:
@@ -82,66 +83,85 @@ def _x(value: float) -> str:
     return f"{value:.2f}x" if math.isfinite(value) else "-"
 
 
-def add_replica_claims(study: dict) -> None:
-    """Fig. 8's two claims beside this run: at the lowest level the one replica with every core is
-    faster; at the highest, two replicas are. A claim whose counts or levels did not run says why."""
-    counts = counts_levels(study)
-    settings = study["settings"]
-    asked = sorted(settings.get("replicas") or [])
+# -- the claims (pure: from results.by_replicas, the settings beside them) ------------------------------
+
+def _counts(results: Mapping[str, Any]) -> tuple[int, int, list[int], dict] | None:
+    """(base count, top count, the levels both measured, counts_levels) or None with fewer than two."""
+    asked = sorted((results.get("settings") or {}).get("replicas") or [])
     if len(asked) < 2:
-        return
-    cores = study["machine"].get("cores")
-    why_scale = (f"ScaleLLM split 8 H100 GPUs among the replicas (TP8, 2 x TP4, 4 x TP2); here "
-                 f"{cores} CPU cores are split by `kvtb up` among the compute nodes, and shared with the "
-                 "frontend, the agents, the storage node and the clients, so the question is answered at "
-                 "this machine's scale")
-    base, top_n = asked[0], asked[-1]
-    common = sorted(set(counts.get(base, {})) & set(counts.get(top_n, {})))
-    low_text = (f"At low concurrency one replica with all the compute outperforms {top_n} replicas "
-                f"sharing it (Fig. 8a, TP8 against replicas with less tensor parallelism each)")
-    high_text = (f"At high concurrency {top_n} replicas outperform one with the same compute "
-                 "(Fig. 8b; two TP4 replicas a modest improvement over one TP8, four TP2 clearly ahead)")
-    if not common:
-        missing = next((unmeasured(study, f["part"]) for f in study["failed"]), "not measured: no level ran "
-                       "under both replica counts")
-        claim(study, FIGURE, low_text, missing, None, why_scale)
-        claim(study, FIGURE, high_text, missing, None, why_scale)
-        return
-    tps = {c: throughput_ratio(counts[top_n][c], counts[base][c]) for c in common}
-    ttft = {c: (_ttft(counts[top_n][c]) or math.nan) / (_ttft(counts[base][c]) or math.nan) for c in common}
-    crossover = next((c for c in common if tps[c] > 1.0), None)
-    per_level = ", ".join(f"{c}: {_x(tps[c])}" for c in common)
-    low, high = common[0], common[-1]
+        return None
+    counts = counts_levels({"results": results})
+    base, top = asked[0], asked[-1]
+    common = sorted(set(counts.get(base, {})) & set(counts.get(top, {})))
+    return base, top, common, counts
 
-    def at(c: int) -> str:
-        a, b = counts[base][c], counts[top_n][c]
-        mine, theirs = same_kind(b, a)
-        return (f"{mine:.1f} against {theirs:.1f} tokens/s ({_x(tps[c])}), TTFT p50 "
-                f"{_x(ttft[c])}, timeouts {b['timeouts']} against {a['timeouts']}")
 
-    claim(study, FIGURE, low_text,
-          f"at {low} concurrent, {top_n} replicas over {base}: {at(low)}; "
-          f"tokens/s ratio by level {per_level}",
-          tps[low] < 1.0,
-          (f"at {low} concurrent the load fits one engine: {top_n} replicas leave a compute node's share of "
-           f"the cores idle while the one replica's forward uses every core (its torch threads), as TP8 "
-           f"uses every GPU; " if tps[low] < 1.0 else
-           f"at {low} concurrent the one replica was not faster: a small batch's CPU forward gains little "
-           f"from a second thread when the other services keep that core busy too, so a compute node on one "
-           f"core loses little; ") + why_scale)
-    if high == low:
-        claim(study, FIGURE, high_text, f"only one level ({low}) ran under both counts", None, why_scale)
-        return
-    claim(study, FIGURE, high_text,
-          f"at {high} concurrent, {top_n} replicas over {base}: {at(high)}; "
-          + (f"replicas first ahead at {crossover} concurrent" if crossover else "never ahead at any level"),
-          tps[high] > 1.0,
-          ("each compute node batches and schedules on its own, so two engines on one core each overlap "
-           "what one engine on two cores does in turn (its Python step, sampling, the scheduler), and each "
-           "batch is half as big; " if tps[high] > 1.0 else
-           "a batched CPU forward already keeps both cores busy, so splitting them buys no parallelism, and "
-           "each engine's step then runs on one core beside a share of the frontend's, the agents' and the "
-           "clients' work; ") + why_scale)
+def _ratio_per_repeat(counts: dict, base: int, top: int, c: int) -> list[float]:
+    """tokens/s of `top` replicas over `base` at level c, repeat by repeat (paired by index)."""
+    mine, theirs = counts[top][c], counts[base][c]
+    pairs = zip(mine.get("repeats") or [mine], theirs.get("repeats") or [theirs])
+    return [throughput_ratio(a, b) for a, b in pairs if same_kind(a, b)[1]]
+
+
+def _at(counts: dict, base: int, top: int, c: int) -> str:
+    a, b = counts[base][c], counts[top][c]
+    mine, theirs = same_kind(b, a)
+    ttft = (_ttft(b) or math.nan) / (_ttft(a) or math.nan)
+    return (f"at {c} concurrent, {top} replicas over {base} (pooled): {mine:.1f} against {theirs:.1f} tokens/s "
+            f"({_x(ratio(mine, theirs))}), TTFT p50 {_x(ttft)}, timeouts {b['timeouts']} against {a['timeouts']}")
+
+
+def low_evidence(results: Mapping[str, Any]) -> Evidence | None:
+    got = _counts(results)
+    if got is None or not got[2]:
+        return None
+    base, top, common, counts = got
+    values = _ratio_per_repeat(counts, base, top, common[0])
+    per_level = ", ".join(f"{c}: {_x(throughput_ratio(counts[top][c], counts[base][c]))}" for c in common)
+    per = ", ".join(map(_x, values))
+    return Evidence(values, f"tokens/s ratio per repeat {per}; {_at(counts, base, top, common[0])}; "
+                            f"pooled ratio by level {per_level}")
+
+
+def high_evidence(results: Mapping[str, Any]) -> Evidence | None:
+    got = _counts(results)
+    if got is None or not got[2]:
+        return None
+    base, top, common, counts = got
+    if len(common) < 2:
+        return Evidence([], f"only one level ({common[0]}) ran under both counts")
+    values = _ratio_per_repeat(counts, base, top, common[-1])
+    crossover = next((c for c in common if throughput_ratio(counts[top][c], counts[base][c]) > 1.0), None)
+    per = ", ".join(map(_x, values))
+    return Evidence(values, f"tokens/s ratio per repeat {per}; {_at(counts, base, top, common[-1])}; "
+                            + (f"replicas first ahead (pooled) at {crossover} concurrent" if crossover
+                               else "never ahead (pooled) at any level"))
+
+
+WHY_SCALE = ("ScaleLLM split 8 H100 GPUs among the replicas (TP8, 2 x TP4, 4 x TP2); here this machine's CPU "
+             "cores are split by `kvtb up` among the compute nodes, and shared with the frontend, the agents, the "
+             "storage node and the clients, so the question is answered at this machine's scale")
+
+CLAIMS: list[Claim] = [
+    Claim("fig8a-one-replica-low", "Fig. 8a",
+          "at lower concurrency levels, fully utilizing the available compute for tensor parallelism, without "
+          "any replica parallelism demonstrates superior performance compared to configurations combining "
+          "tensor and replica parallelism",
+          "tokens/s of the most replicas over the fewest at the lowest level both ran, each repeat",
+          Test("below", 1.0, unit="x"), low_evidence, seed="Fig. 8a (drawn, no numbers in the text)",
+          why="one replica's forward uses every core (its torch threads) as TP8 uses every GPU; " + WHY_SCALE),
+    Claim("fig8b-replicas-high", "Fig. 8b",
+          "the trend shifts significantly at higher concurrency levels, favoring configurations with higher "
+          "degrees of replica parallelism",
+          "tokens/s of the most replicas over the fewest at the highest level both ran, each repeat",
+          Test("above", 1.0, unit="x"), high_evidence, seed="Fig. 8b (drawn, no numbers in the text); "
+          "two TP4 replicas a modest improvement over one TP8",
+          why="each compute node batches and schedules on its own, so replicas overlap what one engine does in "
+              "turn (its Python step, sampling, the scheduler); " + WHY_SCALE),
+]
+
+
+REPLICA_CLAIMS = CLAIMS   # judged beside bench.study.scalellm_claims.CLAIMS with two or more counts
 
 
 def served_by(f: dict | None) -> str:
@@ -233,11 +253,12 @@ def draw_replicas(study: dict, out: Path) -> list[Path | None]:
             out_[f"{n} replica{'s' if n > 1 else ''}"] = ([c for c, _ in pts], [v for _, v in pts])
         return out_
 
+    virtual = " (virtual time)" if study["settings"].get("profile") else ""
     fig8 = plot_lines(out / "scalellm-fig8-replicas-throughput.png", series(_throughput),
                       title="Fig. 8: throughput against concurrency by replica count",
                       xlabel="concurrent requests",
-                      ylabel="output tokens/s", logx=True)
+                      ylabel=f"output tokens/s{virtual}", logx=True)
     ttft = plot_lines(out / "scalellm-fig8-replicas-ttft.png", series(_ttft),
                       title="TTFT p50 against concurrency by replica count", xlabel="concurrent requests",
-                      ylabel="ms", logx=True, logy=True)
+                      ylabel=f"TTFT p50, ms{virtual}", logx=True, logy=True)
     return [fig8, ttft]

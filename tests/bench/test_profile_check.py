@@ -94,8 +94,8 @@ def test_the_paper_studys_wall_estimate_by_hand():
 
 def test_work_ratios_from_the_studies_settings():
     work = pc.work_ratios(2 * 1024 ** 3)
-    assert work["eviction"][0] == pytest.approx(100 * 2 / (40 * 1))
-    assert work["scalellm"][0] == pytest.approx(127 * 20 / (85 * 2))
+    assert work["eviction"][0] == pytest.approx(60 * 2 / (25 * 1))  # eviction.REAL_REQUESTS x policies
+    assert work["scalellm"][0] == pytest.approx(511 * 3 * 512 / (85 * 2 * 32))  # levels x requests x tokens
     assert work["paper"][0] > 1 and work["poster"][0] > 1
 
 

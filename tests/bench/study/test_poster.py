@@ -1,5 +1,5 @@
-"""kvtb study poster: the overhead definitions (pure), the claims from hand-made rows, and a --smoke run's
-JSON contract (slow: real services, the tiny model)."""
+"""kvtb study poster: the overhead definitions (pure), the plan, and a --smoke run's JSON contract (slow: real
+services, the tiny model). The claims from hand-made results: test_poster_claims.py."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ import pytest
 
 from bench.study import overhead as ov
 from bench.study import poster
+from bench.study.claims import VERDICTS
 from kvtb.launch import kvtb_argv
 
 
@@ -68,66 +69,25 @@ def test_rebinning_averages_the_rate():
     assert ov.rebin([(0.0, 4.0), (0.25, 0.0), (0.5, 8.0), (0.75, 0.0), (1.0, 2.0)], 4) == [(0.0, 3.0), (1.0, 2.0)]
 
 
-def test_usage_swings_count_drops_and_rises():
-    assert ov.usage_swings([0.1, 0.5, 0.9, 0.6, 0.6, 0.95, 0.2]) == {"drops": 2, "rises": 3, "peak": 0.95}
-
-
-def test_trend_by_rank_correlation():
-    assert ov.trend([8, 16, 32, 64], [4.0, 3.0, 2.5, 1.0]) == "down"
-    assert ov.trend([1, 2, 3], [1.0, 2.0, 3.0]) == "up"
-    assert ov.trend([1, 2, 3, 4], [1.0, 3.0, 1.0, 3.0]) == "flat/mixed"
-    assert ov.trend([1, 2], [2.0, 1.0]) == "down"
-    assert ov.spearman([1, 2], [1, 2]) is None
-
-
-# -- claims from hand-made rows --------------------------------------------------------------------------
-
-def _row(strategy, extra, engine, evicted, ample=10.0, share=0.2):
-    return {"strategy": strategy, "extra_e2e_s": extra, "extra_e2e_frac": extra / ample, "engine_total_s": engine,
-            "extra_cpu_s": extra, "extra_cpu_frac": extra / ample, "ample_cpu_s": ample,
-            "evicted_tokens": evicted, "ample_makespan_s": ample, "actual_share": share, "workload": "16x64+32",
-            "preemptions": {"x": 3}, "counters": {"preempt_swap_out_s": 0.01, "preempt_swap_wait_s": 0.5,
-                                                   "preempt_swap_in_s": 0.01, "swap_host_bytes_out": 2**20},
-            "usage": [(0.0, 0.2), (0.25, 0.9), (0.5, 0.5), (0.75, 0.9)], "throughput": [(0.0, 10.0), (0.25, 40.0)]}
-
-
-def test_every_claim_of_figs_2_to_6_gets_a_measurement_and_a_verdict():
-    by = lambda rec, host, st, ev=(100, 100, 100): {  # noqa: E731
-        "recompute": _row("recompute", rec, rec / 2, ev[0]), "swap-host": _row("swap-host", host, host / 20, ev[1]),
-        "swap-storage": _row("swap-storage", st, st / 5, ev[2])}
-    study = {"results": {"fig2": {"16": by(3.0, 2.0, 2.5), "64": by(3.1, 1.0, 1.5)},
-                         "fig4": {"48": by(1.0, 0.5, 0.7), "96": by(3.0, 1.0, 2.0)},
-                         "fig5": {"0.2": by(4.0, 2.0, 3.0, (900, 900, 900)), "0.45": by(1.0, 0.5, 0.5, (200, 200, 200))}},
-             "claims": [], "failed": [], "ratios": {}}
-    study["results"]["fig6"] = poster.fig6(study["results"])
-    poster.add_claims(study)
-    figures = {c["figure"] for c in study["claims"]}
-    assert figures == {"Fig. 2", "Fig. 3", "Fig. 4", "Fig. 5", "Fig. 6"}
-    assert all(c["measured"] for c in study["claims"])
-    verdict = {c["claim"]: c["agrees"] for c in study["claims"]}
-    assert verdict["Recompute: block size has minimal effect on its overhead"] is True
-    assert verdict["Swap has lower overhead when more tokens are evicted in an overflow"] is True
-    assert verdict["Swap performs better than recompute for long sequences (lower overhead)"] is True
-    assert verdict["The overhead increases with increasing the sequence length"] is True
-    poster.add_ratios(study)
-    assert study["ratios"]["recompute_vs_swap_host_extra_e2e_at_0.2"] == pytest.approx(2.0)
-    rows = poster.headline_rows(study)
-    assert 1 <= len(rows) <= 3 and all(set(r) == {"question", "measured", "target"} for r in rows)
-    assert "+4.0 s" in rows[0]["measured"]
-
-
-def test_a_failed_study_still_gives_headline_rows_and_claims():
-    study = {"results": {}, "claims": [], "failed": [{"part": "fig5", "error": "boom"}], "ratios": {}}
-    poster.add_claims(study)
-    assert study["claims"] and all(c["measured"] for c in study["claims"])
-    assert "failed: boom" in poster.headline_rows(study)[0]["measured"]
-
-
-def test_the_plan_runs_each_point_once():
+def test_the_plan_runs_each_point_once_and_counts_every_repeat():
     m = poster.MODES["quick"]
-    plan = poster.plan(m)
-    assert len(plan) == len(set(plan))
-    assert poster.count_runs(m) == len(plan) * 3 + 2 * len({(w, b) for w, b, _ in plan})
+    points = poster.planned(m)
+    assert len(points) == len({(w, b, s) for w, b, s, _ in points}) == len(poster.plan(m))
+    baselines = {}
+    for w, b, _, strategies in points:
+        baselines.setdefault((w, b), set()).update(poster.STRATEGIES[s][1] for s in strategies)
+    batches = sum(len(s) for *_, s in points) + sum(len(p) for p in baselines.values())
+    assert poster.count_runs(m) == m.repeats * batches
+
+
+def test_quick_and_full_repeat_three_times_and_run_the_posters_12_percent():
+    for name in ("quick", "full"):
+        m = poster.MODES[name]
+        assert m.repeats >= 3 and 0.12 in m.shares
+    assert poster.MODES["smoke"].repeats == 1
+    # quick keeps to the budget by points, not repeats: Figs 2 and 4 run the poster's two strategies
+    assert poster.MODES["quick"].side_strategies == ("recompute", "swap-host")
+    assert poster.count_runs(poster.MODES["quick"]) <= 45
 
 
 # -- the whole study, smoke --------------------------------------------------------------------------------
@@ -144,12 +104,18 @@ def test_smoke_run_keeps_the_json_contract(tmp_path):
         assert key in result, key
     assert result["study"] == "poster" and result["failed"] == []
     assert result["claims"] and all(c["measured"] for c in result["claims"])
-    assert {c["figure"] for c in result["claims"]} >= {"Fig. 2", "Fig. 3", "Fig. 4", "Fig. 5", "Fig. 6"}
+    assert all(c["verdict"] in VERDICTS for c in result["claims"])
+    assert {c["key"] for c in result["claims"]} == {c.key for c in poster.CLAIMS}
+    # one repeat in smoke mode: nothing can agree or disagree
+    assert not any(c["verdict"] in ("agrees", "disagrees") for c in result["claims"])
+    assert result["settings"]["prefix_cache"] is False
     assert result["ratios"]
     assert result["plots"] and all(Path(p).exists() for p in result["plots"])
     assert (out / "README.md").exists() and (out / "results.json").exists()
     tight = result["results"]["fig5"]
-    assert any(sum(r["preemptions"].values()) for by in tight.values() for r in by.values())
+    assert any(r["preemption_count"] for by in tight.values() for r in by.values())
+    # the prefix cache is off: nothing evicted is found again, the recompute recomputes it all
+    assert all(rep["reused_tokens"] == 0 for by in tight.values() for r in by.values() for rep in r["repeats"])
 
 
 @pytest.mark.slow
@@ -166,6 +132,6 @@ def test_smoke_run_under_a_profile_is_in_virtual_time_with_d_and_violations(tmp_
     kinds = scale["pacing"]["kinds"]
     assert kinds["gpu_step"]["ops"] > 0 and "violations" in kinds["gpu_step"]
     assert result["settings"]["profile"] == "polaris-a100"
-    assert result["claims"] and all(c["agrees"] in (True, False, None, "invalid") for c in result["claims"])
+    assert result["claims"] and all(c["verdict"] in VERDICTS for c in result["claims"])
     page = (out / "README.md").read_text()
     assert "times are virtual (wall / D), D = 3" in page and "Under the hardware profile `polaris-a100`" in page

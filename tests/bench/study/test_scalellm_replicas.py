@@ -11,7 +11,6 @@ import pytest
 
 from bench.study import scalellm
 from bench.study.scalellm_replicas import (
-    add_replica_claims,
     add_replica_ratios,
     counts_levels,
     placements_text,
@@ -53,53 +52,71 @@ def test_ratios_are_two_replicas_over_one_at_each_level():
     assert not any(k.startswith("tokens_per_s_1r") for k in r)
 
 
+def with_repeats(levels: dict, factors=(1.0, 1.02, 0.98)) -> dict:
+    """Each level with three repeats, its tokens/s scaled a little per repeat."""
+    out = {}
+    for c, f in levels.items():
+        reps = [{**f, "output_tokens_per_s": f["output_tokens_per_s"] * k,
+                 "generated_tokens_per_s": None if f.get("generated_tokens_per_s") is None
+                 else f["generated_tokens_per_s"] * k} for k in factors]
+        out[c] = {**f, "repeats": reps}
+    return out
+
+
+def judged(study: dict) -> list[dict]:
+    scalellm.judge(study)
+    return [c for c in study["claims"] if c["figure"].startswith("Fig. 8")]
+
+
 def test_fig8_claims_agree_when_one_replica_wins_low_and_two_win_high():
-    study = study_of({1: ONE, 2: TWO})
+    study = study_of({1: with_repeats(ONE), 2: with_repeats(TWO)})
     add_replica_ratios(study)
-    add_replica_claims(study)
-    low, high = study["claims"]
-    assert low["figure"] == high["figure"] == "Fig. 8"
-    assert (low["agrees"], high["agrees"]) == (True, True)
+    low, high = judged(study)
+    assert (low["figure"], high["figure"]) == ("Fig. 8a", "Fig. 8b")
+    assert (low["verdict"], high["verdict"]) == ("agrees", "agrees")
+    assert low["values"] == pytest.approx([0.7, 0.7, 0.7])
     assert "at 1 concurrent" in low["measured"] and "0.70x" in low["measured"]
     assert "at 16 concurrent" in high["measured"] and "1.50x" in high["measured"]
-    assert "first ahead at 16" in high["measured"] and "timeouts 0 against 2" in high["measured"]
-    assert all("this machine's scale" in c["why"] for c in study["claims"])
+    assert "first ahead (pooled) at 16" in high["measured"] and "timeouts 0 against 2" in high["measured"]
+    assert all("this machine's scale" in c["why"] for c in (low, high))
 
 
 def test_fig8_claims_disagree_when_two_replicas_never_pay_or_win_from_the_start():
     slower = {c: level(f["output_tokens_per_s"] * 0.8, 500.0, 5000.0) for c, f in ONE.items()}
-    study = study_of({1: ONE, 2: slower})
-    add_replica_claims(study)
-    low, high = study["claims"]
-    assert (low["agrees"], high["agrees"]) == (True, False)
-    assert "never ahead at any level" in high["measured"] and "buys no parallelism" in high["why"]
+    study = study_of({1: with_repeats(ONE), 2: with_repeats(slower, (1.0, 1.01, 0.99))})
+    low, high = judged(study)
+    assert (low["verdict"], high["verdict"]) == ("agrees", "disagrees")
+    assert "never ahead (pooled) at any level" in high["measured"]
     # at 16 one count has the generated tokens/s and the other not: both compared on completed requests
     assert "0.80x" in high["measured"]
     faster = {**TWO, "1": level(11.0, 150.0, 2000.0)}
-    study = study_of({1: ONE, 2: faster})
-    add_replica_claims(study)
-    low, high = study["claims"]
-    assert (low["agrees"], high["agrees"]) == (False, True)
-    assert "first ahead at 1" in high["measured"] and "not faster" in low["why"]
+    study = study_of({1: with_repeats(ONE), 2: with_repeats(faster)})
+    low, high = judged(study)
+    assert (low["verdict"], high["verdict"]) == ("disagrees", "agrees")
+    assert "first ahead (pooled) at 1" in high["measured"]
+
+
+def test_one_repeat_of_fig8_is_inconclusive():
+    low, high = judged(study_of({1: ONE, 2: TWO}))
+    assert low["verdict"] == high["verdict"] == "inconclusive"
 
 
 def test_a_failed_count_leaves_the_claims_unmeasured_and_its_levels_out():
     error = "RuntimeError: compute-1 died"
     study = study_of({1: ONE, 2: {"1": {"failed": error}}},
-                     failed=[{"part": "level 1, 2 replicas", "error": error, "traceback": ""}])
+                     failed=[{"part": "level 1, 2 replicas, repeat 1", "error": error, "traceback": ""}])
     assert counts_levels(study)[2] == {}
     add_replica_ratios(study)
     assert study["ratios"] == {}
-    add_replica_claims(study)
-    assert [c["agrees"] for c in study["claims"]] == [None, None]
-    assert all(error in c["measured"] for c in study["claims"])
+    fig8 = judged(study)
+    assert [c["verdict"] for c in fig8] == ["not measured", "not measured"]
+    assert all(error in c["measured"] for c in fig8)
 
 
 def test_one_count_makes_no_fig8_claim_and_no_intro_caveat():
     study = study_of({1: ONE}, replicas=(1,))
     add_replica_ratios(study)
-    add_replica_claims(study)
-    assert study["claims"] == [] and study["ratios"] == {}
+    assert judged(study) == [] and study["ratios"] == {}
     assert replicas_text({"replicas": [1]}, 2) == ""
     text = replicas_text({"replicas": [1, 2], "routing": "least_loaded"}, 2)
     assert "one core" in text and "this machine's scale" in text and "`least_loaded`" in text
@@ -179,6 +196,6 @@ def test_smoke_run_with_one_and_two_replicas(tmp_path):
     assert "compute-1" in by["2"]["levels"]["2"]["cpu_cores"]
     for c in ("1", "2"):
         assert math.isfinite(study["ratios"][f"tokens_per_s_2r_vs_1r_at_{c}"])
-    fig8 = [c for c in study["claims"] if c["figure"] == "Fig. 8"]
-    assert len(fig8) == 2 and all(c["agrees"] in (True, False) for c in fig8)
+    fig8 = [c for c in study["claims"] if c["figure"].startswith("Fig. 8")]
+    assert len(fig8) == 2 and all(c["verdict"] == "inconclusive" for c in fig8)   # one repeat
     assert "## Fig. 8" in (out / "README.md").read_text()
