@@ -15,10 +15,10 @@ in one placement (`--placement`, shared by default), so that placing them does n
 run. `--placements P...` passes P to `bench ttft` and the first of them to every study.
 
 Full mode fits a time budget, `--hours` (default 3; 0: none): full mode of every step is estimated at
-about 5.7 hours here, so before it starts the run plans each step's tier (bench.study.all_budget: full,
-a documented cut, or quick), the largest saving first, until the estimate fits. With 3 hours: scalellm
-runs full with `--requests-per-client 5` and the poster study runs in quick mode; the plan and every cut
-are in all.json (`budget`), on the report and in the README block.
+about 5.4 hours here, so before it starts the run plans each step's tier (bench.study.all_budget: full,
+a documented cut, or quick): the fewest steps in quick mode, then the run closest to full. With 3 hours:
+poster `--cut`, scalellm `--requests-per-client 1`, eviction quick, paper and ttft full; the plan and
+every cut are in all.json (`budget`), on the report and in the README block.
 
 The headline table takes each study's `headline_rows(study)`: a list of rows, each a mapping with
 `question`, `measured` and `target` (a missing target shows "-"), and optionally `verdict` (one of
@@ -358,13 +358,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("out") / "study",
                         help="output directory (default out/study; docs/results holds a committed run)")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="every study's --quick (about 50 minutes here)")
+    mode.add_argument("--quick", action="store_true", help="every study's --quick (about 25 minutes here)")
     mode.add_argument("--smoke", action="store_true", help="every study's --smoke (a tiny model: minutes)")
     parser.add_argument("--hours", type=float, default=all_budget.DEFAULT_HOURS,
                         help="full mode's time budget in hours (default 3; 0: none): full mode of every step "
-                             "is estimated at 5.7 h here, so steps are cut, the largest saving first, until the "
-                             "estimate fits; with 3 h, scalellm runs --requests-per-client 5 and poster runs "
-                             "quick (bench/study/all_budget.py; the plan is in all.json and the report)")
+                             "is estimated at 5.4 h here, so steps are cut (the fewest in quick mode, then the "
+                             "run closest to full) until the estimate fits; with 3 h: poster --cut, scalellm "
+                             "--requests-per-client 1, eviction quick (bench/study/all_budget.py; the plan is "
+                             "in all.json and the report)")
     parser.add_argument("--keep-data", action="store_true", help="keep the services' data and logs")
     parser.add_argument("--only", nargs="+", choices=NAMES, help="run only these")
     parser.add_argument("--skip", nargs="+", choices=NAMES, default=[], help="leave these out")

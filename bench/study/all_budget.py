@@ -1,34 +1,38 @@
 """`kvtb study all`'s time budget: which steps run in full mode, which are cut, which fall back to quick.
 
-Full mode of every step does not fit in 3 hours here (the estimates below add up to about 5.7 hours),
+Full mode of every step does not fit in 3 hours here (the estimates below add up to about 5.4 hours),
 so `kvtb study all` (full mode) plans its run against `--hours` (default 3) before it starts: every
-step starts at `full`; while the estimated total exceeds the budget, the step whose next tier saves
-the most minutes moves down one tier (`full` -> `cut`, its full plan with the arguments below, where
-it has one -> `quick`). The plan, its estimates and every cut are written to all.json and named on the
+step may run `full`, `cut` (its full plan with the arguments below, where it has one) or `quick`; of
+every combination that fits the budget, the one with the fewest steps in quick mode runs, then the one
+with the largest estimate (the run closest to full mode), then the fewest steps cut. The plan, its estimates and every cut are written to all.json and named on the
 report and the README block, so that no reader takes a cut step for a full one.
 
 The estimates are minutes on this 2-core machine without a hardware profile (a profile's dilation D
-multiplies the real parts), read from each step's plan at the time of writing (issue 43), against
-the quick runs of docs/results (poster 6.3, scalellm 2.0, paper 1.3, eviction 4.5, ttft 1.5 min):
+multiplies the real parts). The quick ones were measured by `kvtb study all --quick` at 8d55abb (poster
+6.4, scalellm 4.0, paper 2.2, eviction 3.8 min; ttft below); the full ones are read from each step's plan
+against them:
 
-- poster: full 15 configurations (6 shares, 5 block sizes, 4 lengths) x 4 strategies, each a compute
-  node restart (~15 s) and a batch ~9x the quick one's tokens (~35 s), x 3 repeats: ~150; quick ~20.
-- scalellm: full levels 1-256, 20 requests per client, replies of 512 tokens cancelled at 60 s: the
-  levels from 64 up time out most rounds (3 x 20 x 60 s = 60 min), the rest ~40 min, and the gateway
-  comparison ~20: ~120; cut `--requests-per-client 5` (5 rounds: the repeats its verdicts need): ~35;
-  quick ~12.
-- paper: full 7 repeats and sizes to 2 GiB, with the pipelined CPU-centric path, the GET direction and
-  the decode beside each offload: ~20; quick ~5.
-- eviction: full the replay (~0.3) and the real check, 60 requests x 2 policies x 3 repeats at ~6 s a
-  request plus ~30 s a stack: ~40; quick 25 requests x 1 policy x 3 repeats: ~9.
-- ttft: full 8 sizes (32-3584 tokens) x 3 repeats in 2 placements, and the prefill sizes: ~12;
-  quick 5 sizes (64-2048) x 3 repeats: ~4.
+- poster: full 180 batches (6 shares, 5 block sizes, 4 lengths, every strategy, 3 repeats) of 32
+  requests of 192 + 128 tokens, about 55 s each with the compute node's restarts: ~165; cut (`--cut`:
+  shares 12-70%, block sizes 8/32/128, three lengths, the poster's two strategies beside Fig. 5) 96
+  batches: ~90; quick 39 batches of 16 x 72 tokens: ~7.
+- scalellm: full levels 1-256, 3 requests per client, replies of 512 tokens cancelled at 60 s, 3 sweeps:
+  the levels from 16 up time out most rounds (~60 min), the rest and the gateway comparison ~30: ~90;
+  cut `--requests-per-client 1` (each sweep one request per client; the 3 sweeps are the repeats its
+  verdicts need): ~35; quick ~4.
+- paper: full 7 repeats and sizes to 2 GiB with the pipelined CPU-centric path, the GET direction to
+  256 MiB, Fig. 4 to 128 MiB and the decode beside each offload: ~30; quick ~2.5.
+- eviction: full the replay (~0.3) and the real check, 60 requests x 2 policies x 3 repeats: ~25; quick
+  25 requests x 1 policy x 3 repeats: ~4.
+- ttft: full 8 sizes (32-3584 tokens) x 3 repeats in 2 placements, and the prefill sizes: ~15; quick
+  5 sizes (64-2048) x 3 repeats: ~6.
 
-With a 3-hour budget the plan is: scalellm cut, poster quick (the largest savings), paper, eviction
-and ttft full: about 2.1 hours. Pure: no I/O.
+With a 3-hour budget the plan is: poster and scalellm cut, eviction quick, paper and ttft full: about
+2.9 hours. Pure: no I/O.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,11 +54,11 @@ def _tiers(full: float, quick: float, cut: tuple[tuple[str, ...], float] | None 
 
 
 TIERS: dict[str, tuple[Tier, ...]] = {
-    "poster": _tiers(150, 20),
-    "scalellm": _tiers(120, 12, (("--requests-per-client", "5"), 35)),
-    "paper": _tiers(20, 5),
-    "eviction": _tiers(40, 9),
-    "ttft": _tiers(12, 4),
+    "poster": _tiers(165, 7, (("--cut",), 90)),
+    "scalellm": _tiers(90, 4, (("--requests-per-client", "1"), 35)),
+    "paper": _tiers(30, 2.5),
+    "eviction": _tiers(25, 4),
+    "ttft": _tiers(15, 6),
 }
 UNKNOWN = _tiers(30, 10)  # a step added without an estimate: assumed so, and said so
 
@@ -107,17 +111,21 @@ def plan(names: Sequence[str], mode: str, hours: float | None) -> Plan:
         if mode == "smoke":
             chosen = {n: Tier("smoke", "smoke", (), 0.0) for n in names}
         return Plan(chosen, None, unestimated)
-    level = {n: 0 for n in names}
     budget = hours * 60 if hours else None
-
-    def total() -> float:
-        return sum(tiers_of[n][level[n]].minutes for n in names)
-
-    while budget is not None and total() > budget:
-        movable = [n for n in names if level[n] + 1 < len(tiers_of[n])]
-        if not movable:
-            break
-        best = max(movable, key=lambda n: (tiers_of[n][level[n]].minutes - tiers_of[n][level[n] + 1].minutes,
-                                           -names.index(n)))
-        level[best] += 1
+    if budget is None:
+        return Plan({n: tiers_of[n][0] for n in names}, None, unestimated)
+    # every combination of tiers (a handful of steps, at most three tiers each) that fits: the fewest steps
+    # in quick mode, then the most minutes (the run closest to full), then the fewest cut; none fits: every
+    # step at its cheapest
+    best: tuple | None = None
+    for levels in itertools.product(*(range(len(tiers_of[n])) for n in names)):
+        minutes = sum(tiers_of[n][i].minutes for n, i in zip(names, levels))
+        if minutes > budget:
+            continue
+        quick = sum(1 for n, i in zip(names, levels) if tiers_of[n][i].label == "quick")
+        key = (-quick, minutes, -sum(1 for i in levels if i))
+        if best is None or key > best[0]:
+            best = (key, levels)
+    levels = best[1] if best else tuple(len(tiers_of[n]) - 1 for n in names)
+    level = dict(zip(names, levels))
     return Plan({n: tiers_of[n][level[n]] for n in names}, budget, unestimated)

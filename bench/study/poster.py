@@ -68,6 +68,10 @@ class Mode:
 MODES = {
     "full": Mode(Workload(32, 192, 128), (0.12, 0.2, 0.3, 0.4, 0.5, 0.7), 16, (8, 16, 32, 64, 128), 0.3,
                  16, ((48, 32), (96, 64), (192, 128), (384, 256)), 0.3),
+    # cut (`--cut`, full mode within kvtb study all's time budget): full's workloads, the shares on both sides
+    # of the poster's 30-50%, three block sizes and three lengths, the poster's two strategies beside Fig. 5
+    "cut": Mode(Workload(32, 192, 128), (0.12, 0.2, 0.3, 0.5, 0.7), 16, (8, 32, 128), 0.3,
+                16, ((48, 32), (192, 128), (384, 256)), 0.3, side_strategies=HOST, storage_shares=(0.12, 0.3)),
     # quick: 4 points (the 12% and 30% shares, block 64, a shorter length) x 3 repeats, swap-storage at 12% only:
     # 39 batches and 11 compute node starts, about 12 minutes here
     "quick": Mode(Workload(16, 48, 24), (0.12, 0.3), 16, (16, 64), 0.3,
@@ -219,7 +223,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="kvtb study poster", description=__doc__.splitlines()[0])
     add_study_args(parser, "poster")
     parser.add_argument("--torch-threads", type=int, default=0, help="the compute node's torch threads (0: all)")
+    parser.add_argument("--cut", action="store_true",
+                        help="full mode's workloads at fewer points (shares 12-70%%, block sizes 8/32/128, three "
+                             "lengths; swap-storage at 12%% and 30%% only): what kvtb study all runs when full mode "
+                             "does not fit its --hours")
     args = parser.parse_args(argv)
+    if args.cut and (args.quick or args.smoke):
+        parser.error("--cut is a cut of full mode: give it without --quick or --smoke")
     args.profile_obj = check_profile(parser, args, "poster")
     return args
 
@@ -227,7 +237,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
     from bench.stack import Stack, bench_config
 
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    mode = "smoke" if args.smoke else "quick" if args.quick else "cut" if args.cut else "full"
     m = MODES[mode]
     study = new_study("poster", args, {"mode": dataclasses.asdict(m), "strategies": STRATEGIES, "poll_s": POLL_S,
                                        "torch_threads": args.torch_threads, "prefix_cache": False,

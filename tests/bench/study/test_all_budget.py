@@ -18,9 +18,12 @@ def test_full_mode_of_every_step_does_not_fit_three_hours_so_it_is_cut_to_fit():
     assert whole.minutes > THREE_HOURS * 60 and not whole.cut()
     fitted = all_budget.plan(list(NAMES), "full", THREE_HOURS)
     assert fitted.fits and fitted.minutes <= THREE_HOURS * 60
-    assert fitted.cut() == {"poster": "quick", "scalellm": "cut (--requests-per-client 5)"}
+    assert fitted.cut() == {"poster": "cut (--cut)", "scalellm": "cut (--requests-per-client 1)",
+                            "eviction": "quick"}
+    tighter = all_budget.plan(list(NAMES), "full", 2.0)   # fewer steps in quick mode beats more minutes
+    assert tighter.fits and sum(1 for c in tighter.cut().values() if c == "quick") == 1
     assert fitted.tiers["paper"].label == "full" and fitted.tiers["scalellm"].mode == "full"
-    assert "cut to fit: poster quick" in fitted.text()
+    assert "cut to fit: poster cut (--cut)" in fitted.text()
 
 
 def test_a_generous_budget_cuts_nothing_and_an_impossible_one_says_so():

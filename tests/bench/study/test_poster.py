@@ -93,6 +93,16 @@ def test_quick_and_full_repeat_three_times_and_run_the_posters_12_percent():
 # -- the whole study, smoke --------------------------------------------------------------------------------
 
 @pytest.mark.slow
+def test_the_cut_keeps_full_workloads_at_fewer_points_and_shares_on_both_sides_of_30_to_50():
+    full, cut = poster.MODES["full"], poster.MODES["cut"]
+    assert cut.fig5 == full.fig5 and cut.repeats == full.repeats == 3
+    assert poster.count_runs(cut) < poster.count_runs(full)
+    assert min(cut.shares) < 0.3 and max(cut.shares) > 0.5 and 0.12 in cut.shares
+    assert poster.parse_args(["--cut"]).cut
+    with pytest.raises(SystemExit):
+        poster.parse_args(["--cut", "--quick"])
+
+
 def test_smoke_run_keeps_the_json_contract(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
