@@ -213,7 +213,7 @@ def headline_rows(study: dict) -> list[dict]:
                                  f"same pool ({'they disagree in sign' if contradicts else 'same sign'})",
                      "measured": f"end to end {e2e:+.2f} s; engine only {eng:+.2f} s",
                      "target": "the poster: swap below recompute (negative) on its A100; the claims on it are "
-                               "judged only under the polaris-a100 profile"})
+                               "judged only under the polaris-a100 profile", "claim": "fig3_swap_lower"})
     return rows
 
 

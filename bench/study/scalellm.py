@@ -216,13 +216,16 @@ def headline_rows(study: dict) -> list[dict]:
 
     return [{"question": f"Output tokens/s, {top} concurrent / 1 (ScaleLLM Fig. 7)",
              "measured": measured(tokens),
-             "target": "ScaleLLM: throughput grows with concurrency (Fig. 7, drawn without numbers)"},
+             "target": "ScaleLLM: throughput grows with concurrency (Fig. 7, drawn without numbers)",
+             "claim": "fig7-throughput-grows"},
             {"question": f"TTFT p50, {top} concurrent / 1, and timeouts at {top} (ScaleLLM Table 1)",
              "measured": measured(ttft),
-             "target": "ScaleLLM: 4.0x (25.0 -> 99.4 ms), vLLM 5.9x, 1 to 64; 512-token replies, 60 s timeout"},
+             "target": "ScaleLLM: 4.0x (25.0 -> 99.4 ms), vLLM 5.9x, 1 to 64; 512-token replies, 60 s timeout",
+             "claim": "table1-ttft-grows"},
             {"question": f"Gateway share of latency at {top} concurrent (ScaleLLM Fig. 6)",
              "measured": measured(gateway),
-             "target": "ScaleLLM: the Python gateway becomes the bottleneck at 64-256 beside a fast engine"}]
+             "target": "ScaleLLM: the Python gateway becomes the bottleneck at 64-256 beside a fast engine",
+             "claim": "fig6-gateway-new-bottleneck"}]
 
 
 # -- running a level (I/O) ------------------------------------------------------------------------------

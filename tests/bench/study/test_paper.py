@@ -307,10 +307,11 @@ def test_headline_rows():
     s["results"]["transfers"] = {"rows": rows}
     s["ratios"] |= paper_figures.transfer_ratios(rows, paper_figures.model_part(SAMPLES))
     head = paper.headline_rows(s)
-    assert len(head) == 4 and all(set(h) == {"question", "measured", "target"} for h in head)
+    assert len(head) == 4 and all(set(h) == {"question", "measured", "target", "claim"} for h in head)
+    assert {h["claim"] for h in head} <= {c.key for c in paper.CLAIMS}   # each names a claim of the table
     assert head[0]["measured"] == "2.00-2.50x" and "8 MiB" in head[0]["question"]
     assert head[1]["measured"] == "0.80x" and "in flight" in head[1]["question"]
-    assert head[2]["measured"].startswith("0.03") and "Sec. II-C" in head[2]["target"]
+    assert head[2]["measured"].startswith("0.025 ") and "Sec. II-C" in head[2]["target"]   # two significant digits
     assert "19-23x" in head[0]["target"] and "19-23x" in head[3]["target"]
     failed = paper.headline_rows(study(failed=[{"part": "transfers", "error": "TimeoutError: slow"}]))
     assert failed and failed[0]["measured"] == "failed: TimeoutError: slow"

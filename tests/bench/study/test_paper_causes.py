@@ -178,7 +178,8 @@ def test_sizes_and_steps():
 
 def test_headline_row():
     rows = paper_causes.headline_rows(results(good=True))
-    assert len(rows) == 1 and set(rows[0]) == {"question", "measured", "target"}
+    assert len(rows) == 1 and set(rows[0]) == {"question", "measured", "target", "claim"}
+    assert rows[0]["claim"] in {c.key for c in paper_causes.CLAIMS}
     assert "20.2 ms beside triggered vs 26.1 ms beside CPU-centric" in rows[0]["measured"]
     assert "s/GB triggered" in rows[0]["measured"]
     failed = paper_causes.headline_rows({"causes": {"failed": {"decode": "TimeoutError: x"}}})

@@ -297,7 +297,8 @@ def test_ratios_and_headline_on_hand_made_levels():
     assert r["ttft_p50_64_vs_1"] == pytest.approx(50.0) and r["tbt_p50_64_vs_1"] == pytest.approx(2.4)
     assert r["timeouts_64"] == 3 and r["timeouts_1"] == 0
     rows = headline_rows(study)
-    assert len(rows) == 3 and all(set(row) == {"question", "measured", "target"} for row in rows)
+    assert len(rows) == 3 and all(set(row) == {"question", "measured", "target", "claim"} for row in rows)
+    assert {row["claim"] for row in rows} <= {c.key for c in scalellm.CLAIMS}   # each names a claim of the table
     assert rows[0]["measured"].startswith("6.00x") and "64 concurrent" in rows[0]["question"]
     assert "3 of 1280 timed out" in rows[1]["measured"]
 
