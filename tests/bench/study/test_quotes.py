@@ -1,15 +1,16 @@
 """Every study's claims table quotes its seed exactly: each claim with source "seed" has words found verbatim
-in /work/shared/papers/<SEED> (whitespace collapsed, hyphenated line breaks joined); keys are unique; the
-profiles a claim names exist in deploy/profiles/."""
+in the seeds' texts (KVTB_PAPERS, default /work/shared/papers; whitespace collapsed, hyphenated line breaks
+joined); keys are unique; the profiles a claim names exist in deploy/profiles/."""
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-PAPERS = Path("/work/shared/papers")
+PAPERS = Path(os.environ.get("KVTB_PAPERS", "/work/shared/papers"))
 PROFILES = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
 STUDIES = ("poster", "scalellm", "scalellm_replicas", "paper", "paper_causes", "eviction")
 
@@ -22,15 +23,11 @@ def normalized(text: str, keep_hyphen: bool = False) -> str:
 
 
 def study(name: str):
-    """The study module, skipped when it does not exist yet or does not expose CLAIMS and SEED."""
-    try:
-        module = importlib.import_module(f"bench.study.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"bench.study.{name}":
-            pytest.skip(f"bench.study.{name} does not exist yet")
-        raise
-    if not hasattr(module, "CLAIMS") or not hasattr(module, "SEED"):
-        pytest.skip(f"bench.study.{name} does not expose both CLAIMS and SEED yet")
+    """The study module; every study declares its claims table and names its seed."""
+    module = importlib.import_module(f"bench.study.{name}")
+    missing = [n for n in ("CLAIMS", "SEED") if not hasattr(module, n)]
+    if missing:
+        raise AssertionError(f"bench.study.{name} does not expose {' and '.join(missing)}")
     return module
 
 
