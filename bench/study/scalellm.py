@@ -47,7 +47,7 @@ from bench.stats import ratio
 from bench.study import report
 from bench.study.report import add_study_args, check_profile, main_of, new_study, run_part
 from bench.study.scalellm_claims import CLAIMS, SEED, scope_replies
-from bench.study.scalellm_clients import attach_summaries, compute_counters, run_clients, warm_up
+from bench.study.scalellm_clients import attach_summaries, compute_counters, run_clients, wait_idle, warm_up
 from bench.study.scalellm_figures import (
     RequestRecord,
     classify,
@@ -80,6 +80,7 @@ REPEATS = {"full": 3, "quick": 3, "smoke": 1}
 GATEWAY_LEVEL = {"full": 16, "quick": 16, "smoke": 2}        # the gateway comparison's concurrency
 GATEWAY_MAX_TOKENS = 128   # its replies at most (full mode's 512 would time out at 16 here: no engine time)
 TIMEOUT_S = 60.0      # ScaleLLM's user waiting threshold
+IDLE_TIMEOUT_S = 900.0  # at most this long (x D) for a level's abandoned turns to leave the engine before the next
 MAX_NUM_SEQS = 32     # the compute node's batch bound (its default): past it requests queue there
 ROUTINGS = ("least_loaded", "kv_aware", "round_robin")   # the frontend's `routing` (chat_frontend.routing)
 MAX_REPLICAS = 8
@@ -243,6 +244,8 @@ def run_level(stack: Stack, base_url: str, model: str, c: int, users: list[str],
 
     def done() -> None:
         progress.update(note=f"{c} concurrent" + ("" if protocol == "http" else " (gRPC)"))
+    # the turns a level before abandoned at its timeout may still run on the engine: wait them out
+    idle_wait_s = wait_idle(stack, IDLE_TIMEOUT_S * args.dilation)
     before, cpu_before = compute_counters(stack), stack.cpu_seconds()
     if protocol == "http":
         prompts = [[prompt_of(first + k * n + j) for j in range(n)] for k in range(c)]
@@ -265,6 +268,7 @@ def run_level(stack: Stack, base_url: str, model: str, c: int, users: list[str],
         if counted else None,
         # cores each process kept busy during the level ("client": this process, the clients)
         {name: (cpu_after[name] - cpu_before.get(name, 0.0)) / cpu_wall_s for name in cpu_after})
+    figures["idle_wait_s"] = idle_wait_s / args.dilation   # virtual, as the level's other times
     return figures, records
 
 

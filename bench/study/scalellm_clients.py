@@ -103,6 +103,32 @@ def compute_counters(stack: Stack) -> dict | None:
     return {"tokens_out": tokens, "preemptions": dict(preemptions)}
 
 
+def wait_idle(stack: Stack, timeout_s: float, poll_s: float = 0.5) -> float:
+    """Seconds until every replica's compute node runs and queues no turn (a level's timed-out turns may
+    still be running there: the next level must not start behind them). RuntimeError after timeout_s,
+    naming what was left."""
+    import grpc
+
+    start = time.perf_counter()
+    while True:
+        left = []
+        for i in range(stack.replicas):
+            try:
+                st = stack.compute_stats(i, timeout_s=30)
+            except grpc.RpcError as exc:
+                left.append(f"replica {i}'s Stats: {exc.code()}")
+                continue
+            if st.num_requests_running or st.num_requests_waiting:
+                left.append(f"replica {i}: {st.num_requests_running} running, {st.num_requests_waiting} waiting")
+        waited = time.perf_counter() - start
+        if not left:
+            return waited
+        if waited > timeout_s:
+            raise RuntimeError(f"the compute node was not idle {timeout_s:.0f} s after the level before: "
+                               + "; ".join(left))
+        time.sleep(poll_s)
+
+
 def warm_up(base_url: str, token: str, max_tokens: int, system: str) -> str:
     """The served model's name, after one request (the first forward pays for lazy setup)."""
     async def go() -> str:

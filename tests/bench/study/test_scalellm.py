@@ -446,3 +446,24 @@ def test_under_a_profile_every_time_is_divided_by_d():
     assert virtual[1].e2e_s == 60.0 and virtual[1].ttft_s is None and virtual[1].engine_ms is None
     assert records[0].e2e_s == 8.0   # the wall records are left as they were
     assert scalellm.in_virtual_time(records, 16.0, 1.0) == (records, 16.0)
+
+
+class _FakeStack:
+    """compute_stats answers from a script of (running, waiting) per call."""
+    replicas = 1
+
+    def __init__(self, script):
+        self.script = list(script)
+
+    def compute_stats(self, replica, timeout_s):
+        import types
+        running, waiting = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        return types.SimpleNamespace(num_requests_running=running, num_requests_waiting=waiting)
+
+
+def test_the_next_level_waits_until_the_abandoned_turns_leave_the_engine():
+    from bench.study.scalellm_clients import wait_idle
+    stack = _FakeStack([(3, 2), (1, 0), (0, 0)])
+    assert wait_idle(stack, timeout_s=5.0, poll_s=0.0) >= 0.0 and stack.script == [(0, 0)]
+    with pytest.raises(RuntimeError, match="2 running, 1 waiting"):
+        wait_idle(_FakeStack([(2, 1)]), timeout_s=0.05, poll_s=0.01)
