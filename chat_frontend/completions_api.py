@@ -141,10 +141,11 @@ class Handlers:
 
     async def _stream(self, request, req: cf.CompletionsRequest, completion_id: str, events, prompts,
                       echoes) -> web.StreamResponse:
-        response = await _open_stream(request)
+        response = web.StreamResponse()  # replaced once open: the client may have gone while its turn queued
         offsets = [0] * req.choices
         done = []
         try:
+            response = await _open_stream(request)
             for index in range(req.choices):
                 if echoes[index // req.n]:
                     await response.write(oa.sse(cf.chunk(completion_id, req.model, index, echoes[index // req.n])))

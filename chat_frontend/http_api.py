@@ -143,12 +143,12 @@ class OpenAiApi:
                       headers: dict) -> web.StreamResponse:
         response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        for i in range(req.n):
-            await response.write(oa.sse(oa.chunk(completion_id, req.model, {"role": "assistant", "content": ""},
-                                                 index=i)))
         summaries = []
         try:
+            await response.prepare(request)  # the client may have gone while its turn queued
+            for i in range(req.n):
+                await response.write(oa.sse(oa.chunk(completion_id, req.model,
+                                                     {"role": "assistant", "content": ""}, index=i)))
             async for event in events:
                 if event.WhichOneof("event") == "text":
                     if not event.text and not req.logprobs:
@@ -201,13 +201,20 @@ async def _choices(events, n: int) -> list[tuple[frontend_pb2.TurnSummary, list]
     return [(summaries[i], tokens[i]) for i in range(n)]
 
 
+# a request whose client disconnects has its handler cancelled (aiohttp's default since 3.9 leaves it
+# running): a turn still queued for admission or in the engine's wait queue, which has written nothing yet,
+# ends then and frees its place, instead of running to its last token for nobody
+SERVER_OPTIONS = {"handler_cancellation": True}
+
+
 async def start(api: OpenAiApi, address: str) -> tuple[web.AppRunner, str]:
     """Serve the API on address; (runner, bound host:port).
 
     Port 0 picks a free port; so does a fixed port that is taken (a second frontend on this
     machine), with a warning: the ready line announces the real one.
     """
-    runner = JsonErrorRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    runner = JsonErrorRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                             **SERVER_OPTIONS)
     await runner.setup()
     host, _, port = address.rpartition(":")
     site = web.TCPSite(runner, host, int(port))

@@ -2,12 +2,14 @@
 import asyncio
 import json
 
+import aiohttp
+
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
-from chat_frontend.http_api import OpenAiApi
+from chat_frontend.http_api import OpenAiApi, start
 from chat_frontend.settings import FrontendSettings
 from chat_frontend.store import SessionStore
 from kvtb_proto import compute_pb2
@@ -97,6 +99,52 @@ def test_a_client_that_goes_away_ends_the_turn():
                 return client.app[SERVICE].turns_failed
         return None
     assert run(SlowEngine(), scenario) == 1
+
+
+class QueuedEngine(FakeEngine):
+    """A turn that waits in the engine's queue (no token yet) until it is cancelled."""
+    def __init__(self):
+        super().__init__()
+        self.cancelled = asyncio.Event()
+
+    async def generate(self, request, route=None):
+        self.turns.append(request)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=50, text=" late"))
+
+
+def test_a_client_that_goes_away_while_its_turn_is_queued_ends_the_turn():
+    """Served as the frontend serves it (http_api.start: aiohttp's TestServer always cancels handlers)."""
+    engine = QueuedEngine()
+
+    async def main():
+        service = ChatService(FrontendSettings(users={"alice": "t-alice"}), SessionStore(":memory:"), engine)
+        runner, address = await start(OpenAiApi(service, lambda: True, lambda: "fake"), "127.0.0.1:0")
+        try:
+            async with aiohttp.ClientSession() as session:
+                post = asyncio.ensure_future(session.post(f"http://{address}/v1/chat/completions", headers=AUTH,
+                                                          json={**BODY, "stream": True}))
+                for _ in range(500):                   # the turn reached the engine
+                    await asyncio.sleep(0.01)
+                    if engine.turns:
+                        break
+                post.cancel()                          # hang up before the first token
+                try:
+                    await asyncio.wait_for(engine.cancelled.wait(), 5.0)
+                except asyncio.TimeoutError:
+                    return "the engine's call went on"
+                for _ in range(200):
+                    await asyncio.sleep(0.01)
+                    if service.admission.active == 0:
+                        return "ended"
+                return "the admission slot stayed taken"
+        finally:
+            await runner.cleanup()
+    assert asyncio.run(main()) == "ended"
 
 
 def test_n_choices_and_logprobs_in_openai_s_shape():
