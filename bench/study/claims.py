@@ -44,6 +44,7 @@ class Test:
     kind: "above" (the claim holds when the value exceeds `threshold`), "below" (when it is under it)
     or "between" (`threshold` is (low, high)). `tolerance`, in the value's units, moves the threshold in
     the seed's favour (above: threshold - tolerance; below: + tolerance; between: the range widened)."""
+    __test__ = False  # a claim's test, not pytest's
     kind: str
     threshold: float | tuple[float, float]
     tolerance: float = 0.0
