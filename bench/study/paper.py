@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-import multiprocessing
 import os
 import resource
 import shutil
@@ -49,6 +48,7 @@ from bench import analytical_model as am
 from bench.progress import Progress
 from bench.results import format_bytes, format_seconds, services_dir
 from bench.study import paper_claims, paper_plots
+from bench.study.child_process import ChildProcess
 from bench.study.paper_figures import (MODES, calibration_transfers, markdown_table, model_part, summarize,
                                        transfer_ratios)
 from bench.study.paper_turn import cached_tiny_model  # noqa: F401 - bench.study.poster's smoke model
@@ -257,44 +257,11 @@ def _pipelined(cls, pool, store, in_flight: int):
     return piped if callable(getattr(piped, "drain", None)) else None
 
 
-class ComputeProcess:
+class ComputeProcess(ChildProcess):
     """The compute process of the transfer measurements (a spawned child, as the compute node is one)."""
 
     def __init__(self, fabric_address: str, host_nqn: str, timeout_s: float = 120.0):
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_compute_main, args=(child, fabric_address, host_nqn),
-                                 name="kvtb-study-compute", daemon=True)
-        self._proc.start()
-        child.close()
-        try:
-            self.call(("ready",), timeout_s, first=True)
-        except BaseException:
-            self.close()
-            raise
-
-    def call(self, message: tuple, timeout_s: float = 900.0, first: bool = False) -> Any:
-        if not first:
-            self._conn.send(message)
-        if not self._conn.poll(timeout_s):
-            raise TimeoutError(f"the compute process did not answer {message[0]!r} within {timeout_s:g} s")
-        try:
-            kind, value = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            self._proc.join(timeout=5)
-            raise RuntimeError(f"the compute process exited (code {self._proc.exitcode})") from exc
-        if kind == "error":
-            raise RuntimeError(f"compute process: {value}")
-        return value
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._conn.send(None)
-        self._proc.join(timeout=10)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
-        self._conn.close()
+        super().__init__(_compute_main, (fabric_address, host_nqn), "kvtb-study-compute", timeout_s)
 
 
 def _rusage_s() -> float:

@@ -8,11 +8,11 @@ blocks itself (CpuStore.restore, each block checked before it lands); forget() d
 """
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import time
 import traceback
 from typing import Any
+
+from bench.study.child_process import ChildProcess
 
 NSID = 1
 SALT = "kvtb-study-causes-salt"
@@ -162,43 +162,11 @@ def _compute_main(conn, fabric_address: str, host_nqn: str) -> None:
                 compute.pool.close()
 
 
-class ComputeProcess:
+class ComputeProcess(ChildProcess):
     """The rig's compute process: call(kind, *args) runs _Compute.kind in it."""
 
     def __init__(self, fabric_address: str, host_nqn: str, timeout_s: float = 120.0):
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_compute_main, args=(child, fabric_address, host_nqn),
-                                 name="kvtb-study-causes-compute", daemon=True)
-        self._proc.start()
-        child.close()
-        try:
-            self._answer("start", timeout_s)
-        except BaseException:
-            self.close()
-            raise
+        super().__init__(_compute_main, (fabric_address, host_nqn), "kvtb-study-causes-compute", timeout_s)
 
-    def call(self, kind: str, *args: Any, timeout_s: float = 900.0) -> Any:
-        self._conn.send((kind, *args))
-        return self._answer(kind, timeout_s)
-
-    def _answer(self, kind: str, timeout_s: float) -> Any:
-        if not self._conn.poll(timeout_s):
-            raise TimeoutError(f"the compute process did not answer {kind!r} within {timeout_s:g} s")
-        try:
-            status, value = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            self._proc.join(timeout=5)
-            raise RuntimeError(f"the compute process exited (code {self._proc.exitcode})") from exc
-        if status == "error":
-            raise RuntimeError(f"compute process: {value}")
-        return value
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._conn.send(None)
-        self._proc.join(timeout=10)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
-        self._conn.close()
+    def call(self, kind: str, *args: Any, timeout_s: float = 900.0) -> Any:  # type: ignore[override]
+        return super().call((kind, *args), timeout_s)
