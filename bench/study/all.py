@@ -22,7 +22,9 @@ every cut are in all.json (`budget`), on the report and in the README block.
 
 A run in parts (`--resume`, bench.study.all_resume): the steps that already finished in OUT/all.json
 (same mode and profile) are kept and the rest run, so that full mode of every step can be taken in
-sittings of a few hours without cutting it; the report and the README block name each part's command,
+sittings of a few hours; its budget is the whole run's, planned by the first part over every step (not
+only those `--only` gives it) and kept by the later ones, so each step runs at the tier the budget gave it
+and the report's cuts are the run's. The report and the README block name each part's command,
 commit and date, and which steps it ran.
 
 The headline table takes each study's `headline_rows(study)`: a list of rows, each a mapping with
@@ -146,9 +148,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         if left:
             logger.warning("under --profile, %s do not run (only %s take a profile)", ", ".join(left),
                            ", ".join(PROFILED))
-    previous = getattr(args, "previous", None)
+    previous, hours = getattr(args, "previous", None), getattr(args, "hours", None)
     steps = [s for s in steps if s.name not in all_resume.done(previous)]  # --resume: each step once
-    budget = all_budget.plan([s.name for s in steps], mode, getattr(args, "hours", None))
+    if getattr(args, "resume", False):  # a part of a run: the budget is the whole run's, planned once
+        whole = [s.name for s in STEPS if s.name not in args.skip and (not profiled or s.name in PROFILED)]
+        budget = all_resume.plan(previous, whole, mode, hours)
+    else:
+        budget = all_budget.plan([s.name for s in steps], mode, hours)
     if not budget.fits:
         logger.warning("study all: %s", budget.text())
     start, machine = time.monotonic(), machine_info()  # the commit as the run starts
@@ -385,7 +391,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--keep-data", action="store_true", help="keep the services' data and logs")
     parser.add_argument("--resume", action="store_true",
                         help="keep the steps that already finished in OUT/all.json (same mode and profile) and "
-                             "run the rest: a full run taken in parts, each step once, one report "
+                             "run the rest: a full run taken in parts, each step once, one report; the first part "
+                             "plans the budget over every step, the later ones keep its plan "
                              "(bench/study/all_resume.py)")
     parser.add_argument("--only", nargs="+", choices=NAMES, help="run only these")
     parser.add_argument("--skip", nargs="+", choices=NAMES, default=[], help="leave these out")

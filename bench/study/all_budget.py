@@ -94,6 +94,13 @@ class Plan:
                 + (f"; no estimate for {', '.join(self.unestimated)} (assumed {UNKNOWN[0].minutes:g} min "
                    f"full)" if self.unestimated else ""))
 
+    @classmethod
+    def from_json(cls, raw: dict) -> "Plan":
+        """The plan `to_json` wrote (a run in parts keeps its first part's plan)."""
+        tiers = {n: Tier(t["tier"], t["mode"], tuple(t.get("extra") or ()), float(t["minutes"]))
+                 for n, t in (raw.get("tiers") or {}).items()}
+        return cls(tiers, raw.get("budget_minutes"), tuple(raw.get("unestimated") or ()))
+
     def to_json(self) -> dict:
         return {"budget_minutes": self.budget_minutes, "estimated_minutes": self.minutes, "fits": self.fits,
                 "tiers": {n: {"tier": t.label, "mode": t.mode, "extra": list(t.extra), "minutes": t.minutes}

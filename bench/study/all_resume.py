@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bench.study import all_budget
+
 
 def check(previous: Mapping[str, Any] | None, mode: str, profile: str | None) -> str | None:
     """Why `previous` cannot be resumed in this mode and profile (None: it can, or there is nothing)."""
@@ -25,6 +27,20 @@ def check(previous: Mapping[str, Any] | None, mode: str, profile: str | None) ->
         return (f"the report there ran under profile {previous.get('profile') or 'none'}, this run under "
                 f"{profile or 'none'}: give the same profile, or another --out")
     return None
+
+
+def plan(previous: Mapping[str, Any] | None, names: Sequence[str], mode: str,
+         hours: float | None) -> all_budget.Plan:
+    """The plan of the whole run, not of this part: the first part plans every step of the run (`names`,
+    also those a later part will run), and every later part keeps that plan, so each step runs at the tier
+    the budget gave it and the report's cuts are the run's. A plan that lacks one of `names` is made again
+    for all of them."""
+    raw = (previous or {}).get("budget") or {}
+    if raw.get("tiers"):
+        kept = all_budget.Plan.from_json(raw)
+        if all(n in kept.tiers for n in names):
+            return kept
+    return all_budget.plan(names, mode, hours)
 
 
 def done(previous: Mapping[str, Any] | None) -> dict[str, dict]:

@@ -57,3 +57,32 @@ def test_the_command_refuses_a_mismatched_report_before_any_work(tmp_path):
         study_all.parse_args(["--out", str(tmp_path), "--resume"])
     args = study_all.parse_args(["--out", str(tmp_path), "--resume", "--quick"])
     assert all_resume.done(args.previous).keys() == {"poster"}
+
+
+def test_a_run_in_parts_is_planned_once_over_every_step_and_later_parts_keep_that_plan():
+    every = list(ORDER)
+    first = all_resume.plan(None, every, "full", 3.0)
+    assert first.tiers["poster"].label == "cut"   # the whole run's 3 hours, not the first part's alone
+    again = all_resume.plan({"budget": first.to_json()}, every, "full", 1.0)   # another --hours is not a new plan
+    assert again.tiers == first.tiers and again.budget_minutes == first.budget_minutes
+    fewer = all_resume.plan({"budget": first.to_json()}, every + ["new"], "full", 3.0)
+    assert "new" in fewer.tiers   # a plan that lacks a step is made again for all
+
+
+def test_the_first_part_runs_its_steps_at_the_whole_runs_tiers(tmp_path, monkeypatch):
+    ran = []
+
+    def fake_step(step, argv, timeout_s):
+        ran.append(argv)
+        return {"name": step.name, "argv": argv, "exit_code": 0, "seconds": 1.0,
+                "result": {"claims": [], "machine": {"git_commit": "aaa"}}}
+
+    monkeypatch.setattr(study_all, "run_step", fake_step)
+    args = study_all.parse_args(["--out", str(tmp_path), "--resume", "--only", "poster", "--hours", "3"])
+    part = study_all.run(args, ["--resume"])
+    assert "--cut" in ran[0] and part["budget"]["tiers"].keys() == set(ORDER)
+    (tmp_path / "all.json").write_text(json.dumps(part))
+    args = study_all.parse_args(["--out", str(tmp_path), "--resume", "--only", "eviction", "--hours", "0"])
+    second = study_all.run(args, ["--resume"])
+    assert "--quick" in ran[1] and [e["name"] for e in second["steps"]] == ["poster", "eviction"]
+    assert second["budget"] == part["budget"]
