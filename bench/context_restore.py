@@ -19,14 +19,16 @@ import uuid
 import numpy as np
 
 from bench.rawlimits import Sampler, ZmqLoopback
+from compute_node.settings import ComputeSettings
 from hostmem import descriptor
 from hostmem.block_hash import hash_chain, salt_for
 from hostmem.kv_layout import KvLayout
 from hostmem.layout_proto import layout_to_proto
 from hostmem.region import Region
-from smartnic.agent import Agent, RestoreBlock
+from smartnic.agent import Agent
+from smartnic.restore_path import RestoreBlock
 
-BLOCK_TOKENS = 32
+BLOCK_TOKENS = ComputeSettings().block_tokens  # the compute node's
 LAYER_GROUPS = 4   # compute_node.settings' default
 USER, TENANT, KEY = "bench", "default", "bench"
 

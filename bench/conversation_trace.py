@@ -39,6 +39,7 @@ from pathlib import Path
 
 from bench import mooncake
 from bench.mooncake import MOONCAKE_BLOCK_TOKENS, TraceError, TraceRequest
+from compute_node.settings import ComputeSettings
 
 MOONCAKE_WINDOW = 131072  # the conversation trace's longest input is 126,195 tokens
 MODEL_WINDOW = 8192       # SmolLM2-135M's
@@ -99,7 +100,7 @@ def _turns(rng: random.Random, p: ConversationParams) -> int:
     return rng.randint(k, p.max_turns) if k == len(p.turn_counts) else k
 
 
-def synthetic_conversations(n: int, seed: int = 0, block_tokens: int = 32,
+def synthetic_conversations(n: int, seed: int = 0, block_tokens: int = ComputeSettings.block_tokens,
                             params: ConversationParams = CONVERSATION) -> list[Turn]:
     """n requests (the first n by arrival) of sessions drawn from `params`, scaled to block_tokens
     (see the module doc). Deterministic for a seed."""
@@ -179,7 +180,7 @@ def infer_sessions(requests: Sequence[TraceRequest], min_shared: int = 2) -> lis
     return [Turn(r, 0, s, k) for r, s, k in zip(requests, session_of, turn_of)]
 
 
-def load_mooncake(path: str | Path, block_tokens: int = 32, source_block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+def load_mooncake(path: str | Path, block_tokens: int = ComputeSettings.block_tokens, source_block_tokens: int = MOONCAKE_BLOCK_TOKENS,
                   limit: int = 0) -> list[Turn]:
     """A Mooncake-format JSONL trace (bench.mooncake's parser), its first `limit` requests (0: all),
     sessions inferred, lengths scaled from source_block_tokens to block_tokens and capped to the

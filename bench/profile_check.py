@@ -22,14 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.results import format_bytes, format_seconds, format_table
+from bench.results import format_bytes, format_seconds, format_table, read_json
+from compute_node.settings import ComputeSettings
 from scale import costs, ops
 from scale import profile as pf
 from scale.dilation import dilation_needed
 
 KIB, MIB = 1024, 1024 * 1024
 REAL_KV_BYTES_PER_TOKEN, LAYERS = 30 * 2 * 3 * 64 * 4, 30  # SmolLM2-135M in fp32: 46,080 B a token
-BLOCK_TOKENS, SWAP_BYTES, CONTEXT = 32, 64 * MIB, 512      # the compute node's block; a big swap
+BLOCK_TOKENS, SWAP_BYTES, CONTEXT = ComputeSettings.block_tokens, 64 * MIB, 512  # the compute node's block; a big swap
 PAPER_SIZES, QUICK_MAX_BYTES = (32 * KIB, MIB, 32 * MIB, 512 * MIB), 32 * MIB  # the paper study's
 PAPER_TOKEN_BYTES, PAPER_PARTS = 32 * KIB, 32              # its pool: 32 KiB a token, 32 layers
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
@@ -95,7 +96,7 @@ def study_estimates(kinds: dict, dilation: float, recorded: dict[str, dict], wor
         if study == "paper" and paper_virtual:
             e.update(dominant="its transfers (modeled)", paced_over_real=None)
         src = rec and (f"the recorded {rec['mode']} run's {rec['elapsed_s']:.0f} s "
-                       f"(docs/results/{study}/results.json)")
+                       f"(docs/results/{study}/results.json or docs/results/all.json.gz)")
         for m in ("quick", "full"):
             if e["dominant"] == "its transfers (modeled)":
                 e[m] = {"estimate_s": paper_virtual[m],
@@ -103,7 +104,8 @@ def study_estimates(kinds: dict, dilation: float, recorded: dict[str, dict], wor
                                  "two rigs per size (bench.study.paper_scaled.estimate_wall_s); D per size comes "
                                  "from its own warm-up at D = 1, this D stands in: an upper estimate"}
             elif not rec:
-                e[m] = {"estimate_s": None, "basis": f"no docs/results/{study}/results.json"}
+                e[m] = {"estimate_s": None, "basis": f"no recorded run: docs/results/{study}/results.json(.gz) or its step in "
+                                                        "docs/results/all.json.gz"}
             else:
                 quick_s = rec["elapsed_s"] / (ratio if rec["mode"] == "full" else 1.0)
                 e[m] = {"estimate_s": quick_s * paced * (ratio if m == "full" else 1.0), "basis": src
@@ -276,11 +278,19 @@ def measure_transfers(p: pf.Profile, quick: bool, repeats: int) -> dict[str, dic
 
 
 def recorded_runs() -> dict[str, dict]:
-    """Each study's recorded run: elapsed_s, mode and (the paper's) its transfers' seconds."""
+    """Each study's recorded run: elapsed_s, mode and (the paper's) its transfers' seconds; from its
+    results.json where a run left one, else from the committed run's all.json.gz."""
+    try:
+        committed = {e["name"]: e.get("result") for e in read_json(RESULTS / "all.json.gz").get("steps", [])}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        committed = {}
     out = {}
     for study in STUDIES:
         try:
-            data = json.loads((RESULTS / study / "results.json").read_text())
+            try:
+                data = read_json(RESULTS / study / "results.json")  # or results.json.gz
+            except OSError:
+                data = committed[study]
             parts = (data.get("results") or {}).get("part_seconds") or {}
             out[study] = {"elapsed_s": float(data["elapsed_s"]), "mode": str(data.get("mode", "quick")),
                           "transfers_s": float(parts.get("transfers", 0.0))}

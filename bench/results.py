@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gzip
 import importlib.metadata
 import importlib.util
 import json
@@ -233,12 +234,27 @@ def dumps(obj: Any, indent: int | None = None) -> str:
 
 
 def write_json(out_dir: str | Path, name: str, obj: Any) -> Path:
-    """Write obj as indented JSON to out_dir/name (directories created); return the path."""
+    """Write obj as indented JSON to out_dir/name (directories created); return the path. A name ending
+    in .gz is gzipped compact JSON (a run's raw results, kept in git ten times smaller)."""
     path = Path(out_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress((dumps(obj) + "\n").encode(), mtime=0))
+        logger.info("wrote %s", path)
+        return path
     path.write_text(dumps(obj, indent=2) + "\n")
     logger.info("wrote %s", path)
     return path
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON at path, or at path.gz (write_json's compressed form) when path is missing; OSError when
+    neither is there, ValueError when it is not JSON."""
+    path = Path(path)
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
 
 
 def emit_json(obj: Any, stream: TextIO | None = None) -> None:

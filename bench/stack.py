@@ -176,10 +176,6 @@ class Stack:
     def agent(self) -> str:
         return self.address("smartnic")
 
-    @property
-    def fabric_addresses(self) -> list[str]:
-        return [p.addresses["fabric"] for p in self.deployment.procs if p.name.startswith("storage-")]
-
     def token(self, user: str) -> str:
         return self.config["frontend"]["users"][user]
 

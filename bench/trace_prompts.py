@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from bench.mooncake import TraceRequest
 
@@ -90,7 +90,3 @@ def split_template(ids: Sequence[int], marker: Sequence[int]) -> tuple[list[int]
 def pad_words(head_tokens: int, block_tokens: int) -> int:
     """Words of one token to add to the system message so that the head is a whole number of blocks."""
     return (-head_tokens) % block_tokens
-
-
-def all_block_ids(requests: Iterable[TraceRequest]) -> set[int]:
-    return {h for r in requests for h in r.hash_ids}

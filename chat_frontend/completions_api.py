@@ -1,14 +1,8 @@
-"""The OpenAI API's routes beyond chat, as vLLM's server has them: POST /v1/completions,
-GET /v1/models/{id}, POST /tokenize, POST /detokenize, GET /version and GET /metrics.
+"""POST /v1/completions: OpenAI's (legacy) completions, as vLLM's server has them.
 
-Thin: handlers parse (completions_format, tokenize_format), run turns (completion_turns) and write
-JSON or server-sent events as http_api does for chat. /v1/completions, /tokenize and /detokenize
-take the user's bearer token (401 before anything else). /metrics takes the token of an operator
-or a metrics reader (settings `operators`, `metrics_readers`; Prometheus sends it as
-`authorization: credentials`): it shows every tenant's traffic and the whole system's load, which
-one user may not see of the others (a user's token is 403; users have SystemStats' aggregates).
-The frontend's metrics port shows the same without a token, inside the deployment's network
-(vllm_metrics). /version and /v1/models/{id}, like /v1/models and /health, are open.
+Thin: the handler parses (completions_format), runs the turns (completion_turns) and writes JSON or
+server-sent events as chat_completions_api does for chat. It takes the user's bearer token (401
+before anything else). Completions are stateless: n choices of each prompt, no transcript kept.
 
 A completions stream: with echo, each choice's prompt text first; a chunk per generated token that
 adds text (or carries logprobs), a chunk with the finish_reason per choice, the usage chunk when
@@ -17,75 +11,41 @@ refusal is still a 400; an error after that is one `data: {"error": ...}` event 
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import importlib.metadata
 import logging
 import time
 import uuid
+from typing import Callable
 
 from aiohttp import web
 
 from chat_frontend import completions_format as cf
-from chat_frontend import http_api, limits, vllm_metrics
+from chat_frontend import limits
 from chat_frontend import openai_format as oa
-from chat_frontend import tokenize_format as tf
+from chat_frontend.chat_service import ChatService
 from chat_frontend.completion_turns import CompletionTurns, Finished, Token, encode, fit_tokens
 from chat_frontend.errors import ChatError
+from chat_frontend.http_errors import failed, refused
 
 logger = logging.getLogger(__name__)
 
-PACKAGE = "kvtestbed"
-DECODE_BATCH = 64  # /tokenize's token_strs: Decode calls at once
 
+class CompletionsApi:
+    """The handler of POST /v1/completions over the frontend's ChatService; `model()` is the served model."""
 
-def routes(api) -> list[web.RouteDef]:
-    """The routes of these endpoints on the API of `api` (an http_api.OpenAiApi)."""
-    handlers = Handlers(api)
-    return [web.post("/v1/completions", handlers.completions),
-            web.get("/v1/models/{model_id:.+}", handlers.model),
-            web.post("/tokenize", handlers.tokenize), web.post("/detokenize", handlers.detokenize),
-            web.get("/version", handlers.version), web.get("/metrics", handlers.metrics)]
+    def __init__(self, service: ChatService, model: Callable[[], str]):
+        self.service = service
+        self.model = model
+        self.turns = CompletionTurns(service, service.finishes)
 
-
-async def token_strs(decode, token_ids: list[int]) -> list[str]:
-    """Each token's text alone, DECODE_BATCH calls at a time."""
-    out: list[str] = []
-    for start in range(0, len(token_ids), DECODE_BATCH):
-        out.extend(await asyncio.gather(*(decode([i]) for i in token_ids[start:start + DECODE_BATCH])))
-    return out
-
-
-def _refused(what: str, exc: ChatError) -> web.Response:
-    logger.info("%s refused: %s", what, exc)
-    return http_api.refusal(exc, context_param="prompt")
-
-
-def _failed(what: str, exc: Exception) -> web.Response:
-    logger.exception("%s failed", what)
-    return http_api.error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}")
-
-
-class Handlers:
-    """The endpoints' handlers over the API's service (its agent, admission, settings, metrics)."""
-
-    def __init__(self, api):
-        self.api = api
-        self.service = api.service
-        self.finishes = self.service.finishes
-        self.turns = CompletionTurns(self.service, self.finishes)
-        self.stats = vllm_metrics.StatsCache(lambda: self.service.agent.compute_stats())
-
-    # /v1/completions
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def create(self, request: web.Request) -> web.StreamResponse:
         start_ns = time.time_ns()
         try:
             user = self.service.user("", request.headers.items())  # 401 before anything else
             settings = self.service.settings
             req = cf.parse_request(await request.read(), settings.max_n)
-            cf.check_model(req.model, self.api.model())
+            cf.check_model(req.model, self.model())
             info = await self.service.agent.info()
             req = dataclasses.replace(req, sampling=oa.apply_defaults(req.sampling, req.given,
                                                                       info.generation_defaults))
@@ -95,9 +55,9 @@ class Handlers:
             req = dataclasses.replace(req, max_tokens=min(fitted))  # every prompt's (the cap's, if lower)
             echoes = await self._echoes(req, prompts)
         except ChatError as exc:
-            return _refused("completion", exc)
+            return refused("completion", exc)
         except Exception as exc:
-            return _failed("completion", exc)
+            return failed("completion", exc)
         completion_id = "cmpl-" + (req.request_id or uuid.uuid4().hex[:24])
         if req.max_tokens == 0:  # echo alone: the prompts, nothing generated
             return await self._echo_only(request, req, completion_id, prompts, echoes)
@@ -105,18 +65,18 @@ class Handlers:
         try:
             first = await anext(events)  # admitted, and the compute node took the turn
         except ChatError as exc:
-            return _refused("completion", exc)
+            return refused("completion", exc)
         except Exception as exc:
-            return _failed("completion", exc)
+            return failed("completion", exc)
         events = _chain(first, events)
         if req.stream:
             return await self._stream(request, req, completion_id, events, prompts, echoes)
         try:
             choices = await _collect(events, req, prompts, echoes)
         except ChatError as exc:
-            return _refused("completion", exc)
+            return refused("completion", exc)
         except Exception as exc:
-            return _failed("completion", exc)
+            return failed("completion", exc)
         return web.json_response(cf.completion(completion_id, req, choices))
 
     async def _echoes(self, req: cf.CompletionsRequest, prompts: list[list[int]]) -> list[str]:
@@ -176,71 +136,6 @@ class Handlers:
             await response.write(oa.sse(oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")[1]))
             done = []
         return await _close_stream(response, req, completion_id, done)
-
-    # /v1/models/{id}, /version
-
-    async def model(self, request: web.Request) -> web.Response:
-        if not self.api.ready():
-            return http_api.error_response("UNAVAILABLE", "the model is still loading")
-        model_id = request.match_info["model_id"]
-        if model_id != self.api.model():
-            return web.json_response({"error": {
-                "message": f"The model '{model_id[:200]}' does not exist", "type": "invalid_request_error",
-                "param": "model", "code": "model_not_found"}}, status=404)
-        return web.json_response(cf.model_object(model_id))
-
-    async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": importlib.metadata.version(PACKAGE)})
-
-    # /tokenize, /detokenize
-
-    async def tokenize(self, request: web.Request) -> web.Response:
-        try:
-            self.service.user("", request.headers.items())
-            req = tf.parse_tokenize(await request.read())
-            if req.model is not None:
-                cf.check_model(req.model, self.api.model())
-            info = await self.service.agent.info()
-            ids = await self.service.agent.encode_chat(req.encode)
-            strs = None
-            if req.return_token_strs:
-                if len(ids) > tf.MAX_TOKEN_STRS:
-                    raise ChatError("INVALID_ARGUMENT", f"return_token_strs for {len(ids)} tokens: at most "
-                                    f"{tf.MAX_TOKEN_STRS}", "return_token_strs")
-                strs = await token_strs(self.service.agent.decode, ids)
-        except ChatError as exc:
-            return _refused("tokenize", exc)
-        except Exception as exc:
-            return _failed("tokenize", exc)
-        return web.json_response(tf.tokenize_response(ids, info.max_context_tokens, strs))
-
-    async def detokenize(self, request: web.Request) -> web.Response:
-        try:
-            self.service.user("", request.headers.items())
-            model, ids = tf.parse_detokenize(await request.read())
-            if model is not None:
-                cf.check_model(model, self.api.model())
-            text = await self.service.agent.decode(ids)
-        except ChatError as exc:
-            return _refused("detokenize", exc)
-        except Exception as exc:
-            return _failed("detokenize", exc)
-        return web.json_response({"prompt": text})
-
-    # /metrics
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        try:
-            user = self.service.user("", request.headers.items())
-            settings = self.service.settings
-            if user not in settings.operators and user not in settings.metrics_readers:
-                raise ChatError("PERMISSION_DENIED", "/metrics shows every tenant's traffic: it takes the "
-                                "token of an operator or a metrics reader (settings operators, "
-                                "metrics_readers)")
-        except ChatError as exc:
-            return _refused("metrics", exc)
-        body = await vllm_metrics.scrape(self.api.model() or "unknown", self.stats, self.finishes.counts)
-        return web.Response(body=body, headers={"Content-Type": vllm_metrics.CONTENT_TYPE})
 
 
 def _finished(event: Finished, req: cf.CompletionsRequest, prompts, text: str, tokens: list) -> cf.Choice:

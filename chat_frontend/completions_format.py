@@ -19,6 +19,7 @@ from typing import Any
 from chat_frontend import limits
 from chat_frontend import openai_format as oa
 from chat_frontend import request_fields as rf
+from chat_frontend import request_parsing as rp
 from chat_frontend.errors import ChatError
 from kvtb_proto import compute_pb2
 
@@ -94,11 +95,11 @@ def parse_prompts(value: Any) -> tuple[Prompt, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value:
-        raise rf.bad(shape, "prompt")
+        raise rp.bad(shape, "prompt")
     if all(_is_id(v) for v in value):
         value = [value]
     if len(value) > MAX_PROMPTS:
-        raise rf.bad(f"prompt holds {len(value)} prompts, over the limit of {MAX_PROMPTS}", "prompt")
+        raise rp.bad(f"prompt holds {len(value)} prompts, over the limit of {MAX_PROMPTS}", "prompt")
     prompts: list[Prompt] = []
     for i, p in enumerate(value):
         if isinstance(p, str) and p:
@@ -106,7 +107,7 @@ def parse_prompts(value: Any) -> tuple[Prompt, ...]:
         elif isinstance(p, list) and p and all(_is_id(t) for t in p):
             prompts.append(tuple(p))
         else:
-            raise rf.bad(f"prompt[{i}] is empty or not a string or a list of token ids: {shape}", "prompt")
+            raise rp.bad(f"prompt[{i}] is empty or not a string or a list of token ids: {shape}", "prompt")
     return tuple(prompts)
 
 
@@ -116,49 +117,49 @@ def _stream_options(body: dict, stream: bool) -> bool:
     if options is None:
         return False
     if not stream:
-        raise rf.bad("stream_options needs stream: true", "stream_options")
+        raise rp.bad("stream_options needs stream: true", "stream_options")
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
-        raise rf.bad("stream_options must be an object of include_usage (and continuous_usage_stats false)",
-                      "stream_options")
-    if oa._flag(options, "continuous_usage_stats", "stream_options.continuous_usage_stats"):
-        raise rf.bad("stream_options.continuous_usage_stats is not supported: usage comes in the last chunk",
-                      "stream_options.continuous_usage_stats")
-    return oa._flag(options, "include_usage", "stream_options.include_usage")
+        raise rp.bad("stream_options must be an object of include_usage (and continuous_usage_stats false)",
+                     "stream_options")
+    if rp.flag(options, "continuous_usage_stats", "stream_options.continuous_usage_stats"):
+        raise rp.bad("stream_options.continuous_usage_stats is not supported: usage comes in the last chunk",
+                     "stream_options.continuous_usage_stats")
+    return rp.flag(options, "include_usage", "stream_options.include_usage")
 
 
 def parse_request(raw: bytes, max_n: int,
                   draw_seed: Callable[[], int] = lambda: secrets.randbits(64)) -> CompletionsRequest:
     """The completions a request body asks for (INVALID_ARGUMENT naming the field when it is not one)."""
-    body = oa._load(raw)
+    body = rp.load(raw)
     check_fields(body)
     if not isinstance(body.get("model"), str) or not body["model"]:
-        raise rf.bad("model is required", "model")
+        raise rp.bad("model is required", "model")
     prompts = parse_prompts(body.get("prompt"))
-    n = oa._number(body, "n", int, 1, 1, max_n)
+    n = rp.number(body, "n", int, 1, 1, max_n)
     if len(prompts) * n > MAX_SEQUENCES:
-        raise rf.bad(f"{len(prompts)} prompts times n={n} make {len(prompts) * n} sequences, over the limit "
-                      f"of {MAX_SEQUENCES}", "n")
-    echo = oa._flag(body, "echo")
-    logprobs = oa._number(body, "logprobs", int, None, 0, MAX_LOGPROBS)
+        raise rp.bad(f"{len(prompts)} prompts times n={n} make {len(prompts) * n} sequences, over the limit "
+                     f"of {MAX_SEQUENCES}", "n")
+    echo = rp.flag(body, "echo")
+    logprobs = rp.number(body, "logprobs", int, None, 0, MAX_LOGPROBS)
     if echo and logprobs is not None:
-        raise rf.bad(ECHO_LOGPROBS_REFUSED, "echo")
-    max_tokens = oa._number(body, "max_tokens", int, DEFAULT_MAX_TOKENS, 0, limits.MAX_TOKENS)
+        raise rp.bad(ECHO_LOGPROBS_REFUSED, "echo")
+    max_tokens = rp.number(body, "max_tokens", int, DEFAULT_MAX_TOKENS, 0, limits.MAX_TOKENS)
     if max_tokens == 0 and not echo:
-        raise rf.bad("max_tokens must be at least 1 (0 only with echo: the prompt alone)", "max_tokens")
+        raise rp.bad("max_tokens must be at least 1 (0 only with echo: the prompt alone)", "max_tokens")
     if not isinstance(body.get("user", ""), (str, type(None))):
-        raise rf.bad("user must be a string", "user")
-    stream = oa._flag(body, "stream")
+        raise rp.bad("user must be a string", "user")
+    stream = rp.flag(body, "stream")
     include_usage = _stream_options(body, stream)
     # chat's sampling fields, with completions' logprobs (a count) as chat's logprobs + top_logprobs
     chat_body = {**body, "logprobs": logprobs is not None, "top_logprobs": logprobs or None}
-    sampling = oa._sampling(chat_body, max(1, max_tokens), draw_seed)
+    sampling = oa.parse_sampling(chat_body, max(1, max_tokens), draw_seed)
     given = frozenset(name for name in oa.SAMPLING_DEFAULTS if body.get(name) is not None)
     return CompletionsRequest(
         model=body["model"], prompts=prompts, max_tokens=max_tokens, n=n, sampling=sampling, given=given,
         echo=echo, logprobs=logprobs, stream=stream, include_usage=include_usage,
-        ignore_eos=oa._flag(body, "ignore_eos"), add_special_tokens=oa._flag(body, "add_special_tokens",
-                                                                                default=True),
-        token_ids_as_tokens=oa._flag(body, "return_tokens_as_token_ids"), request_id=oa._request_id(body),
+        ignore_eos=rp.flag(body, "ignore_eos"),
+        add_special_tokens=rp.flag(body, "add_special_tokens", default=True),
+        token_ids_as_tokens=rp.flag(body, "return_tokens_as_token_ids"), request_id=rp.request_id(body),
         max_tokens_given=body.get("max_tokens") is not None)
 
 

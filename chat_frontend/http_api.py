@@ -1,70 +1,43 @@
 """The OpenAI-compatible HTTP API (aiohttp), on the frontend's event loop beside its gRPC server.
 
-Thin: the handlers parse (openai_format), run the turn through ChatService exactly as the gRPC
-servicer does, and write JSON or server-sent events. The user is the `Authorization: Bearer`
-token; the session (a context id of that user) is the `X-Session-Id` header, else a header the
-settings name (`session_headers`, e.g. AIPerf's X-Correlation-ID), else OpenAI's `user` field if
-the settings say so (`session_from_user_field`); none: a new context. A response always carries
-the context id in X-Session-Id.
+Here the app is assembled: `OpenAiApi.app()` is the one place every route is added, each served by
+the module named for it, as vLLM's server has them:
 
-A stream is: for each choice a chunk whose delta carries the role, one chunk per piece of text as it
-comes (with its index, and its tokens' logprobs when asked), a chunk with an empty delta and the
-finish_reason per choice (as OpenAI sends it: the text is never held back to learn whether it is
-the last), the usage chunk when asked, `data: [DONE]`. The response begins with the first
-generated token (or the turn's end), so a refusal of the compute node (a JSON schema it cannot
-compile, a stop token outside the vocabulary) is still a 400; an error after that is one
-`data: {"error": ...}` event before `[DONE]`.
+- POST /v1/chat/completions: chat_completions_api (a turn of a context; sessions, streams);
+- POST /v1/completions: completions_api (OpenAI's legacy completions, stateless);
+- POST /tokenize, POST /detokenize: tokenize_api;
+- GET /v1/models, GET /v1/models/{id}, GET /health, GET /version: server_info_api (open, no token);
+- GET /metrics: metrics_api (vLLM's Prometheus metrics, for operators and metrics readers).
 
 Every error is OpenAI's JSON (`{"error": {"message", "type", "param", "code"}}`) with its status:
-the handlers' refusals here, aiohttp's own errors through `http_errors`. A turn past the user's
-fair share or a full frontend is 429 with `Retry-After` (seconds), as OpenAI's rate limits are.
+the handlers' refusals and aiohttp's own errors alike, through `http_errors`. A turn past the
+user's fair share or a full frontend is 429 with `Retry-After` (seconds), as OpenAI's rate limits
+are. A body is at most MAX_BODY_BYTES (413).
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import errno
 import logging
-import math
-import uuid
 from typing import Callable
 
 from aiohttp import web
 
-from chat_frontend import completions_api, limits
-from chat_frontend import openai_format as oa
+from chat_frontend.chat_completions_api import ChatCompletionsApi
 from chat_frontend.chat_service import ChatService
-from chat_frontend.errors import ChatError
+from chat_frontend.completions_api import CompletionsApi
 from chat_frontend.http_errors import JsonErrorRunner, openai_errors
-from chat_frontend.sessions import SESSION_HEADER, named_session
-from kvtb_proto import frontend_pb2
+from chat_frontend.metrics_api import MetricsApi
+from chat_frontend.server_info_api import ServerInfoApi
+from chat_frontend.tokenize_api import TokenizeApi
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 2 << 20  # the model's whole context of text, JSON-escaped, with room; under gRPC's 4 MiB to the encoder
 
 
-def error_response(code: str, message: str, headers: dict | None = None,
-                   param: str | None = None, openai_code: str | None = None) -> web.Response:
-    status, body = oa.error_body(code, message, param, openai_code)
-    return web.json_response(body, status=status, headers=headers)
-
-
-def refusal(exc: ChatError, headers: dict | None = None, context_param: str = "messages") -> web.Response:
-    """The refusal in OpenAI's shape; a busy frontend's (429) says when to try again (Retry-After, s).
-    A prompt past the context that the compute node found names `context_param` (the request's prompt)."""
-    if exc.retry_after_s is not None:
-        headers = {**(headers or {}), "Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-    param = exc.param
-    if param is None and exc.openai_code == limits.CONTEXT_LENGTH_EXCEEDED:
-        param = context_param
-    elif param is None and exc.code == "INVALID_ARGUMENT":  # the compute node's: it names sampling.<field>
-        param = oa.param_of(exc.message)
-    return error_response(exc.code, exc.message, headers, param, exc.openai_code)
-
-
 class OpenAiApi:
-    """Routes of the API; `ready()` says whether the engine behind the frontend answers."""
+    """The API over the frontend's ChatService; `ready()` says whether the engine behind the frontend
+    answers, `model()` names the model it serves."""
 
     def __init__(self, service: ChatService, ready: Callable[[], bool], model: Callable[[], str]):
         self.service = service
@@ -72,133 +45,21 @@ class OpenAiApi:
         self.model = model
 
     def app(self) -> web.Application:
+        """The application with every route of the API (added here and nowhere else)."""
+        chat = ChatCompletionsApi(self.service, self.model)
+        completions = CompletionsApi(self.service, self.model)
+        tokenize = TokenizeApi(self.service, self.model)
+        info = ServerInfoApi(self.ready, self.model)
+        metrics = MetricsApi(self.service, self.model)
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
-        app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
-                        web.get("/v1/models", self.models), web.get("/health", self.health)])
-        app.add_routes(completions_api.routes(self))
+        app.add_routes([web.post("/v1/chat/completions", chat.create),
+                        web.get("/v1/models", info.models), web.get("/health", info.health),
+                        web.post("/v1/completions", completions.create),
+                        web.get("/v1/models/{model_id:.+}", info.retrieve_model),
+                        web.post("/tokenize", tokenize.tokenize),
+                        web.post("/detokenize", tokenize.detokenize),
+                        web.get("/version", info.version), web.get("/metrics", metrics.metrics)])
         return app
-
-    async def health(self, request: web.Request) -> web.Response:
-        if not self.ready():
-            return web.json_response({"status": "loading"}, status=503)
-        return web.json_response({"status": "ok", "model": self.model()})
-
-    async def models(self, request: web.Request) -> web.Response:
-        if not self.ready():
-            return error_response("UNAVAILABLE", "the model is still loading")
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model(), "object": "model", "created": 0, "owned_by": "kvtestbed"}]})
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            req, session = await self._parse(request)
-        except ChatError as exc:
-            logger.info("chat completion refused: %s", exc)
-            return refusal(exc)
-        turn = frontend_pb2.ChatRequest(context_id=session, message=req.message, n=req.n,
-                                        max_new_tokens=req.max_new_tokens, sampling=req.sampling)
-        events = self.service.chat(turn, list(request.headers.items()), req.history, req.system,
-                                   whole=req.whole, ignore_eos=req.ignore_eos,
-                                   max_tokens_param=req.max_tokens_param, default_max_tokens=0)
-        completion_id = "chatcmpl-" + (req.request_id or uuid.uuid4().hex[:24])
-        headers = None
-        try:
-            first = await anext(events)  # validated, admitted: the context id is known
-            headers = {SESSION_HEADER: first.context_id}
-            second = await anext(events)  # the compute node took the turn: its first text (or the end)
-        except ChatError as exc:
-            logger.info("chat completion refused: %s", exc)
-            return refusal(exc, headers)
-        except Exception as exc:  # a bug or a broken store: say so, keep serving
-            logger.exception("chat completion failed")
-            return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}", headers)
-        if req.stream:
-            return await self._stream(request, req, _chain(second, events), completion_id, headers)
-        try:
-            choices = await _choices(_chain(second, events), req.n)
-        except ChatError as exc:
-            logger.info("chat completion failed: %s", exc)
-            return refusal(exc, headers)
-        except Exception as exc:
-            logger.exception("chat completion failed")
-            return error_response("INTERNAL", f"frontend: {type(exc).__name__}: {exc}", headers)
-        return web.json_response(oa.completion(completion_id, req, choices), headers=headers)
-
-    async def _parse(self, request: web.Request) -> tuple[oa.CompletionRequest, str]:
-        """The request (its sampling defaults filled in) and the session it names ("" for a new context)."""
-        self.service.user("", request.headers.items())  # 401 before anything else
-        settings = self.service.settings
-        req = oa.parse_request(await request.read(), settings.max_n)
-        if req.model != self.model():
-            raise ChatError("NOT_FOUND", f"the model {req.model!r} does not exist; this frontend "
-                            f"serves {self.model()!r} (GET /v1/models)")
-        info = await self.service.agent.info()
-        req = dataclasses.replace(req, sampling=oa.apply_defaults(req.sampling, req.given,
-                                                                  info.generation_defaults))
-        session = named_session(request.headers, settings.session_headers,
-                                req.user if settings.session_from_user_field else None)
-        return req, session
-
-    async def _stream(self, request: web.Request, req: oa.CompletionRequest, events, completion_id: str,
-                      headers: dict) -> web.StreamResponse:
-        response = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
-        summaries = []
-        try:
-            await response.prepare(request)  # the client may have gone while its turn queued
-            for i in range(req.n):
-                await response.write(oa.sse(oa.chunk(completion_id, req.model,
-                                                     {"role": "assistant", "content": ""}, index=i)))
-            async for event in events:
-                if event.WhichOneof("event") == "text":
-                    if not event.text and not req.logprobs:
-                        continue  # tokens that added no text, logprobs not asked: nothing to say
-                    lp = oa.logprobs(event.tokens, req.token_ids_as_tokens) if req.logprobs else None
-                    await response.write(oa.sse(oa.chunk(completion_id, req.model, {"content": event.text},
-                                                         index=event.choice, logprobs_object=lp)))
-                elif event.WhichOneof("event") == "summary":
-                    summary = event.summary
-                    summaries.append(summary)
-                    await response.write(oa.sse(oa.chunk(
-                        completion_id, req.model, {}, summary.finish_reason or "stop", index=event.choice,
-                        reason=oa.stop_reason(summary, req.sampling))))
-            if req.include_usage and summaries:
-                await response.write(oa.sse(oa.chunk(completion_id, req.model, None, summaries=summaries)))
-        except ConnectionResetError:  # the client went away: stop the turn (the agent call ends)
-            logger.info("chat completion %s: the client went away", completion_id)
-            await events.aclose()
-            return response
-        except ChatError as exc:
-            logger.info("chat completion failed while streaming: %s", exc)
-            await response.write(oa.sse(oa.error_body(exc.code, exc.message, exc.param, exc.openai_code)[1]))
-        except Exception as exc:
-            logger.exception("chat completion failed while streaming")
-            await response.write(oa.sse(oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")[1]))
-        await response.write(oa.sse("[DONE]"))
-        await response.write_eof()
-        return response
-
-
-async def _chain(first, events):
-    """first, then the rest of events (closing them when this is closed)."""
-    async with contextlib.aclosing(events):
-        yield first
-        async for event in events:
-            yield event
-
-
-async def _choices(events, n: int) -> list[tuple[frontend_pb2.TurnSummary, list]]:
-    """(summary, tokens) per choice, in choice order, from a turn's events."""
-    tokens: list[list] = [[] for _ in range(n)]
-    summaries: dict[int, frontend_pb2.TurnSummary] = {}
-    async for event in events:
-        if event.WhichOneof("event") == "text":
-            tokens[event.choice].extend(event.tokens)
-        elif event.WhichOneof("event") == "summary":
-            summaries[event.choice] = event.summary
-    if len(summaries) != n:
-        raise ChatError("INTERNAL", f"the turn ended with {len(summaries)} of its {n} choices' summaries")
-    return [(summaries[i], tokens[i]) for i in range(n)]
 
 
 # a request whose client disconnects has its handler cancelled (aiohttp's default since 3.9 leaves it

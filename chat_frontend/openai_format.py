@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import secrets
 import time
@@ -37,15 +36,13 @@ from typing import Any
 
 from chat_frontend import limits
 from chat_frontend import request_fields as rf
+from chat_frontend import request_parsing as rp
 from chat_frontend.conversation import Whole
 from chat_frontend.request_fields import SHARED, Field
-from chat_frontend.request_fields import bad as _bad
 from chat_frontend.request_fields import default as _default
 from chat_frontend.request_fields import empty as _empty
 from chat_frontend.request_fields import no as _no
 from chat_frontend.request_fields import null_or as _null_or
-from chat_frontend.request_fields import printable as _printable
-from chat_frontend.request_fields import shown as _shown
 from chat_frontend.request_fields import yes as _yes
 from kvtb_proto import compute_pb2, frontend_pb2
 
@@ -71,7 +68,6 @@ MAX_LOGIT_BIAS = 300         # entries
 MAX_TOKEN_ID = (1 << 31) - 1  # the compute node checks ids against its vocabulary
 MAX_TOP_LOGPROBS = 20        # OpenAI's and vLLM's
 MAX_SCHEMA_BYTES = 64 * 1024  # a response_format json_schema as JSON text (the compute node's bound)
-MAX_REQUEST_ID_CHARS = 240
 LOGPROB_FLOOR = -9999.0      # vLLM's stand-in for -inf (JSON has no infinity)
 TOOLS_REFUSED = "this model's chat template has no tool-call format; tool calling is not supported"
 # vLLM's defaults when neither the request nor the model's generation config sets them
@@ -211,30 +207,6 @@ def param_of(message: str) -> str | None:
     return NODE_PARAMS.get(name, name if name in FIELDS else None)
 
 
-def lone_surrogate(body: Any) -> str | None:
-    """Where the first string holding a lone surrogate (such as JSON's "\\ud800") is, or None.
-
-    Such a string is valid JSON but not Unicode text: protobuf, the tokenizer and SQLite refuse it.
-    """
-    stack = [("", body)]
-    while stack:  # not recursive: json.loads already bounded the depth, this keeps the stack flat
-        path, value = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return path or "the body"
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                where = f"{path}.{_printable(key)}" if path else _printable(key)
-                if _printable(key) != key:
-                    return where
-                stack.append((where, item))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
-    return None
-
-
 def check_fields(body: dict) -> None:
     """INVALID_ARGUMENT naming the first field that is unknown, refused, or not its default."""
     rf.check_fields(body, FIELDS, "chat completions")
@@ -245,12 +217,12 @@ def _content(message: Any, index: int) -> tuple[str, str]:
     field) that is unknown, refused or not its default, as MESSAGE_FIELDS says."""
     where = f"messages[{index}]"
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise _bad(f"{where} must be an object with a role", where)
+        raise rp.bad(f"{where} must be an object with a role", where)
     role = "system" if message["role"] == "developer" else message["role"]
     if role in ("tool", "function"):
-        raise _bad(f"{where} has role {role!r}: {TOOLS_REFUSED}", f"{where}.role")
+        raise rp.bad(f"{where} has role {role!r}: {TOOLS_REFUSED}", f"{where}.role")
     if role not in ("system", "user", "assistant"):
-        raise _bad(f"{where}: unsupported role {role[:40]!r}", f"{where}.role")
+        raise rp.bad(f"{where}: unsupported role {role[:40]!r}", f"{where}.role")
     rf.check_keys(message, MESSAGE_FIELDS, where, "a chat message")
     content = message.get("content")
     if content is None:  # an assistant message may leave it out (OpenAI's schema)
@@ -258,41 +230,16 @@ def _content(message: Any, index: int) -> tuple[str, str]:
     if isinstance(content, list):  # content parts: only text
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in content):
-            raise _bad(f"{where}: only text content parts (with a string `text`) are supported",
-                       f"{where}.content")
+            raise rp.bad(f"{where}: only text content parts (with a string `text`) are supported",
+                         f"{where}.content")
         for j, part in enumerate(content):
             rf.check_keys(part, CONTENT_PART_FIELDS, f"{where}.content[{j}]", "a text content part")
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
-        raise _bad(f"{where}.content must be a string", f"{where}.content")
+        raise rp.bad(f"{where}.content must be a string", f"{where}.content")
     if not isinstance(message.get("name") or "", str):
-        raise _bad(f"{where}.name must be a string", f"{where}.name")
+        raise rp.bad(f"{where}.name must be a string", f"{where}.name")
     return role, content
-
-
-def _number(body: dict, name: str, kind: type, default: Any, low: float, high: float) -> Any:
-    """The field as int or float within [low, high]; INVALID_ARGUMENT if it is not one."""
-    return _number_value(body.get(name), name, kind, default, low, high)
-
-
-def _number_value(value: Any, name: str, kind: type, default: Any, low: float, high: float) -> Any:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            (isinstance(value, float) and not (math.isfinite(value) and (kind is float or value.is_integer()))) \
-            or not low <= value <= high:
-        what = "an integer" if kind is int else "a number"
-        raise _bad(f"{name} must be {what} in [{low}, {high}], got {_shown(value)}", name)
-    return kind(value)
-
-
-def _flag(body: dict, name: str, where: str = "", default: bool = False) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise _bad(f"{where or name} must be true or false, got {_shown(value)}", where or name)
-    return value
 
 
 def _stop(body: dict) -> list[str]:
@@ -300,8 +247,8 @@ def _stop(body: dict) -> list[str]:
     stops = [stop] if isinstance(stop, str) else stop
     if not (stops is None or (isinstance(stops, list) and len(stops) <= MAX_STOP and
                               all(isinstance(s, str) and 1 <= len(s) <= MAX_STOP_CHARS for s in stops))):
-        raise _bad(f"stop must be a string or a list of at most {MAX_STOP} strings, each of 1 to "
-                   f"{MAX_STOP_CHARS} characters", "stop")
+        raise rp.bad(f"stop must be a string or a list of at most {MAX_STOP} strings, each of 1 to "
+                     f"{MAX_STOP_CHARS} characters", "stop")
     return stops or []
 
 
@@ -309,19 +256,19 @@ def _token_ids(body: dict, name: str, bound: int) -> list[int]:
     ids = body.get(name) or []
     if not (isinstance(ids, list) and len(ids) <= bound and
             all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_TOKEN_ID for i in ids)):
-        raise _bad(f"{name} must be a list of at most {bound} token ids", name)
+        raise rp.bad(f"{name} must be a list of at most {bound} token ids", name)
     return ids
 
 
 def _logit_bias(body: dict) -> dict[int, float]:
     bias = body.get("logit_bias") or {}
     if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
-        raise _bad(f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids", "logit_bias")
+        raise rp.bad(f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids", "logit_bias")
     out = {}
     for key, value in bias.items():
         if not (key.isascii() and key.isdigit() and int(key) <= MAX_TOKEN_ID):
-            raise _bad(f"logit_bias keys must be token ids, got {_shown(key)}", "logit_bias")
-        out[int(key)] = _number_value(value, "logit_bias", float, 0.0, -100.0, 100.0)
+            raise rp.bad(f"logit_bias keys must be token ids, got {rp.shown(key)}", "logit_bias")
+        out[int(key)] = rp.number_value(value, "logit_bias", float, 0.0, -100.0, 100.0)
     return out
 
 
@@ -331,50 +278,51 @@ def _structured(body: dict) -> compute_pb2.StructuredOutput | None:
     fmt = body.get("response_format")
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-            raise _bad("response_format.type must be \"text\", \"json_object\" or \"json_schema\"",
-                       "response_format")
+            raise rp.bad("response_format.type must be \"text\", \"json_object\" or \"json_schema\"",
+                         "response_format")
         if fmt["type"] == "json_object":
             return compute_pb2.StructuredOutput(json_object=True)
         if fmt["type"] == "json_schema":
             spec = fmt.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
                     or not isinstance(spec.get("schema", {}), dict):
-                raise _bad("response_format.json_schema must be an object with a name and a schema object",
-                           "response_format")
+                raise rp.bad("response_format.json_schema must be an object with a name and a schema object",
+                             "response_format")
             schema = spec.get("schema", {})
     if schema is None:
         return None
     text = schema if isinstance(schema, str) else json.dumps(schema)
     if not isinstance(schema, (str, dict)) or len(text.encode()) > MAX_SCHEMA_BYTES:
-        raise _bad(f"the JSON schema must be an object of at most {MAX_SCHEMA_BYTES} bytes as JSON",
-                   "guided_json" if fmt is None else "response_format")
+        raise rp.bad(f"the JSON schema must be an object of at most {MAX_SCHEMA_BYTES} bytes as JSON",
+                     "guided_json" if fmt is None else "response_format")
     return compute_pb2.StructuredOutput(json_schema=text)
 
 
-def _sampling(body: dict, max_new: int, draw_seed: Callable[[], int]) -> compute_pb2.Sampling:
-    """The Sampling the request's fields set (the ones left out stay 0: apply_defaults fills them)."""
-    logprobs = _flag(body, "logprobs")
-    top_logprobs = _number(body, "top_logprobs", int, 0, 0, MAX_TOP_LOGPROBS)
+def parse_sampling(body: dict, max_new: int, draw_seed: Callable[[], int]) -> compute_pb2.Sampling:
+    """The Sampling the request's fields set (the ones left out stay 0: apply_defaults fills them);
+    completions_format reads its sampling fields with it too."""
+    logprobs = rp.flag(body, "logprobs")
+    top_logprobs = rp.number(body, "top_logprobs", int, 0, 0, MAX_TOP_LOGPROBS)
     if top_logprobs and not logprobs:
-        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
-    seed = _number(body, "seed", int, None, *SEED_RANGE)
-    top_p = _number(body, "top_p", float, 0.0, 0.0, 1.0)
+        raise rp.bad("top_logprobs needs logprobs: true", "top_logprobs")
+    seed = rp.number(body, "seed", int, None, *SEED_RANGE)
+    top_p = rp.number(body, "top_p", float, 0.0, 0.0, 1.0)
     if body.get("top_p") is not None and top_p == 0.0:
-        raise _bad("top_p must be in (0, 1], got 0", "top_p")
-    repetition = _number(body, "repetition_penalty", float, 0.0, 0.0, 2.0)
+        raise rp.bad("top_p must be in (0, 1], got 0", "top_p")
+    repetition = rp.number(body, "repetition_penalty", float, 0.0, 0.0, 2.0)
     if body.get("repetition_penalty") is not None and repetition == 0.0:
-        raise _bad("repetition_penalty must be in (0, 2], got 0", "repetition_penalty")
-    min_tokens = _number(body, "min_tokens", int, 0, 0, max_new)
+        raise rp.bad("repetition_penalty must be in (0, 2], got 0", "repetition_penalty")
+    min_tokens = rp.number(body, "min_tokens", int, 0, 0, max_new)
     sampling = compute_pb2.Sampling(
-        temperature=_number(body, "temperature", float, 0.0, *TEMPERATURE_RANGE), top_p=top_p,
+        temperature=rp.number(body, "temperature", float, 0.0, *TEMPERATURE_RANGE), top_p=top_p,
         seed=(draw_seed() if seed is None else seed) % (1 << 64),  # int64 to the proto's uint64, one to one
-        top_k=_number(body, "top_k", int, 0, -1, MAX_TOKEN_ID),
-        min_p=_number(body, "min_p", float, 0.0, 0.0, 1.0),
-        presence_penalty=_number(body, "presence_penalty", float, 0.0, -2.0, 2.0),
-        frequency_penalty=_number(body, "frequency_penalty", float, 0.0, -2.0, 2.0),
+        top_k=rp.number(body, "top_k", int, 0, -1, MAX_TOKEN_ID),
+        min_p=rp.number(body, "min_p", float, 0.0, 0.0, 1.0),
+        presence_penalty=rp.number(body, "presence_penalty", float, 0.0, -2.0, 2.0),
+        frequency_penalty=rp.number(body, "frequency_penalty", float, 0.0, -2.0, 2.0),
         repetition_penalty=repetition, logit_bias=_logit_bias(body),
         stop_token_ids=_token_ids(body, "stop_token_ids", MAX_STOP_TOKEN_IDS), stop=_stop(body),
-        include_stop_str_in_output=_flag(body, "include_stop_str_in_output"), min_tokens=min_tokens,
+        include_stop_str_in_output=rp.flag(body, "include_stop_str_in_output"), min_tokens=min_tokens,
         logprobs=logprobs, top_logprobs=top_logprobs)
     structured = _structured(body)
     if structured is not None:
@@ -407,41 +355,22 @@ def split_messages(pairs: list[tuple[str, str]]) -> tuple[str | None, list[tuple
     return system, pairs[:-1], pairs[-1][1]
 
 
-def _messages(body: dict) -> tuple[list[tuple[str, str]], bool, bool]:
-    """(role, content) of each message, add_generation_prompt, continue_final_message."""
+def parse_messages(body: dict) -> tuple[list[tuple[str, str]], bool, bool]:
+    """(role, content) of each message, add_generation_prompt, continue_final_message (as /tokenize's
+    messages are read too)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _bad("messages must be a non-empty list", "messages")
+        raise rp.bad("messages must be a non-empty list", "messages")
     pairs = [_content(m, i) for i, m in enumerate(messages)]
-    generation_prompt = _flag(body, "add_generation_prompt", default=True)
-    continue_final = _flag(body, "continue_final_message")
+    generation_prompt = rp.flag(body, "add_generation_prompt", default=True)
+    continue_final = rp.flag(body, "continue_final_message")
     if continue_final and generation_prompt:
-        raise _bad("continue_final_message and add_generation_prompt cannot both be true: set "
-                   "add_generation_prompt to false to continue the last message", "continue_final_message")
+        raise rp.bad("continue_final_message and add_generation_prompt cannot both be true: set "
+                     "add_generation_prompt to false to continue the last message", "continue_final_message")
     if continue_final and pairs[-1][0] != "assistant":
-        raise _bad("continue_final_message needs the last message to be the assistant's", "continue_final_message")
+        raise rp.bad("continue_final_message needs the last message to be the assistant's",
+                     "continue_final_message")
     return pairs, generation_prompt, continue_final
-
-
-def _request_id(body: dict) -> str:
-    rid = body.get("request_id") or ""
-    if not isinstance(rid, str) or len(rid) > MAX_REQUEST_ID_CHARS or not rid.isprintable():
-        raise _bad(f"request_id must be printable text of at most {MAX_REQUEST_ID_CHARS} characters",
-                   "request_id")
-    return rid
-
-
-def _load(raw: bytes) -> dict:
-    try:
-        body = json.loads(raw or b"null")
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, an int of 4300+ digits
-        raise _bad(f"the body is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
-    if not isinstance(body, dict):
-        raise _bad("the body must be a JSON object")
-    if (where := lone_surrogate(body)) is not None:
-        raise _bad(f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): not Unicode text",
-                   where)
-    return body
 
 
 def parse_request(raw: bytes, max_n: int = 1,
@@ -452,27 +381,27 @@ def parse_request(raw: bytes, max_n: int = 1,
     64-bit) or the compute node's torch; max_tokens against the context once the prompt's tokens
     are known (limits.max_new_tokens).
     """
-    body = _load(raw)
+    body = rp.load(raw)
     check_fields(body)
     if not isinstance(body.get("model"), str) or not body["model"]:
-        raise _bad("model is required", "model")
-    pairs, generation_prompt, continue_final = _messages(body)
+        raise rp.bad("model is required", "model")
+    pairs, generation_prompt, continue_final = parse_messages(body)
     split = split_messages(pairs) if generation_prompt else None
-    n = _number(body, "n", int, 1, 1, max_n)
+    n = rp.number(body, "n", int, 1, 1, max_n)
     tokens_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_new = _number(body, tokens_param, int, 0, 1, limits.MAX_TOKENS)
+    max_new = rp.number(body, tokens_param, int, 0, 1, limits.MAX_TOKENS)
     if not isinstance(body.get("user", ""), (str, type(None))):
-        raise _bad("user must be a string", "user")
+        raise rp.bad("user must be a string", "user")
     options = {} if body.get("stream_options") is None else body["stream_options"]
-    if body.get("stream_options") is not None and not _flag(body, "stream"):
-        raise _bad("stream_options needs stream: true", "stream_options")
+    if body.get("stream_options") is not None and not rp.flag(body, "stream"):
+        raise rp.bad("stream_options needs stream: true", "stream_options")
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
-        raise _bad("stream_options must be an object of include_usage (and continuous_usage_stats false)",
-                   "stream_options")
-    if _flag(options, "continuous_usage_stats", "stream_options.continuous_usage_stats"):
-        raise _bad("stream_options.continuous_usage_stats is not supported: usage comes in the last chunk",
-                   "stream_options.continuous_usage_stats")
-    sampling = _sampling(body, max_new or limits.MAX_TOKENS, draw_seed)
+        raise rp.bad("stream_options must be an object of include_usage (and continuous_usage_stats false)",
+                     "stream_options")
+    if rp.flag(options, "continuous_usage_stats", "stream_options.continuous_usage_stats"):
+        raise rp.bad("stream_options.continuous_usage_stats is not supported: usage comes in the last chunk",
+                     "stream_options.continuous_usage_stats")
+    sampling = parse_sampling(body, max_new or limits.MAX_TOKENS, draw_seed)
     given = frozenset(name for name in SAMPLING_DEFAULTS if body.get(name) is not None)
     if split is None:
         message = next((content for role, content in reversed(pairs) if role == "user"), "")
@@ -480,11 +409,12 @@ def parse_request(raw: bytes, max_n: int = 1,
     else:
         (system, history, message), whole = split, None
     return CompletionRequest(message, tuple(history), system, body.get("user") or "", body["model"],
-                             _flag(body, "stream"),
-                             _flag(options, "include_usage", "stream_options.include_usage"), max_new, sampling,
-                             n=n, ignore_eos=_flag(body, "ignore_eos"), whole=whole, logprobs=sampling.logprobs,
-                             token_ids_as_tokens=_flag(body, "return_tokens_as_token_ids"),
-                             request_id=_request_id(body), given=given, max_tokens_param=tokens_param)
+                             rp.flag(body, "stream"),
+                             rp.flag(options, "include_usage", "stream_options.include_usage"), max_new,
+                             sampling, n=n, ignore_eos=rp.flag(body, "ignore_eos"), whole=whole,
+                             logprobs=sampling.logprobs,
+                             token_ids_as_tokens=rp.flag(body, "return_tokens_as_token_ids"),
+                             request_id=rp.request_id(body), given=given, max_tokens_param=tokens_param)
 
 
 # Responses

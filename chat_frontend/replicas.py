@@ -245,7 +245,11 @@ class Replicas:
         raise failed if failed is not None else self._none_up()
 
     async def info(self, timeout_s: float = 10.0) -> compute_pb2.InfoResponse:
-        return await self._any(lambda c: c.info(timeout_s=timeout_s))
+        """The model's facts, from any replica; the router learns the pool's block size from them."""
+        info = await self._any(lambda c: c.info(timeout_s=timeout_s))
+        if info.block_tokens:
+            self.router.block_tokens = info.block_tokens
+        return info
 
     async def encode_chat(self, request: compute_pb2.EncodeChatRequest) -> list[int]:
         return await self._any(lambda c: c.encode_chat(request))
@@ -287,6 +291,9 @@ class Replicas:
         before its first token); route, if given, is filled in with where it went."""
         route = route if route is not None else Route()
         owner = f"{request.tenant}\0{request.user_id}"
+        if self.router.policy == "kv_aware" and not self.router.block_tokens:
+            with contextlib.suppress(ChatError):  # the pool's block size, from its compute node (once)
+                await self.info()
         first = self._followed(route) or self._pick(owner, request.token_ids)
         if first is None:
             raise self._none_up()

@@ -6,32 +6,19 @@ any other value is a 400 naming the field) or REFUSED (a 400 saying why). `SHARE
 both endpoints handle alike (the sampling parameters, vLLM's extras); `check_fields` refuses the
 first field a request sends that is unknown, refused or not its default; `check_keys` does the same
 for an object inside the body (a chat message, a content part). The README's tables list the same
-(a test checks them against these).
+(a test checks them against these). Reading a field's value (a flag, a bounded number) is
+request_parsing's.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Callable
 
-from chat_frontend.errors import ChatError
+from chat_frontend.request_parsing import bad, printable, shown
 
 SUPPORTED = "supported"
 DEFAULT_ONLY = "accepted when it is the default"
 REFUSED = "refused (400)"
-
-
-def bad(message: str, param: str | None = None) -> ChatError:
-    return ChatError("INVALID_ARGUMENT", message, param)
-
-
-def shown(value: Any) -> str:
-    text = json.dumps(value) if isinstance(value, float) else repr(value)  # NaN, Infinity as JSON says
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def printable(key: str) -> str:
-    return key.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def null_or(*values: Any) -> Callable[[Any, dict], bool]:

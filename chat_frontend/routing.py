@@ -4,7 +4,7 @@
 fewest sequences: running, waiting and restoring in its own last Stats figures, plus the turns the
 frontend sent it since those figures. `kv_aware` (as SGLang's cache-aware router and Dynamo's KV
 router): an approximate index of what was routed where (`PrefixIndex`: chains of block hashes of
-the prompts' token ids, BLOCK_TOKENS per block, bounded, least recently used first out) names the
+the prompts' token ids, in blocks of the compute nodes' pool (their Info's block_tokens), bounded, least recently used first out) names the
 replica whose pool most likely still holds the longest prefix of the turn's prompt; it gets the
 turn unless its load exceeds the least loaded's by more than `balance_abs_threshold` sequences
 (SGLang's setting of that name); otherwise, or when no replica holds a prefix, the least loaded
@@ -20,12 +20,11 @@ import hashlib
 from collections.abc import Iterable, Sequence
 
 POLICIES = ("round_robin", "least_loaded", "kv_aware")
-BLOCK_TOKENS = 32                 # tokens per block of the routing index (the pool's are 16 or 32)
 MAX_CHAIN_BLOCKS = 8192           # blocks of a prompt the index looks at (262144 tokens)
 PREFIX_INDEX_BLOCKS = 1 << 18     # blocks (hash, replicas) the index keeps, over all replicas
 
 
-def block_hashes(owner: str, token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:
+def block_hashes(owner: str, token_ids: Sequence[int], block_tokens: int) -> list[bytes]:
     """The chained hashes of the full blocks of token_ids: block i's hash covers blocks 0..i and the owner."""
     h = hashlib.blake2b(owner.encode(), digest_size=16, person=b"kvtb-route").digest()
     full = min(len(token_ids) // block_tokens, MAX_CHAIN_BLOCKS)
@@ -128,7 +127,7 @@ class Router:
     """One policy over the replicas `names` (in their configured order). One event loop."""
 
     def __init__(self, names: Sequence[str], policy: str = "kv_aware", balance_abs_threshold: int = 4,
-                 index: PrefixIndex | None = None):
+                 index: PrefixIndex | None = None, block_tokens: int = 0):
         if policy not in POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; one of {', '.join(POLICIES)}")
         if not names:
@@ -137,6 +136,7 @@ class Router:
         self.policy = policy
         self.balance_abs_threshold = balance_abs_threshold
         self.index = index or PrefixIndex()
+        self.block_tokens = block_tokens  # the pool's, once a compute node told it (0: kv_aware routes by load)
         self._last = len(self.names) - 1  # the replica chosen last (in turn: the next one after it)
 
     def pick(self, owner: str, token_ids: Sequence[int], healthy: Sequence[Load]) -> Decision | None:
@@ -148,7 +148,9 @@ class Router:
         least = self._least_loaded(healthy)
         if self.policy == "least_loaded":
             return self._chose(Decision(least.name, reason="least loaded"))
-        matched = self.index.match(block_hashes(owner, token_ids))
+        if not self.block_tokens:  # no compute node said its block size yet: no prefix to match
+            return self._chose(Decision(least.name, reason="least loaded"))
+        matched = self.index.match(block_hashes(owner, token_ids, self.block_tokens))
         best_blocks = max((matched.get(load.name, 0) for load in healthy), default=0)
         if best_blocks == 0:
             return self._chose(Decision(least.name, reason="least loaded"))
@@ -159,8 +161,8 @@ class Router:
 
     def routed(self, owner: str, token_ids: Sequence[int], replica: str) -> None:
         """Note that the replica got (or computed) this prompt's KV (kv_aware's index)."""
-        if self.policy == "kv_aware":
-            self.index.insert(block_hashes(owner, token_ids), replica)
+        if self.policy == "kv_aware" and self.block_tokens:
+            self.index.insert(block_hashes(owner, token_ids, self.block_tokens), replica)
 
     def forget(self, replica: str) -> None:
         """The replica went down: its pool holds nothing any more."""

@@ -16,7 +16,6 @@ import logging
 import numpy as np
 import torch
 
-from hostmem import descriptor
 from hostmem.kv_layout import KvLayout
 from hostmem.region import Region
 
@@ -66,19 +65,20 @@ class KvPool:
         return cls(layout, region)
 
     # -- block data
-    def write_token_ids(self, block: int, offset: int, ids) -> None:
-        """token_ids[block, offset:offset+len(ids)] = ids."""
+    def write_token_ids(self, block_table, start: int, ids) -> None:
+        """The token ids of a sequence's positions [start, start + len(ids)) into its blocks' rows
+        (block_table[position // block_tokens] is the position's block)."""
         ids = np.asarray(ids, dtype="<u4")
-        self.token_ids[block, offset:offset + len(ids)] = ids
+        bt, pos, done = self.layout.block_tokens, start, 0
+        while done < len(ids):
+            block, offset = block_table[pos // bt], pos % bt
+            n = min(bt - offset, len(ids) - done)
+            self.token_ids[block, offset:offset + n] = ids[done:done + n]
+            pos, done = pos + n, done + n
 
     def read_token_ids(self, block: int, count: int) -> np.ndarray:
         """A copy of the first `count` token ids of a block."""
         return self.token_ids[block, :count].copy()
-
-    def write_descriptor(self, block: int, d: descriptor.Descriptor) -> None:
-        """The block's descriptor record, written before its PUT trigger is stored."""
-        offset, _ = self.layout.descriptor_range(block)
-        self.region.write(offset, descriptor.encode(d))
 
     # -- counters
     def store_counter(self, counter: int, value: int) -> None:

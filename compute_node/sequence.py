@@ -40,7 +40,7 @@ class Sequence:
 
     token_ids: list[int]
     max_new_tokens: int
-    block_tokens: int = 32
+    block_tokens: int  # the pool's (compute_node.settings: block_tokens, the one source)
     user_id: Hashable = ""
     context_id: Hashable = ""
     salt: bytes | Salts = b""  # per tenant and user; Salts: the tenant's alone for a shared prefix

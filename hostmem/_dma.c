@@ -34,86 +34,14 @@
 #include <nmmintrin.h>
 #include <emmintrin.h>
 
-#define POLY 0x82f63b78u           /* crc32c, reflected */
-#define LANE 256                   /* bytes per stream: three streams of LANE bytes at a time */
 #define PIECE_BYTES (16 << 10)     /* copied, then checksummed while in L1 */
 #define RELEASE_GIL_BYTES (64 << 10)
 
-static uint32_t lane_shift[4][256];  /* appends LANE zero bytes to a crc register */
-static int hardware_crc;
 static PyObject *zero;               /* the default crc */
 
-/* -- crc32c: the operator for LANE zero bytes, built once over GF(2) ----------------------- */
-
-static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
-{
-    uint32_t sum = 0;
-    for (; vec; vec >>= 1, mat++)
-        if (vec & 1)
-            sum ^= *mat;
-    return sum;
-}
-
-static void gf2_square(uint32_t *square, const uint32_t *mat)
-{
-    for (int n = 0; n < 32; n++)
-        square[n] = gf2_times(mat, mat[n]);
-}
-
-static void build_lane_shift(void)
-{
-    uint32_t odd[32], even[32], row = 1;
-    odd[0] = POLY;                     /* one zero bit */
-    for (int n = 1; n < 32; n++, row <<= 1)
-        odd[n] = row;
-    gf2_square(even, odd);             /* two zero bits */
-    gf2_square(odd, even);             /* four */
-    gf2_square(even, odd);             /* one zero byte */
-    for (size_t len = 1; len < LANE; len <<= 1) {  /* LANE is a power of two */
-        gf2_square(odd, even);
-        memcpy(even, odd, sizeof(odd));
-    }
-    for (uint32_t n = 0; n < 256; n++)
-        for (int b = 0; b < 4; b++)
-            lane_shift[b][n] = gf2_times(even, n << (8 * b));
-}
-
-static inline uint32_t shift_lane(uint32_t c)
-{
-    return lane_shift[0][c & 0xff] ^ lane_shift[1][(c >> 8) & 0xff] ^
-           lane_shift[2][(c >> 16) & 0xff] ^ lane_shift[3][c >> 24];
-}
-
-__attribute__((target("sse4.2")))
-static uint32_t crc32c_extend(uint32_t crc, const uint8_t *p, size_t n)
-{
-    uint64_t c0 = crc ^ 0xffffffffu;
-    uint64_t a, b, d;
-    while (n >= 3 * LANE) {
-        uint64_t c1 = 0, c2 = 0;
-        const uint8_t *end = p + LANE;
-        do {
-            memcpy(&a, p, 8);
-            memcpy(&b, p + LANE, 8);
-            memcpy(&d, p + 2 * LANE, 8);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, d);
-            p += 8;
-        } while (p < end);
-        c0 = shift_lane((uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift_lane((uint32_t)c0) ^ (uint32_t)c2;
-        p += 2 * LANE;
-        n -= 3 * LANE;
-    }
-    for (; n >= 8; p += 8, n -= 8) {
-        memcpy(&a, p, 8);
-        c0 = _mm_crc32_u64(c0, a);
-    }
-    for (; n; p++, n--)
-        c0 = _mm_crc32_u8((uint32_t)c0, *p);
-    return (uint32_t)c0 ^ 0xffffffffu;
-}
+/* -- crc32c: kvtb/crc32c.h (the one C copy, shared with smartnic/_poller.c); its SSE4.2 routine keeps
+ * three streams in flight, so the checksum costs little beyond the copy ---------------------- */
+#include "crc32c.h"
 
 /* -- runs ----------------------------------------------------------------------------------- */
 
@@ -221,7 +149,7 @@ static PyObject *transfer(PyObject *mem_obj, PyObject *runs_obj, PyObject *flat_
         if (crc_in == (unsigned long)-1 && PyErr_Occurred())
             return NULL;
     }
-    if (!hardware_crc) {
+    if (!crc32c_hardware) {
         PyErr_SetString(PyExc_RuntimeError, "this CPU has no SSE4.2 crc32: use the numpy path");
         return NULL;
     }
@@ -299,14 +227,12 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__dma(void)
 {
-    __builtin_cpu_init();
-    hardware_crc = __builtin_cpu_supports("sse4.2");
-    build_lane_shift();
+    crc32c_init();
     zero = PyLong_FromLong(0);
     if (zero == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddObject(m, "HARDWARE_CRC", PyBool_FromLong(hardware_crc)) < 0) {
+    if (m != NULL && PyModule_AddObject(m, "HARDWARE_CRC", PyBool_FromLong(crc32c_hardware)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -140,11 +140,6 @@ class KvLayout:
             raise ValueError(f"extra counter {i} out of range [0, {self.extra_counters})")
         return self.num_blocks * self.counters_per_block + i
 
-    def counter_range(self, counter: int) -> tuple[int, int]:
-        if not 0 <= counter < self.counter_count:
-            raise ValueError(f"counter {counter} out of range [0, {self.counter_count})")
-        return self.counter_offset + counter * COUNTER_BYTES, COUNTER_BYTES
-
     # -- layer groups
     def group_layers(self, group: int) -> tuple[int, int]:
         """[first, end) of the layers in a layer group (groups as even as the layers allow)."""

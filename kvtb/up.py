@@ -339,9 +339,6 @@ class Deployment:
         """service -> its process id (what a test or an operator signals to fail one)."""
         return {p.name: p.proc.pid for p in self.procs if p.proc is not None}
 
-    def first_dead(self) -> ServiceProcess | None:
-        return next((p for p in self.procs if not p.alive()), None)
-
     def dead_replicas(self) -> dict[str, list[ServiceProcess]]:
         """replica name -> its processes that died (only replicas with one)."""
         out = {}

@@ -139,77 +139,8 @@ static inline void put_le32(uint8_t *p, uint32_t v)
     p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
 }
 
-/* -- CRC32C (Castagnoli, reflected 0x82F63B78): slicing-by-8 tables, or SSE4.2 where the CPU has it */
-static uint32_t crc_table[8][256];
-static int crc_hardware;  /* set at module init */
-
-static void crc_init_tables(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-}
-
-/* crc32c of the bytes so far (crc) followed by data, like google_crc32c.extend */
-static uint32_t crc32c_software(uint32_t crc, const uint8_t *p, size_t n)
-{
-    crc = ~crc;
-    while (n && ((uintptr_t)p & 7)) {
-        crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
-        n--;
-    }
-    while (n >= 8) {
-        uint32_t lo = le32(p) ^ crc, hi = le32(p + 4);
-        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF] ^
-              crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
-              crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
-    return ~crc;
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <nmmintrin.h>
-#define HAVE_CRC_HARDWARE 1
-__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const uint8_t *p, size_t n)
-{
-    uint64_t c = ~crc;
-    while (n && ((uintptr_t)p & 7)) {
-        c = _mm_crc32_u8((uint32_t)c, *p++);
-        n--;
-    }
-    while (n >= 8) {
-        uint64_t word;
-        memcpy(&word, p, 8);
-        c = _mm_crc32_u64(c, word);
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        c = _mm_crc32_u8((uint32_t)c, *p++);
-    return ~(uint32_t)c;
-}
-#else
-#define HAVE_CRC_HARDWARE 0
-#endif
-
-static uint32_t crc32c_extend(uint32_t crc, const uint8_t *p, size_t n)
-{
-#if HAVE_CRC_HARDWARE
-    if (crc_hardware)
-        return crc32c_sse42(crc, p, n);
-#endif
-    return crc32c_software(crc, p, n);
-}
+/* -- CRC32C: kvtb/crc32c.h (the one C copy, shared with hostmem/_dma.c) */
+#include "crc32c.h"
 
 /* -- BLAKE2b, unkeyed (RFC 7693's reference implementation, with a block-wise update) */
 typedef struct {
@@ -862,11 +793,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__poller(void)
 {
-    crc_init_tables();
-#if HAVE_CRC_HARDWARE
-    __builtin_cpu_init();
-    crc_hardware = __builtin_cpu_supports("sse4.2") != 0;
-#endif
+    crc32c_init();
     if (PyType_Ready(&PollerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
@@ -890,7 +817,7 @@ PyMODINIT_FUNC PyInit__poller(void)
     }
     if (!verdicts || PyModule_AddObject(m, "VERDICTS", verdicts) < 0 ||
         PyModule_AddIntConstant(m, "DESCRIPTOR_BYTES", DESCRIPTOR_BYTES) < 0 ||
-        PyModule_AddIntConstant(m, "CRC_HARDWARE", crc_hardware) < 0) {
+        PyModule_AddIntConstant(m, "CRC_HARDWARE", crc32c_hardware) < 0) {
         Py_XDECREF(verdicts);
         Py_DECREF(m);
         return NULL;

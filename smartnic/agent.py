@@ -1,5 +1,10 @@
 """The SmartNIC agent: regions, triggered operations, requester, eviction and data path together.
 
+Its rooms: the standing PUTs' path (smartnic.put_path), the GETs of restores (smartnic.restore_path),
+eviction (smartnic.evictor), the match-action tables (smartnic.match_tables) and the counter watcher
+(smartnic.watcher); this class holds the index they share (the requester and the eviction policy,
+under `lock`) and steps 1 and 5 (registration, lookup).
+
 Invariants: a block is in the requester only after its Store was acknowledged (durable); a block
 with a GET in flight is leased and not evicted; a GET that fails on a damaged, forged or stale
 block drops it from the requester (and deletes it); every GET into a pool block bumps that block's
@@ -22,7 +27,6 @@ statistics and data path have their own locks.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -34,15 +38,17 @@ from hostmem.region import RegionError
 from kvtb import placement
 from scale import dilation
 from smartnic import discovery
-from smartnic import match_action as ma
 from smartnic.admission import Admission
 from smartnic.data_plane import data_plane
 from smartnic.datapath import ChunkRef, DataError, read_headers
 from smartnic.eviction import make_policy
-from smartnic.fastpath.client import GONE, FastPath, FastPathError
+from smartnic.evictor import Evictor
+from smartnic.fastpath.client import FastPath, FastPathError
+from smartnic.match_tables import MatchTables
 from smartnic.put_path import PutPath
 from smartnic.registrations import Registered, Registrations
 from smartnic.requester import Requester, StoredBlock
+from smartnic.restore_path import Restore, RestoreBlock, RestorePath
 from smartnic.settings import SmartNicSettings
 from smartnic.stats import Stats
 from smartnic.triggered import Entry
@@ -55,32 +61,6 @@ CORRUPT = ("crc_mismatch", "bad_header", "length_mismatch", "mac_mismatch", "sta
 # ... and after which it is only dropped from the index: it may come back (a node reconnects), or the
 # node holds what someone else decided (deleted it, or stored the name again)
 LOST = ("timeout", "key_does_not_exist", "newer_generation")
-
-
-@dataclasses.dataclass(frozen=True)
-class RestoreBlock:
-    """One block of a restore the compute node asked for (on its Generate stream)."""
-
-    block: int          # the pool block it lands in
-    hash: bytes
-    token_count: int
-    chunk_index: int
-    shared: bool = False
-
-
-@dataclasses.dataclass
-class Restore:
-    """GETs of stored blocks into pool blocks (steps 6 and 7), as one restore event asked."""
-
-    region_id: int
-    blocks: int
-    bytes: int          # token ids + KV landing in the region (what the compute node counts as restored)
-    started_ns: int
-    done_ns: int = 0
-    failed: int = 0
-    other: int = 0      # blocks that landed whole and were discovered (another replica's agent stored them)
-    _left: int = 0
-    finished: threading.Event = dataclasses.field(default_factory=threading.Event)  # set with done_ns
 
 
 class Agent:
@@ -97,7 +77,7 @@ class Agent:
                                   settings.capacity_low_bytes, settings.ttl_s * self.dilation)
         self.admission = Admission(settings.admission, settings.admission_max_names)
         self.proved_bad = discovery.ProvedBad()  # blocks whose GET failed their checks: not discovered again
-        self.tables = {"ingress": ma.Table("ingress")}  # the pipeline matches every turn in "ingress"
+        self.tables = MatchTables()  # the pipeline matches every turn in "ingress"
         self.stats = Stats()
         self.regions = Registrations()
         self.nodes, self.datapath = data_plane(settings, on_up=self._rebuild_from)
@@ -109,9 +89,10 @@ class Agent:
         self.engine = engine_of(settings, self.regions, self.stats, self._handle_data,
                                 fire_block=self.puts.fire if thread else None,
                                 watcher_cpus=placement.parse_cpus(settings.fastpath_cpus) if thread else ())
-        self._stop = threading.Event()
-        self._evict_now = threading.Event()  # a publish took the stored bytes past the high watermark
-        self._evictor = threading.Thread(target=self._eviction_loop, name="eviction", daemon=True)
+        self.restores = RestorePath(self.lock, self.requester, self.datapath, self.stats, self.sync,
+                                    lambda: self.fastpath, self._got)
+        self.evictor = Evictor(settings.eviction_interval_s * self.dilation, self.lock, self.requester, self.policy,
+                               self.datapath, self.stats)
 
     def start(self) -> None:
         """Connect to the storage nodes (rebuilding the hashmap), start the watcher and eviction."""
@@ -122,11 +103,10 @@ class Agent:
         self.nodes.start()
         if self.settings.fastpath == "process":
             self.fastpath = FastPath(self.settings, self.stats, self._put_reported, self._fired_elsewhere)
-        self._evictor.start()
+        self.evictor.start()
 
     def close(self) -> None:
-        self._stop.set()
-        self._evict_now.set()
+        self.evictor.stop()
         self.engine.stop()
         if self.fastpath is not None:
             self.fastpath.close()
@@ -240,7 +220,7 @@ class Agent:
             old = self.requester.publish(stored, context_id, stored.user_id, now)
             self.policy.touch(stored.hash, stored.length, now)
             if self.policy.over_capacity:
-                self._evict_now.set()
+                self.evictor.wake()
         if old is not None and old.storage_node != stored.storage_node:
             self.datapath.delete(old)
         if put:
@@ -299,6 +279,10 @@ class Agent:
         tenant's for the full blocks of the first shared_tokens (the tenant's shared prefix) (step 5)."""
         self.sync()
         bt = self.block_tokens()
+        if not bt:  # no pool registered: no block of it can be named
+            self.stats.inc("misses")
+            self.stats.inc("lookup_requested_tokens", len(token_ids))
+            return 0
         salts = Salts.of(tenant, user_id, shared_tokens, bt)
         if self.settings.discovery:
             self.discover(user_id, tenant, token_ids, salts, bt)
@@ -350,132 +334,15 @@ class Agent:
             return [(b, c) for b, c in taken if (b.hash, b.generation) not in self.proved_bad]
 
     def block_tokens(self) -> int:
-        """The block size of the registered pool (32 before a compute node registered)."""
+        """The block size of the registered pool: the compute node's setting, told at registration (0 before
+        a compute node registered: nothing can be looked up or restored then)."""
         reg = self.regions.for_compute()
-        return reg.layout.block_tokens if reg is not None and reg.layout is not None else 32
+        return reg.layout.block_tokens if reg is not None and reg.layout is not None else 0
 
     def restore_blocks(self, reg: Registered, user_id: str, tenant: str, blocks: Sequence[RestoreBlock],
                        layer_groups: int) -> Restore:
-        """GET each stored block into its pool block, layer group by layer group (steps 6 and 7): each
-        block's GET-done counter of a group is bumped once, as that group lands and checks out, the
-        error part when it failed (a block not stored under this user's, or, shared, tenant's name)."""
-        L = reg.layout
-        if L is None:
-            raise RegionError(f"region {reg.region_id} was registered without a kv_layout")
-        if layer_groups != L.layer_groups:
-            raise ValueError(f"the restore names {layer_groups} layer groups, the layout has {L.layer_groups}")
-        for b in blocks:
-            L._check_block(b.block)
-        found: list[tuple[RestoreBlock, StoredBlock | None]] = []
-        self.sync()
-        with self.lock:
-            for b in blocks:
-                stored = self.requester.get(b.hash)
-                if stored is not None and (stored.tenant != tenant or stored.token_count != b.token_count
-                                           or stored.shared != b.shared
-                                           or (not stored.shared and stored.user_id != user_id)):
-                    stored = None  # not this user's block: as good as missing
-                if stored is None:
-                    logger.warning("restore of %s's block %d (%d tokens, %s): not stored", user_id, b.chunk_index,
-                                   b.token_count, b.hash.hex()[:12])
-                found.append((b, stored))
-            self.requester.lease(s.hash for _, s in found if s is not None)
-        restore = Restore(reg.region_id, len(blocks), sum(L.chunk_payload_bytes(b.token_count) for b, s in found if s),
-                          time.time_ns(),
-                          _left=len(blocks))
-        if not blocks:
-            restore.done_ns = restore.started_ns
-            restore.finished.set()
-        groups = [L.group_layers(g) for g in range(L.layer_groups)]  # KV parts are layers
-        fetched = []
-        for b, stored in found:
-            if stored is None:
-                error = DataError("not_found", "no such block stored")
-                for g in range(L.layer_groups):
-                    self._group_landed(reg, b, g, error)
-                self._block_ended(restore, None, error)
-            else:
-                fetched.append((b, stored))
-        if self.fastpath is not None:  # the GETs land in the fast path's process (its counters bumped there)
-            self._restore_in_fastpath(reg, restore, fetched, groups)
-            return restore
-        self.datapath.restore(reg.region, [(s, L.chunk_runs(b.block, b.token_count)) for b, s in fetched], groups,
-                              lambda i, g, err: self._group_landed(reg, fetched[i][0], g, err),
-                              lambda i, err: self._block_ended(restore, fetched[i][1], err))
-        return restore
-
-    def _restore_in_fastpath(self, reg: Registered, restore: Restore, fetched: list, groups: list) -> None:
-        """Hand the GETs to the fast path's process; each block's end comes back to _block_ended. A block the
-        process could not end (it exited) has its every group's counter bumped here, as an error."""
-        L = reg.layout
-
-        def on_end(i: int, kind: str | None, message: str) -> None:
-            block, stored = fetched[i]
-            err = None if kind is None else DataError(kind, message)
-            if kind == GONE:
-                for group in range(L.layer_groups):
-                    self._group_landed(reg, block, group, err)
-            self._block_ended(restore, stored, err)
-        try:
-            self.fastpath.restore(reg.region_id, [(s, L.chunk_runs(b.block, b.token_count), b.block) for b, s in fetched],
-                                  groups, on_end)
-        except FastPathError as exc:
-            for i in range(len(fetched)):
-                on_end(i, GONE, str(exc))
-
-    def _group_landed(self, reg: Registered, block: RestoreBlock, group: int, err: DataError | None) -> None:
-        """Step 7 for one layer group of one block: its completion counter, success or error part."""
-        reg.add(reg.layout.get_done(block.block, group), success=int(err is None), error=int(err is not None))
-
-    def _block_ended(self, restore: Restore, stored: StoredBlock | None, err: DataError | None) -> None:
-        """Every group of a block was reported: release its lease, count it, drop it if it proved bad."""
-        if stored is not None:
-            with self.lock:
-                self.requester.release([stored.hash])
-        if err is not None:
-            self.stats.inc_kind("errors", err.kind)
-        if stored is not None:
-            self._got(stored, err, lambda kind, message: None)
-        with self.lock:
-            restore._left -= 1
-            restore.failed += err is not None
-            restore.other += err is None and stored is not None and stored.origin == discovery.DISCOVERED
-            if restore._left == 0 and not restore.done_ns:
-                restore.done_ns = time.time_ns()
-                restore.finished.set()
-
-    # -- match-action
-    def table(self, name: str = "") -> ma.Table:
-        """A table by name ("" is "ingress"), created on first use; call with `lock` held."""
-        name = name or "ingress"
-        if name not in self.tables:
-            self.tables[name] = ma.Table(name)
-        return self.tables[name]
-
-    def match(self, packet: dict, now: float) -> ma.Decision:
-        """Look a turn up in the ingress table (counting the hit)."""
-        with self.lock:
-            return self.table().lookup(packet, now)
-
-    def write_table(self, updates: Sequence[tuple[str, str, ma.Entry]]) -> list[int]:
-        """Apply (kind: insert|modify|delete, table, entry) updates, all or none; the entry ids."""
-        with self.lock:
-            for kind, name, entry in updates:  # check ids first so that a bad one changes nothing
-                if kind != "insert" and entry.entry_id not in self.table(name).entries:
-                    raise ma.TableError(f"table {name or 'ingress'!r} has no entry {entry.entry_id}")
-            ops = {"insert": ma.Table.insert, "modify": ma.Table.modify,
-                   "delete": lambda table, entry: table.delete(entry.entry_id)}
-            return [ops[kind](self.table(name), entry) for kind, name, entry in updates]
-
-    def read_table(self, name: str) -> tuple[str, list[ma.Entry], ma.Action, int]:
-        """(name, entries, default action, default hits) of a table."""
-        with self.lock:
-            table = self.table(name)
-            return table.name, list(table.entries.values()), table.default, table.default_hits
-
-    def set_default_action(self, name: str, action: ma.Action) -> None:
-        with self.lock:
-            self.table(name).default = action
+        """GET each stored block into its pool block (steps 6 and 7: smartnic.restore_path)."""
+        return self.restores.restore(reg, user_id, tenant, blocks, layer_groups)
 
     # -- the operator's views of the requester
     def lookup(self, user_id: str, context_id: str) -> list[StoredBlock]:
@@ -502,46 +369,7 @@ class Agent:
             orphans = self.requester.drop_context(user_id, context_id)
             for block in orphans:
                 self.policy.remove(block.hash)
-        return self._delete(orphans, reason)
-
-    def _delete(self, blocks: Sequence[StoredBlock], reason: str) -> int:
-        for block in blocks:
-            self.datapath.delete(block, self._kept_leased)
-        if blocks:
-            self.stats.inc_kind("evictions", reason, len(blocks))
-            logger.info("deleted %d blocks (%s)", len(blocks), reason)
-        return len(blocks)
-
-    # -- eviction
-    def evict(self, now: float) -> int:
-        """Run the policy once over the stored blocks; delete the victims."""
-        with self.lock:
-            victims = self.policy.victims(now, self.requester.leased)
-            removed = [(self.requester.remove(name), reason) for name, reason in victims]
-        by_reason: dict[str, list[StoredBlock]] = {}
-        for block, reason in removed:
-            if block is not None:
-                by_reason.setdefault(reason, []).append(block)
-        return sum(self._delete(blocks, reason) for reason, blocks in by_reason.items())
-
-    def _kept_leased(self, block: StoredBlock) -> None:
-        """Its node refused the delete: another replica leased the block (finding or restoring it). Back in
-        the index and the policy, so that it is evicted later (on the fabric client's thread: short)."""
-        with self.lock:
-            if self.requester.reinstate(block):
-                self.policy.touch(block.hash, block.length, time.time())
-        self.stats.inc("deletes_refused_leased")
-
-    def _eviction_loop(self) -> None:
-        while not self._stop.is_set():
-            self._evict_now.wait(self.settings.eviction_interval_s * self.dilation)
-            self._evict_now.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.evict(time.time())
-            except Exception:  # eviction must keep running
-                logger.exception("eviction pass failed")
+        return self.evictor.delete(orphans, reason)
 
     # -- statistics
     def snapshot(self) -> dict:

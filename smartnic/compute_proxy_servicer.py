@@ -34,7 +34,8 @@ from kvtb.steps import Step
 from kvtb_proto import compute_pb2, compute_pb2_grpc
 from scale import dilation, software
 from smartnic import ingress
-from smartnic.agent import Agent, Restore, RestoreBlock
+from smartnic.agent import Agent
+from smartnic.restore_path import Restore, RestoreBlock
 
 logger = logging.getLogger(__name__)
 

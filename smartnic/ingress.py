@@ -68,7 +68,7 @@ class Plan:
 
 def decide(agent, packet: Packet, now: float) -> tuple[ma.Decision, str, Registered | None]:
     """Match the packet: (decision, compute address, its region); raises Refused or NoComputeNode."""
-    decision = agent.match(packet.fields(), now)
+    decision = agent.tables.match(packet.fields(), now)
     if decision.action.type == ma.DENY:
         agent.stats.inc("denied")
         raise Refused("denied", f"denied by match-action entry {decision.entry_id}")

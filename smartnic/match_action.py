@@ -24,7 +24,7 @@ class TableError(ValueError):
     """A malformed entry, an unknown field or entry id."""
 
 
-def _addr_int(value: Any) -> int:
+def addr_int(value: Any) -> int:
     if isinstance(value, int):
         return value
     try:
@@ -61,8 +61,8 @@ class Match:
                 return ipaddress.ip_address(str(got)) in network
             except ValueError:
                 return False
-        value = _addr_int(got) if self.field == "dst_addr" else int(got)
-        want = _addr_int(self.value) if self.field == "dst_addr" else int(self.value)
+        value = addr_int(got) if self.field == "dst_addr" else int(got)
+        want = addr_int(self.value) if self.field == "dst_addr" else int(self.value)
         return value & self.mask_or_len == want & self.mask_or_len
 
 

@@ -37,7 +37,7 @@ def match_to(m: ma.Match) -> smartnic_pb2.FieldMatch:
     if m.kind == "lpm":
         return smartnic_pb2.FieldMatch(field=m.field, lpm=smartnic_pb2.FieldMatch.Lpm(
             prefix=str(m.value), prefix_len=m.mask_or_len))
-    value = m.value if isinstance(m.value, int) else ma._addr_int(m.value)
+    value = m.value if isinstance(m.value, int) else ma.addr_int(m.value)
     return smartnic_pb2.FieldMatch(field=m.field, ternary=smartnic_pb2.FieldMatch.Ternary(
         value=value, mask=m.mask_or_len))
 
@@ -65,15 +65,15 @@ class MatchActionServicer(smartnic_pb2_grpc.MatchActionServicer):
     @rpc
     def Write(self, request, context):
         updates = [(_UPDATE_KINDS[u.type], u.entry.table, entry_from(u.entry)) for u in request.updates]
-        return smartnic_pb2.WriteResponse(entry_ids=self.agent.write_table(updates))
+        return smartnic_pb2.WriteResponse(entry_ids=self.agent.tables.write(updates))
 
     @rpc
     def Read(self, request, context):
-        name, entries, default, default_hits = self.agent.read_table(request.table)
+        name, entries, default, default_hits = self.agent.tables.read(request.table)
         return smartnic_pb2.ReadResponse(entries=[entry_to(name, e) for e in entries],
                                          default_action=action_to(default), default_hit_count=default_hits)
 
     @rpc
     def SetDefaultAction(self, request, context):
-        self.agent.set_default_action(request.table, action_from(request.action))
+        self.agent.tables.set_default(request.table, action_from(request.action))
         return smartnic_pb2.SetDefaultActionResponse()

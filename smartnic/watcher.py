@@ -120,32 +120,54 @@ class OpError:
 Done = Callable[[str | None, str], None]  # (error kind or None, message)
 
 
+@dataclasses.dataclass(frozen=True)
+class WatcherSettings:
+    """How the counter watcher polls: SmartNicSettings' watcher_* keys in seconds (WatcherSettings.of)."""
+
+    bound: int = 512                # the deferred work queue's entries
+    spin_s: float = 200e-6          # after a fire: poll back to back this long (its burst goes on)
+    max_sleep_s: float = 400e-6     # the longest sleep between polls, backing off from poll_s
+    poll_s: float = 30e-6           # the first sleep between polls
+    warm_s: float = 2.0             # after a fire: sleep at most poll_s this long
+    realtime: bool = False          # ask for SCHED_FIFO (never for a busy poller)
+    compiled: bool = True           # poll pools with the compiled poller, where built
+    bell_timeout_s: float = 0.005   # the longest wait on a pool's doorbell
+    busy: bool = False              # poll back to back, never sleeping (a NIC core of its own)
+    cpus: tuple[int, ...] = ()      # the watcher thread's own CPUs; (): its process's
+
+    @classmethod
+    def of(cls, settings, cpus: tuple[int, ...] = ()) -> WatcherSettings:
+        """From a SmartNicSettings (cpus: the watcher thread's own CPUs, from the placement)."""
+        return cls(settings.queue_bound, settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6,
+                   settings.watcher_poll_us * 1e-6, settings.watcher_warm_ms * 1e-3, settings.watcher_realtime,
+                   settings.watcher_compiled, settings.watcher_bell_timeout_ms * 1e-3, settings.watcher_busy_poll,
+                   tuple(cpus))
+
+
 class TriggerEngine:
     """Thread-safe: queue/cancel/flush from any thread; one watcher thread fires."""
 
     def __init__(self, regions: Registrations, stats: Stats, handle_data: Callable[[Registered, Entry, Done], None],
-                 bound: int = 512, spin_s: float = 200e-6, max_sleep_s: float = 400e-6,
-                 fire_block: Callable[[Registered, int, int], int | None] | None = None,
-                 poll_s: float = 30e-6, warm_s: float = 2.0, realtime: bool = False, compiled: bool = True,
-                 bell_timeout_s: float = 0.005, busy: bool = False, check_descriptors: bool = False,
-                 cpus: tuple[int, ...] = ()):
+                 watch: WatcherSettings | None = None,
+                 fire_block: Callable[[Registered, int, int], int | None] | None = None, check_descriptors: bool = False):
+        watch = watch if watch is not None else WatcherSettings()
         self.regions, self.stats, self.handle_data = regions, stats, handle_data
         # a standing PUT fired: (registration, block, generation) -> its descriptor's stamp (0: none) once
         # the PUT is issued, None when it was refused
         self.fire_block = fire_block
         self.on_block_fire: list[Callable[[Registered, int, int, int, int], None]] = []  # (reg, block, gen, store ns, fire ns)
-        self.spin_s, self.poll_s, self.warm_s, self.max_sleep_s = spin_s, poll_s, warm_s, max(max_sleep_s, poll_s)
+        self.spin_s, self.poll_s, self.warm_s = watch.spin_s, watch.poll_s, watch.warm_s
+        self.max_sleep_s = max(watch.max_sleep_s, watch.poll_s)
         # the compiled poller checks a fired block's descriptor in C (fire_block then takes its verdict)
         self.check_descriptors = check_descriptors
-        self.cpus = tuple(cpus)  # the watcher thread's own CPUs (a NIC core of its own); (): its process's
-        self.busy = busy  # poll back to back, never sleeping (a NIC core of its own: placement `nic`)
+        self.cpus, self.busy = watch.cpus, watch.busy
         # asked for: the watcher thread as SCHED_FIFO (`is_realtime`: granted); never for a busy poller,
         # which would then keep every other thread of its core off it
-        self.realtime = realtime and not busy
+        self.realtime = watch.realtime and not watch.busy
         self.is_realtime = False
-        self.compiled = compiled  # asked for: pools polled by the compiled poller, where built
-        self.bell_timeout_s = bell_timeout_s
-        self._dwq = DeferredWorkQueue(bound)
+        self.compiled = watch.compiled  # asked for: pools polled by the compiled poller, where built
+        self.bell_timeout_s = watch.bell_timeout_s
+        self._dwq = DeferredWorkQueue(watch.bound)
         self._lock = threading.Lock()
         self._wakeup = Doorbell()  # ends the watcher's sleeps: wake(), stop()
         self._woken = False  # wake() since the watcher last looked: back off afresh
@@ -406,12 +428,8 @@ class TriggerEngine:
 def engine_of(settings, regions: Registrations, stats, handle_data, fire_block=None,
               watcher_cpus: tuple[int, ...] = ()) -> TriggerEngine:
     """The trigger engine a SmartNicSettings asks for (watcher_cpus: its watcher thread's own CPUs)."""
-    return TriggerEngine(regions, stats, handle_data, settings.queue_bound, settings.watcher_spin_us * 1e-6,
-                         settings.watcher_max_sleep_us * 1e-6, fire_block=fire_block,
-                         poll_s=settings.watcher_poll_us * 1e-6, warm_s=settings.watcher_warm_ms * 1e-3,
-                         realtime=settings.watcher_realtime, compiled=settings.watcher_compiled,
-                         bell_timeout_s=settings.watcher_bell_timeout_ms * 1e-3, busy=settings.watcher_busy_poll,
-                         check_descriptors=fire_block is not None, cpus=watcher_cpus)
+    return TriggerEngine(regions, stats, handle_data, WatcherSettings.of(settings, watcher_cpus), fire_block=fire_block,
+                         check_descriptors=fire_block is not None)
 
 
 def verdict_text(code: int) -> str:

@@ -170,18 +170,6 @@ def padding_at(data: bytes, pos: int) -> int:
     return 0
 
 
-def encode_v2(record: Record, seq: int = 0) -> bytes:
-    """The record's bytes as version 2 wrote them (for tests of old journals)."""
-    body = SEQ.pack(seq) + payload(record)
-    return HEADER2.pack(MAGIC, len(body), crc32c(body)) + body
-
-
-def encode_v1(record: Record) -> bytes:
-    """The record's bytes as version 1 wrote them (for tests of old journals)."""
-    body = payload(record)
-    return HEADER.pack(len(body), crc32c(body)) + body
-
-
 def decode(body: bytes) -> Record:
     """Parse a payload (already checked against its crc); ValueError unless it is exactly a record."""
     if len(body) < 2:

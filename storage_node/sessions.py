@@ -83,10 +83,6 @@ class Sessions:
         """The proven half-open handshakes of host_nqn."""
         return len(self._by_host.get(host_nqn, ()))
 
-    @property
-    def peers_tracked(self) -> int:
-        return len(self._buckets)
-
     def sealed(self, session: bytes) -> bool:
         """True once the session authenticated: its capsules must come sealed."""
         return session in self._channels

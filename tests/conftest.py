@@ -11,8 +11,34 @@ from fabric.client import FabricClient
 from kvtb import credentials
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb.rpc import Security, channel
+from tests import process_guard
+from tests.process_guard import (  # noqa: F401 (hooks)
+    pytest_fixture_setup,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_addoption(parser):
+    process_guard.addoption(parser)
+
+
+# Fixtures that start a process (a service, a stack, a child): every test that uses one is a service
+# test (tests/process_guard.py; `make test-unit` leaves them out).
+SERVICE_FIXTURES = frozenset({
+    "start_service",                      # any service, by its command line
+    "triggered", "paper_records",         # tests/e2e: `kvtb up` under the paper's policy, shared
+    "replicas", "one_replica", "heal",    # tests/e2e: replicas
+    "cluster", "small_pool", "failing",   # tests/compute_node: real-model stacks
+    "node",                               # tests/compute_node, tests/storage_node: a node process
+    "smoke_study",                        # tests/bench/study: a study's smoke run
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    process_guard.mark_services(items, SERVICE_FIXTURES)
 
 # One deployment's credentials for the whole run, made as `kvtb up` makes them: every service a
 # test starts (in this process or as a child) finds them through KVTB_CREDENTIALS_DIR, so the

@@ -14,6 +14,8 @@ import pytest
 from tests.optimized import run_optimized
 from tests.test_layers import PRODUCT, ROOT
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 CHECKED = (*PRODUCT, "bench", "deploy")
 
 

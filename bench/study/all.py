@@ -3,7 +3,8 @@
 Each study runs as its own process (`kvtb study NAME --json --out OUT/NAME`), one after the other,
 so one's services never share the cores with another's; then `kvtb bench ttft` answers the
 testbed's first question (a follow-up's KV restored against recomputed). OUT/README.md links
-each study's page and sets every claims table side by side; OUT/all.json holds every result.
+each study's page and sets every claims table side by side; OUT/all.json.gz (gzipped JSON: `zcat`)
+holds every result.
 `--readme FILE` writes the headline table between FILE's summary markers: every figure in it
 comes from this one run, whose commit and command the block names. A study that fails is
 reported with its error (its rows say `failed`), never left out.
@@ -18,9 +19,9 @@ Full mode fits a time budget, `--hours` (default 3; 0: none): full mode of every
 about 5.4 hours here, so before it starts the run plans each step's tier (bench.study.all_budget: full,
 a documented cut, or quick): the fewest steps in quick mode, then the run closest to full. With 3 hours:
 poster `--cut`, scalellm `--requests-per-client 1`, eviction quick, paper and ttft full; the plan and
-every cut are in all.json (`budget`), on the report and in the README block.
+every cut are in all.json.gz (`budget`), on the report and in the README block.
 
-A run in parts (`--resume`, bench.study.all_resume): the steps that already finished in OUT/all.json
+A run in parts (`--resume`, bench.study.all_resume): the steps that already finished in OUT/all.json.gz
 (same mode and profile) are kept and the rest run, so that full mode of every step can be taken in
 sittings of a few hours; its budget is the whole run's, planned by the first part over every step (not
 only those `--only` gives it) and kept by the later ones, so each step runs at the tier the budget gave it
@@ -32,7 +33,7 @@ The headline table takes each study's `headline_rows(study)`: a list of rows, ea
 bench.study.claims.VERDICTS) or `claim` (the key of one of the study's claims, whose verdict the row then
 shows); a (question, measured, target) tuple is taken too. Each study's section sets its claims table
 (report.claims_table: the seed's words, the measurement, the test and the verdict) under a tally of its
-verdicts; the report opens with the tally over every study (claims.Tally), and all.json keeps every
+verdicts; the report opens with the tally over every study (claims.Tally), and all.json.gz keeps every
 step's whole result, the tallies and the budget.
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ from bench.results import (
     run_child,
     setup_logging,
     splice_between,
+    read_json,
     stop_on_sigterm,
     write_json,
 )
@@ -100,6 +102,7 @@ STEPS = (
          {"quick": ("--sizes", "64", "128", "256", "512", "2048", "--reps", "3")}),
 )
 NAMES = tuple(s.name for s in STEPS)
+REPORT = "all.json.gz"  # every step's whole result, compressed: the raw data a committed run keeps in git
 PROFILED = ("paper", "poster", "scalellm", "eviction", "ttft")  # the steps that take --profile (bench/scaled.py)
 
 
@@ -360,7 +363,7 @@ def render(report: dict) -> str:
         lines += [f"## {step.title}", "",
                   f"{_command(entry)}: {entry['seconds'] / 60:.1f} min, exit code {entry['exit_code']}. "
                   + (f"Page: [{step.name}/README.md]({step.name}/README.md)." if step.words[0] == "study"
-                     else f"Raw results: `{step.name}/results.json`."), ""]
+                     else f"Raw results: its entry in `{REPORT}`."), ""]
         cut = ((report.get("budget") or {}).get("cut") or {}).get(step.name)
         if cut and report["mode"] == "full":
             lines += [f"**Cut to fit the time budget: run as {cut}, not full mode.**", ""]
@@ -387,10 +390,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "is estimated at 5.4 h here, so steps are cut (the fewest in quick mode, then the "
                              "run closest to full) until the estimate fits; with 3 h: poster --cut, scalellm "
                              "--requests-per-client 1, eviction quick (bench/study/all_budget.py; the plan is "
-                             "in all.json and the report)")
+                             "in all.json.gz and the report)")
     parser.add_argument("--keep-data", action="store_true", help="keep the services' data and logs")
     parser.add_argument("--resume", action="store_true",
-                        help="keep the steps that already finished in OUT/all.json (same mode and profile) and "
+                        help="keep the steps that already finished in OUT/all.json.gz (same mode and profile) and "
                              "run the rest: a full run taken in parts, each step once, one report; the first part "
                              "plans the budget over every step, the later ones keep its plan "
                              "(bench/study/all_resume.py)")
@@ -411,10 +414,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.out = Path("out") / "study" / f"profile-{profile.name}"  # beside today's pages
     args.previous = None
     if args.resume:
-        path = Path(args.out) / "all.json"
-        try:
-            args.previous = json.loads(path.read_text()) if path.is_file() else None
-        except (OSError, json.JSONDecodeError) as exc:
+        path = next((p for p in (Path(args.out) / REPORT, Path(args.out) / "all.json") if p.is_file()), None)
+        try:  # all.json: a part written before the report was compressed
+            args.previous = read_json(path) if path is not None else None
+        except (OSError, ValueError) as exc:
             parser.error(f"--resume: {path} cannot be read ({exc})")
         mode = "smoke" if args.smoke else "quick" if args.quick else "full"
         why = all_resume.check(args.previous, mode, getattr(args, "profile", "") or None)
@@ -432,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     with stop_on_sigterm():
         report = run(args, argv)
     out = Path(args.out).resolve()
-    write_json(out, "all.json", report)
+    write_json(out, REPORT, report)
+    (out / "all.json").unlink(missing_ok=True)  # an earlier part's, uncompressed: carried into this one
     readme = out / "README.md"
     readme.write_text(render(report))
     if args.readme:

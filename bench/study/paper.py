@@ -35,19 +35,18 @@ import contextlib
 import dataclasses
 import logging
 import os
-import resource
 import shutil
 import time
 import traceback
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench import analytical_model as am
 from bench.progress import Progress
 from bench.results import format_bytes, format_seconds, services_dir
-from bench.study import paper_claims, paper_plots
+from bench.study import paper_claims, paper_plots, paper_rig
 from bench.study.child_process import ChildProcess
 from bench.study.paper_figures import (MODES, calibration_transfers, markdown_table, model_part, summarize,
                                        transfer_ratios)
@@ -68,7 +67,7 @@ KIB, MIB, GIB, TIB = am.KIB, am.MIB, am.GIB, am.TIB
 # and 3, so that one token's KV is exactly 32 KiB and the paper's sizes are whole tokens.
 NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, DTYPE_BYTES = 32, 2, 64, 4
 TOKEN_KV_BYTES = NUM_LAYERS * 2 * NUM_KV_HEADS * HEAD_DIM * DTYPE_BYTES  # 32 KiB
-BLOCK_TOKENS = 32  # the compute node's default block: 1 MiB here, the unit one triggered PUT stores
+BLOCK_TOKENS = 32  # the study's block: 1 MiB of its 32 KiB tokens, the unit one triggered PUT stores
 LADDER = tuple(32 * KIB * 4 ** k for k in range(10))  # 32 KiB, 128 KiB, ... 8 GiB: x4 steps
 MAX_BYTES = 2 * GIB        # the largest size measured, at most
 QUICK_MAX_BYTES = 512 * MIB
@@ -264,11 +263,6 @@ class ComputeProcess(ChildProcess):
         super().__init__(_compute_main, (fabric_address, host_nqn), "kvtb-study-compute", timeout_s)
 
 
-def _rusage_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _fill(region, nbytes: int, seed: int = 5) -> None:
     """Random KV bytes (generated once per 16 MiB, repeated), touched as a pool in use is."""
     import numpy as np
@@ -279,56 +273,20 @@ def _fill(region, nbytes: int, seed: int = 5) -> None:
         region.array[offset:offset + n] = piece[:n]
 
 
-@contextlib.contextmanager
-def transfer_rig(directory: Path, **agent_settings: Any) -> Iterator[tuple]:
-    """A storage node process, an agent in this process (its standing PUTs), the compute process and a
-    fabric client of our own to check the namespace is empty; all stopped at the end."""
-    from bench.stack import BENCH_NQN, bench_client, start_storage
-    from kvtb.heap import keep_large_buffers_in_the_heap
-    from smartnic.agent import Agent
-    from smartnic.settings import SmartNicSettings, StorageNodeRef
-
-    keep_large_buffers_in_the_heap()  # the agent runs in this process: as its main sets it up
-    with contextlib.ExitStack() as stack:
-        storage = start_storage(directory, "paper")
-        stack.callback(storage.stop)
-        node = StorageNodeRef("paper", storage.addresses["admin"], storage.addresses["fabric"])
-        agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,), salt=SALT,
-                                       eviction_policy="timer", fabric_security="auth", kv_mac=True,
-                                       **agent_settings))
-        agent.start()
-        stack.callback(agent.close)
-        deadline = time.monotonic() + 60
-        while not agent.nodes.up():
-            if time.monotonic() > deadline:
-                raise TimeoutError("the agent did not reach the storage node within 60 s")
-            time.sleep(0.02)
-        admin = bench_client(node.fabric_address)
-        admin.connect()
-        stack.callback(admin.close)
-        compute = ComputeProcess(node.fabric_address, BENCH_NQN)
-        stack.callback(compute.close)
-        yield agent, storage, admin, compute
-
-
-def _wait_empty(admin, timeout_s: float = 120.0) -> None:
-    """Until the storage node holds no key (the agent's deletes are asynchronous)."""
-    deadline = time.monotonic() + timeout_s
-    while admin.list_keys(NSID, max_keys=1):
-        if time.monotonic() > deadline:
-            raise TimeoutError("stored keys were not deleted")
-        time.sleep(0.005)
+def transfer_rig(directory: Path, **agent_settings: Any) -> contextlib.AbstractContextManager[paper_rig.Rig]:
+    """The transfers' rig (bench.study.paper_rig): storage node "paper", this module's compute process."""
+    return paper_rig.rig(directory, ComputeProcess, "paper", salt=SALT, **agent_settings)
 
 
 def _sample(rig, mode: str, size: int, rep: int, tag: str) -> dict:
     agent, storage, admin, compute = rig
     user, context = f"paper-{tag}-{mode}-{rep}", f"ctx-{uuid.uuid4().hex[:8]}"
-    cpu0, storage0 = _rusage_s(), storage.cpu_seconds()
+    cpu0, storage0 = paper_rig.rusage_s(), storage.cpu_seconds()
     out = compute.call(("run", mode, user, context))
-    agent_cpu, storage1 = _rusage_s() - cpu0, storage.cpu_seconds()
+    agent_cpu, storage1 = paper_rig.rusage_s() - cpu0, storage.cpu_seconds()
     if mode == "triggered":
         agent.drop_context(user, context)
-    _wait_empty(admin)
+    paper_rig.wait_empty(admin, NSID)
     out.update(rep=rep, agent_cpu_s=agent_cpu,
                storage_cpu_s=(storage1 - storage0) if storage0 is not None and storage1 is not None else None)
     return out
@@ -504,7 +462,7 @@ Fig. 2 (the eight steps of a turn), measured on the testbed, beside `kvtb simula
 analytical model as docs/analytical-model.md reads Tables II and III) and the same model calibrated to
 this run.
 
-How the paper's hardware maps here (../shared/DESIGN.md): the GPU's KV buffers are a shared-memory KV
+How the paper's hardware maps here (docs/design.md in the repo): the GPU's KV buffers are a shared-memory KV
 pool (here shaped like SmolLM2-135M's, fp32 and head_dim 64, with 32 layers and 2 KV heads so that one
 token is exactly 32 KiB and a block of {BLOCK_TOKENS} tokens 1 MiB); the Cassini NIC's triggered
 operations are the agent's standing triggered PUTs (one per block, fired by the compute process's

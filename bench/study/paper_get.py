@@ -20,86 +20,37 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import resource
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+from bench.study import paper_rig
 from bench.study.paper_causes_compute import KEY, MODES, NSID, SALT, TENANT, ComputeProcess, layout_for_size
 
 # -- the rig ---------------------------------------------------------------------------------------------
 
-@dataclasses.dataclass
-class Rig:
-    agent: Any
-    storage: Any      # the storage node's ServiceProcess
-    admin: Any        # a fabric client of our own (the benchmarks' host)
-    compute: ComputeProcess
-    directory: Path
-
-
-@contextlib.contextmanager
-def rig(directory: Path) -> Iterator[Rig]:
-    """A storage node process, the agent in this process and the compute process; all stopped at the end."""
-    from bench.stack import BENCH_NQN, bench_client, start_storage, use_credentials
-    from kvtb.heap import keep_large_buffers_in_the_heap
-    from smartnic.agent import Agent
-    from smartnic.settings import SmartNicSettings, StorageNodeRef
-
-    use_credentials(directory)
-    keep_large_buffers_in_the_heap()
-    with contextlib.ExitStack() as stack:
-        storage = start_storage(directory, "causes", namespace_size_bytes=4 << 30)
-        stack.callback(storage.stop)
-        node = StorageNodeRef("causes", storage.addresses["admin"], storage.addresses["fabric"])
-        agent = Agent(SmartNicSettings(listen_address="127.0.0.1:0", storage_nodes=(node,), salt=SALT,
-                                       eviction_policy="timer", fabric_security="auth", kv_mac=True))
-        agent.start()
-        stack.callback(agent.close)
-        deadline = time.monotonic() + 60
-        while not agent.nodes.up():
-            if time.monotonic() > deadline:
-                raise TimeoutError("the agent did not reach the storage node within 60 s")
-            time.sleep(0.02)
-        admin = bench_client(node.fabric_address, timeout_s=120)
-        admin.connect()
-        stack.callback(admin.close)
-        compute = ComputeProcess(node.fabric_address, BENCH_NQN)
-        stack.callback(compute.close)
-        yield Rig(agent, storage, admin, compute, directory / "storage-causes")
-
-
-def _rusage_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _wait_empty(admin, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while admin.list_keys(NSID, max_keys=1):
-        if time.monotonic() > deadline:
-            raise TimeoutError("stored keys were not deleted")
-        time.sleep(0.005)
+def rig(directory: Path) -> contextlib.AbstractContextManager[paper_rig.Rig]:
+    """The GET direction's rig (bench.study.paper_rig): storage node "causes" of 4 GiB, its own credentials."""
+    return paper_rig.rig(directory, ComputeProcess, "causes", salt=SALT, namespace_size_bytes=4 << 30,
+                         admin_timeout_s=120, own_credentials=True)
 
 
 class _Clock:
     """Wall time and every process's CPU time over a span: the agent's is this process's."""
 
-    def __init__(self, r: Rig):
+    def __init__(self, r: paper_rig.Rig):
         self.r = r
-        self.t0, self.agent0, self.storage0 = time.perf_counter(), _rusage_s(), r.storage.cpu_seconds()
+        self.t0, self.agent0, self.storage0 = time.perf_counter(), paper_rig.rusage_s(), r.storage.cpu_seconds()
 
     def read(self) -> dict:
         storage1 = self.r.storage.cpu_seconds()
-        return {"e2e_s": time.perf_counter() - self.t0, "agent_cpu_s": _rusage_s() - self.agent0,
+        return {"e2e_s": time.perf_counter() - self.t0, "agent_cpu_s": paper_rig.rusage_s() - self.agent0,
                 "storage_cpu_s": (storage1 - self.storage0) if None not in (storage1, self.storage0) else None}
 
 
-def _triggered_get(r: Rig, reg, user: str, names: list[bytes], L) -> dict:
+def _triggered_get(r: paper_rig.Rig, reg, user: str, names: list[bytes], L) -> dict:
     """The agent's GET of every block into its pool block (what a follow-up's restore event asks); timed."""
-    from smartnic.agent import RestoreBlock
+    from smartnic.restore_path import RestoreBlock
 
     blocks = [RestoreBlock(b, name, L.block_tokens, b) for b, name in enumerate(names)]
     clock = _Clock(r)
@@ -112,7 +63,7 @@ def _triggered_get(r: Rig, reg, user: str, names: list[bytes], L) -> dict:
     return out | {"compute_cpu_s": None, "bytes": L.num_blocks * L.block_bytes}
 
 
-def _round_trip(r: Rig, reg, region, mode: str, rep: int, L) -> list[dict]:
+def _round_trip(r: paper_rig.Rig, reg, region, mode: str, rep: int, L) -> list[dict]:
     """One PUT and one GET of a fresh context by `mode`, then every key deleted; their samples."""
     user, context = f"causes-{mode}-{uuid.uuid4().hex[:6]}", f"ctx-{uuid.uuid4().hex[:8]}"
     clock = _Clock(r)
@@ -128,12 +79,12 @@ def _round_trip(r: Rig, reg, region, mode: str, rep: int, L) -> list[dict]:
         region.array[:L.num_blocks * L.block_bytes] = 0  # untimed: the bytes must land again
         got = _triggered_get(r, reg, user, names, L)
         r.agent.drop_context(user, context)
-    _wait_empty(r.admin)
+    paper_rig.wait_empty(r.admin, NSID)
     base = {"mode": mode, "rep": rep, "blocks": L.num_blocks}
     return [base | put | {"direction": "put"}, base | got | {"direction": "get"}]
 
 
-def measure_size(r: Rig, size: int, repeats: int, progress, first: int = 0) -> list[dict]:
+def measure_size(r: paper_rig.Rig, size: int, repeats: int, progress, first: int = 0) -> list[dict]:
     """A warm-up round trip of each path (kept out), then `repeats` of each, the order alternating."""
     import numpy as np
 

@@ -37,6 +37,7 @@ from bench import analytical_model as am
 from bench import scaled
 from bench.results import format_bytes, format_seconds, services_dir
 from bench.stats import median
+from bench.study import paper_rig
 from bench.study import paper as base
 from bench.study import paper_claims as pc
 from bench.study.claims import Claim, Evidence, Test
@@ -177,7 +178,7 @@ def sample(r, mode: str, size: int, rep: int, tag: str, dilation: float) -> dict
     accepted = (scaled.storage_pacing(storage).get("marks") or {}).get("store_accepted")
     if mode == "triggered":
         agent.drop_context(user, context)
-    base._wait_empty(admin, timeout_s=120.0 + dilation)
+    paper_rig.wait_empty(admin, base.NSID, timeout_s=120.0 + dilation)
     wall = {"nvme_write": out["e2e_s"]}
     if mode == "triggered" and accepted:
         wall["nvme_queue"] = accepted - out["t0"]

@@ -23,6 +23,8 @@ from bench.results import new_result
 from kvtb.cli import COMMANDS
 from kvtb.launch import kvtb_argv
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 MIB = 1 << 20
 
 

@@ -1,9 +1,13 @@
 """`kvtb bench aiperf`'s pure parts: AIPerf's command line, its export read, the ratios and targets."""
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from bench import aiperf
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 # the parts of an AIPerf 0.13 profile_export_aiperf.json the bench reads (values of a run of the old
 # admission: 58 of 64 refused with 429)

@@ -6,6 +6,8 @@ import pytest
 from bench import attention
 from compute_node.paged_attention import kernel_built
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def test_smoke_run_reports_every_context_and_chunk(tmp_path, capsys):
     if not kernel_built():

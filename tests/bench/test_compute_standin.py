@@ -10,6 +10,8 @@ import pytest
 from bench.compute_standin import ComputeStandIn
 from hostmem.region import Region
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 SIZE, COUNTERS = 1 << 16, 4
 COUNTER_OFFSET = SIZE - 4096
 TRIGGER, DONE = 0, 1

@@ -1,8 +1,12 @@
 """The concurrency benchmark's check that replies under load equal the replies alone (pure)."""
 from __future__ import annotations
 
+import pytest
+
 from bench.concurrency import first_difference
 from bench.sessions import TOPICS, script
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 
 def test_first_difference_names_the_conversation_and_turn():

@@ -1,7 +1,11 @@
 """What `kvtb bench datapath` hands `kvtb simulate --calibrate` (pure)."""
 from __future__ import annotations
 
+import pytest
+
 from bench.datapath import calibration_transfers
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 
 def test_calibration_transfers_are_per_chunk_seconds():

@@ -5,6 +5,8 @@ import pytest
 
 from bench.eviction import agent_settings, mean_gap, think_times, working_set_bytes, zipf_schedule
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def test_zipf_schedule_is_seeded_and_favours_the_first_users():
     a = zipf_schedule(10, 500, 1.1, seed=3)

@@ -1,12 +1,16 @@
 """The fairness benchmark's figures and ratios (pure), and its command."""
 from __future__ import annotations
 
+import pytest
+
 import math
 
 from bench.fairness import Turn, add_ratios, parse_args, phase_figures, table
 from bench.results import new_result
 from chat_frontend.settings import FrontendSettings
 from kvtb.cli import COMMANDS
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 
 def turns(*ttfts: float, refused: int = 0) -> list[Turn]:

@@ -14,6 +14,8 @@ from bench.followup import PATHS, add_ratios, flag_problems, path_figures, path_
 from kvtb.launch import kvtb_argv
 from kvtb_proto import compute_pb2
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def record(kv_source="restored", cached=0, reused=0, restored=0, other=0, replica="replica-1", ttft_ms=5.0):
     return compute_pb2.TurnRecord(kv_source=kv_source, tokens_cached=cached, tokens_reused=reused,

@@ -2,11 +2,15 @@
 (its run is in test_smoke.py)."""
 from __future__ import annotations
 
+import pytest
+
 import types
 
 from bench import offload
 from bench.offload import BLOCK_TOKENS, POLICIES, parse_args, table
 from kvtb_proto import compute_pb2
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 
 def test_the_block_sizes_default_to_the_sweep_and_smoke_is_tiny():

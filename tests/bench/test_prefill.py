@@ -10,6 +10,8 @@ from bench.progress import Progress
 from bench.turns import TurnResult
 from kvtb_proto import compute_pb2
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 # SmolLM2-135M's shape
 SMOLLM2 = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                       num_key_value_heads=3, vocab_size=49152)

@@ -9,6 +9,8 @@ import pytest
 
 from bench import rawlimits
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 WINDOW_S = 0.05
 SIZE, WORKING_SET = 16 << 10, 64 << 10
 

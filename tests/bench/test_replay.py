@@ -17,6 +17,8 @@ from bench.openai_client import ChatFailed, Reply, chat, messages_of
 from bench.trace_prompts import BlockText, check_prompt, pad_words, single_token_words, split_template
 from compute_node.settings import ComputeSettings
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 TOKENIZER = Path(ComputeSettings().model_cache_dir) / "tokenizer.json"
 
 

@@ -12,6 +12,8 @@ import pytest
 from bench import results
 from bench.progress import Progress
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def test_common_args_and_result():
     args = results.add_common_args(argparse.ArgumentParser(), "datapath").parse_args(["--json", "--smoke"])

@@ -14,6 +14,8 @@ import pytest
 
 from kvtb.launch import kvtb_argv
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def descendants(pid: int) -> dict[int, str]:
     """pid -> command line of every live process below pid (from /proc; zombies left out)."""

@@ -13,7 +13,7 @@ import pytest
 
 from kvtb.launch import kvtb_argv
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 
 def run_clean(argv: list[str], tmp_path: Path, timeout: float) -> subprocess.CompletedProcess:

@@ -5,6 +5,8 @@ import pytest
 
 from bench import storage
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 @pytest.mark.slow
 def test_bench_prints_one_json_object_with_the_ratios(capsys, tmp_path):

@@ -1,8 +1,11 @@
+import pytest
 """A short run of `kvtb bench soak` (the soak itself is not a test): two hosts, one real node, its report."""
 import json
 
 from bench import storage_soak
 from kvtb.cli import COMMANDS
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 
 def test_a_short_soak_reports_both_hosts_and_the_nodes_stall_log(tmp_path):

@@ -8,6 +8,8 @@ import pytest
 from bench import suite
 from bench.results import machine_info
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 RESULTS = {
     "ttft": {"ratios": {"recompute_vs_restore_2048": 31.24, "restore_vs_resident_2048": 1.21},
              "results": {"crossover": {"tokens": None, "where": "below_smallest", "smallest": 32}}},

@@ -71,7 +71,7 @@ class FakeComputeNode(compute_pb2_grpc.ComputeNodeServicer):
         self.requests: list[compute_pb2.TurnRequest] = []
 
     def Info(self, request, context):
-        return compute_pb2.InfoResponse(model="fake", max_context_tokens=256, stop_token_ids=[STOP])
+        return compute_pb2.InfoResponse(model="fake", max_context_tokens=256, stop_token_ids=[STOP], block_tokens=32)
 
     def EncodeChat(self, request, context):
         return compute_pb2.EncodeChatResponse(token_ids=encode(request))

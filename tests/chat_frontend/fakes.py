@@ -21,7 +21,8 @@ class FakeEngine:
 
     async def info(self) -> compute_pb2.InfoResponse:
         return compute_pb2.InfoResponse(model="fake", max_context_tokens=self.max_context_tokens,
-                                        stop_token_ids=[STOP], generation_defaults=self.generation_defaults)
+                                        stop_token_ids=[STOP], generation_defaults=self.generation_defaults,
+                                        block_tokens=32)
 
     async def encode_chat(self, request: compute_pb2.EncodeChatRequest) -> list[int]:
         self.encoded.append(request)

@@ -1,10 +1,9 @@
-"""/v1/completions, /v1/models/{id}, /tokenize, /detokenize, /version and /metrics in process over a
-fake engine (the chat API's fakes.FakeEngine, with raw-text encoding, Decode and Stats added)."""
+"""/v1/completions in process over a fake engine (the chat API's fakes.FakeEngine, with raw-text
+encoding, Decode and Stats added; the other endpoints' tests use it too)."""
 import asyncio
 import json
 
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
 from chat_frontend.chat_service import ChatService
 from chat_frontend.http_api import OpenAiApi
@@ -220,92 +219,3 @@ def test_a_refusal_of_the_compute_node_is_a_400_before_the_stream():
 
     status, body = completion(Refusing(), prompt="x", stream=True, stop_token_ids=[9])
     assert status == 400 and body["error"]["param"] == "stop_token_ids"
-
-
-def test_models_retrieve_and_version():
-    async def scenario(client):
-        ok = await client.get("/v1/models/fake")
-        missing = await client.get("/v1/models/org/other-model")
-        version = await client.get("/version")
-        return ok.status, await ok.json(), missing.status, await missing.json(), await version.json()
-    ok, model, missing_status, missing, version = run(TextEngine(), scenario)
-    assert ok == 200 and model == {"id": "fake", "object": "model", "created": 0, "owned_by": "kvtestbed"}
-    assert missing_status == 404 and missing["error"]["code"] == "model_not_found"
-    assert "org/other-model" in missing["error"]["message"]
-    import importlib.metadata
-    assert version == {"version": importlib.metadata.version("kvtestbed")}
-
-
-def test_tokenize_and_detokenize():
-    engine = TextEngine()
-    status, body = run(engine, post("/tokenize", {"model": "fake", "prompt": "ab cde", "return_token_strs": True}))
-    assert status == 200, body
-    assert body == {"count": 3, "max_model_len": 200, "tokens": [BOS, 12, 13], "token_strs": ["", "xx", "xxx"]}
-    status, body = run(engine, post("/tokenize", {"prompt": "ab", "add_special_tokens": False}))
-    assert body["tokens"] == [12] and body["token_strs"] is None
-    status, body = run(engine, post("/tokenize", {"messages": [{"role": "user", "content": "a b"}]}))
-    assert status == 200 and body["tokens"] == [1, 11, 11, 4] and engine.encoded[-1].add_generation_prompt
-    status, body = run(engine, post("/detokenize", {"model": "fake", "tokens": [12, 13]}))
-    assert (status, body) == (200, {"prompt": "xx xxx"})
-    for path, bad, param in [("/tokenize", {"prompt": "x", "messages": []}, "prompt"),
-                             ("/tokenize", {"prompt": "x", "chat_template": "{{x}}"}, "chat_template"),
-                             ("/tokenize", {"prompt": 3}, "prompt"),
-                             ("/detokenize", {"tokens": [-1]}, "tokens"),
-                             ("/detokenize", {"tokens": [1], "extra": 1}, "extra"),
-                             ("/detokenize", {"model": "other", "tokens": [1]}, "model")]:
-        status, body = run(engine, post(path, bad))
-        assert status in (400, 404) and body["error"]["param"] == param, (path, bad, body)
-    assert run(engine, post("/detokenize", {"tokens": [1]}, {}))[0] == 401
-
-
-def test_metrics_take_an_operators_token_and_show_vllm_names():
-    engine = TextEngine(stop=False)
-
-    async def scenario(client):
-        await client.post("/v1/completions", headers=AUTH, json={"model": "fake", "prompt": "a", "n": 2,
-                                                                  "max_tokens": 3})
-        anonymous = await client.get("/metrics")
-        user = await client.get("/metrics", headers=AUTH)
-        ops = await client.get("/metrics", headers=OPERATOR)
-        return anonymous.status, user.status, ops.status, await ops.text()
-    anonymous, user, ops, text = run(engine, scenario)
-    assert (anonymous, user, ops) == (401, 403, 200)
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
-    labels = (("engine", "0"), ("model_name", "fake"))
-    assert samples[("vllm:num_requests_waiting", labels)] == 3  # waiting + restoring
-    assert samples[("vllm:kv_cache_usage_perc", labels)] == 0.25
-    assert samples[("vllm:prompt_tokens_total", labels)] == 48
-    assert samples[("vllm:prefix_cache_hits_total", labels)] == 8
-    assert samples[("vllm:request_success_total", (labels[0], ("finished_reason", "length"), labels[1]))] == 2
-    assert samples[("vllm:e2e_request_latency_seconds_count", labels)] >= 1
-    assert not any("alice" in str(key) for key in samples)  # tenants, never users
-
-
-def test_metrics_take_a_metrics_readers_token_and_count_each_choice_as_a_request():
-    """A metrics reader (Prometheus's user) reads /metrics and nothing an operator may; each choice of a
-    completions request is one observation of vLLM's request histograms."""
-    engine = TextEngine(stop=False, reply_words=3)
-    reader = {"Authorization": "Bearer t-prom"}
-
-    def counts(text: str) -> dict:
-        return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-                if s.name.startswith("vllm:request_") and s.name.endswith("_count")}
-
-    async def scenario(client):
-        before = await (await client.get("/metrics", headers=reader)).text()
-        await client.post("/v1/completions", headers=AUTH, json={"model": "fake", "prompt": ["a b", "c"], "n": 2,
-                                                                  "max_tokens": 3})
-        after = await client.get("/metrics", headers=reader)
-        return after.status, counts(before), counts(await after.text())
-    status, before, after = run(engine, scenario, users={"alice": "t-alice", "prom": "t-prom"},
-                                metrics_readers=("prom",), operators=())
-    assert status == 200
-    for name in ("vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
-                 "vllm:request_queue_time_seconds_count"):
-        assert after[name] - before.get(name, 0) == 4, name  # 2 prompts x n 2
-    assert run(engine, lambda client: _status(client, "/metrics", AUTH), metrics_readers=()) == 403
-
-
-async def _status(client, path, headers):
-    return (await client.get(path, headers=headers)).status

@@ -8,6 +8,7 @@ import pytest
 
 from chat_frontend import openai_format as oa
 from chat_frontend import request_fields as rf
+from chat_frontend import request_parsing as rp
 from chat_frontend.conversation import Whole
 from chat_frontend.errors import ChatError
 from kvtb_proto import compute_pb2, frontend_pb2
@@ -195,9 +196,9 @@ def test_stream_options_need_stream_and_take_include_usage_only():
 
 
 def test_a_lone_surrogate_is_found_where_it_is():
-    assert oa.lone_surrogate({"a": [{"b": "ok"}, {"c": "x\ud800"}]}) == "a[1].c"
-    assert oa.lone_surrogate({"a": ["\U0001F600 fine"]}) is None  # a real pair is text
-    assert oa.lone_surrogate({"k\udfff": 1}) == "k\\udfff"
+    assert rp.lone_surrogate({"a": [{"b": "ok"}, {"c": "x\ud800"}]}) == "a[1].c"
+    assert rp.lone_surrogate({"a": ["\U0001F600 fine"]}) is None  # a real pair is text
+    assert rp.lone_surrogate({"k\udfff": 1}) == "k\\udfff"
 
 
 def test_http_errors_have_openai_s_shape():
@@ -232,7 +233,7 @@ def test_stop_reason_is_the_requests_stop_string_or_token_only():
 
 
 def test_the_readme_table_lists_every_field_of_the_parser_as_it_handles_it():
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "openai-api.md").read_text()
     section = readme.split("## OpenAI API support", 1)[1].split("\n## ", 1)[0]
     chat = section.split("### Chat completions", 1)[1].split("\n### ", 1)[0]
     support = {"yes": rf.SUPPORTED, "default only": rf.DEFAULT_ONLY, "400": rf.REFUSED}
@@ -306,7 +307,7 @@ def test_every_message_field_of_the_table_is_accepted_or_refused_as_it_says():
 
 
 def test_the_readme_lists_every_field_of_a_message_as_it_is_handled():
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "openai-api.md").read_text()
     section = readme.split("## OpenAI API support", 1)[1].split("\n## ", 1)[0]
     table = section.split("### Messages", 1)[1].split("\n### ", 1)[0]
     support = {"yes": rf.SUPPORTED, "default only": rf.DEFAULT_ONLY, "400": rf.REFUSED}

@@ -1,9 +1,10 @@
 """The routing policies: round robin, least loaded, kv_aware (prefix index, owner-scoped, balance)."""
 import pytest
 
-from chat_frontend.routing import BLOCK_TOKENS, Load, PrefixIndex, Router, block_hashes
+from chat_frontend.routing import Load, PrefixIndex, Router, block_hashes
 
 NAMES = ["replica-0", "replica-1", "replica-2"]
+BLOCK_TOKENS = 32  # a compute node's pool, as its Info tells the frontend
 
 
 def loads(*sequences: int) -> list[Load]:
@@ -16,13 +17,13 @@ def prompt(seed: int, blocks: int) -> list[int]:
 
 def test_block_hashes_chain_full_blocks_and_are_owner_scoped():
     ids = prompt(1, 3) + [7] * (BLOCK_TOKENS - 1)  # a partial block is not hashed
-    hashes = block_hashes("t\0alice", ids)
+    hashes = block_hashes("t\0alice", ids, BLOCK_TOKENS)
     assert len(hashes) == 3 and len(set(hashes)) == 3
-    assert block_hashes("t\0alice", ids[:2 * BLOCK_TOKENS]) == hashes[:2]  # a prefix's chain is a prefix
-    assert not set(block_hashes("t\0bob", ids)) & set(hashes)  # another user: nothing in common
+    assert block_hashes("t\0alice", ids[:2 * BLOCK_TOKENS], BLOCK_TOKENS) == hashes[:2]  # a prefix's chain is a prefix
+    assert not set(block_hashes("t\0bob", ids, BLOCK_TOKENS)) & set(hashes)  # another user: nothing in common
     other = list(ids)
     other[0] += 1
-    assert not set(block_hashes("t\0alice", other)) & set(hashes)  # chained: block 0 changes them all
+    assert not set(block_hashes("t\0alice", other, BLOCK_TOKENS)) & set(hashes)  # chained: block 0 changes them all
 
 
 def test_round_robin_goes_in_turn_over_the_healthy_ones():
@@ -46,7 +47,7 @@ def test_least_loaded_counts_running_waiting_and_sent_since_the_figures():
 
 
 def test_kv_aware_follows_the_prefix_and_balances_past_the_threshold():
-    router = Router(NAMES, "kv_aware", balance_abs_threshold=2)
+    router = Router(NAMES, "kv_aware", balance_abs_threshold=2, block_tokens=BLOCK_TOKENS)
     first = prompt(1, 4)
     chosen = router.pick("t\0alice", first, loads(5, 0, 1))
     assert chosen.replica == "replica-1" and chosen.reason == "least loaded"  # nothing held anywhere
@@ -62,7 +63,7 @@ def test_kv_aware_follows_the_prefix_and_balances_past_the_threshold():
 
 
 def test_kv_aware_prefers_the_longest_prefix_and_forgets_a_replica_that_went_down():
-    router = Router(NAMES, "kv_aware", balance_abs_threshold=4)
+    router = Router(NAMES, "kv_aware", balance_abs_threshold=4, block_tokens=BLOCK_TOKENS)
     short, long = prompt(1, 2), prompt(1, 5)
     router.routed("o", short, "replica-0")
     router.routed("o", long, "replica-2")
@@ -80,7 +81,7 @@ def test_kv_aware_prefers_the_longest_prefix_and_forgets_a_replica_that_went_dow
 
 def test_prefix_index_is_bounded_least_recently_used_out():
     index = PrefixIndex(capacity=4)
-    a, b = block_hashes("o", prompt(1, 3)), block_hashes("o", prompt(2, 3))
+    a, b = block_hashes("o", prompt(1, 3), BLOCK_TOKENS), block_hashes("o", prompt(2, 3), BLOCK_TOKENS)
     index.insert(a, "replica-0")
     index.insert(b, "replica-1")
     assert len(index) == 4
@@ -95,3 +96,13 @@ def test_a_bad_policy_or_no_replica_is_refused():
         Router(NAMES, "random")
     with pytest.raises(ValueError):
         Router([], "kv_aware")
+
+
+def test_kv_aware_routes_by_load_until_a_compute_node_told_its_block_size():
+    router = Router(NAMES, "kv_aware")   # no Info yet: no block size to hash prompts by
+    router.routed("o", prompt(1, 3), "replica-2")
+    decision = router.pick("o", prompt(1, 3), loads(0, 1, 0))
+    assert decision.reason == "least loaded" and decision.matched_blocks == 0 and len(router.index) == 0
+    router.block_tokens = BLOCK_TOKENS
+    router.routed("o", prompt(1, 3), "replica-2")
+    assert router.pick("o", prompt(1, 3), loads(0, 1, 0)).replica == "replica-2"

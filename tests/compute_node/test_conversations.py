@@ -9,7 +9,7 @@ import pytest
 from tests.compute_node.conftest import Chat
 from tests.kvtb.metrics_scrape import scrape, value
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 MESSAGES = ["Give me a short cheesecake recipe.", "Only give temperatures in °C from now on."]
 

@@ -24,6 +24,8 @@ from storage_node.node import StorageNode
 from tests.conftest import fabric_security
 from tests.storage_node.conftest import GOOD_HOST, settings_for
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 L = KvLayout(num_blocks=12, num_layers=2, num_kv_heads=1, block_tokens=4, head_dim=8)
 MAC_KEY = b"k" * 32
 SALT = "test-cpu-offload-salt"

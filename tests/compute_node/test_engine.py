@@ -197,7 +197,7 @@ def test_a_layer_group_that_fails_keeps_the_blocks_before_its_block(make_node):
     assert rec.tokens_reused == 2 * bt and "block 2" in rec.fallback_reason
     assert tokens == reference
     time.sleep(0.2)
-    assert node.engine.bm.num_pinned_blocks == 0 and not node.engine.late_pins
+    assert node.engine.bm.num_pinned_blocks == 0 and not node.engine.restores.late_pins
 
 
 def test_a_group_later_than_the_forward_waits_sends_the_sequence_out_until_all_landed(make_node):
@@ -219,7 +219,7 @@ def test_a_group_that_never_lands_is_recomputed_after_the_deadline(make_node):
     assert rec.kv_source == "recomputed" and "timed out" in rec.fallback_reason
     assert tokens == reference and time.monotonic() - start < 10
     # the blocks its late GETs might still write stay out of use until given up on
-    assert node.engine.late_pins and node.engine.bm.num_pinned_blocks > 0
+    assert node.engine.restores.late_pins and node.engine.bm.num_pinned_blocks > 0
 
 
 def test_turns_sharing_a_block_whose_put_is_in_flight_all_finish(make_node):
@@ -236,7 +236,7 @@ def test_turns_sharing_a_block_whose_put_is_in_flight_all_finish(make_node):
     assert rec_b.tokens_cached >= len(common), "B did not find A's blocks in the pool: the test tests nothing"
     assert rec_a.tokens_out == 150 and rec_b.tokens_out == 4
     assert node.nic.refused == 0  # no descriptor rewritten under a PUT in flight
-    assert node.engine.snapshot()["num_requests_running"] == 0 and not node.engine.puts
+    assert node.engine.snapshot()["num_requests_running"] == 0 and not node.engine.offloads.puts
 
 
 def test_between_layers_a_follow_up_starts_its_restore_and_a_finished_turn_sends_its_record(make_node):
@@ -247,7 +247,7 @@ def test_between_layers_a_follow_up_starts_its_restore_and_a_finished_turn_sends
     follow, reference, _ = _built(node, PROMPTS[5])
     engine = node.engine
     in_forward, seen = [False], {"restore": [], "record": []}
-    step, start_restore, maybe_record = engine.runner.step, engine._start_restore, engine._maybe_record
+    step, start_restore, maybe_record = engine.runner.step, engine.restores.start, engine._maybe_record
 
     def slow_step(batch, before_layer=None):
         def layer(i):
@@ -269,7 +269,7 @@ def test_between_layers_a_follow_up_starts_its_restore_and_a_finished_turn_sends
         if state.turn.request_id == "r-ctx" and state.recorded and not recorded:
             seen["record"].append(in_forward[0])
 
-    engine.runner.step, engine._start_restore, engine._maybe_record = slow_step, note_restore, note_record
+    engine.runner.step, engine.restores.start, engine._maybe_record = slow_step, note_restore, note_record
     node.nic.put_delay_s = 0.02
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         a = pool.submit(run_turn, node, PROMPTS[0], "a", "resident", 60)

@@ -80,10 +80,10 @@ def test_a_failed_step_keeps_the_blocks_its_restores_gets_may_write_until_they_l
     assert err.value.code() == grpc.StatusCode.INTERNAL
     # the turn is gone, but the GETs of group 1 may still write its blocks: they stay out of use
     pinned = engine.bm.num_pinned_blocks
-    assert pinned > 0 and engine.late_pins and not engine.states
+    assert pinned > 0 and engine.restores.late_pins and not engine.states
     assert engine.bm.num_allocatable_blocks == engine.bm.num_blocks - pinned
     wait_for(lambda: engine.bm.num_pinned_blocks == 0, timeout_s=5)  # landed: released
-    assert not engine.late_pins and engine.bm.num_free_blocks == free
+    assert not engine.restores.late_pins and engine.bm.num_free_blocks == free
     _, rec, _ = run_turn(node, follow, "ctx2", "resident", n=4)
     assert rec.tokens_out == 4 and not engine.scheduler.has_work()
 
@@ -91,16 +91,16 @@ def test_a_failed_step_keeps_the_blocks_its_restores_gets_may_write_until_they_l
 def test_a_bug_in_one_restores_poll_fails_that_turn_alone(make_node):
     node = make_node(nic=True)
     engine = node.engine
-    real = engine._poll_restore
+    real = engine.restores._poll_one
 
-    def poll(seq_id, state, now):
+    def poll(state, now):
         if state.turn.context_id == "bad":
             raise KeyError("injected: a bug in one restore's bookkeeping")
-        return real(seq_id, state, now)
+        return real(state, now)
     ids = list(range(400, 431))
     first, _, _ = run_turn(node, ids, "bad", "triggered")
     time.sleep(0.05)
-    engine._poll_restore = poll
+    engine.restores._poll_one = poll
     with pytest.raises(grpc.RpcError) as err:
         run_turn(node, ids + first + [5], "bad", "triggered")
     assert err.value.code() == grpc.StatusCode.INTERNAL
@@ -124,7 +124,7 @@ def test_a_block_whose_put_outlived_its_timeout_is_not_reused_while_the_nic_may_
     assert engine.bm.num_pinned_free_blocks == engine.bm.num_pinned_blocks - engine.bm.num_quarantined_blocks
     run_turn(node, list(range(700, 720)), "b", "resident", n=4)
     wait_for(lambda: len(node.nic.descriptors) >= 2, timeout_s=10)
-    wait_for(lambda: engine.bm.num_pinned_blocks == 0 and not engine.stuck_puts)
+    wait_for(lambda: engine.bm.num_pinned_blocks == 0 and not engine.offloads.stuck_puts)
     # what the NIC stored under A's names is A's tokens, not B's
     computed = a + tokens_a[:-1]
     for d in node.nic.descriptors[:2]:

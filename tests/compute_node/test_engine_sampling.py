@@ -13,6 +13,8 @@ import torch
 from kvtb_proto import compute_pb2
 from tests.compute_node.conftest import run_turn
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 PROMPT = list(range(300, 330))
 
 

@@ -13,7 +13,7 @@ from fabric import chunk_format as cf
 from kvtb_proto import compute_pb2
 from tests.compute_node.conftest import Chat, start_cluster, stop_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 MESSAGES = ["Write one sentence about bread.", "And one about butter."]
 

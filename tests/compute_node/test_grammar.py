@@ -18,6 +18,8 @@ from compute_node.grammar import (
 )
 from kvtb_proto.compute_pb2 import StructuredOutput
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 VOCAB = 49152  # SmolLM2-135M's logits width
 EOS = 2
 

@@ -7,6 +7,8 @@ import pytest
 from compute_node import paged_attention
 from tests.optimized import run_optimized
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 @pytest.mark.skipif(not paged_attention.kernel_built(), reason="the attention kernel was not built")
 def test_the_kernels_guards_raise_under_python_O():
@@ -72,7 +74,7 @@ def test_the_block_managers_and_sequences_checks_raise_under_python_O():
         bm.allocate(a)
         print(refused(lambda: bm.allocate(a)))  # twice: the first blocks would leak
         print(refused(lambda: bm.mark_computed(a, 6)))
-        print(refused(lambda: Sequence([], 1)))
-        print(refused(lambda: Sequence([1], 1, salt="text")))
+        print(refused(lambda: Sequence([], 1, 4)))
+        print(refused(lambda: Sequence([1], 1, 4, salt="text")))
     """)
     assert out.split() == ["RuntimeError", "ValueError", "ValueError", "ValueError", "TypeError"]

@@ -162,7 +162,7 @@ def together(node, prompts, policy="resident", n=12):
 def _watch_copies(node):
     """Wrap the node's host tier: the pool's bytes of each victim's blocks as they were at swap-out, and
     as they are after its swap-in; [(block index, before, after)]."""
-    store, pool = node.engine.host_swap, node.pool
+    store, pool = node.engine.preemption.host_swap, node.pool
     L = pool.layout
     saved, compared = {}, []
 

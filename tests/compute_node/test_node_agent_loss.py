@@ -16,6 +16,8 @@ from tests.conftest import secure_channel
 
 from .conftest import run_turn
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def health(node) -> int:
     with secure_channel(node.address, peer="compute") as channel:

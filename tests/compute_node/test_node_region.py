@@ -2,6 +2,8 @@
 /dev/shm; its own region is 0600 and goes with it at stop."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import stat
@@ -10,6 +12,8 @@ import sys
 
 from compute_node.settings import ComputeSettings
 from hostmem import region
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 OWNER = """
 import sys, time

@@ -36,15 +36,15 @@ def test_tokens_to_compute_prefill_then_decode():
 
 
 def test_identity_equality_ids_and_opaque_payload():
-    a = Sequence([1, 2], 1, payload={"temperature": 0.0})
-    b = Sequence([1, 2], 1, payload={"temperature": 0.0})
+    a = Sequence([1, 2], 1, 4, payload={"temperature": 0.0})
+    b = Sequence([1, 2], 1, 4, payload={"temperature": 0.0})
     assert a != b and len({a, b}) == 2 and a.seq_id != b.seq_id
     assert a.status is SequenceStatus.WAITING and a.payload == {"temperature": 0.0}
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"token_ids": [], "max_new_tokens": 1}, {"token_ids": [1], "max_new_tokens": 0},
-    {"token_ids": [1], "max_new_tokens": 1, "salt": "text"}])
+    {"token_ids": [], "max_new_tokens": 1, "block_tokens": 4}, {"token_ids": [1], "max_new_tokens": 0, "block_tokens": 4},
+    {"token_ids": [1], "max_new_tokens": 1, "block_tokens": 4, "salt": "text"}])
 def test_bad_sequences_are_refused(kwargs):
     with pytest.raises((ValueError, TypeError)):
         Sequence(**kwargs)

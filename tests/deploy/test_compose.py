@@ -11,6 +11,8 @@ import yaml
 from kvtb import credentials
 from tests.deploy.conftest import COMPOSE_FILE, TWO_REPLICAS
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 RECIPE = "Please give me a short recipe for cheesecake."
 CELSIUS = "Only give temperatures in °C from now on."
 OVEN = "What temperature should I set the oven to?"

@@ -10,6 +10,8 @@ import yaml
 
 from tests.deploy.conftest import ROOT
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 DEPLOY = ROOT / "deploy"
 SECTIONS = {"storage0": "STORAGE", "storage1": "STORAGE", "smartnic": "SMARTNIC", "compute": "COMPUTE",
             "frontend": "FRONTEND"}

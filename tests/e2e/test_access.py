@@ -8,7 +8,7 @@ from kvtb_proto import compute_pb2, compute_pb2_grpc, frontend_pb2, frontend_pb2
 from .conftest import USERS, run_turn
 from tests.conftest import secure_channel
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

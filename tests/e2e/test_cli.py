@@ -9,6 +9,8 @@ from kvtb.launch import kvtb_argv
 
 from .conftest import MAX_NEW_TOKENS, PAPER_CHAT, USERS, kvtb, paper_messages
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def test_unreachable_frontend_is_one_clear_line():
     result = kvtb("chat", "--frontend", "127.0.0.1:1", "--script", str(PAPER_CHAT))

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import USERS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 MODEL = "SmolLM2-135M-Instruct"
 TASK = "kvtb_capitals"

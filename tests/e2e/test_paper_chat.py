@@ -3,7 +3,7 @@ import pytest
 
 from .conftest import MAX_NEW_TOKENS, paper_messages, run_conversation, start_up, transcript
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 
 def test_follow_ups_restore_their_kv(paper_records):

@@ -9,7 +9,7 @@ import pytest
 
 from .conftest import paper_messages, run_conversation, start_up
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.service, pytest.mark.slow,
               pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placement nic needs 2 CPUs")]
 
 

@@ -20,7 +20,7 @@ from tests.conftest import secure_channel
 
 from .conftest import USERS, run_conversation, run_turn, start_up
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 MESSAGES = ["My name is Ada and I bake bread. Say hello.",
             "What do I bake?",

@@ -18,7 +18,7 @@ from tests.kvtb.metrics_scrape import scrape, value
 
 from .conftest import USERS, Up, run_turn
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 BACK_WITHIN_S = 240  # a kill -9 of a compute node to its replica serving again (it loads the model again)
 

@@ -6,7 +6,7 @@ from kvtb.launch import ServiceProcess, kvtb_argv
 
 from .conftest import USERS, run_turn
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 
 def frontend(triggered, data_dir, log) -> ServiceProcess:

@@ -8,7 +8,7 @@ from tests.kvtb.metrics_scrape import scrape, value
 
 from .conftest import USERS, kvtb
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 STORE = {"opcode": "kv_store", "status": "success"}
 

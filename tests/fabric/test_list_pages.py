@@ -12,6 +12,8 @@ from storage_node.node import StorageNode
 from tests.conftest import fabric_client
 from tests.storage_node.conftest import GOOD_HOST, settings_for
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def test_split_cuts_large_buffers_into_views():
     big = np.arange(10 * 1024, dtype=np.uint32)  # 40 KiB, not bytes

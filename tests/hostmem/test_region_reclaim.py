@@ -19,6 +19,8 @@ from hostmem import region
 from hostmem.region import Region
 from hostmem.region_reclaim import reclaim_abandoned
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 SIZE = 1 << 20
 OWNER = f"""
 import sys, time

@@ -3,7 +3,11 @@ assert): kvtb, hostmem, smartnic's policies and the compute node's and agent's s
 they guard against with a real error."""
 from __future__ import annotations
 
+import pytest
+
 from tests.optimized import run_optimized
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 CHECKS = """
     import numpy as np

@@ -1,3 +1,4 @@
+import pytest
 """kvtb.launch's pause (it returns once every thread of the process has stopped) and CPU time."""
 import signal
 import subprocess
@@ -5,6 +6,8 @@ import sys
 import time
 
 from kvtb import launch
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 THREADS = "import threading, time\nfor _ in range(4): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\ntime.sleep(60)"
 

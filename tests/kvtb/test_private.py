@@ -21,6 +21,8 @@ import yaml
 from kvtb import credentials, private, up
 from kvtb.launch import READY_PREFIX, ServiceProcess, kvtb_argv
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 CONFIG = {
     "storage": {"admin_address": "127.0.0.1:0", "fabric_address": "tcp://127.0.0.1:0",
                 "metrics_address": "127.0.0.1:0", "namespace_size_bytes": 16 << 20},

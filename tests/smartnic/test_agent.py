@@ -44,9 +44,9 @@ def test_a_delete_refused_as_leased_puts_the_block_back_to_be_evicted_later(agen
     agent._publish(b, "c1")
     agent.policy.remove(b.hash)
     agent.requester.remove(b.hash)  # as an eviction does before its delete
-    agent._kept_leased(b)
+    agent.evictor.kept_leased(b)
     assert agent.requester.get(b.hash) is b and agent.stats.snapshot()[0]["deletes_refused_leased"] == 1
-    assert agent.evict(now=1e12) == 1 and b.hash in agent.deleted  # the policy names it again (idle past its ttl)
+    assert agent.evictor.evict(now=1e12) == 1 and b.hash in agent.deleted  # the policy names it again (idle past its ttl)
 
 
 def test_discovery_asks_nothing_when_no_node_is_up_and_a_found_block_never_replaces_the_index_s(agent):

@@ -20,11 +20,11 @@ def agent():
 
 
 def test_deny_and_rate_limit_refuse_with_their_kind(agent):
-    agent.write_table([("insert", "", Entry((Match("user_id", "exact", "alice"),), 1, Action(DENY)))])
+    agent.tables.write([("insert", "", Entry((Match("user_id", "exact", "alice"),), 1, Action(DENY)))])
     with pytest.raises(ingress.Refused) as refused:
         ingress.plan(agent, PACKET, "default", [1, 2, 3])
     assert refused.value.kind == "denied" and agent.stats.snapshot()[0]["denied"] == 1
-    agent.write_table([("insert", "", Entry((Match("user_id", "exact", "alice"),), 9,
+    agent.tables.write([("insert", "", Entry((Match("user_id", "exact", "alice"),), 9,
                                             Action(RATE_LIMIT, rate_per_s=0.001, burst=1)))])
     ingress.plan(agent, PACKET, "default", [1, 2, 3])  # the burst
     with pytest.raises(ingress.Refused) as refused:
@@ -33,7 +33,7 @@ def test_deny_and_rate_limit_refuse_with_their_kind(agent):
 
 
 def test_forward_goes_to_the_configured_node_without_a_prefetch(agent):
-    agent.write_table([("insert", "", Entry((), 1, Action(FORWARD)))])
+    agent.tables.write([("insert", "", Entry((), 1, Action(FORWARD)))])
     plan = ingress.plan(agent, PACKET, "default", [1, 2, 3])
     assert plan.compute_address == "127.0.0.1:7" and plan.stored_tokens == 0 and plan.action.type == FORWARD
 

@@ -15,7 +15,8 @@ from hostmem.kv_layout import KvLayout
 from hostmem.layout_proto import layout_to_proto
 from smartnic import standing
 from smartnic.datapath import ChunkRef
-from smartnic.watcher import TIMER_SLACK_NS, CounterWork, DataWork, TriggerEngine, fine_timer_slack, realtime
+from smartnic.watcher import (TIMER_SLACK_NS, CounterWork, DataWork, TriggerEngine, WatcherSettings, fine_timer_slack,
+                              realtime)
 from hostmem.region import Region, RegionError
 from smartnic.registrations import Registrations
 from smartnic.stats import Stats
@@ -117,8 +118,9 @@ def pool_engine(request):
             raise answer
         return answer() if callable(answer) else answer
 
-    eng = TriggerEngine(regions, Stats(), lambda *a: None, fire_block=fire, spin_s=0, poll_s=50e-6, warm_s=0.01,
-                        max_sleep_s=0.002, compiled=request.param == "compiled")
+    eng = TriggerEngine(regions, Stats(), lambda *a: None,
+                        WatcherSettings(spin_s=0, poll_s=50e-6, warm_s=0.01, max_sleep_s=0.002,
+                                        compiled=request.param == "compiled"), fire_block=fire)
     eng.on_block_fire.append(lambda reg, block, gen, store_ns, fire_ns: timed.append((block, gen, store_ns, fire_ns)))
     eng.start()
     yield eng, regions, region, answers, fired, timed
@@ -201,8 +203,9 @@ def test_real_time_scheduling_is_the_watcher_threads_alone_where_permitted():
 @pytest.mark.skipif(standing._poller is None, reason="the compiled poller was not built")
 def test_the_watcher_sleeps_on_the_doorbell_and_a_registration_ends_its_wait():
     regions, fired = Registrations(), []
-    eng = TriggerEngine(regions, Stats(), lambda *a: None, fire_block=lambda reg, b, g: fired.append((reg.region_id, b, g)),
-                        spin_s=0, poll_s=50e-6, warm_s=0.01, max_sleep_s=0.002, bell_timeout_s=30.0)
+    eng = TriggerEngine(regions, Stats(), lambda *a: None,
+                        WatcherSettings(spin_s=0, poll_s=50e-6, warm_s=0.01, max_sleep_s=0.002, bell_timeout_s=30.0),
+                        fire_block=lambda reg, b, g: fired.append((reg.region_id, b, g)))
     pools = [Region.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", POOL.region_bytes, POOL.counter_offset,
                            POOL.counter_count) for _ in range(2)]
     eng.start()

@@ -12,6 +12,8 @@ from tests.conftest import secure_channel
 
 from .conftest import settings_for
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def test_an_oversized_admin_request_is_refused(tmp_path):
     node = StorageNode(settings_for(tmp_path, metrics_address="127.0.0.1:0"))

@@ -20,6 +20,8 @@ from tests.fabric.raw_host import RawHost
 from .conftest import GOOD_HOST, settings_for
 from .flood import ConnectFlood, SteadyFlood, send_frame, vm_rss_bytes
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 FLOOD = 1100
 ATTACKER = "127.0.0.2"
 HOSTS_OWN = "127.0.0.1"  # the address a FabricClient of these tests connects from

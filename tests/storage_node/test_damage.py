@@ -10,6 +10,7 @@ from kvtb_proto import nvmeof_pb2 as pb
 from kvtb_proto import storage_admin_pb2 as apb
 from kvtb_proto import storage_admin_pb2_grpc as apb_grpc
 from storage_node import journal as jr
+from tests.storage_node import journal_fixtures as old_journal
 from fabric import status as st
 from tests.conftest import fabric_client, secure_channel
 from fabric.client import FabricClient, StorageStatusError
@@ -158,7 +159,7 @@ def test_an_old_journal_is_read_and_rewritten_in_the_new_format(tmp_path):
     ns.close()
     journal = path.parent / "ns1.data.journal"
     records = jr.scan(journal.read_bytes()).records
-    journal.write_bytes(b"".join(jr.encode_v1(r) for r in records))  # as version 1 wrote it
+    journal.write_bytes(b"".join(old_journal.encode_v1(r) for r in records))  # as version 1 wrote it
     assert jr.scan(journal.read_bytes()).legacy_records == 4
     ns = open_namespace(path)
     assert not ns.journal.damage and ns.values_lost == 0

@@ -12,6 +12,8 @@ from storage_node.queues import QueuePair
 from storage_node.settings import StorageSettings
 from tests.optimized import run_optimized
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 # each line: an expression that must raise the named error
 GUARDS = [
     ("SettingsError", "FabricSecurity('tls', b'k')"),

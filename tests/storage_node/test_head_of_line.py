@@ -17,6 +17,8 @@ from storage_node.stall_watch import LoopWatch
 from .conftest import GOOD_HOST, settings_for
 from tests.conftest import fabric_client
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 OTHER_HOST = "nqn.2026-11.org.kvtestbed:other-host"
 DEPTH = 4
 

@@ -2,7 +2,11 @@
 trim per burst, none while busy, none for the hosts' own traffic."""
 from __future__ import annotations
 
+import pytest
+
 from storage_node.idle_trim import IdleTrim, _malloc_trim
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 
 def test_it_trims_once_per_burst_after_the_idle_time():

@@ -2,6 +2,7 @@
 import os
 
 from storage_node import journal as jr
+from tests.storage_node import journal_fixtures as old_journal
 from storage_node.allocator import Extent
 
 
@@ -147,13 +148,13 @@ def test_a_tail_of_several_damaged_records_names_each_key_or_any_key(tmp_path):
 
 def test_a_version_2_record_is_still_read(tmp_path):
     path = tmp_path / "j"
-    path.write_bytes(jr.encode_v2(put(b"a", 1), 0) + jr.encode_v2(jr.Record(jr.DELETE, b"a"), 1))
+    path.write_bytes(old_journal.encode_v2(put(b"a", 1), 0) + old_journal.encode_v2(jr.Record(jr.DELETE, b"a"), 1))
     j = jr.Journal(path)
     assert j.open() == [put(b"a", 1), jr.Record(jr.DELETE, b"a")] and j.legacy_records == 2
     j.append([put(b"b", 2)])
     j.close()
     data = bytearray(path.read_bytes())
-    data[len(jr.encode_v2(put(b"a", 1), 0)) + 14] ^= 1  # the version-2 Delete: no tag to name its key
+    data[len(old_journal.encode_v2(put(b"a", 1), 0)) + 14] ^= 1  # the version-2 Delete: no tag to name its key
     path.write_bytes(bytes(data))
     assert jr.Journal(path).open() == [put(b"a", 1), lost(b""), put(b"b", 2)]
 
@@ -170,14 +171,14 @@ def test_garbage_inserted_between_records_loses_nothing_and_is_reported(tmp_path
 def test_a_version_1_journal_is_read_and_appended_to(tmp_path):
     path = tmp_path / "j"
     old = [put(b"a", 1), jr.Record(jr.DELETE, b"a"), put(b"b", 2)]
-    path.write_bytes(b"".join(jr.encode_v1(r) for r in old))
+    path.write_bytes(b"".join(old_journal.encode_v1(r) for r in old))
     j = jr.Journal(path)
     assert j.open() == old and j.legacy_records == 3 and not j.damage
     j.append([put(b"c", 3)])
     j.close()
     assert jr.Journal(path).open() == old + [put(b"c", 3)]
     damaged = bytearray(path.read_bytes())
-    damaged[len(jr.encode_v1(old[0])) + 2] ^= 4  # the version-1 Delete
+    damaged[len(old_journal.encode_v1(old[0])) + 2] ^= 4  # the version-1 Delete
     path.write_bytes(bytes(damaged))
     j = jr.Journal(path)
     assert j.open() == [old[0], lost(b""), old[2], put(b"c", 3)] and j.skipped_records == 1

@@ -18,6 +18,8 @@ from .conftest import GOOD_HOST
 from tests.conftest import fabric_client, fabric_security, secure_channel
 from tests.fabric.raw_host import RawHost
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def start_node(start_service, config: str):
     return start_service("storage", "serve", "storage", "--config", config)

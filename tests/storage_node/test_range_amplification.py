@@ -16,6 +16,8 @@ from tests.conftest import fabric_client
 
 from .conftest import GOOD_HOST, settings_for
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 VALUE_BYTES = 200 << 20
 
 

@@ -7,8 +7,11 @@ import sys
 
 import pytest
 
+from bench.results import read_json
 from bench.study import all as study_all
 from kvtb.launch import kvtb_argv
+
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 
 def entry(name, result=None, error=None):
@@ -81,13 +84,13 @@ def test_smoke_writes_the_report_and_the_readme_table(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["failed"] == [] and summary["mode"] == "smoke"
-    assert (out / "eviction" / "README.md").exists() and (out / "all.json").exists()
+    assert (out / "eviction" / "README.md").exists() and (out / "all.json.gz").exists()
     text = readme.read_text()
     assert "old" not in text and "`kvtb study eviction --smoke`" in text
     page = (out / "README.md").read_text()
     assert "| figure | the seed's words [its numbers] |" in page and "| verdict |" in page
     assert "Verdicts over every study: " in page
-    every = json.loads((out / "all.json").read_text())
+    every = read_json(out / "all.json.gz")
     assert every["tally"]["by_step"]["eviction"] and every["budget"]["tiers"]["eviction"]["tier"] == "smoke"
 
 

@@ -6,6 +6,8 @@ import pytest
 from bench.study import all as study_all
 from bench.study import all_resume
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 ORDER = ("poster", "scalellm", "paper", "eviction", "ttft")
 
 

@@ -15,6 +15,8 @@ from bench.study.eviction_claims import TOLERANCE
 from bench.study.report import judge
 from kvtb.launch import kvtb_argv
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def test_modes_set_the_trace_capacities_and_the_real_check():
     full, quick, smoke = parse_args([]), parse_args(["--quick"]), parse_args(["--smoke"])

@@ -16,6 +16,8 @@ from bench.study.claims import VERDICTS, evaluate
 from bench.study.paper import GIB, KIB, MIB
 from kvtb.launch import kvtb_argv
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 # -- sizes ---------------------------------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ import pytest
 from bench.study import paper_causes, paper_decode, paper_get, paper_kv_size, paper_latency
 from bench.study.claims import VERDICTS, evaluate
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 MIB = 1 << 20
 PAPERS = Path("/work/shared/papers")
 

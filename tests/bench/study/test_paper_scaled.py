@@ -16,6 +16,8 @@ from bench.study.paper import KIB, MIB
 from kvtb.launch import kvtb_argv
 from scale import profile as pf
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def test_the_readings_differ_only_in_the_triggered_paths_nvme_write():
     a, b = ps.model_times(32 * KIB, "nvme_write"), ps.model_times(32 * KIB, "nvme_queue")

@@ -14,6 +14,8 @@ from bench.study import poster
 from bench.study.claims import VERDICTS
 from kvtb.launch import kvtb_argv
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 # -- the overhead definitions ------------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ from bench.study.scalellm import RequestRecord, headline_rows, level_figures
 from bench.study.claims import VERDICTS
 from kvtb.launch import kvtb_argv
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def ok(ttft: float, e2e: float, tokens: int, engine_ms: float | None = None,
        frontend_e2e_ms: float | None = None, client: int = 0) -> RequestRecord:

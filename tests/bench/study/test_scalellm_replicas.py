@@ -19,6 +19,8 @@ from bench.study.scalellm_replicas import (
 )
 from kvtb.launch import kvtb_argv
 
+pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
+
 
 def level(tps, ttft_p50, e2e_p50, timeouts=0, generated=None):
     return {"requests": 20, "completed": 20 - timeouts, "timeouts": timeouts, "errors": 0,

@@ -1,0 +1,226 @@
+"""The engine's offload room: every PUT in flight, the turns waiting for another turn's PUT, the PUTs
+that outlived their timeout, the names this node knows are stored, and what polling costs each turn.
+
+Steps 2 and 8 from the engine's side: a block that filled is described (its name, its parent, its
+owner) and handed to its turn's policy (compute_node.offload); a triggered PUT stays here, its block
+pinned, until its PUT-done counter moves (read from the region: no RPC). A PUT past drain_timeout_s
+no longer holds its turn's record back, but its block stays quarantined until the counter moves: the
+NIC may still read it. Engine thread only.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from compute_node.offload import Block, PendingPut
+from compute_node.scheduler import SwapOut
+from compute_node.sequence import Sequence
+from compute_node.turn_state import TurnState
+from hostmem.block_hash import block_hash, salts_of
+
+logger = logging.getLogger(__name__)
+
+MAX_STORED_NAMES = 1_000_000
+
+
+@dataclasses.dataclass(eq=False)
+class PutRecord:
+    """One PUT in flight: the offloader's handle, the turn it stores for (None: none), the swapped-out
+    sequence whose pin it also holds (None: none) and the block's name."""
+
+    put: PendingPut
+    state: TurnState | None
+    owner: Sequence | None
+    name: bytes
+
+
+class OffloadTracker:
+    """PUTs in flight by block id, their waiters, stuck PUTs, stored names and the poll's cost."""
+
+    def __init__(self, settings, layout, pool, bm, scheduler, offloaders: dict, totals: collections.Counter,
+                 record: Callable[[TurnState], None]):
+        self.settings, self.layout, self.pool, self.bm, self.scheduler = settings, layout, pool, bm, scheduler
+        self.offloaders, self.totals, self._record = offloaders, totals, record
+        self.puts: dict[int, PutRecord] = {}  # by block id
+        self.put_waiters: dict[int, list[TurnState]] = {}  # turns sharing a block whose PUT is in flight
+        self.stuck_puts: dict[int, PendingPut] = {}  # by block id: PUTs past drain_timeout_s, their block pinned
+        self.stored_names: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
+        self._poll_cost: list[tuple[TurnState, float]] = []  # the last poll's reading time, per turn
+
+    def __bool__(self) -> bool:
+        """Whether any PUT is in flight or stuck (the engine's loop polls, not sleeps)."""
+        return bool(self.puts or self.stuck_puts)
+
+    # -- naming and handing over
+    def describe(self, state: TurnState, index: int, block_id: int, tokens: int) -> Block:
+        """Block `index` of the turn's sequence (in pool block block_id, `tokens` long) as a descriptor says it."""
+        seq, turn, bt = state.seq, state.turn, self.layout.block_tokens
+        full = self.bm.hashes(seq, (index * bt + tokens) // bt)
+        parent = full[index - 1] if index else b""
+        salts = salts_of(seq.salt)
+        name = full[index] if tokens == bt else block_hash(parent, seq.token_ids[index * bt:index * bt + tokens],
+                                                           salts.private)
+        return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id,
+                     salts.is_shared(index, tokens == bt))
+
+    def offloads(self, state: TurnState) -> bool:
+        """Whether the turn's policy stores anything."""
+        return self.offloaders[state.turn.policy].offloads
+
+    def offload(self, state: TurnState, index: int, block_id: int, tokens: int, owner: Sequence | None = None) -> None:
+        """Store block `index` of the turn's sequence (in pool block block_id) as its policy says; the
+        time spent here is the turn's offload stall."""
+        offloader = self.offloaders[state.turn.policy]
+        if not offloader.offloads or index in state.storing:
+            return
+        start = time.perf_counter()
+        block = self.describe(state, index, block_id, tokens)
+        self._store_block(state, offloader, block, index, block_id, owner)
+        state.offload.stall_s += time.perf_counter() - start
+
+    def store_found(self, state: TurnState) -> None:
+        """Blocks a sequence found in the pool's prefix cache that no PUT of ours stored yet (another
+        policy's turn computed them): store them now, so that its follow-ups can restore them."""
+        seq, bt = state.seq, self.layout.block_tokens
+        if not self.offloads(state):
+            return
+        for index in range(seq.num_cached_tokens // bt):
+            if (state.turn.policy, seq.block_hashes[index]) not in self.stored_names:
+                self.offload(state, index, seq.block_table[index], bt)
+
+    def swap_out(self, state: TurnState, swap: SwapOut) -> None:
+        """Store what a swap victim has not stored yet; each of its pins goes once its block is stored."""
+        bt = self.layout.block_tokens
+        for index, block_id in enumerate(swap.block_ids):
+            tokens = min(bt, swap.num_tokens - index * bt)
+            if self.describe(state, index, block_id, tokens).hash in state.stored:
+                self.scheduler.release_pins(swap.seq, [block_id])
+            elif index in state.storing:
+                self.puts[state.storing[index]].owner = swap.seq
+            else:
+                self.offload(state, index, block_id, tokens, owner=swap.seq)
+                if index not in state.storing:  # stored synchronously, or not at all
+                    self.scheduler.release_pins(swap.seq, [block_id])
+
+    def _store_block(self, state: TurnState, offloader, block: Block, index: int, block_id: int,
+                     owner: Sequence | None) -> None:
+        """Hand a described block to its policy's offloader, unless stored already or in flight for another turn."""
+        if block.hash in state.stored:  # this block, with these tokens, is stored already
+            return
+        if block_id in self.stuck_puts:  # a PUT that outlived its timeout may still read it: no second one
+            state.offload_failures += 1
+            return
+        if block_id in self.puts:  # another turn's PUT of this shared block is in flight: wait for it
+            state.awaiting.add(block_id)  # (a second PUT would rewrite its descriptor under the first)
+            self.put_waiters.setdefault(block_id, []).append(state)
+            return
+        put = offloader.store(block, state.offload)
+        if put is None:  # stored already (cpu: synchronously)
+            state.stored.add(block.hash)
+            self.stored(state.turn.policy, block.hash)
+            return
+        self.bm.pin(block_id)
+        state.storing[index] = block_id
+        self.puts[block_id] = PutRecord(put, state, owner, block.hash)
+
+    def stored(self, policy: str, name: bytes) -> None:
+        """A block of this name is on the policy's storage (as far as this node knows: the agent's
+        index, or the cpu store's, may have dropped it since)."""
+        self.stored_names[(policy, name)] = None
+        self.stored_names.move_to_end((policy, name))
+        while len(self.stored_names) > MAX_STORED_NAMES:
+            self.stored_names.popitem(last=False)
+
+    # -- the counters
+    def waited_for(self) -> list[int]:
+        """The PUTs something waits for: a finished turn's record, a swap-out's pins (a running turn's own
+        PUTs are read once per step: reading them more often would only add to its offload stall)."""
+        return [b for b, r in self.puts.items() if r.owner is not None or r.state is None or r.state.finished_ns]
+
+    def poll(self, blocks: list[int] | None = None) -> bool:
+        """Release the blocks (default: all in flight) whose PUT ended (or timed out). Each ended PUT's
+        bookkeeping is its turn's offload stall; reading the counters is shared by the turns whose PUTs
+        were read (charge_poll_cost, when a step follows: a poll while the engine has nothing else to do
+        stalls nothing)."""
+        blocks = list(self.puts) if blocks is None else blocks
+        if not blocks:
+            return False
+        start = time.perf_counter()
+        words = self.pool.words
+        rows = [(words[2 * c], words[2 * c + 1]) for c in (self.puts[b].put.counter for b in blocks)]
+        now = time.monotonic()
+        ended = [(b, s, e) for b, (s, e) in zip(blocks, rows)
+                 if self.puts[b].put.ended(s, e) or now >= self.puts[b].put.deadline]
+        share = (time.perf_counter() - start) / len(blocks)
+        self._poll_cost = [(self.puts[b].state, share) for b in blocks if self.puts[b].state is not None]
+        for block_id, success, error in ended:
+            self._ended(block_id, success, error)
+        return bool(ended)
+
+    def _ended(self, block_id: int, success: int, error: int) -> None:
+        start = time.perf_counter()
+        rec = self.puts.pop(block_id)
+        put, state = rec.put, rec.state
+        self._wake_waiters(block_id, rec.name, put.stored(success, error))
+        if put.ended(success, error):
+            self.bm.unpin(block_id)
+        else:  # the turn goes on without it, but the NIC may still read the block: it stays pinned
+            logger.warning("block %d: PUT not done after %.0f s; the block stays out of use until it ends",
+                           block_id, self.settings.drain_timeout_s)
+            self.totals["puts_timed_out"] += 1
+            self.stuck_puts[block_id] = put
+            self.bm.quarantine(block_id)
+        if rec.owner is not None:  # a swap-out's block: the scheduler held it too
+            self.scheduler.release_pins(rec.owner, [block_id])
+        if state is not None:
+            index = next(i for i, b in state.storing.items() if b == block_id)
+            del state.storing[index]
+            if put.stored(success, error):
+                state.stored.add(rec.name)
+                self.stored(state.turn.policy, rec.name)
+            else:
+                state.offload_failures += 1
+            state.offload.stall_s += time.perf_counter() - start
+            self._record(state)
+
+    def poll_stuck(self) -> bool:
+        """PUTs past their drain timeout whose counter moved at last: their blocks may be reused now."""
+        if not self.stuck_puts:
+            return False
+        words = self.pool.words
+        ended = [b for b, put in self.stuck_puts.items() if put.ended(words[2 * put.counter], words[2 * put.counter + 1])]
+        for block_id in ended:
+            del self.stuck_puts[block_id]
+            self.bm.end_quarantine(block_id)
+        return bool(ended)
+
+    def forget_poll_cost(self) -> None:
+        """A new loop: the last poll's cost is charged or dropped."""
+        self._poll_cost = []
+
+    def charge_poll_cost(self) -> None:
+        """The last poll's reading time, to the turns whose PUTs it read: a step waits for it."""
+        for state, seconds in self._poll_cost:
+            state.offload.stall_s += seconds
+        self._poll_cost = []
+
+    def _wake_waiters(self, block_id: int, name: bytes, stored: bool) -> None:
+        """The turns that waited for another turn's PUT of this block: it ended."""
+        for waiter in self.put_waiters.pop(block_id, []):
+            waiter.awaiting.discard(block_id)
+            if stored:
+                waiter.stored.add(name)
+            if not waiter.finished:
+                self._record(waiter)
+
+    # -- a turn that ends early
+    def release(self, state: TurnState) -> collections.Counter:
+        """A turn aborted: it waits for no other turn's PUT; the pins of its sequence that a PUT in flight
+        will release when it ends (block id -> how many), which nobody else may release."""
+        for waiters in self.put_waiters.values():
+            if state in waiters:
+                waiters.remove(state)
+        return collections.Counter(b for b, r in self.puts.items() if r.owner is state.seq)
