@@ -97,10 +97,11 @@ def pytest_fixture_setup(fixturedef, request):
 
 
 def mark_services(items, fixtures: frozenset[str]) -> None:
-    """Every test that uses a fixture that starts a process (directly or through another) is a service
-    test: it is marked so, wherever it is."""
+    """Every test that uses a fixture that starts a process (directly or through another), and every
+    container test (`compose`), is a service test: it is marked so, wherever it is."""
     for item in items:
-        if fixtures.intersection(getattr(item, "fixturenames", ())) and item.get_closest_marker(MARKER) is None:
+        drives = item.get_closest_marker("compose") is not None  # containers: docker's processes
+        if (drives or fixtures.intersection(getattr(item, "fixturenames", ()))) and item.get_closest_marker(MARKER) is None:
             item.add_marker(MARKER)
 
 
