@@ -28,7 +28,7 @@ from aiohttp import web
 from chat_frontend import openai_format as oa
 from chat_frontend.chat_service import ChatService
 from chat_frontend.errors import ChatError
-from chat_frontend.http_errors import error_response, refusal
+from chat_frontend.http_errors import error_response, refusal, stream_error
 from chat_frontend.sessions import SESSION_HEADER, named_session
 from kvtb_proto import frontend_pb2
 
@@ -123,10 +123,10 @@ class ChatCompletionsApi:
             return response
         except ChatError as exc:
             logger.info("chat completion failed while streaming: %s", exc)
-            await response.write(oa.sse(oa.error_body(exc.code, exc.message, exc.param, exc.openai_code)[1]))
+            await response.write(stream_error(exc))
         except Exception as exc:
             logger.exception("chat completion failed while streaming")
-            await response.write(oa.sse(oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")[1]))
+            await response.write(stream_error(exc))
         await response.write(oa.sse("[DONE]"))
         await response.write_eof()
         return response

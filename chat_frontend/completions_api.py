@@ -26,7 +26,7 @@ from chat_frontend import openai_format as oa
 from chat_frontend.chat_service import ChatService
 from chat_frontend.completion_turns import CompletionTurns, Finished, Token, encode, fit_tokens
 from chat_frontend.errors import ChatError
-from chat_frontend.http_errors import failed, refused
+from chat_frontend.http_errors import failed, refused, stream_error
 
 logger = logging.getLogger(__name__)
 
@@ -129,11 +129,11 @@ class CompletionsApi:
             return response
         except ChatError as exc:
             logger.info("completion failed while streaming: %s", exc)
-            await response.write(oa.sse(oa.error_body(exc.code, exc.message, exc.param, exc.openai_code)[1]))
+            await response.write(stream_error(exc))
             done = []
         except Exception as exc:
             logger.exception("completion failed while streaming")
-            await response.write(oa.sse(oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")[1]))
+            await response.write(stream_error(exc))
             done = []
         return await _close_stream(response, req, completion_id, done)
 

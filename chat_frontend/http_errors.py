@@ -118,3 +118,11 @@ class JsonErrorRunner(web.AppRunner):
         server = await super()._make_server()
         server.__class__ = _Server
         return server
+
+
+def stream_error(exc: Exception) -> str:
+    """The one `data: {"error": ...}` event a stream ends with when its turn fails after it began: a
+    ChatError as it says, anything else (a bug) as INTERNAL, naming only its type."""
+    if isinstance(exc, ChatError):
+        return oa.sse(oa.error_body(exc.code, exc.message, exc.param, exc.openai_code)[1])
+    return oa.sse(oa.error_body("INTERNAL", f"frontend: {type(exc).__name__}")[1])
