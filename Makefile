@@ -34,15 +34,20 @@ $(PROTO_STAMP): $(PROTOS) | $(STAMP)
 
 # Three tiers (README, "The developer loop"): test-unit runs no process and no real model
 # (tests/process_guard.py fails an unmarked test that starts a process); test-fast adds the
-# service tests but no real model; test runs everything (CI's .ci/run) and names the 20 slowest.
+# service tests but no real model (KVTB_FORBID_REAL_MODEL fails a load of it); test runs everything
+# (CI's .ci/run) and names the 20 slowest. Each runs on TEST_WORKERS pytest-xdist workers, each module
+# on one worker (tests/conftest.py: one torch thread each, so that they share the cores).
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
 test: install
-	$(BIN)/python -m pytest --durations=20 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) --durations=20 $(PYTEST_ARGS)
 
 test-unit: install
-	$(BIN)/python -m pytest -q -m 'not service and not slow' $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -q -m 'not service and not slow' $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -m 'not slow' $(PYTEST_ARGS)
+	KVTB_FORBID_REAL_MODEL=1 $(BIN)/python -m pytest $(XDIST) -m 'not slow' $(PYTEST_ARGS)
 
 # The paper's chat (section II-B) on every service: `kvtb up` in the background, the three
 # messages of deploy/demo-chat.txt through `kvtb chat --trace`, then every service stopped,

@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
 
     threads = args.torch_threads or os.cpu_count()
     torch.set_num_threads(threads)
-    model, tokenizer = load_model(ComputeSettings().model_cache_dir, threads)
+    model, tokenizer = load_model(ComputeSettings().model_cache_dir, threads, reference=True)
     per_seq = -(-(args.context_tokens + args.warmup_steps + args.rounds * args.steps) // args.block_tokens)
     shape = pool_shape(model.config, max(args.batches) * per_seq, args.block_tokens)
     kv_bytes = 4 * torch.Size(shape).numel()

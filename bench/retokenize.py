@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from compute_node.chat_template import ChatEncoder
     from compute_node.model_loader import load_model
     from compute_node.settings import ComputeSettings
-    model, tokenizer = load_model(ComputeSettings().model_cache_dir, threads=args.threads)
+    model, tokenizer = load_model(ComputeSettings().model_cache_dir, threads=args.threads, reference=True)
     encoder = ChatEncoder(tokenizer)
     results: dict[str, list[dict]] = {}
     start = time.monotonic()

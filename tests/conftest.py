@@ -20,6 +20,15 @@ from tests.process_guard import (  # noqa: F401 (hooks)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Under pytest-xdist (`make test` runs two workers) two tests share the two cores. An OpenMP team spins
+# while it waits for its threads, so beside another test a compute node's two torch threads decoded 10-20x
+# slower (a real-model test of 6 s took 128 s). So each worker's own torch, and every compute node a test
+# starts (unless the test says otherwise), takes one thread: the cores go to the two workers instead.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("KVTB_COMPUTE_TORCH_THREADS", "1")
+    import torch
+    torch.set_num_threads(1)
+
 
 def pytest_addoption(parser):
     process_guard.addoption(parser)
@@ -37,8 +46,19 @@ SERVICE_FIXTURES = frozenset({
 })
 
 
+# `make test` runs on two workers (pytest-xdist, --dist loadgroup): each module stays on one worker, so
+# a module-scoped stack starts once; the tests that share a session-scoped stack form one group, so it
+# starts once too.
+SESSION_STACKS = {"triggered": "e2e-kvtb-up-triggered", "paper_records": "e2e-kvtb-up-triggered"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     process_guard.mark_services(items, SERVICE_FIXTURES)
+    for item in items:
+        group = next((g for f, g in SESSION_STACKS.items() if f in getattr(item, "fixturenames", ())), None)
+        if group and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 # One deployment's credentials for the whole run, made as `kvtb up` makes them: every service a
 # test starts (in this process or as a child) finds them through KVTB_CREDENTIALS_DIR, so the

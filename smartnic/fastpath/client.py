@@ -46,6 +46,8 @@ class FastPath:
         self.stats, self.on_stored, self.on_fired = stats, on_stored, on_fired
         # restore id -> (on a block's end, the blocks not ended yet)
         self._restores: dict[int, tuple[Callable[[int, str | None, str], None], set[int]]] = {}
+        # a block ends once: the reader and a failed send may both end it
+        self._restores_lock = threading.Lock()
         self._restore_ids = itertools.count(1)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conn = multiprocessing.connection.Connection(ours.detach())
@@ -115,26 +117,31 @@ class FastPath:
         if not blocks:
             return
         restore = next(self._restore_ids)
-        self._restores[restore] = (on_end, set(range(len(blocks))))
+        with self._restores_lock:
+            self._restores[restore] = (on_end, set(range(len(blocks))))
         try:
             self._send((p.RESTORE, restore, region_id, blocks, groups))
-        except OSError as exc:
-            self._restores.pop(restore, None)
-            raise FastPathError(f"the fast path process is gone: {exc}") from exc
+        except OSError as exc:  # the child is gone; the reader may have seen it first and ended some blocks
+            for i in range(len(blocks)):
+                self._ended(restore, i, GONE, f"the fast path process is gone: {exc}")
 
     def _ended(self, restore: int, i: int, kind: str | None, message: str) -> None:
-        entry = self._restores.get(restore)
-        if entry is None or i not in entry[1]:
-            return
-        entry[1].discard(i)
-        if not entry[1]:
-            self._restores.pop(restore, None)
+        """Block i of `restore` ended: on_end once, whoever reports it (a second report is dropped)."""
+        with self._restores_lock:
+            entry = self._restores.get(restore)
+            if entry is None or i not in entry[1]:
+                return
+            entry[1].discard(i)
+            if not entry[1]:
+                self._restores.pop(restore, None)
         entry[0](i, kind, message)
 
     def _abandon_restores(self) -> None:
         """The child is gone: every block of a restore not ended ends as GONE (its counters did not move)."""
-        for restore, (on_end, left) in list(self._restores.items()):
-            for i in sorted(left):
+        with self._restores_lock:
+            pending = [(restore, sorted(left)) for restore, (_, left) in self._restores.items()]
+        for restore, left in pending:
+            for i in left:
                 self._ended(restore, i, GONE, "the fast path process exited during the restore")
 
     def alive(self) -> bool:

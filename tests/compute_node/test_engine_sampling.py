@@ -253,7 +253,7 @@ def test_a_structured_reply_follows_its_schema_and_ends_where_the_grammar_does(m
 def real_model():
     from compute_node.model_loader import load_model
     from compute_node.settings import ComputeSettings
-    model, _ = load_model(ComputeSettings().model_cache_dir)
+    model, _ = load_model(ComputeSettings().model_cache_dir, reference=True)
     return model
 
 

@@ -257,7 +257,7 @@ def test_real_model_reply_to_a_schema_validates():
     from compute_node.chat_template import ChatEncoder
     from compute_node.model_loader import load_model
     from compute_node.settings import ComputeSettings
-    model, tokenizer = load_model(ComputeSettings().model_cache_dir)
+    model, tokenizer = load_model(ComputeSettings().model_cache_dir, reference=True)
     compiler = GrammarCompiler(tokenizer, model.config.vocab_size)
     matcher = compiler.matcher(json_schema(PERSON))
     ids = ChatEncoder(tokenizer).encode([{"role": "user", "content":

@@ -52,10 +52,22 @@ def test_runner_refuses_a_pool_on_another_device(tiny_model):
 
 @pytest.fixture(scope="module")
 def real():
+    """transformers' own SmolLM2 (the reference forward) and the tokenizer."""
     from compute_node.model_loader import load_model
     from compute_node.settings import ComputeSettings
-    model, tokenizer = load_model(ComputeSettings().model_cache_dir)
+    model, tokenizer = load_model(ComputeSettings().model_cache_dir, reference=True)
     return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def real_weights():
+    """SmolLM2 as the compute node loads it (compute_node.weights: the cache's tensors alone)."""
+    from compute_node import weights
+    from compute_node.model_loader import load_model
+    from compute_node.settings import ComputeSettings
+    model, _ = load_model(ComputeSettings().model_cache_dir)
+    assert isinstance(model, weights.LlamaWeights)
+    return model
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
@@ -81,12 +93,13 @@ def transformers_greedy(model, ids: list[int], n: int) -> tuple[list[int], list[
 
 
 @pytest.mark.slow
-def test_real_model_greedy_decode_equals_transformers(real):
+def test_real_model_greedy_decode_equals_transformers(real, real_weights):
+    """Our forward over the weights as the compute node loads them, against transformers' own model."""
     model, tokenizer = real
     ids = chat_ids(tokenizer, "Explain in a few sentences why bread dough rises.")
     n = 40
     expected, expected_logits = transformers_greedy(model, ids, n)
-    runner = real_runner(model)
+    runner = real_runner(real_weights)
     table = torch.randperm(64, generator=torch.Generator().manual_seed(0))[:8].tolist()
     half = len(ids) // 2  # the prompt in two chunks
     runner.step([SeqRun(ids[:half], 0, table)])

@@ -65,7 +65,8 @@ def _compute_env(model_dir: Path, cpus: str) -> dict[str, str]:
             "KVTB_COMPUTE_POLICY": "resident", "KVTB_COMPUTE_AGENT_ADDRESS": "",
             "KVTB_COMPUTE_STORAGE_FABRIC_ADDRESSES": "", "KVTB_COMPUTE_LISTEN_ADDRESS": "127.0.0.1:0",
             "KVTB_COMPUTE_POOL_TOKENS": "512", "KVTB_COMPUTE_BLOCK_TOKENS": "8",
-            "KVTB_COMPUTE_MAX_CONTEXT_TOKENS": "256", "KVTB_COMPUTE_NODE_NAME": f"threads{os.getpid()}"}
+            "KVTB_COMPUTE_MAX_CONTEXT_TOKENS": "256", "KVTB_COMPUTE_NODE_NAME": f"threads{os.getpid()}",
+            "KVTB_COMPUTE_TORCH_THREADS": "0"}  # the default (one per CPU), whatever the test run set
 
 
 def _one_turn(address: str) -> None:
