@@ -22,10 +22,8 @@ from bench.results import emit_json, machine_info
 CHILD = """
 import json, os, sys, time
 t0 = float(sys.argv[1])
-from compute_node import model_loader, weights
-if sys.argv[2] == "transformers":
-    weights.readable = lambda cache_dir: "forced by bench.model_load"
-model, tokenizer = model_loader.load_model(sys.argv[3])
+from compute_node import model_loader
+model, tokenizer = model_loader.load_model(sys.argv[3], reference=sys.argv[2] == "transformers")
 t = os.times()
 print(json.dumps({"wall_s": time.time() - t0, "cpu_s": t.user + t.system, "class": type(model).__name__}))
 """

@@ -111,7 +111,7 @@ def load_model(cache_dir: str | os.PathLike, threads: int = 0, reference: bool =
 
 def load_tokenizer(cache_dir: str | os.PathLike):
     """The tokenizer alone: from cache_dir when the model was cached, else from the GGUF file."""
-    from transformers import AutoTokenizer  # noqa: F401 (lazy in transformers: importing the name is cheap)
+    from transformers import AutoTokenizer
     cache_dir = Path(cache_dir).expanduser()
     if (cache_dir / "tokenizer_config.json").exists():
         if _tokenizers_backend(cache_dir):  # the class AutoTokenizer would pick, without reading the

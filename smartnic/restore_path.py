@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from hostmem.region import RegionError
 from smartnic import discovery
 from smartnic.datapath import DataError
-from smartnic.fastpath.client import GONE, FastPathError
+from smartnic.fastpath.client import GONE
 from smartnic.registrations import Registered
 from smartnic.requester import StoredBlock
 
@@ -123,12 +123,9 @@ class RestorePath:
                 for group in range(L.layer_groups):
                     self._group_landed(reg, block, group, err)
             self._block_ended(restore, stored, err)
-        try:
-            self.fastpath().restore(reg.region_id, [(s, L.chunk_runs(b.block, b.token_count), b.block) for b, s in fetched],
-                                  groups, on_end)
-        except FastPathError as exc:
-            for i in range(len(fetched)):
-                on_end(i, GONE, str(exc))
+        # a send that fails (the process exited) ends each block as GONE through on_end, once
+        self.fastpath().restore(reg.region_id, [(s, L.chunk_runs(b.block, b.token_count), b.block) for b, s in fetched],
+                                groups, on_end)
 
     def _group_landed(self, reg: Registered, block: RestoreBlock, group: int, err: DataError | None) -> None:
         """Step 7 for one layer group of one block: its completion counter, success or error part."""

@@ -113,7 +113,8 @@ class FastPath:
 
     def restore(self, region_id: int, blocks: list, groups: list, on_end: Callable[[int, str | None, str], None]) -> None:
         """GET (StoredBlock, runs, pool block) each into the region in the child (its counters bumped there);
-        on_end(i, error kind or None, message) once block i's every group was reported."""
+        on_end(i, error kind or None, message) once block i's every group was reported. It never raises: a
+        send that fails because the child exited ends each block as GONE."""
         if not blocks:
             return
         restore = next(self._restore_ids)
