@@ -19,7 +19,10 @@ Full mode fits a time budget, `--hours` (default 3; 0: none): full mode of every
 about 5.4 hours here, so before it starts the run plans each step's tier (bench.study.all_budget: full,
 a documented cut, or quick): the fewest steps in quick mode, then the run closest to full. With 3 hours:
 poster `--cut`, scalellm `--requests-per-client 1`, eviction quick, paper and ttft full; the plan and
-every cut are in all.json.gz (`budget`), on the report and in the README block.
+every cut are in all.json.gz (`budget`), on the report and in the README block. Under `--profile`
+every estimate is first multiplied by what pacing costs its step, from `kvtb profile check`'s
+estimates measured as the run starts (`profile_slowdown`): under polaris-a100 full mode of the poster
+alone is estimated at about 7 hours, so a profiled run is cut much further, and says so.
 
 A run in parts (`--resume`, bench.study.all_resume): the steps that already finished in OUT/all.json.gz
 (same mode and profile) are kept and the rest run, so that full mode of every step can be taken in
@@ -140,6 +143,24 @@ def run_step(step: Step, argv: list[str], timeout_s: float) -> dict:
     return entry
 
 
+def profile_slowdown(profile: str, names: list[str], dilation: str | float) -> tuple[dict[str, float], str]:
+    """Each step's slowdown under `profile` for the time budget (all_budget.slowdowns), from
+    `kvtb profile check`'s estimates, measured here (about 15 s); a D given in numbers rescales them."""
+    from bench import profile_check
+    from scale import profile as pf
+    check = profile_check.check(pf.load(profile), quick=False, margin=2.0, repeats=3)
+    studies = check["studies"]
+    try:
+        scale = float(dilation) / check["dilation"]
+    except (TypeError, ValueError):  # auto: the check's own recommendation stands in for the warm-up's
+        scale = 1.0
+    if scale != 1.0:
+        studies = {n: e | ({"paced_over_real": max(1.0, e["paced_over_real"] * scale)}
+                           if e.get("paced_over_real") is not None else {}) for n, e in studies.items()}
+    slow, how = all_budget.slowdowns(names, studies)
+    return slow, f"{how} for {profile} at D = {check['dilation'] * scale:.3g}"
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     out = Path(args.out).resolve()
@@ -153,11 +174,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                            ", ".join(PROFILED))
     previous, hours = getattr(args, "previous", None), getattr(args, "hours", None)
     steps = [s for s in steps if s.name not in all_resume.done(previous)]  # --resume: each step once
-    if getattr(args, "resume", False):  # a part of a run: the budget is the whole run's, planned once
-        whole = [s.name for s in STEPS if s.name not in args.skip and (not profiled or s.name in PROFILED)]
-        budget = all_resume.plan(previous, whole, mode, hours)
+    resume = getattr(args, "resume", False)
+    names = ([s.name for s in STEPS if s.name not in args.skip and (not profiled or s.name in PROFILED)]
+             if resume else [s.name for s in steps])
+    slow = (profile_slowdown(profiled, names, args.dilation)
+            if profiled and mode == "full" and hours and not all_resume.kept(previous, names) else (None, ""))
+    if resume:  # a part of a run: the budget is the whole run's, planned once
+        budget = all_resume.plan(previous, names, mode, hours, *slow)
     else:
-        budget = all_budget.plan([s.name for s in steps], mode, hours)
+        budget = all_budget.plan(names, mode, hours, *slow)
     if not budget.fits:
         logger.warning("study all: %s", budget.text())
     start, machine = time.monotonic(), machine_info()  # the commit as the run starts
@@ -390,7 +415,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "is estimated at 5.4 h here, so steps are cut (the fewest in quick mode, then the "
                              "run closest to full) until the estimate fits; with 3 h: poster --cut, scalellm "
                              "--requests-per-client 1, eviction quick (bench/study/all_budget.py; the plan is "
-                             "in all.json.gz and the report)")
+                             "in all.json.gz and the report); under --profile each estimate is first "
+                             "multiplied by what `kvtb profile check` says pacing costs that step")
     parser.add_argument("--keep-data", action="store_true", help="keep the services' data and logs")
     parser.add_argument("--resume", action="store_true",
                         help="keep the steps that already finished in OUT/all.json.gz (same mode and profile) and "

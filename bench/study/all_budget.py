@@ -28,12 +28,17 @@ against them:
   5 sizes (64-2048) x 3 repeats: ~6.
 
 With a 3-hour budget the plan is: poster and scalellm cut, eviction quick, paper and ttft full: about
-2.9 hours. Pure: no I/O.
+2.9 hours.
+
+Under a hardware profile every estimate is multiplied by its step's slowdown (`slowdowns`): what
+`kvtb profile check` says pacing costs that study (D x modeled / real of its dominant operation, or the
+paper's own estimate over its unprofiled one); a step the check does not estimate takes the largest
+slowdown of those it does, and the plan says so. Pure: no I/O (bench.study.all measures the check).
 """
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_HOURS = 3.0
@@ -69,6 +74,8 @@ class Plan:
     tiers: dict[str, Tier]
     budget_minutes: float | None
     unestimated: tuple[str, ...] = ()
+    slowdown: dict[str, float] | None = None   # under a profile: each step's estimate x this
+    slowdown_basis: str = ""
 
     @property
     def minutes(self) -> float:
@@ -92,35 +99,64 @@ class Plan:
         over = "" if self.fits else " (over budget even so)"
         return (f"budget {self.budget_minutes / 60:g} h, estimated {self.minutes / 60:.1f} h{over}{what}"
                 + (f"; no estimate for {', '.join(self.unestimated)} (assumed {UNKNOWN[0].minutes:g} min "
-                   f"full)" if self.unestimated else ""))
+                   f"full)" if self.unestimated else "")
+                + (f"; under the profile each estimate x its slowdown ("
+                   + ", ".join(f"{n} {f:.3g}" for n, f in self.slowdown.items()) + ")"
+                   + (f": {self.slowdown_basis}" if self.slowdown_basis else "") if self.slowdown else ""))
 
     @classmethod
     def from_json(cls, raw: dict) -> "Plan":
         """The plan `to_json` wrote (a run in parts keeps its first part's plan)."""
         tiers = {n: Tier(t["tier"], t["mode"], tuple(t.get("extra") or ()), float(t["minutes"]))
                  for n, t in (raw.get("tiers") or {}).items()}
-        return cls(tiers, raw.get("budget_minutes"), tuple(raw.get("unestimated") or ()))
+        return cls(tiers, raw.get("budget_minutes"), tuple(raw.get("unestimated") or ()),
+                   {n: float(f) for n, f in (raw.get("slowdown") or {}).items()} or None,
+                   str(raw.get("slowdown_basis") or ""))
 
     def to_json(self) -> dict:
         return {"budget_minutes": self.budget_minutes, "estimated_minutes": self.minutes, "fits": self.fits,
                 "tiers": {n: {"tier": t.label, "mode": t.mode, "extra": list(t.extra), "minutes": t.minutes}
                           for n, t in self.tiers.items()},
-                "cut": self.cut(), "unestimated": list(self.unestimated), "text": self.text()}
+                "cut": self.cut(), "unestimated": list(self.unestimated), "text": self.text(),
+                "slowdown": self.slowdown, "slowdown_basis": self.slowdown_basis}
 
 
-def plan(names: Sequence[str], mode: str, hours: float | None) -> Plan:
+def slowdowns(names: Sequence[str], studies: Mapping[str, Mapping]) -> tuple[dict[str, float], str]:
+    """({step: slowdown >= 1}, how) under a profile, from `kvtb profile check`'s study estimates
+    (bench.profile_check.study_estimates): paced_over_real where the check gives one; the paper (whose
+    transfers the check models) its full estimate over TIERS' unprofiled full minutes; a step the check
+    does not estimate the largest of the others (at least 1), named in `how`."""
+    known: dict[str, float] = {}
+    for name in names:
+        e = studies.get(name) or {}
+        if e.get("paced_over_real") is not None:
+            known[name] = max(1.0, float(e["paced_over_real"]))
+        elif (e.get("full") or {}).get("estimate_s") and name in TIERS:
+            known[name] = max(1.0, float(e["full"]["estimate_s"]) / 60 / TIERS[name][0].minutes)
+    guessed = [n for n in names if n not in known]
+    fallback = max(known.values(), default=1.0)
+    how = "kvtb profile check's estimates" + (
+        f"; {', '.join(guessed)} not estimated by it, given the largest ({fallback:.3g})" if guessed else "")
+    return {n: known.get(n, fallback) for n in names}, how
+
+
+def plan(names: Sequence[str], mode: str, hours: float | None, slowdown: Mapping[str, float] | None = None,
+         slowdown_basis: str = "") -> Plan:
     """Each step's tier. Quick and smoke: every step in that mode, no budget. Full: every step full, then
-    the largest saving first, one tier at a time, until the estimate fits `hours` (None or 0: no budget)."""
+    the largest saving first, one tier at a time, until the estimate fits `hours` (None or 0: no budget).
+    `slowdown` (under a profile, from `slowdowns`) multiplies each step's estimates."""
     unestimated = tuple(n for n in names if n not in TIERS)
-    tiers_of = {n: TIERS.get(n, UNKNOWN) for n in names}
+    slow = {n: float((slowdown or {}).get(n, 1.0)) for n in names} if slowdown else None
+    tiers_of = {n: tuple(Tier(t.label, t.mode, t.extra, t.minutes * (slow[n] if slow else 1.0))
+                         for t in TIERS.get(n, UNKNOWN)) for n in names}
     if mode != "full":
         chosen = {n: next((t for t in tiers_of[n] if t.label == "quick"), tiers_of[n][-1]) for n in names}
         if mode == "smoke":
             chosen = {n: Tier("smoke", "smoke", (), 0.0) for n in names}
-        return Plan(chosen, None, unestimated)
+        return Plan(chosen, None, unestimated, slow, slowdown_basis)
     budget = hours * 60 if hours else None
     if budget is None:
-        return Plan({n: tiers_of[n][0] for n in names}, None, unestimated)
+        return Plan({n: tiers_of[n][0] for n in names}, None, unestimated, slow, slowdown_basis)
     # every combination of tiers (a handful of steps, at most three tiers each) that fits: the fewest steps
     # in quick mode, then the most minutes (the run closest to full), then the fewest cut; none fits: every
     # step at its cheapest
@@ -135,4 +171,4 @@ def plan(names: Sequence[str], mode: str, hours: float | None) -> Plan:
             best = (key, levels)
     levels = best[1] if best else tuple(len(tiers_of[n]) - 1 for n in names)
     level = dict(zip(names, levels))
-    return Plan({n: tiers_of[n][level[n]] for n in names}, budget, unestimated)
+    return Plan({n: tiers_of[n][level[n]] for n in names}, budget, unestimated, slow, slowdown_basis)

@@ -29,18 +29,22 @@ def check(previous: Mapping[str, Any] | None, mode: str, profile: str | None) ->
     return None
 
 
+def kept(previous: Mapping[str, Any] | None, names: Sequence[str]) -> bool:
+    """Whether `previous` holds a plan for every one of `names` (which `plan` then keeps)."""
+    raw = (previous or {}).get("budget") or {}
+    return bool(raw.get("tiers")) and all(n in raw["tiers"] for n in names)
+
+
 def plan(previous: Mapping[str, Any] | None, names: Sequence[str], mode: str,
-         hours: float | None) -> all_budget.Plan:
+         hours: float | None, slowdown: Mapping[str, float] | None = None,
+         slowdown_basis: str = "") -> all_budget.Plan:
     """The plan of the whole run, not of this part: the first part plans every step of the run (`names`,
     also those a later part will run), and every later part keeps that plan, so each step runs at the tier
     the budget gave it and the report's cuts are the run's. A plan that lacks one of `names` is made again
     for all of them."""
-    raw = (previous or {}).get("budget") or {}
-    if raw.get("tiers"):
-        kept = all_budget.Plan.from_json(raw)
-        if all(n in kept.tiers for n in names):
-            return kept
-    return all_budget.plan(names, mode, hours)
+    if kept(previous, names):
+        return all_budget.Plan.from_json(previous["budget"])
+    return all_budget.plan(names, mode, hours, slowdown, slowdown_basis)
 
 
 def done(previous: Mapping[str, Any] | None) -> dict[str, dict]:

@@ -166,3 +166,13 @@ def test_a_cut_step_is_named_on_its_section():
     assert study_all.parse_args([]).hours == 3.0 and study_all.parse_args(["--hours", "0"]).hours == 0
     with pytest.raises(SystemExit):
         study_all.parse_args(["--hours", "-1"])
+
+
+def test_the_budget_under_a_profile_takes_the_checks_slowdowns_rescaled_to_a_given_dilation(monkeypatch):
+    from bench import profile_check
+    measured = {"dilation": 50.0, "studies": {"poster": {"paced_over_real": 3.0}}}
+    monkeypatch.setattr(profile_check, "check", lambda *a, **k: measured)
+    slow, how = study_all.profile_slowdown("paper", ["poster", "ttft"], "auto")
+    assert slow == {"poster": 3.0, "ttft": 3.0} and how.endswith("for paper at D = 50")
+    slow, how = study_all.profile_slowdown("paper", ["poster"], "100")
+    assert slow == {"poster": 6.0} and how.endswith("at D = 100")

@@ -44,3 +44,29 @@ def test_a_step_without_an_estimate_is_assumed_and_named():
     got = all_budget.plan(["poster", "new_study"], "full", 100.0)
     assert got.unestimated == ("new_study",) and "no estimate for new_study" in got.text()
     assert got.to_json()["tiers"]["new_study"]["minutes"] > 0
+
+
+def test_under_a_profile_each_estimate_is_multiplied_by_its_slowdown_and_the_plan_says_so():
+    studies = {"poster": {"paced_over_real": 4.6}, "scalellm": {"paced_over_real": 4.6},
+               "paper": {"paced_over_real": None, "full": {"estimate_s": 20 * 60}},
+               "eviction": {"paced_over_real": 0.5}}
+    slow, how = all_budget.slowdowns(list(NAMES), studies)
+    assert slow["poster"] == 4.6 and slow["eviction"] == 1.0      # pacing never makes a step faster
+    assert slow["paper"] == 1.0                                    # 20 min under the profile < 30 unprofiled
+    assert slow["ttft"] == 4.6 and "ttft not estimated by it, given the largest (4.6)" in how
+    plain = all_budget.plan(list(NAMES), "full", THREE_HOURS)
+    paced = all_budget.plan(list(NAMES), "full", THREE_HOURS, slow, how)
+    assert paced.fits and paced.minutes <= THREE_HOURS * 60
+    assert sum(1 for t in paced.tiers.values() if t.label == "quick") > sum(
+        1 for t in plain.tiers.values() if t.label == "quick")     # the same budget buys less under pacing
+    assert paced.tiers["poster"].label == "quick" and paced.tiers["poster"].minutes == 7 * 4.6
+    assert "x its slowdown (poster 4.6" in paced.text() and "ttft not estimated" in paced.text()
+    again = all_budget.Plan.from_json(paced.to_json())
+    assert again.slowdown == paced.slowdown and again.text() == paced.text()
+
+
+def test_without_a_profile_there_is_no_slowdown():
+    got = all_budget.plan(list(NAMES), "full", THREE_HOURS)
+    assert got.slowdown is None and "slowdown" not in got.text()
+    assert all_budget.slowdowns(["ttft"], {}) == ({"ttft": 1.0}, "kvtb profile check's estimates; ttft not "
+                                                                 "estimated by it, given the largest (1)")
