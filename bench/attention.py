@@ -47,9 +47,9 @@ class _Runner:
         self.pool, self.block_tokens, self.head_dim = pool, block_tokens, HEAD_DIM
         self.workspace = torch.empty(0)
 
-    def gather_buffer(self, numel: int) -> torch.Tensor:
-        if self.workspace.numel() < numel:
-            self.workspace = torch.empty(numel)
+    def gather_buffer(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.workspace.numel() < numel or self.workspace.dtype != dtype:
+            self.workspace = torch.empty(numel, dtype=dtype)
         return self.workspace[:numel]
 
 

@@ -55,6 +55,7 @@ from bench.stack import Stack, bench_config
 from bench.stats import crossover, mean, ratio, summarize
 from bench.turns import FILLER, context_prompt, encode, follow_up_ids, generate
 from compute_node.settings import ComputeSettings
+from hostmem.kv_dtype import KV_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"new prompts' lengths whose prefill tokens/s is measured (default {prefill.SIZES}; "
                              f"none: not measured)")
     parser.add_argument("--prefill-reps", type=int, default=2, help="rounds of every prefill size (default 2)")
+    parser.add_argument("--kv-dtype", default="float32", choices=list(KV_DTYPES),
+                        help="the compute node's KV pool dtype (compute.kv_dtype; default float32): what is "
+                             "stored, moved and restored")
     add_placements_arg(parser)
     scaled.add_profile_args(parser)
     args = parser.parse_args(argv)
@@ -317,7 +321,8 @@ def measure(args: argparse.Namespace, config: dict, placement: str, sub: dict, p
 def report(result: dict) -> str:
     """Each placement's table, then the key figures side by side (under a profile: said first)."""
     line = scaled.scale_line(result.get("scale"))
-    return (line + "\n\n" if line else "") + tables(result, table)
+    dtype = (result.get("settings") or {}).get("kv_dtype") or "float32"
+    return (line + "\n\n" if line else "") + f"KV pool dtype: {dtype}\n\n" + tables(result, table)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -326,11 +331,11 @@ def run(args: argparse.Namespace) -> dict:
                 "contexts": "whole blocks (size rounded to block_tokens)",
                 "kv_source_checked": EXPECTED_SOURCE, "policies": list(POLICIES), "smoke": args.smoke,
                 "placements": args.placements, "prefill_sizes": args.prefill_sizes,
-                "prefill_reps": args.prefill_reps}
+                "prefill_reps": args.prefill_reps, "kv_dtype": args.kv_dtype}
     result = new_result("ttft", settings)
     longest = max(4096, *args.sizes, *args.prefill_sizes) + 256
     config = bench_config(pool_tokens=32768, max_context_tokens=longest, users=3,
-                          compute={"torch_threads": args.torch_threads})
+                          compute={"torch_threads": args.torch_threads, "kv_dtype": args.kv_dtype})
     total = len(args.placements) * (len(args.sizes) * args.reps * (len(BUILT) + len(POLICIES))
                                     + len(args.prefill_sizes) * args.prefill_reps)
     dilation, how, warmup, pacing = 1.0, "", None, None

@@ -100,7 +100,7 @@ class CpuStore:
         self.generation = cf.next_generation(self.generation, time.time_ns())
         header = cf.ChunkHeader(block.user, block.context, block.index, start, start + block.token_count, len(kv),
                                 block.hash, self.generation, cf.MAC_BYTES if self.mac_key else 0, block.tenant,
-                                block.parent, block.shared, kv_parts=L.num_layers)
+                                block.parent, block.shared, kv_parts=L.num_layers, kv_dtype=L.kv_dtype)
         frames = cf.sealed(self.mac_key, key, header, [ids], [kv])
         paced.wait(copy)
         wire = paced.ticket("host_to_wire", length, real_per_token)  # the NIC's DMA from host memory, the fabric
@@ -156,6 +156,8 @@ class CpuStore:
             kv_offset, kv_length = L.block_range(block.block_id)
             if header.name != block.hash or header.num_tokens != block.token_count or layout.kv_bytes != kv_length:
                 raise ValueError("the stored block is not the one asked for")
+            if header.kv_dtype != L.kv_dtype:  # never read KV as another type
+                raise ValueError(f"the block holds {header.kv_dtype} KV, the pool {L.kv_dtype}")
             cf.scatter(cf.cut([value], layout.ids_offset, ids_length), [pool.region.view(ids_offset, ids_length)])
             cf.scatter(cf.cut([value], layout.kv_offset, layout.kv_bytes), [pool.region.view(kv_offset, kv_length)])
             return True

@@ -339,7 +339,6 @@ class Engine:
 
     # -- one forward
     def _step(self, out: SchedulerOutput) -> None:
-        bt = self.layout.block_tokens
         runs, tables, sizes = [], [], len(out.scheduled)
         for s in out.scheduled:
             seq = s.seq
@@ -367,12 +366,12 @@ class Engine:
         finished = self.scheduler.postprocess(out, tokens)  # skips the dropped: no longer running
         self.steps += 1
         now = time.perf_counter()
-        for s, (table, computed) in zip(out.scheduled, tables):
-            state = self.states.get(s.seq.seq_id)
-            if state is None or s.seq.seq_id in dropped:
-                continue
-            for index in s.filled_blocks:
-                self.offloads.offload(state, index, table[index], bt)
+        live = [(s, table, self.states.get(s.seq.seq_id)) for s, (table, _) in zip(out.scheduled, tables)]
+        live = [(s, table, state) for s, table, state in live if state is not None and s.seq.seq_id not in dropped]
+        filled = [(state, index, table[index]) for s, table, state in live for index in s.filled_blocks]
+        if filled:  # the step's full blocks leave as one batch (one doorbell)
+            self.offloads.offload_filled(filled)
+        for s, _, state in live:
             if s.samples and s.seq.status in (SequenceStatus.RUNNING, SequenceStatus.FINISHED):
                 self._streamed(state, by_seq[s.seq.seq_id], now, finished)
         for seq in finished:

@@ -1,7 +1,7 @@
 """The paged KV pool: one registered shared-memory region and the torch/numpy views into it.
 
     region      = [ kv | token_ids | descriptors | counters ]        (hostmem.kv_layout.KvLayout)
-    kv          : [block, layer, K|V, kv_head, block_tokens, head_dim]  fp32
+    kv          : [block, layer, K|V, kv_head, block_tokens, head_dim]  kv_dtype (fp32, bf16 or fp8 e4m3)
     token_ids   : [block, block_tokens]                                 uint32
     descriptors : [block] x DESCRIPTOR_BYTES                            (hostmem.descriptor)
     counters    : [counter, success|error]                              uint64
@@ -22,12 +22,16 @@ from hostmem.region import Region
 logger = logging.getLogger(__name__)
 
 
-def layout_for(config, num_blocks: int, block_tokens: int, layer_groups: int = 1) -> KvLayout:
-    """The pool layout for a transformers model config."""
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
+
+
+def layout_for(config, num_blocks: int, block_tokens: int, layer_groups: int = 1,
+               kv_dtype: str = "float32") -> KvLayout:
+    """The pool layout for a transformers model config, its KV of `kv_dtype` (hostmem.kv_dtype)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return KvLayout(num_blocks=num_blocks, num_layers=config.num_hidden_layers,
-                    num_kv_heads=config.num_key_value_heads, block_tokens=block_tokens, head_dim=head_dim,
-                    dtype_bytes=4, layer_groups=min(layer_groups, config.num_hidden_layers))
+    return KvLayout.of_dtype(kv_dtype, num_blocks=num_blocks, num_layers=config.num_hidden_layers,
+                             num_kv_heads=config.num_key_value_heads, block_tokens=block_tokens, head_dim=head_dim,
+                             layer_groups=min(layer_groups, config.num_hidden_layers))
 
 
 class KvPool:
@@ -43,8 +47,10 @@ class KvPool:
         self.region = region
         L = layout
         count = L.num_blocks * L.block_bytes // L.dtype_bytes
-        # kv: [block, layer, K|V, kv_head, block_tokens, head_dim] fp32
-        self.kv = torch.frombuffer(region.buffer, dtype=torch.float32, count=count, offset=L.kv_offset).view(
+        if L.kv_dtype not in TORCH_DTYPES:
+            raise ValueError(f"a pool's KV is one of {', '.join(TORCH_DTYPES)}, not {L.kv_dtype or 'unstated'}")
+        # kv: [block, layer, K|V, kv_head, block_tokens, head_dim] of the layout's kv_dtype
+        self.kv = torch.frombuffer(region.buffer, dtype=TORCH_DTYPES[L.kv_dtype], count=count, offset=L.kv_offset).view(
             L.num_blocks, L.num_layers, 2, L.num_kv_heads, L.block_tokens, L.head_dim)
         # token_ids: [block, block_tokens] uint32
         self.token_ids = np.frombuffer(region.buffer, dtype="<u4", count=L.num_blocks * L.block_tokens,

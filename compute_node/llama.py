@@ -1,6 +1,6 @@
 """Our own Llama forward over the paged KV pool: one call per engine step, decodes and prefill chunks mixed.
 
-    pool: [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32
+    pool: [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32, bf16 or fp8 e4m3
 
 One block is one contiguous extent holding every layer of `block_tokens` tokens (the unit the
 SmartNIC stores and restores). The weights are the loaded transformers model's own tensors,
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from compute_node.paged_attention import kernel_built, plan_attention
+from compute_node.paged_attention import POOL_DTYPES, as_pool_reads, kernel_built, plan_attention
 
 logger = logging.getLogger(__name__)
 
@@ -84,15 +84,16 @@ class Llama:
         if pool.dim() != 6 or tuple(pool.shape[1:4]) != (self.num_layers, 2, self.num_kv_heads) \
                 or pool.shape[5] != self.head_dim:
             raise ValueError(f"pool shape {tuple(pool.shape)} does not fit the model")
-        if pool.dtype != torch.float32:
-            raise TypeError("the pool must be contiguous fp32")
+        if pool.dtype not in POOL_DTYPES:
+            raise TypeError(f"the pool must be one of {POOL_DTYPES}, got {pool.dtype}")
         if not pool.is_contiguous():
-            raise ValueError("the pool must be contiguous fp32")
+            raise ValueError("the pool must be contiguous")
         self.pool = pool
         self.block_tokens = pool.shape[4]
         self.device = pool.device
         # decodes and short chunks attended by the compiled kernel, straight from the pool (paged_attention)
-        self.kernel = attention_kernel and kernel_built() and self.device.type == "cpu"
+        self.kernel = (attention_kernel and kernel_built() and self.device.type == "cpu"
+                       and pool.dtype == torch.float32)  # the kernel reads fp32 pools only
         # inv_freq and attention_scaling as transformers derived them from the config's rope parameters
         # (rope_theta and any static scaling), so positions rotate exactly as in the reference.
         self.inv_freq = rope.inv_freq                   # [head_dim / 2] fp32
@@ -104,7 +105,7 @@ class Llama:
         self.layers = [LayerWeights(d.input_layernorm.weight, d.self_attn.q_proj, d.self_attn.k_proj,
                                     d.self_attn.v_proj, d.self_attn.o_proj, d.post_attention_layernorm.weight,
                                     d.mlp.gate_proj, d.mlp.up_proj, d.mlp.down_proj) for d in m.layers]
-        self.workspace = torch.empty(0, device=self.device)  # grows to the largest gather seen
+        self.workspaces: dict[torch.dtype, torch.Tensor] = {}  # per type, each grows to the largest gather seen
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x * rsqrt(mean(x^2) + eps) * weight, as transformers computes it."""
@@ -122,11 +123,12 @@ class Llama:
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
-    def gather_buffer(self, numel: int) -> torch.Tensor:
-        """A flat fp32 buffer of numel elements, reused from step to step (no fresh pages per layer)."""
-        if self.workspace.numel() < numel:
-            self.workspace = torch.empty(numel, device=self.device)
-        return self.workspace[:numel]
+    def gather_buffer(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A flat buffer of numel elements of dtype, reused from step to step (no fresh pages per layer)."""
+        buffer = self.workspaces.get(dtype)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self.workspaces[dtype] = torch.empty(numel, dtype=dtype, device=self.device)
+        return buffer[:numel]
 
     @torch.inference_mode()
     def forward(self, batch: StepInput, before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
@@ -145,6 +147,8 @@ class Llama:
             q = self.rotate(linear(x, w.q).view(T, self.num_heads, self.head_dim), cos, sin)   # [T, Hq, D]
             k = self.rotate(linear(x, w.k).view(T, self.num_kv_heads, self.head_dim), cos, sin)  # [T, Hkv, D]
             v = linear(x, w.v).view(T, self.num_kv_heads, self.head_dim)                      # [T, Hkv, D]
+            if self.pool.dtype != torch.float32:  # attended as the pool holds them, from this step on
+                k, v = as_pool_reads(k, self.pool.dtype), as_pool_reads(v, self.pool.dtype)
             plan.write(self.pool, layer, k, v)
             h = h + linear(plan.attend(self, layer, q, k, v).view(T, -1), w.o)
             x = self.rms_norm(h, w.ln2)

@@ -90,7 +90,7 @@ class ComputeNode:
             from kvtb.placement import current_cpus
             # 0: one thread per CPU of its set (kvtb serve compute pinned the process to `cpus`)
             self.model, self.tokenizer = load_model(s.model_cache_dir, thread_count(s.torch_threads, current_cpus()))
-        layout = layout_for(self.model.config, s.num_blocks, s.block_tokens, s.layer_groups)
+        layout = layout_for(self.model.config, s.num_blocks, s.block_tokens, s.layer_groups, s.kv_dtype)
         for name in reclaim_abandoned(s.shm_prefix):  # a kill -9 leaves the region in /dev/shm
             logger.warning("removed the region %s that a node %s left when it died", name, s.node_name)
         self.pool = KvPool.create(s.shm_name, layout)

@@ -4,7 +4,8 @@
   (step 1). Here the engine only writes the block's descriptor into the region and stores its
   generation into the block's PUT trigger counter: no RPC, no copy, and no syscall unless the
   agent's watcher went to sleep since the last burst of stores (then one, to ring its doorbell:
-  hostmem.bell). The block stays pinned until the agent's PUT-done counter moves, however long that
+  hostmem.bell). The blocks that filled in one step go as one batch (`store_many`: every descriptor,
+  then every trigger, then the doorbell once). The block stays pinned until the agent's PUT-done counter moves, however long that
   takes (past drain_timeout_s the turn no longer waits for it, but the block is not reused).
 - cpu (the CPU-centric baseline): the compute process copies the block out and stores it through
   the fabric itself, waiting for the acknowledgement before it goes on (compute_node.cpu_offload).
@@ -102,20 +103,33 @@ class TriggeredOffload:
 
     def store(self, block: Block, stats: OffloadStats) -> PendingPut:
         """Describe the block and trigger its standing PUT; the PUT to wait for before the block is reused."""
-        words, block_id = self.words, block.block_id
-        if not 0 <= block_id < self.layout.num_blocks:
-            raise ValueError(f"block {block_id} out of range [0, {self.layout.num_blocks})")
-        trigger = block_id * self._per_block  # KvLayout.put_trigger and put_done
-        done = trigger + 1
-        generation = words[2 * trigger] + 1
-        base = (words[2 * done], words[2 * done + 1])
-        record = self._descriptors + block_id * DESCRIPTOR_BYTES
-        self.writer.write(record, generation, block.index, block.token_count, block.hash, block.parent, block.tenant,
-                          block.user, block.context, block.shared)
-        self.writer.stamp(record)  # trigger-to-fire is timed from here
-        words[2 * trigger] = generation  # the flag write (one aligned 8-byte store): the agent's entry fires
-        self.bell.ring()  # a read; a wake-up only when the watcher sleeps
-        nbytes = block.token_count * TOKEN_ID_BYTES + self._block_bytes  # KvLayout.chunk_payload_bytes
-        stats.chunks += 1
-        stats.bytes += nbytes
-        return PendingPut(block_id, done, base, nbytes, time.monotonic() + self.drain_timeout_s)
+        return self.store_many([block], [stats])[0]
+
+    def store_many(self, blocks: list[Block], stats: list[OffloadStats]) -> list[PendingPut]:
+        """Describe every block, then trigger their standing PUTs, then ring the doorbell once (the blocks
+        that filled in one step: one batch); stats[i] is blocks[i]'s turn's. The PUTs to wait for."""
+        words, n = self.words, self.layout.num_blocks
+        for block in blocks:
+            if not 0 <= block.block_id < n:
+                raise ValueError(f"block {block.block_id} out of range [0, {n})")
+        triggers = []
+        for block in blocks:
+            trigger = block.block_id * self._per_block  # KvLayout.put_trigger and put_done
+            generation = words[2 * trigger] + 1
+            record = self._descriptors + block.block_id * DESCRIPTOR_BYTES
+            self.writer.write(record, generation, block.index, block.token_count, block.hash, block.parent,
+                              block.tenant, block.user, block.context, block.shared)
+            self.writer.stamp(record)  # trigger-to-fire is timed from here
+            triggers.append((trigger, generation))
+        puts, deadline = [], time.monotonic() + self.drain_timeout_s
+        for block, s, (trigger, generation) in zip(blocks, stats, triggers):
+            done = trigger + 1
+            base = (words[2 * done], words[2 * done + 1])
+            words[2 * trigger] = generation  # the flag write (one aligned 8-byte store): the agent's entry fires
+            nbytes = block.token_count * TOKEN_ID_BYTES + self._block_bytes  # KvLayout.chunk_payload_bytes
+            s.chunks += 1
+            s.bytes += nbytes
+            puts.append(PendingPut(block.block_id, done, base, nbytes, deadline))
+        if puts:
+            self.bell.ring()  # a read; a wake-up only when the watcher sleeps
+        return puts

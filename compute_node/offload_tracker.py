@@ -15,6 +15,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from compute_node.offload import Block, PendingPut
 from compute_node.scheduler import SwapOut
 from compute_node.sequence import Sequence
@@ -24,6 +26,9 @@ from hostmem.block_hash import block_hash, salts_of
 logger = logging.getLogger(__name__)
 
 MAX_STORED_NAMES = 1_000_000
+# PUTs in flight from which a poll reads the counters as one numpy gather: below it, reading the few
+# counters one by one through the region's memoryview costs less than numpy's call overheads
+VECTOR_MIN = 8
 
 
 @dataclasses.dataclass(eq=False)
@@ -81,6 +86,30 @@ class OffloadTracker:
         self._store_block(state, offloader, block, index, block_id, owner)
         state.offload.stall_s += time.perf_counter() - start
 
+    def offload_filled(self, filled: list[tuple[TurnState, int, int]]) -> None:
+        """The full blocks that filled in one step, (turn, index, pool block) each, stored as one batch: each
+        policy's offloader takes its blocks together (triggered: every descriptor written, then every
+        trigger stored, and the doorbell rung once: `TriggeredOffload.store_many`). The time spent here
+        is shared among the turns by their blocks."""
+        start, bt = time.perf_counter(), self.layout.block_tokens
+        batches: dict[str, list[tuple[TurnState, int, int, Block]]] = {}
+        for state, index, block_id in filled:
+            if not self.offloaders[state.turn.policy].offloads or index in state.storing:
+                continue
+            block = self.describe(state, index, block_id, bt)
+            if self._admit(state, block, block_id):
+                batches.setdefault(state.turn.policy, []).append((state, index, block_id, block))
+        for policy, batch in batches.items():
+            offloader = self.offloaders[policy]
+            many = getattr(offloader, "store_many", None)
+            puts = (many([b for *_, b in batch], [s.offload for s, *_ in batch]) if many is not None
+                    else [offloader.store(b, s.offload) for s, _, _, b in batch])
+            for (state, index, block_id, block), put in zip(batch, puts):
+                self._track(state, index, block_id, block, put, None)
+        share = (time.perf_counter() - start) / max(1, len(filled))
+        for state, _, _ in filled:
+            state.offload.stall_s += share
+
     def store_found(self, state: TurnState) -> None:
         """Blocks a sequence found in the pool's prefix cache that no PUT of ours stored yet (another
         policy's turn computed them): store them now, so that its follow-ups can restore them."""
@@ -108,16 +137,26 @@ class OffloadTracker:
     def _store_block(self, state: TurnState, offloader, block: Block, index: int, block_id: int,
                      owner: Sequence | None) -> None:
         """Hand a described block to its policy's offloader, unless stored already or in flight for another turn."""
+        if self._admit(state, block, block_id):
+            self._track(state, index, block_id, block, offloader.store(block, state.offload), owner)
+
+    def _admit(self, state: TurnState, block: Block, block_id: int) -> bool:
+        """Whether the block goes to the offloader: not when stored already, or in flight (for another turn:
+        this one then waits for it), or its block still read by a PUT that outlived its timeout."""
         if block.hash in state.stored:  # this block, with these tokens, is stored already
-            return
+            return False
         if block_id in self.stuck_puts:  # a PUT that outlived its timeout may still read it: no second one
             state.offload_failures += 1
-            return
+            return False
         if block_id in self.puts:  # another turn's PUT of this shared block is in flight: wait for it
             state.awaiting.add(block_id)  # (a second PUT would rewrite its descriptor under the first)
             self.put_waiters.setdefault(block_id, []).append(state)
-            return
-        put = offloader.store(block, state.offload)
+            return False
+        return True
+
+    def _track(self, state: TurnState, index: int, block_id: int, block: Block, put: PendingPut | None,
+               owner: Sequence | None) -> None:
+        """The offloader's answer: stored already (None), or a PUT in flight, its block pinned until it ends."""
         if put is None:  # stored already (cpu: synchronously)
             state.stored.add(block.hash)
             self.stored(state.turn.policy, block.hash)
@@ -149,11 +188,18 @@ class OffloadTracker:
         if not blocks:
             return False
         start = time.perf_counter()
-        words = self.pool.words
-        rows = [(words[2 * c], words[2 * c + 1]) for c in (self.puts[b].put.counter for b in blocks)]
-        now = time.monotonic()
-        ended = [(b, s, e) for b, (s, e) in zip(blocks, rows)
-                 if self.puts[b].put.ended(s, e) or now >= self.puts[b].put.deadline]
+        puts = [self.puts[b].put for b in blocks]
+        if len(puts) < VECTOR_MIN:
+            words = self.pool.words
+            rows = [(words[2 * p.counter], words[2 * p.counter + 1]) for p in puts]
+            now = time.monotonic()
+            ended = [(b, s, e) for b, p, (s, e) in zip(blocks, puts, rows) if p.ended(s, e) or now >= p.deadline]
+        else:  # one vectorised read of every counter, compared with their bases at once
+            rows = self.pool.counters[np.fromiter((p.counter for p in puts), np.intp, len(puts))]  # [n, 2] u64
+            base = np.fromiter((p.base[0] + p.base[1] for p in puts), np.uint64, len(puts))
+            due = np.fromiter((p.deadline for p in puts), np.float64, len(puts)) <= time.monotonic()
+            hits = np.flatnonzero((rows[:, 0] + rows[:, 1] > base) | due)
+            ended = [(blocks[i], int(rows[i, 0]), int(rows[i, 1])) for i in hits.tolist()]
         share = (time.perf_counter() - start) / len(blocks)
         self._poll_cost = [(self.puts[b].state, share) for b in blocks if self.puts[b].state is not None]
         for block_id, success, error in ended:

@@ -1,6 +1,7 @@
 """Attention through block tables: where each new token's K/V goes in the pool, and what each query sees.
 
-    pool            : [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32
+    pool            : [num_blocks, num_layers, 2 (K|V), num_kv_heads, block_tokens, head_dim] fp32, bf16
+                      or fp8 e4m3 (attention reads it widened to fp32; the compiled kernel reads fp32 only)
     pool as rows    : [num_blocks * num_layers * 2 * num_kv_heads, block_tokens * head_dim]
                       (one row: one block's tokens of one layer, K or V, one KV head)
     gathered KV     : [2 (K|V), seqs, num_kv_heads, blocks * block_tokens, head_dim]
@@ -59,11 +60,15 @@ class Gather:
     length: int         # keys per sequence after slicing (the longest context)
 
     def read(self, llama, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: [seqs, num_kv_heads, length, head_dim], views of the workspace."""
+        """k, v: [seqs, num_kv_heads, length, head_dim] fp32, views of the workspace (a pool of bf16 or
+        fp8 is gathered in its own type, then widened)."""
         pool_rows = llama.pool.view(-1, llama.block_tokens * llama.head_dim)
         _, seqs, heads, blocks = self.rows.shape
-        out = llama.gather_buffer(self.rows.numel() * pool_rows.shape[1]).view(-1, pool_rows.shape[1])
+        numel = self.rows.numel() * pool_rows.shape[1]
+        out = llama.gather_buffer(numel, pool_rows.dtype).view(-1, pool_rows.shape[1])
         torch.index_select(pool_rows, 0, (self.rows + layer * 2 * heads).view(-1), out=out)
+        if out.dtype != torch.float32:
+            out = llama.gather_buffer(numel).view_as(out).copy_(out)
         kv = out.view(2, seqs, heads, blocks * llama.block_tokens, llama.head_dim)
         return kv[0, :, :, :self.length], kv[1, :, :, :self.length]
 
@@ -75,6 +80,31 @@ def check_pool(pool: torch.Tensor) -> None:
     if pool.dim() != 6 or pool.device.type != "cpu" or not pool.is_contiguous():
         raise ValueError(f"the pool must be a contiguous CPU tensor of 6 dimensions (got {tuple(pool.shape)} "
                          f"on {pool.device}, contiguous={pool.is_contiguous()})")
+
+
+POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value (it has no infinity)
+
+
+def to_pool(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (fp32) as the pool holds it: unchanged for fp32, rounded to bf16, or clamped to +-448 and rounded
+    to fp8 e4m3 (torch's cast saturates too; the clamp does not leave the range to a library's choice)."""
+    if dtype == torch.float32:
+        return x
+    if dtype == torch.float8_e4m3fn:
+        x = x.clamp(-FP8_MAX, FP8_MAX)
+    return x.to(dtype)
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """x as raw bytes where torch has no index_copy_ for its type (fp8), else x."""
+    return x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
+
+
+def as_pool_reads(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (fp32) rounded through the pool's type and back: the K/V attention reads from the pool, so a
+    chunk's own new K/V are seen exactly as later steps (and a restore) will see them."""
+    return x if dtype == torch.float32 else to_pool(x, dtype).float()
 
 
 def kernel_built() -> bool:
@@ -159,11 +189,11 @@ class AttentionPlan:
                                         # decodes or prefills)
 
     def write(self, pool: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [T, num_kv_heads, head_dim] into their blocks' rows of this layer."""
-        rows = pool.view(-1, pool.shape[-1])
+        """k, v: [T, num_kv_heads, head_dim] into their blocks' rows of this layer (in the pool's type)."""
+        rows = bits(pool).view(-1, pool.shape[-1])
         offset = layer * self.layer_stride
-        rows.index_copy_(0, self.write_rows[0] + offset, k.reshape(-1, pool.shape[-1]))
-        rows.index_copy_(0, self.write_rows[1] + offset, v.reshape(-1, pool.shape[-1]))
+        rows.index_copy_(0, self.write_rows[0] + offset, bits(to_pool(k, pool.dtype)).reshape(-1, pool.shape[-1]))
+        rows.index_copy_(0, self.write_rows[1] + offset, bits(to_pool(v, pool.dtype)).reshape(-1, pool.shape[-1]))
 
     def attend(self, llama, layer: int, q, k, v) -> torch.Tensor:
         """Attention output [T, Hq, D] for q [T, Hq, D] (k, v: this step's [T, Hkv, D], already in the pool)."""

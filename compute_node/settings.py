@@ -5,6 +5,7 @@ import dataclasses
 import os
 
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
+from hostmem.kv_dtype import KV_DTYPES
 from kvtb.credentials import COMPUTE_NQN
 from kvtb.placement import parse_cpus
 from kvtb.settings import require
@@ -88,6 +89,10 @@ class ComputeSettings:
     default_max_new_tokens: int = 256
     model_cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
     model_dtype: str = "float32"
+    # The KV pool's element type (hostmem.kv_dtype; vLLM's kv_cache_dtype): float32, bfloat16 (half the
+    # bytes stored, moved and restored) or float8_e4m3fn (a quarter; clamped to +-448). Attention reads it
+    # at the model's precision; every stored chunk records it and a restore into a pool of another is refused.
+    kv_dtype: str = "float32"
     # The CPUs it runs on (a CPU list, "0-2,5"; kvtb.placement; "": all) and torch's threads: 0 is one per
     # CPU of that set; with a set given, each OpenMP thread is bound to one of its CPUs (torch_bind).
     cpus: str = ""
@@ -125,7 +130,8 @@ class ComputeSettings:
         require(self.restore_timeout_s > 0, "restore_timeout_s must be positive")
         require(self.restore_layer_wait_s > 0, "restore_layer_wait_s must be positive")
         require(self.queue_bound > 0, "queue_bound must be positive")
-        require(self.model_dtype == "float32", "only float32 KV is supported (the pool is fp32)")
+        require(self.model_dtype == "float32", "the model computes in float32 only (kv_dtype sets the KV's type)")
+        require(self.kv_dtype in KV_DTYPES, f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         require(self.node_name and "/" not in self.node_name, "node_name must be a plain name")
         for field in ("identity", "agent_identity"):
             name = getattr(self, field)

@@ -5,7 +5,9 @@
       fixed: magic "KVTC", version u16 (4), header_len u16, chunk_index u32, token_start u32,
              token_end u32, tenant_len u16, user_len u16, context_len u16, kv_bytes u64,
              name [16], parent [16], generation u64 (the writer's version of this chunk),
-             flags u8 (1: SHARED), mac_bytes u8 (one MAC: 32, or 0 when written with the KV MAC off),
+             flags u8 (bit 0: SHARED; bits 1-3: the KV's dtype, hostmem.kv_dtype's code, 0 float32,
+             7 unstated),
+             mac_bytes u8 (one MAC: 32, or 0 when written with the KV MAC off),
              kv_parts u16 (the KV's equal parts, each with its own MAC: a block's layers)
     token_ids: [token_end - token_start] uint32 LE
     macs:      (1 + kv_parts) x mac_bytes, keyed BLAKE3 (the deployment's kv-mac.key) over
@@ -44,11 +46,14 @@ from collections.abc import Iterable, Sequence
 
 import blake3
 
+from hostmem import kv_dtype as kvd
 from kvtb import crc32c as _crc
 
 MAGIC = b"KVTC"
 VERSION = 4
 SHARED = 1
+DTYPE_SHIFT, DTYPE_MASK = 1, 0b111  # flags bits 1-3: the KV's dtype code
+UNSTATED = 0b111  # the code of KV of no stated type (a layout of raw bytes: kv_dtype "")
 _FIXED = struct.Struct("<4sHHIIIHHHQ16s16sQBBH")
 MAC_BYTES = 32
 MAC_CONTEXT = b"kvtb chunk mac v4\0"
@@ -86,6 +91,8 @@ class ChunkHeader:
     parent: bytes = b""         # the previous block's name (b"" for block 0 and plain chunks)
     shared: bool = False        # named under the tenant's salt alone
     kv_parts: int = 1           # equal parts of the KV, each MACed on its own (a block: one per layer)
+    kv_dtype: str = kvd.DEFAULT  # the KV's element type (hostmem.kv_dtype; "": unstated): a restore into
+    #                              a pool of another is refused
 
     @property
     def name(self) -> bytes:
@@ -192,11 +199,16 @@ def encode_header(header: ChunkHeader) -> bytes:
         raise ChunkFormatError(f"a MAC of {header.mac_bytes} bytes (0 or {MAC_BYTES})")
     if not 1 <= header.kv_parts <= MAX_PARTS or header.kv_bytes % header.kv_parts:
         raise ChunkFormatError(f"{header.kv_bytes} KV bytes do not split into {header.kv_parts} equal parts")
+    try:
+        dtype = kvd.code(header.kv_dtype) if header.kv_dtype else UNSTATED
+        flags = (SHARED if header.shared else 0) | dtype << DTYPE_SHIFT
+    except kvd.KvDtypeError as exc:
+        raise ChunkFormatError(str(exc)) from exc
     length = _FIXED.size + len(tenant) + len(user) + len(context) + _CRC.size
     body = _FIXED.pack(MAGIC, VERSION, length, header.chunk_index, header.token_start, header.token_end,
                        len(tenant), len(user), len(context), header.kv_bytes, header.token_ids_hash,
-                       header.parent.ljust(16, b"\0"), header.generation, SHARED if header.shared else 0,
-                       header.mac_bytes, header.kv_parts) + tenant + user + context
+                       header.parent.ljust(16, b"\0"), header.generation, flags, header.mac_bytes,
+                       header.kv_parts) + tenant + user + context
     return body + _CRC.pack(_crc.crc32c(body))
 
 
@@ -229,8 +241,13 @@ def decode_header(data) -> tuple[ChunkHeader, int]:
         raise ChunkFormatError(f"bad token range [{start}, {end}), MAC length {mac_bytes} or {kv_parts} KV parts "
                                f"of {kv_bytes} bytes")
     parent = bytes(parent) if index and any(parent) else b""
+    try:
+        code = flags >> DTYPE_SHIFT & DTYPE_MASK
+        dtype = "" if code == UNSTATED else kvd.name_of(code)
+    except kvd.KvDtypeError as exc:
+        raise ChunkFormatError(f"chunk header: {exc}") from exc
     return ChunkHeader(user, context, index, start, end, kv_bytes, bytes(name), generation, mac_bytes, tenant,
-                       parent, bool(flags & SHARED), kv_parts), length
+                       parent, bool(flags & SHARED), kv_parts, dtype), length
 
 
 def value_length(header: ChunkHeader, header_bytes: int) -> int:

@@ -4,7 +4,7 @@ The compute node lays its pool out this way and registers the layout with the ag
 sides find a block's bytes and counters from the same arithmetic:
 
     region      = [ kv | token_ids | descriptors | counters ]
-    kv:           [block, layer, K|V, kv_head, block_tokens, head_dim]   dtype_bytes each (fp32: 4)
+    kv:           [block, layer, K|V, kv_head, block_tokens, head_dim]   kv_dtype (hostmem.kv_dtype), dtype_bytes each
     token_ids:    [block, block_tokens]                                  uint32 little endian
     descriptors:  [block] x DESCRIPTOR_BYTES                             (hostmem.descriptor)
     counters:     [counter] x 16 bytes                                   (success u64, error u64)
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hostmem import gather
+from hostmem import gather, kv_dtype as kvd
 
 COUNTER_BYTES = 16
 TOKEN_ID_BYTES = 4
@@ -47,6 +47,8 @@ class KvLayout:
     dtype_bytes: int = 4
     layer_groups: int = 1    # GET completion counters per block (layer-wise restore)
     extra_counters: int = 8  # for tests, benchmarks and chaining
+    kv_dtype: str = ""       # the element type (hostmem.kv_dtype), dtype_bytes its size; "" with 4 bytes
+    #                          is float32, with other sizes raw bytes of no stated type (no restore checks it)
 
     def __post_init__(self):
         for name in ("num_blocks", "num_layers", "num_kv_heads", "block_tokens", "head_dim", "dtype_bytes",
@@ -57,6 +59,18 @@ class KvLayout:
             raise ValueError(f"layer_groups {self.layer_groups} must not exceed num_layers {self.num_layers}")
         if self.extra_counters < 0:
             raise ValueError(f"extra_counters must not be negative, got {self.extra_counters}")
+        if not self.kv_dtype and self.dtype_bytes == kvd.size(kvd.DEFAULT):
+            object.__setattr__(self, "kv_dtype", kvd.DEFAULT)
+        if self.kv_dtype and self.kv_dtype not in kvd.KV_DTYPES:
+            raise ValueError(f"unknown kv_dtype {self.kv_dtype!r} (one of {', '.join(kvd.KV_DTYPES)})")
+        if self.kv_dtype and self.dtype_bytes != kvd.size(self.kv_dtype):
+            raise ValueError(f"kv_dtype {self.kv_dtype} is {kvd.size(self.kv_dtype)} bytes an element, not "
+                             f"dtype_bytes {self.dtype_bytes}")
+
+    @classmethod
+    def of_dtype(cls, kv_dtype: str, **fields) -> "KvLayout":
+        """A layout of `kv_dtype` elements (dtype_bytes its size)."""
+        return cls(dtype_bytes=kvd.size(kv_dtype), kv_dtype=kv_dtype, **fields)
 
     # -- sizes
     @property

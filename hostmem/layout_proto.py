@@ -12,7 +12,8 @@ def layout_to_proto(layout: KvLayout) -> smartnic_pb2.KvLayout:
         num_blocks=layout.num_blocks, num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads,
         block_tokens=layout.block_tokens, head_dim=layout.head_dim, dtype_bytes=layout.dtype_bytes,
         layer_groups=layout.layer_groups, kv_offset=layout.kv_offset, token_ids_offset=layout.token_ids_offset,
-        descriptor_offset=layout.descriptor_offset, extra_counters=layout.extra_counters)
+        descriptor_offset=layout.descriptor_offset, extra_counters=layout.extra_counters,
+        kv_dtype=layout.kv_dtype)
 
 
 def layout_from_proto(msg: smartnic_pb2.KvLayout) -> KvLayout:
@@ -21,7 +22,8 @@ def layout_from_proto(msg: smartnic_pb2.KvLayout) -> KvLayout:
     try:
         layout = KvLayout(num_blocks=msg.num_blocks, num_layers=msg.num_layers, num_kv_heads=msg.num_kv_heads,
                           block_tokens=msg.block_tokens, head_dim=msg.head_dim, dtype_bytes=msg.dtype_bytes or 4,
-                          layer_groups=msg.layer_groups or 1, extra_counters=msg.extra_counters)
+                          layer_groups=msg.layer_groups or 1, extra_counters=msg.extra_counters,
+                          kv_dtype=msg.kv_dtype)
     except ValueError as exc:
         raise RegionError(f"invalid kv_layout: {exc}") from exc
     for name in ("kv_offset", "token_ids_offset", "descriptor_offset"):

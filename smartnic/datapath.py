@@ -174,11 +174,12 @@ class Datapath:
 
     def restore(self, region: Region, blocks: Sequence[tuple[StoredBlock, Sequence[gather.Run]]],
                 groups: Sequence[tuple[int, int]], on_group: Callable[[int, int, DataError | None], None],
-                on_end: Callable[[int, DataError | None], None]) -> None:
+                on_end: Callable[[int, DataError | None], None], kv_dtype: str = "") -> None:
         """GET each (block, runs) layer group by layer group (groups: [first, end) KV parts, a block's
         layers): per storage node one range command per group, group 0 first. on_group(i, group, error)
         reports block i's group once it landed and checked out (or failed: a block that fails reports
-        every group it had not); on_end(i, error) follows block i's last report."""
+        every group it had not); on_end(i, error) follows block i's last report. kv_dtype: the pool's (a
+        header of another fails the block, "dtype_mismatch"; "": not checked)."""
         try:
             mem = _memory(region)
             for _, runs in blocks:
@@ -192,7 +193,7 @@ class Datapath:
         landings, by_node = [], {}
         for i, (chunk, runs) in enumerate(blocks):
             landing = Landing(chunk, mem, runs, self.mac_key, groups,
-                              lambda g, err, i=i: on_group(i, g, err), lambda err, i=i: on_end(i, err))
+                              lambda g, err, i=i: on_group(i, g, err), lambda err, i=i: on_end(i, err), kv_dtype)
             landings.append(landing)
             if not landing.usable:
                 landing.fail(DataError("length_mismatch", f"chunk {chunk.chunk_index}: its record cannot describe "

@@ -50,8 +50,9 @@ class Landing:
 
     def __init__(self, chunk: StoredBlock, mem, targets: Sequence[gather.Run], mac_key: bytes | None,
                  groups: Sequence[tuple[int, int]] | None, on_group: OnGroup,
-                 on_end: Callable[[DataError | None], None] = lambda error: None):
+                 on_end: Callable[[DataError | None], None] = lambda error: None, kv_dtype: str = ""):
         self.chunk, self.mem, self.targets, self.mac_key = chunk, mem, targets, mac_key
+        self.kv_dtype = kv_dtype  # the pool's element type: a header of another fails the block ("": any)
         self.on_group, self.on_end = on_group, on_end
         self.whole = groups is None
         self.groups = [(0, 0)] if groups is None else list(groups)
@@ -170,6 +171,9 @@ class Landing:
 
     def _header(self, frames: Sequence) -> int:
         header, head = check_header(frames, self.chunk, self.mac_key is not None)
+        if self.kv_dtype and header.kv_dtype != self.kv_dtype:  # never read KV as another type
+            raise DataError("dtype_mismatch", f"chunk {self.chunk.chunk_index} holds {header.kv_dtype} KV, the "
+                                              f"pool {self.kv_dtype}")
         layout = cf.value_layout(header, len(head))
         if self.whole:
             if header.token_ids_bytes + header.kv_bytes != self.ids_bytes + self.kv_bytes:

@@ -108,7 +108,7 @@ class PutPath:
         try:
             start = d.chunk_index * L.block_tokens
             header = cf.ChunkHeader(d.user, d.context, d.chunk_index, start, start + d.token_count, 0, d.hash,
-                                    tenant=d.tenant, parent=d.parent, shared=d.shared)
+                                    tenant=d.tenant, parent=d.parent, shared=d.shared, kv_dtype=L.kv_dtype)
             self.datapath.put(reg.region, header, cf.block_key(self.salt, d.hash),
                               L.chunk_runs(block, d.token_count), then,
                               kv_parts=L.num_layers)  # a MAC per layer: a restore checks each group as it lands

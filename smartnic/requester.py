@@ -41,6 +41,7 @@ class StoredBlock:
     leases: int = 0
     contexts: int = 0       # contexts that list it
     origin: str = "own"     # own (its PUT), rebuilt (found at connect) or discovered (the miss path)
+    kv_dtype: str = "float32"  # its KV's element type, as its header says (hostmem.kv_dtype)
 
 
 @dataclasses.dataclass
@@ -181,4 +182,5 @@ def stored_block(header: cf.ChunkHeader, node: str, key: bytes, length: int, crc
                  header_bytes: int, origin: str = "own") -> StoredBlock:
     """The requester's record of a chunk with this header (header_bytes long) at (node, key)."""
     return StoredBlock(header.name, header.parent, header.tenant, header.user_id, header.shared, header.chunk_index,
-                       header.num_tokens, node, key, length, crc32c, header.generation, header_bytes, origin=origin)
+                       header.num_tokens, node, key, length, crc32c, header.generation, header_bytes, origin=origin,
+                       kv_dtype=header.kv_dtype)

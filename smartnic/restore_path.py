@@ -96,11 +96,14 @@ class RestorePath:
         groups = [L.group_layers(g) for g in range(L.layer_groups)]  # KV parts are layers
         fetched = []
         for b, stored in found:
-            if stored is None:
-                error = DataError("not_found", "no such block stored")
+            error = (DataError("not_found", "no such block stored") if stored is None else
+                     DataError("dtype_mismatch", f"block {b.chunk_index} holds {stored.kv_dtype} KV, the pool "
+                                                 f"{L.kv_dtype}: not read (recomputed)")
+                     if stored.kv_dtype != L.kv_dtype else None)
+            if error is not None:
                 for g in range(L.layer_groups):
                     self._group_landed(reg, b, g, error)
-                self._block_ended(restore, None, error)
+                self._block_ended(restore, stored, error)
             else:
                 fetched.append((b, stored))
         if self.fastpath() is not None:  # the GETs land in the fast path's process (its counters bumped there)
@@ -108,7 +111,7 @@ class RestorePath:
             return restore
         self.datapath.restore(reg.region, [(s, L.chunk_runs(b.block, b.token_count)) for b, s in fetched], groups,
                               lambda i, g, err: self._group_landed(reg, fetched[i][0], g, err),
-                              lambda i, err: self._block_ended(restore, fetched[i][1], err))
+                              lambda i, err: self._block_ended(restore, fetched[i][1], err), L.kv_dtype)
         return restore
 
     def _restore_in_fastpath(self, reg: Registered, restore: Restore, fetched: list, groups: list) -> None:

@@ -142,7 +142,8 @@ class FastPathProcess:
             left.discard(i)
             self.send((p.ENDED, restore_id, i, err.kind if err else None, str(err) if err else ""))
         try:
-            self.datapath.restore(reg.region, [(stored, runs) for stored, runs, _ in blocks], groups, landed, ended)
+            self.datapath.restore(reg.region, [(stored, runs) for stored, runs, _ in blocks], groups, landed, ended,
+                                  reg.layout.kv_dtype if reg.layout is not None else "")
         except Exception as exc:  # noqa: BLE001 - a bug ends every block not ended yet on its counters
             logger.exception("restore %d failed", restore_id)
             for i in sorted(left):

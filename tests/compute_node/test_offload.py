@@ -29,3 +29,24 @@ def test_a_store_writes_the_descriptor_then_the_generation_and_rings_only_a_slee
         assert pool.region.counters[L.bell_counter, 0] == AWAKE  # the word is that counter's, in the region
     finally:
         pool.close()
+
+
+def test_a_batch_describes_every_block_then_triggers_each_and_rings_once():
+    pool = KvPool.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", L)
+    try:
+        offload = TriggeredOffload(pool, drain_timeout_s=5.0)
+        offload.bell.word[0] = SLEEPING
+        blocks = [Block(b, i, 4, bytes([b]) * 16, b"p" * 16 if i else b"", "default", "alice", "c1")
+              for i, b in enumerate((3, 0, 2))]
+        stats = [OffloadStats(), OffloadStats(), OffloadStats()]
+        pool.region.add_counter(L.put_done(0), error=2)
+        puts = offload.store_many(blocks, stats)
+        assert [p.block_id for p in puts] == [3, 0, 2] and puts[1].base == (0, 2)
+        assert [pool.read_counter(L.put_trigger(b)) for b in (3, 0, 2)] == [(1, 0)] * 3
+        for i, b in enumerate((3, 0, 2)):
+            d = descriptor.decode(pool.region.view(*L.descriptor_range(b)), L.block_tokens)
+            assert (d.generation, d.chunk_index, d.hash) == (1, i, bytes([b]) * 16)
+        assert offload.bell.rings == 1 and [s.chunks for s in stats] == [1, 1, 1]
+        assert offload.store_many([], []) == [] and offload.bell.rings == 1  # nothing stored: no ring
+    finally:
+        pool.close()

@@ -33,7 +33,7 @@ def paper_messages() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-def write_config(path: Path, frontend: dict | None = None) -> Path:
+def write_config(path: Path, frontend: dict | None = None, compute: dict | None = None) -> Path:
     """A config with every address on a free port, a small KV pool and short replies (and `frontend`'s
     settings in its section: routing, for several replicas)."""
     config = {
@@ -41,7 +41,7 @@ def write_config(path: Path, frontend: dict | None = None) -> Path:
                     "namespace_size_bytes": 1 << 30, "metrics_address": "127.0.0.1:0"},
         "smartnic": {"listen_address": "127.0.0.1:0", "salt": "e2e-salt", "metrics_address": "127.0.0.1:0"},
         "compute": {"listen_address": "127.0.0.1:0", "pool_tokens": 8192, "max_context_tokens": 1024,
-                    "key_salt": "e2e-salt", "metrics_address": "127.0.0.1:0"},
+                    "key_salt": "e2e-salt", "metrics_address": "127.0.0.1:0", **(compute or {})},
         "frontend": {"listen_address": "127.0.0.1:0", "http_address": "127.0.0.1:0",
                      "metrics_address": "127.0.0.1:0", "users": USERS, "tenants": TENANTS,
                      "max_new_tokens_default": MAX_NEW_TOKENS, "operators": ["demo"],
@@ -56,9 +56,9 @@ class Up:
     """One `kvtb up` and the addresses it announced."""
 
     def __init__(self, root: Path, policy: str, placement: str = "shared", replicas: int = 1,
-                 frontend: dict | None = None):
+                 frontend: dict | None = None, compute: dict | None = None):
         self.root = root
-        self.config = write_config(root / "kvtb.yaml", frontend)
+        self.config = write_config(root / "kvtb.yaml", frontend, compute)
         self.proc = ServiceProcess(f"up-{policy}", kvtb_argv("up", "--config", str(self.config),
                                                              "--data-dir", str(root / "var"),
                                                              "--policy", policy, "--placement", placement,
@@ -89,9 +89,9 @@ class Up:
 
 
 def start_up(tmp_path_factory, policy: str, placement: str = "shared", replicas: int = 1,
-             frontend: dict | None = None) -> Up:
+             frontend: dict | None = None, compute: dict | None = None) -> Up:
     return Up(tmp_path_factory.mktemp(f"up-{policy}-{placement}-{replicas}"), policy, placement, replicas,
-              frontend).start()
+              frontend, compute).start()
 
 
 @pytest.fixture(scope="session")

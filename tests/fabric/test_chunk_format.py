@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fabric import chunk_format as cf
+from kvtb.crc32c import crc32c
 
 
 def header(**kw):
@@ -117,3 +118,22 @@ def test_scatter_across_frame_boundaries_and_crc():
     assert cf.crc32c_of(frames) == cf.crc32c_of([data])
     with pytest.raises(cf.ChunkFormatError):
         cf.scatter([data[:10]], [memoryview(bytearray(11))])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn", ""])
+def test_the_header_records_the_kvs_dtype_and_an_unknown_code_is_refused(dtype):
+    h = header(kv_dtype=dtype, shared=True)
+    raw = bytearray(cf.encode_header(h))
+    assert cf.decode_header(raw)[0] == h
+    with pytest.raises(cf.ChunkFormatError, match="unknown KV dtype"):
+        cf.encode_header(header(kv_dtype="float16"))
+    flags = cf.MIN_HEADER_BYTES - 4 - 4  # before the crc32c: flags u8, mac_bytes u8, kv_parts u16 end the fixed part
+    raw[flags] = (raw[flags] & 1) | 5 << cf.DTYPE_SHIFT  # a code no writer uses
+    raw[-4:] = crc32c(bytes(raw[:-4])).to_bytes(4, "little")
+    with pytest.raises(cf.ChunkFormatError, match="unknown KV dtype code 5"):
+        cf.decode_header(raw)
+
+
+def test_a_chunk_written_before_the_dtype_was_recorded_reads_as_float32():
+    raw = cf.encode_header(header(kv_dtype="float32"))
+    assert cf.decode_header(raw)[0].kv_dtype == "float32"  # code 0: the flags byte every v4 chunk had

@@ -59,18 +59,20 @@ class Pool:
             counter_offset=layout.counter_offset, counter_count=layout.counter_count,
             kv_layout=layout_msg(layout), owner="test", compute_address=compute_address)).region_id
 
-    # kv: [block, layer, K|V, kv_head, block_tokens, head_dim] fp32
+    # kv: [block, layer, K|V, kv_head, block_tokens, head_dim] fp32 (a pool of bf16 or fp8: their raw bits)
     def kv(self, block: int) -> np.ndarray:
         L = self.layout
-        return np.frombuffer(self.region.view(*L.block_range(block)), dtype=np.float32).reshape(
+        dtype = {4: np.float32, 2: "<u2", 1: np.uint8}[L.dtype_bytes]
+        return np.frombuffer(self.region.view(*L.block_range(block)), dtype=dtype).reshape(
             L.num_layers, 2, L.num_kv_heads, L.block_tokens, L.head_dim)
 
     def token_ids(self, block: int) -> np.ndarray:
         return np.frombuffer(self.region.view(*self.layout.token_ids_range(block)), dtype="<u4")
 
     def fill(self, block: int, token_ids, seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        self.kv(block)[...] = rng.standard_normal(self.kv(block).shape, dtype=np.float32)
+        rng, kv = np.random.default_rng(seed), self.kv(block)
+        kv[...] = (rng.standard_normal(kv.shape, dtype=np.float32) if kv.dtype == np.float32
+                   else rng.integers(0, np.iinfo(kv.dtype).max, kv.shape, dtype=kv.dtype, endpoint=True))
         self.token_ids(block)[:len(token_ids)] = token_ids
 
     def store(self, block: int, index: int, ids, user: str, context: str, tenant: str = "default",

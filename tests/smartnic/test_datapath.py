@@ -200,3 +200,19 @@ def test_a_record_that_cannot_describe_the_value_is_not_asked_for():
     stored = value()
     a, _ = landing(np.zeros(10_000, np.uint8), stored, groups=GROUPS, length=len(stored) + 1)
     assert not a.usable
+
+
+def test_a_header_of_another_kv_dtype_is_refused_before_any_byte_lands():
+    mem = np.zeros(10_000, np.uint8)
+    chunk = stored_block(header(), "s0", KEY, len(value()), crc32c(value()), len(cf.encode_header(header())))
+    reports = []
+    a = Landing(chunk, mem, TARGETS, MAC_KEY, None, lambda g, err: reports.append((g, err and err.kind)),
+                kv_dtype="bfloat16")  # the pool's; the value says float32
+    a.take(0, 0, [value()])
+    assert reports[0] == (0, "dtype_mismatch") and not mem.any()
+    reports.clear()
+    same = Landing(chunk, mem, TARGETS, MAC_KEY, None, lambda g, err: reports.append((g, err and err.kind)),
+                   kv_dtype="float32")
+    same.take(0, 0, [value()])
+    same.end_range(0)
+    assert reports == [(0, None)] and placed(mem) == IDS + KV
