@@ -22,7 +22,8 @@ poster `--cut`, scalellm `--requests-per-client 1`, eviction quick, paper and tt
 every cut are in all.json.gz (`budget`), on the report and in the README block. Under `--profile`
 every estimate is first multiplied by what pacing costs its step, from `kvtb profile check`'s
 estimates measured as the run starts (`profile_slowdown`): under polaris-a100 full mode of the poster
-alone is estimated at about 7 hours, so a profiled run is cut much further, and says so.
+alone is estimated at about 7 hours, so a profiled run is cut much further, and says so. Each step's
+time limit (TIMEOUT_S, by mode) grows by its slowdown too, in quick mode as well.
 
 A run in parts (`--resume`, bench.study.all_resume): the steps that already finished in OUT/all.json.gz
 (same mode and profile) are kept and the rest run, so that full mode of every step can be taken in
@@ -143,6 +144,12 @@ def run_step(step: Step, argv: list[str], timeout_s: float) -> dict:
     return entry
 
 
+def step_timeout(mode: str, budget: all_budget.Plan, name: str) -> float:
+    """A step's time limit: its mode's, times its slowdown under a profile (a quick poster under polaris-a100
+    outran the plain 30 minutes)."""
+    return TIMEOUT_S[mode] * max(1.0, (budget.slowdown or {}).get(name, 1.0))
+
+
 def profile_slowdown(profile: str, names: list[str], dilation: str | float) -> tuple[dict[str, float], str]:
     """Each step's slowdown under `profile` for the time budget (all_budget.slowdowns), from
     `kvtb profile check`'s estimates, measured here (about 15 s); a D given in numbers rescales them."""
@@ -178,7 +185,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     names = ([s.name for s in STEPS if s.name not in args.skip and (not profiled or s.name in PROFILED)]
              if resume else [s.name for s in steps])
     slow = (profile_slowdown(profiled, names, args.dilation)
-            if profiled and mode == "full" and hours and not all_resume.kept(previous, names) else (None, ""))
+            if profiled and mode != "smoke" and not all_resume.kept(previous, names) else (None, ""))
     if resume:  # a part of a run: the budget is the whole run's, planned once
         budget = all_resume.plan(previous, names, mode, hours, *slow)
     else:
@@ -195,7 +202,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                          + placement_args(step, args.placements))
             if profiled:
                 step_argv += ["--profile", profiled, "--dilation", str(args.dilation)]
-            entries.append(run_step(step, step_argv, TIMEOUT_S[tier.mode]))
+            entries.append(run_step(step, step_argv, step_timeout(tier.mode, budget, step.name)))
             progress.update(note=f"{step.name} {'failed' if entries[-1].get('error') else 'done'}")
     report = {"study": "all", "mode": mode, "command": shlex.join(["kvtb", "study", "all", *argv]),
               "machine": machine, "seconds": time.monotonic() - start, "steps": entries,

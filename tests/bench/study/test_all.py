@@ -176,3 +176,12 @@ def test_the_budget_under_a_profile_takes_the_checks_slowdowns_rescaled_to_a_giv
     assert slow == {"poster": 3.0, "ttft": 3.0} and how.endswith("for paper at D = 50")
     slow, how = study_all.profile_slowdown("paper", ["poster"], "100")
     assert slow == {"poster": 6.0} and how.endswith("at D = 100")
+
+
+def test_a_steps_time_limit_grows_with_its_slowdown_under_a_profile():
+    from bench.study import all_budget
+    plain = all_budget.plan(["poster"], "quick", None)
+    paced = all_budget.plan(["poster"], "quick", None, {"poster": 4.6})
+    assert study_all.step_timeout("quick", plain, "poster") == study_all.TIMEOUT_S["quick"]
+    assert study_all.step_timeout("quick", paced, "poster") == 4.6 * study_all.TIMEOUT_S["quick"]
+    assert study_all.step_timeout("full", paced, "ttft") == study_all.TIMEOUT_S["full"]  # none given: none
