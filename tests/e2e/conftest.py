@@ -135,6 +135,15 @@ def run_turn(client: FrontendClient, message: str, context_id: str = "", max_new
     return "".join(texts), summary
 
 
+def assert_restored_as_resident(replies: dict[str, list]) -> None:
+    """The paper's chat under triggered and resident (summaries by policy): the follow-ups restored and
+    resident respectively, and the same replies."""
+    triggered, resident = replies["triggered"], replies["resident"]
+    assert [t.kv_source for t in triggered[1:]] == ["restored", "restored"]
+    assert [t.kv_source for t in resident[1:]] == ["resident", "resident"]
+    assert [t.reply for t in triggered] == [t.reply for t in resident]
+
+
 def run_conversation(client: FrontendClient, messages: list[str]) -> list:
     summaries, context_id = [], ""
     for message in messages:

@@ -2,7 +2,7 @@
 resident KV of the same dtype does (what is stored is what the pool held, bit for bit)."""
 import pytest
 
-from .conftest import paper_messages, run_conversation, start_up
+from .conftest import assert_restored_as_resident, paper_messages, run_conversation, start_up
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
@@ -17,7 +17,4 @@ def test_a_bf16_pool_restores_and_replies_as_resident_bf16(tmp_path_factory):
             client.close()
         finally:
             up.stop()
-    triggered, resident = replies["triggered"], replies["resident"]
-    assert [t.kv_source for t in triggered[1:]] == ["restored", "restored"]
-    assert [t.kv_source for t in resident[1:]] == ["resident", "resident"]
-    assert [t.reply for t in triggered] == [t.reply for t in resident]
+    assert_restored_as_resident(replies)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import paper_messages, run_conversation, start_up
+from .conftest import assert_restored_as_resident, paper_messages, run_conversation, start_up
 
 pytestmark = [pytest.mark.service, pytest.mark.slow,
               pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placement nic needs 2 CPUs")]
@@ -55,7 +55,4 @@ def test_a_conversation_in_the_nic_placement_restores_and_replies_as_resident(tm
                 assert len(fastpath) == 1 and cpus_of(fastpath[0]) == {cpus["smartnic"]}
         finally:
             up.stop()
-    triggered, resident = replies["triggered"], replies["resident"]
-    assert [t.kv_source for t in triggered[1:]] == ["restored", "restored"]
-    assert [t.kv_source for t in resident[1:]] == ["resident", "resident"]
-    assert [t.reply for t in triggered] == [t.reply for t in resident]
+    assert_restored_as_resident(replies)
