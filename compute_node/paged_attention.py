@@ -37,6 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from compute_node.kv_pool import TORCH_DTYPES
+
 try:  # built by setup.py as an optional extension; without it the torch path serves
     from compute_node import _attention
 except ImportError:  # pragma: no cover - depends on the install
@@ -82,7 +84,7 @@ def check_pool(pool: torch.Tensor) -> None:
                          f"on {pool.device}, contiguous={pool.is_contiguous()})")
 
 
-POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
+POOL_DTYPES = tuple(TORCH_DTYPES.values())  # the types a pool may hold (compute.kv_dtype)
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value (it has no infinity)
 
 
