@@ -19,6 +19,12 @@ gets a stack of its own in the same run, started in it, and the whole measuremen
 levels); the result keeps the first placement's figures under the usual keys, every placement's
 in `results.by_placement` and as `<ratio>@<placement>`, and compares tokens/s at each level (and
 at the most sessions / one) as `<figure>@nic_vs_shared`.
+
+`--kv-dtypes float32 bfloat16` runs all of that once per KV pool dtype (compute.kv_dtype), in the same
+run, one after the other: the first dtype's figures under the usual keys, each dtype's whole result
+in `results.by_kv_dtype`, its ratios as `<ratio>@<dtype>`, and each later dtype's key figures against
+the first's as `<figure>@<placement>@<dtype>_vs_<first>` (issue 45: a narrower pool's default must
+not cost throughput).
 """
 from __future__ import annotations
 
@@ -49,6 +55,7 @@ from bench.results import (
 from bench.placements import add_placements_arg, chosen, run_placements, tables
 from bench.stack import Stack, bench_config, bench_users
 from bench.stats import hit_rate, mean, ratio, summarize
+from hostmem.kv_dtype import KV_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +76,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the compute node's KV pool in tokens (default 32768: no preemption at 32 sessions)")
     parser.add_argument("--torch-threads", type=int, default=0,
                         help="the compute node's torch threads (default 0: one per CPU of its placement's)")
+    parser.add_argument("--kv-dtypes", nargs="+", default=["float32"], choices=list(KV_DTYPES), metavar="DTYPE",
+                        help="KV pool dtypes (compute.kv_dtype) to run, each with stacks of its own, in this run "
+                             f"(default float32; of {', '.join(KV_DTYPES)})")
     add_placements_arg(parser)
     args = parser.parse_args(argv)
+    args.kv_dtypes = list(dict.fromkeys(args.kv_dtypes))
     args.placements = chosen(args.placements)
     args.levels = args.levels or list(SMOKE_LEVELS if args.smoke else LEVELS)
     if args.smoke:
@@ -218,16 +229,17 @@ def key_figures(sub: dict) -> dict[str, float]:
     return out
 
 
-def measure(args: argparse.Namespace, placement: str, sub: dict, progress) -> list[str]:
+def measure(args: argparse.Namespace, placement: str, sub: dict, progress, kv_dtype: str = "float32") -> list[str]:
     """The reference and every level in one stack started in `placement`, into sub (results,
     ratios, failed); the replies that differ from alone."""
     distinct = min(max(args.levels), len(sessions.TOPICS))
     count = distinct + sum(len(workload(n, distinct, args.conversations_per_session)) for n in args.levels)
     users = iter(bench_users(count))  # one per conversation: nothing stored by one is another's
     config = bench_config(pool_tokens=args.pool_tokens, max_context_tokens=1024, users=count,
-                          max_new_tokens=args.max_new_tokens, compute={"torch_threads": args.torch_threads})
+                          max_new_tokens=args.max_new_tokens,
+                          compute={"torch_threads": args.torch_threads, "kv_dtype": kv_dtype})
     differences: list[str] = []
-    with Stack(services_dir(args, f"concurrency-{placement}"), config, keep_data=args.keep_data,
+    with Stack(services_dir(args, f"concurrency-{placement}-{kv_dtype}"), config, keep_data=args.keep_data,
                placement=placement) as stack:
         reference = {}
         for i in range(distinct):
@@ -260,28 +272,63 @@ def measure(args: argparse.Namespace, placement: str, sub: dict, progress) -> li
 
 
 def report(result: dict) -> str:
-    """Each placement's table, then the key figures side by side."""
-    return tables(result, table)
+    """Each placement's table, then the key figures side by side (per KV dtype, when several ran)."""
+    by_dtype = result["results"].get("by_kv_dtype")
+    if not by_dtype:
+        return tables(result, table)
+    parts = []
+    for dtype, r in by_dtype.items():
+        one = {**result, "results": r["results"], "ratios": r["ratios"], "failed": r["failed"]}
+        parts.append(f"KV pool dtype {dtype}\n{tables(one, table)}")
+    dtype_ratios = {k: v for k, v in result["ratios"].items() if k.endswith(f"_vs_{next(iter(by_dtype))}")}
+    return "\n\n".join(parts) + f"\n\neach dtype over the first, in this run\n{ratios_text(dtype_ratios)}"
 
 
 def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
     settings = {"levels": args.levels, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
                 "conversations_per_session": args.conversations_per_session,
                 "pool_tokens": args.pool_tokens, "policy": "triggered", "torch_threads": args.torch_threads,
-                "smoke": args.smoke, "placements": args.placements}
-    result = new_result("concurrency", settings)
+                "smoke": args.smoke, "placements": args.placements, "kv_dtypes": args.kv_dtypes}
     distinct = min(max(args.levels), len(sessions.TOPICS))
     differences: list[str] = []
+    by_dtype: dict[str, dict] = {}
+    steps = len(args.kv_dtypes) * len(args.placements) * (distinct + len(args.levels))
+    with progress_for(args, steps, "concurrency") as progress:
+        for dtype in args.kv_dtypes:
+            one_dtype = new_result("concurrency", {**settings, "kv_dtype": dtype})
 
-    def one(placement: str, sub: dict) -> None:
-        differences.extend(f"{placement}: {d}" for d in measure(args, placement, sub, progress))
+            def one(placement: str, sub: dict, dtype=dtype) -> None:
+                where = placement if len(args.kv_dtypes) == 1 else f"{placement} {dtype}"
+                differences.extend(f"{where}: {d}" for d in measure(args, placement, sub, progress, dtype))
 
-    with progress_for(args, len(args.placements) * (distinct + len(args.levels)), "concurrency") as progress:
-        run_placements(result, args.placements, one, key_figures)
+            run_placements(one_dtype, args.placements, one, key_figures)
+            by_dtype[dtype] = one_dtype
+    result = by_dtype[args.kv_dtypes[0]]
+    result["settings"] = settings
+    if len(args.kv_dtypes) > 1:
+        add_dtype_ratios(result, by_dtype)
     result["results"]["replies_identical_to_alone"] = not differences
     result["results"]["differences"] = differences
     result["plots"] = plots(plot(result, args.out))
     return result, differences
+
+
+def add_dtype_ratios(result: dict, by_dtype: dict[str, dict]) -> None:
+    """Every dtype's result under results.by_kv_dtype, its ratios and failures marked `@<dtype>`, and each
+    later dtype's key figures over the first's, per placement: `<figure>@<placement>@<dtype>_vs_<first>`."""
+    first, *others = by_dtype
+    result["results"]["by_kv_dtype"] = {d: {"results": r["results"], "ratios": r["ratios"],
+                                            "floors": r.get("floors", {}), "failed": r["failed"]}
+                                        for d, r in by_dtype.items()}
+    for dtype in others:
+        r = by_dtype[dtype]
+        result["ratios"] |= {f"{k}@{dtype}": v for k, v in r["ratios"].items()}
+        result["failed"] += [{"part": f"{dtype}: {f['part']}", "error": f["error"]} for f in r["failed"]]
+        for placement, sub in r["results"].get("by_placement", {}).items():
+            base = result["results"].get("by_placement", {}).get(placement, {}).get("key_figures", {})
+            for k, v in sub.get("key_figures", {}).items():
+                if k in base:
+                    result["ratios"][f"{k}@{placement}@{dtype}_vs_{first}"] = ratio(v, base[k])
 
 
 FLOORS = {"tokens_per_s_32_vs_1": 6.0}    # issue 21: at least (goal 8)

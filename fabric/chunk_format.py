@@ -258,8 +258,13 @@ def chunk_mac(mac_key: bytes, storage_key: bytes, generation: int, part: int = H
     """A keyed BLAKE3 hasher, started over the chunk's key, generation and part (HEAD, or a KV part's
     number): feed it that part's bytes in order, then take digest(MAC_BYTES). Releases the GIL."""
     h = blake3.blake3(key=mac_key, max_threads=MAC_THREADS)
-    h.update(MAC_CONTEXT + bytes(storage_key) + struct.pack("<QI", generation, part))
+    h.update(mac_prefix(storage_key, generation) + struct.pack("<I", part))
     return h
+
+
+def mac_prefix(storage_key: bytes, generation: int) -> bytes:
+    """What every MAC of a chunk starts with, before its part's number (4 bytes, little-endian)."""
+    return MAC_CONTEXT + bytes(storage_key) + struct.pack("<Q", generation)
 
 
 def mac_of(mac_key: bytes, storage_key: bytes, generation: int, buffers: Iterable, part: int = HEAD) -> bytes:

@@ -13,6 +13,10 @@ A MAC (any hasher with update(buffer), e.g. keyed BLAKE3, which releases the GIL
 contiguous side in order, in blocks of MAC_BLOCK_BYTES, each right after its copy while it is
 still in the CPU's cache; ranges sent as views of the region are hashed where they lie. A crc of
 None skips the crc32c (a reader that checks a MAC instead needs none).
+
+A restore's landing (`lander`): with the compiled engine, one C call copies a piece of a block's KV
+into the region and feeds each part's keyed BLAKE3 (hostmem/_lander.c, the vendored BLAKE3) without
+the GIL; with numpy, smartnic.landing does the same part by part from Python, the reference.
 """
 from __future__ import annotations
 
@@ -28,6 +32,10 @@ try:
     from hostmem import _dma
 except ImportError:  # not built (no C compiler, or not x86-64)
     _dma = None
+try:
+    from hostmem import _lander
+except ImportError:  # not built (no C compiler, or not x86-64)
+    _lander = None
 
 ENGINES = ("compiled", "numpy")
 # Copied, then hashed while still in cache (L3). BLAKE3 is compute-bound here (AVX2, about 2.6 GB/s a
@@ -46,6 +54,17 @@ def _choose(wanted: str | None) -> str:
 
 
 ENGINE = _choose(os.environ.get("KVTB_DMA"))
+
+
+def lander(targets: Sequence[gather.Run], kv_base: int, part_bytes: int, parts: int, key: bytes, prefix: bytes,
+           engine: str | None = None):
+    """A compiled landing for one block's KV (hostmem/_lander.c), or None where the engine is numpy or
+    it was not built (the caller then copies and hashes part by part). targets: the block's runs,
+    its KV from byte kv_base on, in `parts` parts of part_bytes; key and prefix: each part's keyed
+    BLAKE3 starts with prefix, then the part's number (4 bytes, little-endian)."""
+    if (engine or ENGINE) != "compiled" or _lander is None:
+        return None
+    return _lander.Lander([tuple(r) for r in targets], kv_base, part_bytes, parts, key, prefix)
 
 
 def scatter(source, mem: np.ndarray, todo: Sequence[gather.Run], crc: int | None = 0,

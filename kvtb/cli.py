@@ -27,6 +27,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "eviction"): "bench.eviction:main",
     ("bench", "decode"): "bench.decode:main",
     ("bench", "attention"): "bench.attention:main",
+    ("bench", "landing"): "bench.landing:main",
     ("bench", "replay"): "bench.replay:main",
     ("bench", "fairness"): "bench.fairness:main",
     ("bench", "abuse"): "bench.abuse:main",

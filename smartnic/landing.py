@@ -4,7 +4,8 @@ A layer-wise restore reads each block's value (fabric.chunk_format v4: header | 
 KV parts) in one byte range per layer group: group 0's range is the head (header, token ids, every
 MAC) and the KV parts of the group's layers; each later group's range is its layers' parts. The
 bytes are copied into the region as they arrive and hashed while still in the CPU's cache
-(hostmem.dma); a group counts as landed only once the head checked out (the header names the block
+(hostmem.dma: with its compiled engine, one C call a piece copies a block's KV and feeds each part's
+MAC without the GIL, hostmem/_lander.c; with numpy, Python does it part by part); a group counts as landed only once the head checked out (the header names the block
 asked for, in the generation the requester knows; the head's MAC covers header and token ids) and
 each of its parts matches its MAC. A GET of a whole value is the case of one group and one range.
 
@@ -50,8 +51,11 @@ class Landing:
 
     def __init__(self, chunk: StoredBlock, mem, targets: Sequence[gather.Run], mac_key: bytes | None,
                  groups: Sequence[tuple[int, int]] | None, on_group: OnGroup,
-                 on_end: Callable[[DataError | None], None] = lambda error: None, kv_dtype: str = ""):
+                 on_end: Callable[[DataError | None], None] = lambda error: None, kv_dtype: str = "",
+                 engine: str | None = None):
         self.chunk, self.mem, self.targets, self.mac_key = chunk, mem, targets, mac_key
+        self.engine = engine  # hostmem.dma's: "compiled" lands KV in C (None: its default)
+        self.lander = None    # the compiled landing, made at the first KV byte
         self.kv_dtype = kv_dtype  # the pool's element type: a header of another fails the block ("": any)
         self.on_group, self.on_end = on_group, on_end
         self.whole = groups is None
@@ -203,6 +207,9 @@ class Landing:
                 self.macs[pos - L.macs_offset:pos - L.macs_offset + n] = view[:n]
                 if self.crc is not None:
                     self.crc = _crc.extend(self.crc, view[:n])
+            elif self._compiled():  # the rest of the piece is KV: one C call copies it and feeds the parts' MACs
+                n = view.nbytes
+                self.lander.place(view, self.mem, pos - L.kv_offset)
             else:  # one copy for up to a MAC block of KV, then each part's bytes of it into that part's MAC
                 n, spans, at = min(view.nbytes, dma.MAC_BLOCK_BYTES), [], pos
                 while at < pos + n:
@@ -212,6 +219,16 @@ class Landing:
                     at = end
                 self._copy(view[:n], self.ids_bytes + pos - L.kv_offset, spans)
             view, pos = view[n:], pos + n
+
+    def _compiled(self) -> bool:
+        """Whether KV lands through the compiled lander (made at the first KV byte: MACs on, engine built)."""
+        if self.lander is None and self.mac_key is not None and self.engine != "numpy":
+            L = self.layout
+            self.lander = dma.lander(self.targets, self.ids_bytes, L.part_bytes, L.kv_parts, self.mac_key,
+                                     cf.mac_prefix(self.chunk.key, self.chunk.generation), self.engine)
+            if self.lander is None:
+                self.engine = "numpy"  # not built: Python from now on
+        return self.lander is not None
 
     def _copy(self, piece: memoryview, target_offset: int, spans: list[tuple[int, int, int]]) -> None:
         """Copy `piece` into the targets from target_offset on; feed each (part, start, end) span of it to
@@ -247,6 +264,12 @@ class Landing:
         if self.mac_key is None:
             if self.crc is not None and self.crc != self.chunk.crc32c:  # a whole value without MACs
                 raise DataError("crc_mismatch", f"chunk {self.chunk.chunk_index}: crc32c mismatch on arrival")
+            return
+        if self.lander is not None:
+            bad = self.lander.check(first, end, self.macs, self.layout.mac_bytes)  # part 0's MAC follows the head's
+            if bad >= 0:
+                raise DataError("mac_mismatch", f"chunk {self.chunk.chunk_index}: the MAC of KV part {bad} does "
+                                                f"not match (forged, moved or damaged)")
             return
         for part in range(first, end):
             hasher = self.hashers.get(part) or cf.chunk_mac(self.mac_key, self.chunk.key, self.chunk.generation, part)

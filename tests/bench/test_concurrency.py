@@ -122,3 +122,37 @@ def test_both_placements_run_in_one_run_each_in_its_stack_and_are_compared(monke
     nic = result["machine"]["placement"][1]
     assert nic | {"cpus": None} == {"name": "nic", "cpus": None, "torch_threads": None, "started": False}
     assert "FAILED nic: RuntimeError: the agent did not start" in concurrency.report(result)
+
+
+def test_each_kv_dtype_runs_in_stacks_of_its_own_and_is_compared_with_the_first(monkeypatch, tmp_path):
+    import contextlib
+    import types
+
+    from bench import concurrency, results, sessions
+
+    started = []
+
+    @contextlib.contextmanager
+    def fake_stack(directory, config, *args, placement, **kwargs):
+        started.append((placement, config["compute"]["kv_dtype"]))
+        results.record_placement(placement, {"compute": "0-1", "smartnic": "0-1"}, 1)
+        yield types.SimpleNamespace(frontend="x", token=lambda user: user,
+                                    agent_stats=lambda: types.SimpleNamespace(hits=0, misses=0))
+
+    speed = {"float32": 10.0, "bfloat16": 12.0}
+    monkeypatch.setattr(concurrency, "Stack", fake_stack)
+    monkeypatch.setattr(concurrency, "run_level", lambda stack, n, *a: (_figures(speed[started[-1][1]] * n), []))
+    monkeypatch.setattr(concurrency, "plot", lambda result, out: None)
+    monkeypatch.setattr(sessions, "run_session", lambda *a, **k: [types.SimpleNamespace(reply="hi")])
+    args = concurrency.parse_args(["--levels", "1", "2", "--out", str(tmp_path), "--placements", "shared",
+                                   "--kv-dtypes", "float32", "bfloat16"])
+    result, _ = concurrency.run(args)
+    assert started == [("shared", "float32"), ("shared", "bfloat16")] and result["failed"] == []
+    assert list(result["results"]["by_kv_dtype"]) == ["float32", "bfloat16"]
+    assert result["results"]["levels"]["2"]["output_tokens_per_s"] == 20.0  # the first dtype's, as before
+    assert result["ratios"]["tokens_per_s_2@shared@bfloat16_vs_float32"] == pytest.approx(1.2)
+    assert result["ratios"]["tokens_per_s_2_vs_1@bfloat16"] == 2.0
+    text = concurrency.report(result)
+    assert "KV pool dtype bfloat16" in text and "tokens_per_s_2@shared@bfloat16_vs_float32" in text
+    with pytest.raises(SystemExit):
+        concurrency.parse_args(["--kv-dtypes", "float16"])

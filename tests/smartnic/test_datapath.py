@@ -1,12 +1,15 @@
 """A GET's value placed as it arrives, whole or in data PDUs, or range by range layer group by layer group,
-and checked by its MACs (or, with the KV MAC off, its crc32c) before it counts (pure: numpy only, no sockets)."""
+and checked by its MACs (or, with the KV MAC off, its crc32c) before it counts (pure: numpy only, no sockets).
+
+Every test runs with both landings: the compiled one (hostmem/_lander.c: KV copied and MAC-fed in C) and
+Python's (hostmem.dma's numpy engine)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from fabric import chunk_format as cf
-from hostmem import gather
+from hostmem import dma, gather
 from kvtb.crc32c import crc32c
 from smartnic.datapath import ChunkRef, stored_block
 from smartnic.landing import Landing
@@ -20,6 +23,15 @@ KV = np.random.default_rng(5).integers(0, 256, 6000, dtype=np.uint8).tobytes()  
 TARGETS = gather.runs_of([(0, len(IDS))] + [(1000 + i * 700, 500) for i in range(12)])
 MAC_KEY, KEY, GENERATION = bytes(range(32)), b"k" * 16, 1_700_000_000_000_000_042
 GROUPS = [(0, 1), (1, 3), (3, 4)]  # KV parts by layer group
+ENGINES = ["numpy", pytest.param("compiled", marks=pytest.mark.skipif(
+    dma.ENGINE != "compiled" or dma._lander is None, reason="hostmem._dma or hostmem._lander was not built"))]
+
+
+@pytest.fixture(autouse=True, params=ENGINES)
+def engine(request, monkeypatch):
+    """The landing under test: hostmem.dma's engine decides whether KV lands in C or from Python."""
+    monkeypatch.setattr(dma, "ENGINE", request.param)
+    return request.param
 
 
 def header(mac: bool = True, ref: ChunkRef = REF, generation: int = GENERATION) -> cf.ChunkHeader:
@@ -78,7 +90,7 @@ def test_the_value_layout_puts_the_head_first():
 
 @pytest.mark.parametrize("mac", [True, False])
 @pytest.mark.parametrize("pdu", [None, 4096, 200, 700, 333])
-def test_a_value_in_pieces_lands_in_its_ranges_and_checks_out(pdu, mac):
+def test_a_value_in_pieces_lands_in_its_ranges_and_checks_out(pdu, mac, engine):
     stored = value(mac)
     mem, a_reports = np.zeros(10_000, np.uint8), None
     a, a_reports = landing(mem, stored, mac)
@@ -88,6 +100,7 @@ def test_a_value_in_pieces_lands_in_its_ranges_and_checks_out(pdu, mac):
         a.take(0, offset, [piece[:7], piece[7:]])  # a piece may come as several frames
     a.end_range(0)
     assert a_reports == [(0, None), ("end", None)] and a.placed_bytes == len(IDS) + len(KV)
+    assert (a.lander is not None) == (mac and engine == "compiled")  # the MACs checked in C, or from Python
     assert placed(mem) == IDS + KV
     assert not mem[len(IDS):1000].any()  # the MACs went nowhere near the region
 
