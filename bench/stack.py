@@ -24,7 +24,7 @@ import yaml
 from bench.results import record_placement
 from fabric.auth import FabricSecurity
 from fabric.client import FabricClient
-from kvtb import credentials
+from kvtb import credentials, private
 from kvtb.credentials import AGENT_NQN, COMPUTE_NQN, replica_identities
 from kvtb.launch import ServiceProcess, kvtb_argv
 from kvtb.rpc import OPERATOR, Security, channel
@@ -127,8 +127,8 @@ class Stack:
                                      replicas=replicas)
 
     def __enter__(self) -> Stack:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(self.config))
+        private.data_dir(self.data_dir)  # 0700, its config 0600: it holds the deployment's salt
+        private.write_text(self.config_path, yaml.safe_dump(self.config))
         try:
             self.deployment.start(self.config.get("storage") or {})
         except BaseException:

@@ -36,3 +36,17 @@ def test_a_stack_needs_a_replica_and_names_its_services():
         Stack("/tmp/unused", bench_config(), replicas=0)
     assert [service_of(n) for n in ("storage-1", "frontend", "smartnic", "compute-2")] == [
         "storage", "frontend", "smartnic", "compute-2"]
+
+
+def test_a_stacks_directory_and_config_are_private(tmp_path, monkeypatch):
+    import os
+    import stat
+    old = os.umask(0o022)
+    try:
+        stack = Stack(tmp_path / "stack", bench_config())
+        monkeypatch.setattr(stack.deployment, "start", lambda storage: None)  # no service: the files alone
+        with stack:
+            assert stat.S_IMODE((tmp_path / "stack").stat().st_mode) == 0o700
+            assert stat.S_IMODE(stack.config_path.stat().st_mode) == 0o600  # it holds the salt
+    finally:
+        os.umask(old)
