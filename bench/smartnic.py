@@ -151,7 +151,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--placements", nargs="+", choices=LAYOUTS, default=None,
                         help="where the agent, storage and compute run, side by side (bench.nic_layouts; default: "
                              "shared nic on 2 CPUs or more, else shared; nic-own-core: a what-if)")
+    parser.add_argument("--fire-ring", nargs="+", choices=("off", "on"), default=["off"],
+                        help="the agent's watcher_fire_ring, each in the same run (default off; `off on`: every "
+                             "placement twice, the ring's as `<placement>+ring`, compared as <figure>@<placement>"
+                             "_ring_vs_off)")
     args = parser.parse_args(argv)
+    args.fire_ring = list(dict.fromkeys(args.fire_ring))
     if args.placements is None:
         args.placements = list(placement.PLACEMENTS) if len(current_cpus()) >= 2 else ["shared"]
     if args.smoke:
@@ -461,14 +466,22 @@ def run(args: argparse.Namespace) -> dict:
     with progress_for(args, len(args.placements) + len(args.sizes_mib), "smartnic") as progress, \
             data_dir(args, "smartnic") as path:
         for name in args.placements:
-            try:
-                by_placement[name] = measure_placement(args, path / name, name)
-            except Exception as exc:  # noqa: BLE001 - a placement that fails is reported, the others still run
-                fail(result, f"placement {name}", exc)
+            for ring in args.fire_ring:
+                variant = name if ring == "off" else f"{name}+ring"
+                try:
+                    by_placement[variant] = measure_placement(args, path / variant, name, ring == "on")
+                except Exception as exc:  # noqa: BLE001 - a placement that fails is reported, the others still run
+                    fail(result, f"placement {variant}", exc)
             progress.update(note=name)
         with agents_beside_storage(path, max(512, args.trigger_samples)) as agents:
             rows = transfers_by_size(result, agents, [mib << 20 for mib in args.sizes_mib], args.total_mib << 20,
                                      args.rounds, args.budget_s, path, progress)
+    for name in args.placements:  # the ring against none, in this run
+        off, on = by_placement.get(name), by_placement.get(f"{name}+ring")
+        if off and on:
+            figures_off, figures_on = trigger.figures(off["trigger_to_fire"]), trigger.figures(on["trigger_to_fire"])
+            for figure, value in figures_on.items():
+                result["ratios"][f"{figure}@{name}_ring_vs_off"] = round(value / max(figures_off[figure], 1e-9), 3)
     first = by_placement.get("shared") or next(iter(by_placement.values()), None)
     if first is None:
         raise RuntimeError("no placement could be measured: " + failed_text(result))
@@ -496,7 +509,7 @@ def run(args: argparse.Namespace) -> dict:
     result["floors"] = floors(result["ratios"], {"put_vs_limit": FLOOR, "context_restore_vs_zmq": RESTORE_FLOOR,
                                                  **SECURITY_FLOORS})
     result["floors"] |= floors(trigger.figures(fire), {}, at_most=trigger.TRIGGER_CEILINGS)
-    for name in ("nic", OWN_CORE):  # the issue's targets for the NIC's own cores
+    for name in ("nic", OWN_CORE, "nic+ring", f"{OWN_CORE}+ring"):  # the issue's targets for the NIC's own cores
         if name in by_placement:
             result["floors"] |= floors(result["ratios"], {f"context_restore_vs_zmq@{name}": NIC_RESTORE_FLOOR},
                                        at_most={f"{figure}@{name}": NIC_TRIGGER_CEILINGS[figure.split("_")[-2]]
@@ -504,18 +517,19 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def measure_placement(args: argparse.Namespace, directory: Path, name: str) -> dict:
+def measure_placement(args: argparse.Namespace, directory: Path, name: str, ring: bool = False) -> dict:
     """Trigger-to-fire and the whole context's restore with the agent, its storage node and the stand-in
     compute node where placement `name` puts them (bench.nic_layouts); the context only where the
-    layout is one a deployment uses (not the own-core what-if)."""
+    layout is one a deployment uses (not the own-core what-if). ring: the agent's watcher_fire_ring."""
     layout = layout_of(name)
+    settings = {**layout.settings, "watcher_fire_ring": ring}
     directory.mkdir(parents=True, exist_ok=True)
-    with pinned(layout), agent_beside_storage(directory, max(512, args.trigger_samples), "secure", layout.settings,
+    with pinned(layout), agent_beside_storage(directory, max(512, args.trigger_samples), "secure", settings,
                                               layout.storage) as (agent, _):
         fire = trigger.measure(agent, args.trigger_samples, compute_cpus=layout.compute)
         context = None if name == OWN_CORE else context_restore(agent, args.context_tokens, args.context_rounds,
                                                                  args.budget_s)
-    return {"layout": layout.record(), "settings": layout.settings, "trigger_to_fire": fire,
+    return {"layout": layout.record(), "settings": settings, "trigger_to_fire": fire,
             "context_restore": context}
 
 

@@ -24,6 +24,12 @@
  *       without the GIL: poll back to back for spin_ns, then sleep on the doorbell (or the timeout)
  *       and poll again; returns as soon as something fired, or empty after the timeout or interrupt()
  *   interrupt()   end a wait() now, from any thread (the watcher has other work: a registration...)
+ *   start_ring(capacity, spin_ns, timeout_ns, busy=False)   from now on a native thread of the Poller's
+ *       own polls as wait() does and pushes each fire (with its verdict, when checking) into a ring
+ *       (smartnic/fire_ring.h); take(max, timeout_ns, spin_ns) hands them to the PUT path's thread
+ *       without the GIL, interrupt_take() ends a take, stop_ring() ends the thread (close() does too);
+ *       ring_pushed, ring_taken, ring_full_waits, ring_wakes: counts. While it runs, poll(), wait()
+ *       and check_descriptors() are refused (the thread alone reads the triggers).
  *   polls, fires, sleeps, rings: counts (rings: waits the compute node ended)
  * seen_ns: CLOCK_MONOTONIC (time.monotonic_ns), read right after the poll found the store.
  *
@@ -66,6 +72,11 @@
 
 #define AWAKE 0u
 #define SLEEPING 1u
+
+#include <pthread.h>
+#include "fire_ring.h"  /* Fired, and the ring that hands fires to the PUT path */
+
+#define TAKE_MAX 256
 
 /* ---- the standing PUT's descriptor check (hostmem/descriptor.py `decode` and Agent.block_put's checks) ----
  *
@@ -357,14 +368,6 @@ static int fits(Py_ssize_t len, Py_ssize_t first, Py_ssize_t stride, Py_ssize_t 
 }
 
 typedef struct {
-    uint32_t block;
-    uint64_t generation;
-    int64_t seen_ns;
-    int verdict;               /* checking: the descriptor's (V_*) */
-    int64_t checked_ns;        /* checking: when its check ended */
-} Fired;
-
-typedef struct {
     PyObject_HEAD
     Py_buffer view;
     int has_view;
@@ -378,9 +381,13 @@ typedef struct {
     Py_ssize_t descriptor_stride, ids_stride;
     uint32_t block_tokens;
     Fired *fired;              /* [count]: one poll's finds */
-    int waiting;               /* a wait() is running (one at a time) */
+    int waiting;               /* a wait() or the ring's thread is running (one at a time) */
     int interrupted;           /* atomic */
     unsigned long long polls, fires, sleeps, rings;
+    FireRing ring;             /* start_ring(): fires pushed by a native thread, taken by take() */
+    pthread_t ring_thread;
+    int ring_running, taking, ring_busy;
+    int64_t ring_spin_ns, ring_timeout_ns;
 } Poller;
 
 static int64_t now_ns(void)
@@ -414,12 +421,12 @@ static Py_ssize_t poll_once(Poller *p)
     return n;
 }
 
-static PyObject *as_list(Poller *p, Py_ssize_t n)
+static PyObject *fired_list(const Fired *fired, Py_ssize_t n, int checking)
 {
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out && i < n; i++) {
-        const Fired *f = &p->fired[i];
-        PyObject *item = p->checking
+        const Fired *f = &fired[i];
+        PyObject *item = checking
             ? Py_BuildValue("(IKLiL)", f->block, (unsigned long long)f->generation, (long long)f->seen_ns,
                             f->verdict, (long long)f->checked_ns)
             : Py_BuildValue("(IKL)", f->block, (unsigned long long)f->generation, (long long)f->seen_ns);
@@ -430,6 +437,11 @@ static PyObject *as_list(Poller *p, Py_ssize_t n)
         PyList_SET_ITEM(out, i, item);
     }
     return out;
+}
+
+static PyObject *as_list(Poller *p, Py_ssize_t n)
+{
+    return fired_list(p->fired, n, p->checking);
 }
 
 static void futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns)
@@ -550,9 +562,13 @@ static int Poller_init(Poller *p, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+static void stop_ring(Poller *p);
+
 static void Poller_dealloc(Poller *p)
 {
+    stop_ring(p);
     release(p);
+    PyMem_RawFree(p->ring.slots);
     PyMem_RawFree(p->armed);
     PyMem_RawFree(p->fired);
     Py_TYPE(p)->tp_free((PyObject *)p);
@@ -592,16 +608,149 @@ static PyObject *Poller_wait(Poller *p, PyObject *args)
     return as_list(p, n);
 }
 
-static PyObject *Poller_interrupt(Poller *p, PyObject *Py_UNUSED(ignored))
+static void interrupt_wait(Poller *p)
 {
     __atomic_store_n(&p->interrupted, 1, __ATOMIC_RELEASE);
     if (p->bell && p->has_view && __atomic_exchange_n(p->bell, AWAKE, __ATOMIC_SEQ_CST) == SLEEPING)
         syscall(SYS_futex, p->bell, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+static PyObject *Poller_interrupt(Poller *p, PyObject *Py_UNUSED(ignored))
+{
+    interrupt_wait(p);
+    Py_RETURN_NONE;
+}
+
+/* ---- the ring: a native thread polls (and checks) and pushes each fire; the PUT path take()s them ---- */
+
+static void *ring_main(void *arg)
+{
+    Poller *p = arg;
+    int64_t spin = 0;
+    while (!__atomic_load_n(&p->ring.stop, __ATOMIC_ACQUIRE)) {
+        Py_ssize_t n = wait_for_stores(p, spin, p->ring_timeout_ns);
+        spin = n || p->ring_busy ? p->ring_spin_ns : 0;  /* spin right after a fire (its burst goes on), or always */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (ring_push(&p->ring, &p->fired[i]) < 0) {
+                /* stopped with the ring full: what was not pushed is due again for the next poll */
+                for (Py_ssize_t j = i; j < n; j++)
+                    p->armed[p->fired[j].block] = p->fired[j].generation - 1;
+                break;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Stop the ring's thread and wait for it (without the GIL); what it pushed stays to be taken. */
+static void stop_ring(Poller *p)
+{
+    if (!p->ring_running)
+        return;
+    __atomic_store_n(&p->ring.stop, 1, __ATOMIC_RELEASE);
+    interrupt_wait(p);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(p->ring_thread, NULL);
+    Py_END_ALLOW_THREADS
+    __atomic_store_n(&p->interrupted, 0, __ATOMIC_RELEASE);
+    p->ring_running = 0;
+    p->waiting = 0;
+}
+
+static PyObject *Poller_start_ring(Poller *p, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"capacity", "spin_ns", "timeout_ns", "busy", NULL};
+    Py_ssize_t capacity;
+    long long spin_ns, timeout_ns;
+    int busy = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nLL|p", kwlist, &capacity, &spin_ns, &timeout_ns, &busy) ||
+        !ready(p))
+        return NULL;
+    if (capacity < 1 || capacity > RING_MAX_CAPACITY || spin_ns < 0 || timeout_ns <= 0) {
+        PyErr_Format(PyExc_ValueError, "capacity in [1, %u], spin_ns >= 0, timeout_ns > 0", RING_MAX_CAPACITY);
+        return NULL;
+    }
+    uint32_t size = 1;
+    while (size < (uint32_t)capacity)
+        size <<= 1;
+    if (p->ring.slots == NULL || p->ring.mask + 1 != size) {
+        if (p->ring.head != p->ring.tail) {
+            PyErr_SetString(PyExc_RuntimeError, "the ring still holds fires: take them before resizing it");
+            return NULL;
+        }
+        Fired *slots = PyMem_RawMalloc(sizeof(Fired) * size);
+        if (slots == NULL)
+            return PyErr_NoMemory();
+        PyMem_RawFree(p->ring.slots);
+        p->ring.slots = slots;
+        p->ring.mask = size - 1;
+    }
+    p->ring.stop = 0;
+    p->ring_spin_ns = spin_ns;
+    p->ring_timeout_ns = timeout_ns;
+    p->ring_busy = busy;
+    p->waiting = 1;  /* poll(), wait() and close() see the thread */
+    int rc = pthread_create(&p->ring_thread, NULL, ring_main, p);  /* it inherits this thread's CPUs and policy */
+    if (rc != 0) {
+        p->waiting = 0;
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    p->ring_running = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Poller_stop_ring(Poller *p, PyObject *Py_UNUSED(ignored))
+{
+    stop_ring(p);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Poller_take(Poller *p, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"max", "timeout_ns", "spin_ns", NULL};
+    Py_ssize_t max = 64;
+    long long timeout_ns = 0, spin_ns = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nLL", kwlist, &max, &timeout_ns, &spin_ns))
+        return NULL;
+    if (!p->has_view || p->ring.slots == NULL) {
+        PyErr_SetString(PyExc_ValueError, p->has_view ? "the ring was never started" : "the Poller is closed");
+        return NULL;
+    }
+    if (max < 1 || max > TAKE_MAX || timeout_ns < 0 || spin_ns < 0) {
+        PyErr_Format(PyExc_ValueError, "max in [1, %d], timeout_ns and spin_ns >= 0", TAKE_MAX);
+        return NULL;
+    }
+    if (p->taking) {
+        PyErr_SetString(PyExc_RuntimeError, "another thread is taking from this ring (it has one consumer)");
+        return NULL;
+    }
+    Fired out[TAKE_MAX];
+    uint32_t n;
+    int checking = p->checking;  /* fixed while the ring runs: check_descriptors() is refused then */
+    p->taking = 1;
+    Py_BEGIN_ALLOW_THREADS
+    n = ring_take(&p->ring, out, (uint32_t)max, spin_ns, timeout_ns);
+    Py_END_ALLOW_THREADS
+    p->taking = 0;
+    return fired_list(out, n, checking);
+}
+
+static PyObject *Poller_interrupt_take(Poller *p, PyObject *Py_UNUSED(ignored))
+{
+    ring_interrupt_take(&p->ring);
     Py_RETURN_NONE;
 }
 
 static PyObject *Poller_close(Poller *p, PyObject *Py_UNUSED(ignored))
 {
+    if (p->taking) {
+        ring_interrupt_take(&p->ring);
+        PyErr_SetString(PyExc_RuntimeError, "a thread is taking from this Poller's ring: it was interrupted, "
+                                            "close again once it returned");
+        return NULL;
+    }
+    stop_ring(p);
     if (p->waiting) {
         PyErr_SetString(PyExc_RuntimeError, "a thread is waiting on this Poller: interrupt it first");
         return NULL;
@@ -661,6 +810,21 @@ COUNT_GETTER(fires)
 COUNT_GETTER(sleeps)
 COUNT_GETTER(rings)
 
+#define RING_GETTER(name)                                                           \
+    static PyObject *Poller_ring_##name(Poller *p, void *Py_UNUSED(closure))       \
+    {                                                                               \
+        return PyLong_FromUnsignedLongLong(p->ring.name);                           \
+    }
+RING_GETTER(pushed)
+RING_GETTER(taken)
+RING_GETTER(full_waits)
+RING_GETTER(wakes)
+
+static PyObject *Poller_ring_running(Poller *p, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(p->ring_running);
+}
+
 static PyObject *Poller_closed(Poller *p, void *Py_UNUSED(closure))
 {
     return PyBool_FromLong(!p->has_view);
@@ -680,6 +844,16 @@ static PyMethodDef Poller_methods[] = {
      "now on every fire's descriptor is checked and poll()/wait() return (block, generation, seen_ns, verdict, "
      "checked_ns); check_descriptors(None): not any more. ValueError when the layout passes the region."},
     {"interrupt", (PyCFunction)Poller_interrupt, METH_NOARGS, "End a wait() now (any thread)."},
+    {"start_ring", (PyCFunction)(void (*)(void))Poller_start_ring, METH_VARARGS | METH_KEYWORDS,
+     "start_ring(capacity, spin_ns, timeout_ns, busy=False): a native thread of its own polls from now on (as wait() "
+     "does: spin_ns after a fire, always when busy, then the doorbell or timeout_ns) and pushes every fire into a "
+     "ring of capacity (rounded up to a power of two) for take()."},
+    {"stop_ring", (PyCFunction)Poller_stop_ring, METH_NOARGS,
+     "Stop the ring's thread and wait for it; the fires it pushed stay to be taken."},
+    {"take", (PyCFunction)(void (*)(void))Poller_take, METH_VARARGS | METH_KEYWORDS,
+     "take(max=64, timeout_ns=0, spin_ns=0) -> fires: up to max from the ring, waiting without the GIL up to "
+     "timeout_ns for the first (spinning spin_ns of it); [] at the timeout or interrupt_take()."},
+    {"interrupt_take", (PyCFunction)Poller_interrupt_take, METH_NOARGS, "End a take() now (any thread)."},
     {"close", (PyCFunction)Poller_close, METH_NOARGS, "Release the buffer (no wait() may be running)."},
     {NULL, NULL, 0, NULL},
 };
@@ -691,6 +865,11 @@ static PyGetSetDef Poller_getset[] = {
     {"rings", (getter)Poller_rings, NULL, "Sleeps the doorbell ended.", NULL},
     {"closed", (getter)Poller_closed, NULL, "Whether close() was called.", NULL},
     {"checking", (getter)Poller_checking, NULL, "Whether fires' descriptors are checked.", NULL},
+    {"ring_running", (getter)Poller_ring_running, NULL, "Whether the ring's thread polls.", NULL},
+    {"ring_pushed", (getter)Poller_ring_pushed, NULL, "Fires the ring's thread pushed.", NULL},
+    {"ring_taken", (getter)Poller_ring_taken, NULL, "Fires take() returned.", NULL},
+    {"ring_full_waits", (getter)Poller_ring_full_waits, NULL, "Waits of the ring's thread for a full ring.", NULL},
+    {"ring_wakes", (getter)Poller_ring_wakes, NULL, "Sleeping take()s the ring's thread woke.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

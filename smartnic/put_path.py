@@ -41,12 +41,15 @@ class PutPath:
     def close(self) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
-    def fire(self, reg: Registered, block: int, generation: int, verdict: str | None = None) -> int | None:
+    def fire(self, reg: Registered, block: int, generation: int, verdict: str | None = None,
+             issue: Callable | None = None) -> int | None:
         """Check the block's descriptor and issue its PUT; the descriptor's stamp (0: none), or None when
         no PUT was issued: refused (PUT-done error part bumped, the refusal counted) or not admitted
         (success part bumped, `puts_skipped`). `verdict`: the compiled poller's check of the descriptor
         where it made one ("": passed; else why it refused), None where it did not (checked here). A
-        descriptor the poller passed is decoded, and checked again, on the PUT thread, off the fire's path."""
+        descriptor the poller passed is decoded, and checked again, on the PUT thread, off the fire's path.
+        issue(put, *args): where the PUT runs (default: handed to the PUT thread; the fire ring's consumer
+        is a PUT thread itself and runs it there, after the fires it took)."""
         L = reg.layout
         try:
             if verdict:
@@ -65,7 +68,7 @@ class PutPath:
             self.flush()
             reg.add(L.put_done(block), success=1)  # done as far as the compute node goes: the block is free
             return None
-        self._thread.submit(self._put, reg, block, generation, d)
+        (issue or self._thread.submit)(self._put, reg, block, generation, d)
         return stamp
 
     @staticmethod

@@ -82,6 +82,8 @@ class SmartNicSettings:
     watcher_realtime: bool = True          # the watcher thread as SCHED_FIFO 1, where the OS permits it
     watcher_compiled: bool = True          # the compiled poller and the pool's doorbell, where built ...
     watcher_bell_timeout_ms: float = 5.0   # ... whose sleep ends at the doorbell or after this long
+    watcher_fire_ring: bool = False        # the compiled poller's own thread polls and hands checked fires to the
+                                           # PUT path through a ring (smartnic/fire_ring.h), no Python between
     # where standing PUTs fire: "thread" (a thread of the agent) or "process" (smartnic.fastpath: a process
     # of its own, away from the control plane's interpreter lock); busy: its watcher polls without ever
     # sleeping, as NIC hardware does (placement `nic`: a core of its own; on shared cores it takes the forward's)

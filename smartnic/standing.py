@@ -21,7 +21,11 @@ it finds the store (`start_compiled(check=True)`, given the region's whole buffe
 the checks `Agent.block_put` makes in Python (hostmem.descriptor.decode, the trigger's generation,
 a shared block full, the block's name over its token ids), refused for the same first reason.
 
-What `fired` and `wait` return, one tuple per fired block, in block order:
+Or the compiled poller polls on a native thread of its own (`start_ring`) and pushes each fire, its
+descriptor checked, into a ring (smartnic/fire_ring.h) that the PUT path's thread drains with `take`,
+without the GIL: no Python thread stands between the store and the thread that issues the PUT.
+
+What `fired`, `wait` and `take` return, one tuple per fired block, in block order:
     from Python (not compiled):       (block, generation, None)
     compiled:                          (block, generation, seen_ns)
     compiled, check=True:              (block, generation, seen_ns, verdict, checked_ns)
@@ -125,6 +129,36 @@ class StandingPuts:
         if poller is not None:
             poller.interrupt()
 
+    def start_ring(self, spin_s: float, timeout_s: float, busy: bool = False) -> bool:
+        """(compiled, checking) Hand the polling to the poller's own native thread, which pushes each fire
+        into a ring of one slot per block for `take` (spin_s after a fire, or always when busy, then the
+        doorbell or timeout_s); False when there is no checking poller."""
+        poller = self.poller
+        if poller is None or not poller.checking or self.closed:
+            return False
+        if not poller.ring_running:
+            poller.start_ring(len(self), int(spin_s * 1e9), max(1, int(timeout_s * 1e9)), busy)
+        return True
+
+    @property
+    def ring_running(self) -> bool:
+        poller = self.poller
+        return poller is not None and poller.ring_running
+
+    def take(self, timeout_s: float, most: int = 64) -> list[tuple[int, ...]]:
+        """(ring) Up to `most` fires from the ring, waiting without the GIL up to timeout_s for the first;
+        [] at the timeout or interrupt_take(). ValueError once closed."""
+        poller = self.poller
+        if poller is None:
+            raise ValueError("the pool's poller is closed")
+        return poller.take(most, int(timeout_s * 1e9))
+
+    def interrupt_take(self) -> None:
+        """End a take() now (any thread)."""
+        poller = self.poller
+        if poller is not None:
+            poller.interrupt_take()
+
     def close(self, timeout_s: float = 5.0) -> None:
         """Release the compiled poller, if any, once no wait() runs on it (the region may go away after
         this); nothing fires after. Any thread."""
@@ -136,9 +170,10 @@ class StandingPuts:
         deadline = time.monotonic() + timeout_s
         while True:
             poller.interrupt()
+            poller.interrupt_take()
             try:
-                return poller.close()
-            except RuntimeError:  # the watcher is in wait(): it returns at the interrupt
+                return poller.close()  # stops the ring's thread, if any
+            except RuntimeError:  # the watcher is in wait(), or the PUT path in take(): it returns at the interrupt
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.0005)

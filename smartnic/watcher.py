@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 TIMER_SLACK_NS = 1000
 BUSY_SLICE_S = 0.001  # a busy poller's wait in C returns this often when nothing fired (to see other work)
+RING_TAKE_TIMEOUT_S = 0.05  # a ring's consumer looks up this often when nothing fired (to see a stop or a close)
 STAMP_LIMIT_NS = 60_000_000_000  # a descriptor stamp further back than this is not this store's
 _PR_SET_TIMERSLACK = 29
 
@@ -134,6 +135,7 @@ class WatcherSettings:
     bell_timeout_s: float = 0.005   # the longest wait on a pool's doorbell
     busy: bool = False              # poll back to back, never sleeping (a NIC core of its own)
     cpus: tuple[int, ...] = ()      # the watcher thread's own CPUs; (): its process's
+    ring: bool = False              # checked fires pass to the PUT path through the compiled poller's ring
 
     @classmethod
     def of(cls, settings, cpus: tuple[int, ...] = ()) -> WatcherSettings:
@@ -141,7 +143,7 @@ class WatcherSettings:
         return cls(settings.queue_bound, settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6,
                    settings.watcher_poll_us * 1e-6, settings.watcher_warm_ms * 1e-3, settings.watcher_realtime,
                    settings.watcher_compiled, settings.watcher_bell_timeout_ms * 1e-3, settings.watcher_busy_poll,
-                   tuple(cpus))
+                   tuple(cpus), settings.watcher_fire_ring)
 
 
 class TriggerEngine:
@@ -166,6 +168,10 @@ class TriggerEngine:
         self.realtime = watch.realtime and not watch.busy
         self.is_realtime = False
         self.compiled = watch.compiled  # asked for: pools polled by the compiled poller, where built
+        # asked for: a checking poller's own thread polls and pushes its fires into a ring, which a thread of
+        # this engine per pool drains, issuing the PUTs itself (no hand-off between Python threads)
+        self.ring = watch.ring and check_descriptors
+        self._drains: dict[int, threading.Thread] = {}  # region id -> the thread draining its pool's ring
         self.bell_timeout_s = watch.bell_timeout_s
         self._dwq = DeferredWorkQueue(watch.bound)
         self._lock = threading.Lock()
@@ -188,8 +194,13 @@ class TriggerEngine:
     def stop(self) -> None:
         self._stop.set()
         self._ring()
+        for reg in self._pools[1]:
+            if reg.standing is not None:
+                reg.standing.interrupt_take()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        for drain in list(self._drains.values()):
+            drain.join(timeout=5)
         if not self._thread.is_alive():
             self._wakeup.close()
 
@@ -274,7 +285,7 @@ class TriggerEngine:
             if self._poll():
                 sleep, last_fire, spin = self.poll_s, time.perf_counter(), self.spin_s
                 continue
-            pools = self._standing()
+            pools = tuple(reg for reg in self._standing() if not reg.standing.ring_running)  # a ring polls its own
             alone = len(pools) == 1 and pools[0].standing.poller is not None and not len(self._dwq)
             self._waiting = pools[0].standing if alone else None  # before _woken is read: wake() interrupts it
             if self._woken:  # something was queued or registered: back off afresh, not warm
@@ -322,14 +333,41 @@ class TriggerEngine:
                         reg.standing.start_compiled(check=self.check_descriptors):
                     logger.info("region %d: its %d standing PUTs are polled by the compiled poller, with a doorbell",
                                 reg.region_id, len(reg.standing))
+                if self.ring and not reg.closed and reg.region_id not in self._drains:
+                    self._start_ring(reg)
             self._pools = (version, pools)
         return self._pools[1]
+
+    def _start_ring(self, reg: Registered) -> None:
+        """(on the watcher thread: the poller's thread takes its CPUs and policy) The pool's poller polls on a
+        native thread of its own from now on, and a thread of this engine drains its ring."""
+        spin = BUSY_SLICE_S if self.busy else self.spin_s
+        if not reg.standing.start_ring(spin, self.bell_timeout_s, self.busy):
+            return
+        drain = threading.Thread(target=self._drain, args=(reg,), name=f"fire-ring-{reg.region_id}", daemon=True)
+        self._drains[reg.region_id] = drain
+        drain.start()
+        logger.info("region %d: its fires pass to the PUT path through the compiled poller's ring", reg.region_id)
+
+    def _drain(self, reg: Registered) -> None:
+        """The ring's consumer: take the fires (no GIL while it waits) and issue their PUTs on this thread,
+        until the pool closes or the engine stops."""
+        try:
+            while not self._stop.is_set() and not reg.closed:
+                try:
+                    due = reg.standing.take(RING_TAKE_TIMEOUT_S)
+                except (ValueError, RuntimeError, AttributeError):  # closed under us: deregistered
+                    break
+                if due:
+                    self._fire_standing(reg, due, inline=True)
+        finally:
+            self._drains.pop(reg.region_id, None)
 
     def _poll_standing(self) -> int:
         """Fire every standing PUT whose block's trigger moved (one strided read per pool)."""
         fired = 0
         for reg in self._standing():
-            if reg.closed:
+            if reg.closed or reg.standing.ring_running:  # a ring's own thread polls it
                 continue
             try:
                 due = reg.standing.fired()
@@ -338,15 +376,21 @@ class TriggerEngine:
             fired += self._fire_standing(reg, due)
         return fired
 
-    def _fire_standing(self, reg: Registered, due: list[tuple]) -> int:
+    def _fire_standing(self, reg: Registered, due: list[tuple], inline: bool = False) -> int:
         """Issue the PUT of each (block, generation, seen ns[, verdict, checked ns]) that fired; how many.
-        With the compiled poller's verdict, fire_block is told it (its descriptor was checked in C)."""
+        With the compiled poller's verdict, fire_block is told it (its descriptor was checked in C).
+        inline: this thread is a PUT thread (the ring's consumer): every fire is handed on first, then
+        their PUTs run here, in order."""
+        puts: list[tuple] = []
+        issue = (lambda *put: puts.append(put)) if inline else None
         for fired in due:
             block, generation, seen_ns = fired[:3]
             seen_ns = seen_ns or time.monotonic_ns()
             self.stats.inc("triggered_fired")
             try:
-                if len(fired) > 3:
+                if issue is not None:
+                    stamp_ns = self.fire_block(reg, block, generation, verdict_text(fired[3]), issue)
+                elif len(fired) > 3:
                     stamp_ns = self.fire_block(reg, block, generation, verdict_text(fired[3]))
                 else:
                     stamp_ns = self.fire_block(reg, block, generation)
@@ -364,6 +408,8 @@ class TriggerEngine:
             self.stats.inc("fire_issue_ns_total", max(0, fire_ns - seen_ns))
             for hook in self.on_block_fire:
                 hook(reg, block, generation, store_ns, fire_ns)
+        for put, *args in puts:
+            put(*args)
         return len(due)
 
     def _poll(self) -> int:

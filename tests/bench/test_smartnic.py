@@ -112,3 +112,35 @@ def test_a_failed_size_is_recorded_and_the_others_still_run(monkeypatch):
     assert [t["chunk_bytes"] for t in rows] == [64 << 10, 16 << 20]
     assert result["failed"] == [{"part": "1 MiB chunks",
                                  "error": "RuntimeError: 3 transfers of 1 MiB chunks failed in round 1"}]
+
+
+def test_each_placement_runs_with_and_without_the_fire_ring_and_they_are_compared(monkeypatch, tmp_path):
+    import contextlib
+
+    from bench import smartnic
+
+    measured = []
+
+    def placement(args, directory, name, ring=False):
+        measured.append((name, ring))
+        p50 = 50.0 if ring else 100.0
+        scene = {"p50_us": p50, "p99_us": 400.0, "samples": 10}
+        return {"layout": {"compute": "0"}, "settings": {"watcher_fire_ring": ring},
+                "trigger_to_fire": {"idle": scene, "load": scene}, "context_restore": {"vs_zmq": 0.5}}
+
+    @contextlib.contextmanager
+    def no_agents(*args, **kwargs):
+        yield {}
+
+    monkeypatch.setattr(smartnic, "measure_placement", placement)
+    monkeypatch.setattr(smartnic, "agents_beside_storage", no_agents)
+    monkeypatch.setattr(smartnic, "transfers_by_size", lambda *a: [])
+    args = smartnic.parse_args(["--placements", "shared", "nic", "--fire-ring", "off", "on", "--out", str(tmp_path),
+                                "--sizes-mib", "1"])
+    result = smartnic.run(args)
+    assert measured == [("shared", False), ("shared", True), ("nic", False), ("nic", True)]
+    assert list(result["results"]["by_placement"]) == ["shared", "shared+ring", "nic", "nic+ring"]
+    assert result["ratios"]["trigger_to_fire_idle_p50_us@nic_ring_vs_off"] == 0.5
+    assert result["ratios"]["trigger_to_fire_load_p99_us@shared_ring_vs_off"] == 1.0
+    assert result["results"]["trigger_to_fire"]["idle"]["p50_us"] == 100.0  # shared, without the ring
+    assert "trigger_to_fire_idle_p50_us@nic+ring" in result["floors"]  # the NIC targets apply to it
