@@ -9,6 +9,13 @@ from bench.sessions import TOPICS, script
 pytestmark = pytest.mark.service  # starts processes (tests/process_guard.py)
 
 
+@pytest.fixture(autouse=True)
+def services_in_tmp(monkeypatch, tmp_path):
+    """The stacks these tests fake leave no directory behind in the system's temp dir."""
+    from bench import concurrency
+    monkeypatch.setattr(concurrency, "services_dir", lambda args, label: tmp_path / label)
+
+
 def test_first_difference_names_the_conversation_and_turn():
     want = {"a": ["x", "y"], "b": ["z"]}
     assert first_difference(want, {"a": ["x", "y"], "b": ["z"]}) == []
