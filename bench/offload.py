@@ -235,7 +235,8 @@ def measure_one_block(args: argparse.Namespace, directory: Path) -> dict:
             "KVTB_SMARTNIC_LISTEN_ADDRESS": "127.0.0.1:0", "KVTB_SMARTNIC_METRICS_ADDRESS": "127.0.0.1:0",
             "KVTB_SMARTNIC_SALT": SALT, "KVTB_SMARTNIC_CPUS": cpus["smartnic"],
             **agent_placement_env(args.placement, plan),
-            "KVTB_SMARTNIC_STORAGE_NODES": f"s0={storage.addresses['admin']}={storage.addresses['fabric']}"})
+            "KVTB_SMARTNIC_STORAGE_NODES": f"s0={storage.addresses['admin']}={storage.addresses['fabric']}"},
+            die_with_parent=True)
         stack.callback(agent.stop)
         agent.start()
         settings = ComputeSettings(policy="triggered", pool_tokens=16384, max_context_tokens=1024,

@@ -61,7 +61,7 @@ def start_storage(data_dir: Path, name: str, **settings: object) -> ServiceProce
         "KVTB_STORAGE_NODE_NAME": name, "KVTB_STORAGE_DATA_DIR": str(data_dir / f"storage-{name}"),
         "KVTB_STORAGE_ADMIN_ADDRESS": "127.0.0.1:0", "KVTB_STORAGE_FABRIC_ADDRESS": "tcp://127.0.0.1:0",
         "KVTB_STORAGE_METRICS_ADDRESS": "127.0.0.1:0",
-        **{f"KVTB_STORAGE_{key.upper()}": str(value) for key, value in settings.items()}})
+        **{f"KVTB_STORAGE_{key.upper()}": str(value) for key, value in settings.items()}}, die_with_parent=True)
     try:
         proc.start(timeout_s=60)
     except BaseException:  # e.g. SystemExit from SIGTERM while it started: it must not outlive us

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from kvtb.launch import die_with_parent_if_asked
 from kvtb.private import make_private
 
 # (words) -> "module:function"; the function receives the argv that follows the words.
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     target, rest = found
     if argv[0] in PRIVATE_GROUPS:
         make_private()
+    if argv[0] == "serve":
+        die_with_parent_if_asked()
     module_name, func_name = target.split(":")
     try:
         module = importlib.import_module(module_name)

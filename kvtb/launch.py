@@ -29,6 +29,27 @@ from kvtb.private import PRIVATE_UMASK, open_private, private_dir
 logger = logging.getLogger(__name__)
 
 READY_PREFIX = "KVTB_READY "
+# set by ServiceProcess(die_with_parent=True): the pid of the process that started the service, which
+# `kvtb serve` asks the kernel to outlive by no more than a SIGTERM (die_with_parent_if_asked)
+PARENT_ENV = "KVTB_DIE_WITH_PARENT"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent_if_asked() -> None:
+    """In a service started with die_with_parent: SIGTERM this process when the thread that started it ends
+    (Linux's parent-death signal; so a benchmark or `kvtb up` killed with -9 leaves no service running), and
+    exit now if that parent is gone already. The variable is taken out of the environment: a process this
+    one starts has a parent of its own. Elsewhere than Linux: nothing."""
+    parent = os.environ.pop(PARENT_ENV, "")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != parent:  # it died before the kernel was asked
+        raise SystemExit(f"kvtb: the process that started this service ({parent}) is gone")
 
 
 def _stopped(pid: int) -> bool:
@@ -81,15 +102,20 @@ class ServiceProcess:
     """One service running as a child process.
 
     Not thread-safe: one owner starts and stops it. The process is put in its own session so
-    that SIGSTOP/SIGKILL hit only it.
+    that SIGSTOP/SIGKILL hit only it. die_with_parent: a `kvtb serve` service gets SIGTERM when the
+    thread that started it ends (start it from a thread that lives as long as it should: the main one).
     """
 
     def __init__(self, name: str, argv: list[str], log_path: str | os.PathLike,
-                 env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None):
+                 env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+                 die_with_parent: bool = False):
         self.name = name
         self.argv = argv
         self.log_path = Path(log_path)
         self.env = {**os.environ, **(env or {})}
+        self.env.pop(PARENT_ENV, None)
+        if die_with_parent:
+            self.env[PARENT_ENV] = str(os.getpid())
         self.cwd = cwd
         self.proc: subprocess.Popen | None = None
         self.ready: dict[str, Any] = {}

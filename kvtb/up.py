@@ -239,7 +239,7 @@ class Deployment:
     def _start(self, name: str, args: list[str], env: dict[str, str], timeout_s: float) -> ServiceProcess:
         argv = kvtb_argv("serve", *args, *(["--config", self.config] if self.config else []))
         env = {credentials.ENV_DIR: str(self.credentials_dir), **env}
-        proc = ServiceProcess(name, argv, self.data_dir / "logs" / f"{name}.log", env=env)
+        proc = ServiceProcess(name, argv, self.data_dir / "logs" / f"{name}.log", env=env, die_with_parent=True)
         self.procs.append(proc)
         logger.info("starting %s", name)
         proc.start(timeout_s=timeout_s)
