@@ -33,6 +33,7 @@ costs the compute node one system call per burst of stores instead.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -172,6 +173,7 @@ class TriggerEngine:
         # this engine per pool drains, issuing the PUTs itself (no hand-off between Python threads)
         self.ring = watch.ring and check_descriptors
         self._drains: dict[int, threading.Thread] = {}  # region id -> the thread draining its pool's ring
+        self._process_cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
         self.bell_timeout_s = watch.bell_timeout_s
         self._dwq = DeferredWorkQueue(watch.bound)
         self._lock = threading.Lock()
@@ -351,7 +353,14 @@ class TriggerEngine:
 
     def _drain(self, reg: Registered) -> None:
         """The ring's consumer: take the fires (no GIL while it waits) and issue their PUTs on this thread,
-        until the pool closes or the engine stops."""
+        until the pool closes or the engine stops. An ordinary thread on the process's other CPUs (started
+        by the watcher, it would take the watcher's own CPUs and real-time policy, which are the ring's
+        native thread's: the NIC's engine)."""
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        if self.cpus:
+            with contextlib.suppress(AttributeError, OSError):
+                os.sched_setaffinity(0, (self._process_cpus - set(self.cpus)) or self._process_cpus)
         try:
             while not self._stop.is_set() and not reg.closed:
                 try:
