@@ -25,7 +25,8 @@ estimates measured as the run starts (`profile_slowdown`): under polaris-a100 fu
 alone is estimated at about 7 hours, so a profiled run is cut much further, and says so. Each step's
 time limit (TIMEOUT_S, by mode) grows by its slowdown too, in quick mode as well.
 
-A run in parts (`--resume`, bench.study.all_resume): the steps that already finished in OUT/all.json.gz
+A run in parts (`--resume`, bench.study.all_resume): OUT/all.json.gz is written after every step, so a run
+stopped part-way (killed, or out of time) keeps what finished; the steps that already finished in OUT/all.json.gz
 (same mode and profile) are kept and the rest run, so that full mode of every step can be taken in
 sittings of a few hours; its budget is the whole run's, planned by the first part over every step (not
 only those `--only` gives it) and kept by the later ones, so each step runs at the tier the budget gave it
@@ -194,6 +195,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         logger.warning("study all: %s", budget.text())
     start, machine = time.monotonic(), machine_info()  # the commit as the run starts
     entries = []
+
+    def report_of(entries: list[dict]) -> dict:
+        report = {"study": "all", "mode": mode, "command": shlex.join(["kvtb", "study", "all", *argv]),
+                  "machine": machine, "seconds": time.monotonic() - start, "steps": entries,
+                  "placements": args.placements or "each step's default",
+                  "profile": profiled or None, "budget": budget.to_json()}
+        report = all_resume.merge(previous, report, NAMES)
+        done = report["steps"]
+        return report | {"tally": tallies(done),
+                         "ratios": {f"{e['name']}.{k}": v for e in done if e.get("result")
+                                    for k, v in (e["result"].get("ratios") or {}).items()},
+                         "failed": [{"part": e["name"], "error": e["error"]} for e in done if e.get("error")]}
+
     with progress_for(args, len(steps), "study all") as progress:
         for step in steps:
             progress.update(0, note=step.name)
@@ -204,16 +218,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                 step_argv += ["--profile", profiled, "--dilation", str(args.dilation)]
             entries.append(run_step(step, step_argv, step_timeout(tier.mode, budget, step.name)))
             progress.update(note=f"{step.name} {'failed' if entries[-1].get('error') else 'done'}")
-    report = {"study": "all", "mode": mode, "command": shlex.join(["kvtb", "study", "all", *argv]),
-              "machine": machine, "seconds": time.monotonic() - start, "steps": entries,
-              "placements": args.placements or "each step's default",
-              "profile": profiled or None, "budget": budget.to_json()}
-    report = all_resume.merge(previous, report, NAMES)
-    entries = report["steps"]
-    return report | {"tally": tallies(entries),
-                     "ratios": {f"{e['name']}.{k}": v for e in entries if e.get("result")
-                                for k, v in (e["result"].get("ratios") or {}).items()},
-                     "failed": [{"part": e["name"], "error": e["error"]} for e in entries if e.get("error")]}
+            if step is not steps[-1]:  # what finished so far, kept: a run stopped later goes on with --resume
+                write_json(out, REPORT, report_of(list(entries)))
+    return report_of(entries)
 
 
 # -- the headline table ---------------------------------------------------------------------------------

@@ -88,3 +88,24 @@ def test_the_first_part_runs_its_steps_at_the_whole_runs_tiers(tmp_path, monkeyp
     second = study_all.run(args, ["--resume"])
     assert "--quick" in ran[1] and [e["name"] for e in second["steps"]] == ["poster", "eviction"]
     assert second["budget"] == part["budget"]
+
+
+def test_a_run_stopped_part_way_keeps_the_steps_that_finished_and_goes_on_with_resume(tmp_path, monkeypatch):
+    ran = []
+
+    def fake_step(step, argv, timeout_s):
+        ran.append(step.name)
+        if step.name == "eviction" and ran.count("eviction") == 1:
+            raise SystemExit("SIGTERM")  # killed in its second step (stop_on_sigterm raises this)
+        return {"name": step.name, "argv": argv, "exit_code": 0, "seconds": 1.0,
+                "result": {"claims": [], "machine": {"git_commit": "aaa"}}}
+
+    monkeypatch.setattr(study_all, "run_step", fake_step)
+    args = study_all.parse_args(["--out", str(tmp_path), "--quick", "--only", "poster", "eviction"])
+    with pytest.raises(SystemExit):
+        study_all.run(args, ["--quick"])
+    args = study_all.parse_args(["--out", str(tmp_path), "--quick", "--resume", "--only", "poster", "eviction"])
+    assert all_resume.done(args.previous).keys() == {"poster"}  # the first step's result was written as it ended
+    whole = study_all.run(args, ["--quick", "--resume"])
+    assert ran == ["poster", "eviction", "eviction"]  # the poster ran once
+    assert [e["name"] for e in whole["steps"]] == ["poster", "eviction"] and whole["steps"][0].get("carried")
