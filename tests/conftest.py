@@ -1,7 +1,9 @@
 """Fixtures shared by every test package: real service processes with clean-up."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -65,6 +67,7 @@ def pytest_collection_modifyitems(config, items):
 # tests run with security on, as a user's deployment does.
 CREDENTIALS = credentials.init(tempfile.mkdtemp(prefix="kvtb-test-credentials-"))
 os.environ[credentials.ENV_DIR] = str(CREDENTIALS)
+atexit.register(shutil.rmtree, CREDENTIALS, ignore_errors=True)  # a run leaves no keys behind in /tmp
 
 
 def as_identity(identity: str = "operator") -> Security:
