@@ -64,8 +64,10 @@ class KvPool:
 
     @classmethod
     def create(cls, name: str, layout: KvLayout) -> "KvPool":
-        """Create the shared-memory region (zero-filled) and map it."""
+        """Create the shared-memory region (zero-filled) and map it, every page allocated now (as a GPU's KV
+        cache is, vLLM's among them: no restore or step later waits for the kernel to find a page)."""
         region = Region.create(name, layout.region_bytes, layout.counter_offset, layout.counter_count)
+        region.populate()
         logger.info("KV pool %s: %d blocks x %d tokens (%d tokens), %.1f MiB", name, layout.num_blocks,
                     layout.block_tokens, layout.pool_tokens, layout.region_bytes / 2**20)
         return cls(layout, region)

@@ -17,6 +17,7 @@ a torn value; an add is a read and a store by that one writer.
 from __future__ import annotations
 
 import fcntl
+import logging
 import mmap
 import os
 from pathlib import Path
@@ -25,7 +26,10 @@ import numpy as np
 
 # Where named regions live: /dev/shm, or a directory both processes mount (KVTB_SHM_DIR; the
 # swarm deployment shares a tmpfs volume because swarm services cannot share an IPC namespace).
+logger = logging.getLogger(__name__)
+
 SHM_DIR = Path(os.environ.get("KVTB_SHM_DIR", "/dev/shm"))
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+ (Python 3.11 does not name it)
 
 
 class RegionError(ValueError):
@@ -112,6 +116,21 @@ class Region:
         src = memoryview(data).cast("B")
         self.check(offset, src.nbytes)
         self.buffer[offset:offset + src.nbytes] = src
+
+    def populate(self) -> bool:
+        """Map every page of the region into this process now, allocating those not yet allocated
+        (Linux 5.14+'s MADV_POPULATE_WRITE), so that no copy into it later stops at a page fault: a
+        GPU's KV cache is memory allocated up front, and a NIC's DMA into it never faults. A first copy
+        into pages this mapping had not touched ran at 1.3 GB/s (pages never used) or 3.0 GB/s (pages
+        another process used) against 8 GB/s once mapped, here. False where it is not available (the
+        pages then fault in on first use, as before) or the memory is not there."""
+        try:
+            self._mmap.madvise(MADV_POPULATE_WRITE, 0, self.size)
+        except (AttributeError, OSError, ValueError) as exc:
+            logger.info("region %s: its pages were not mapped up front (%s); they fault in when first used",
+                        self.name, exc)
+            return False
+        return True
 
     # -- counters
     def _check_counter(self, counter: int) -> None:

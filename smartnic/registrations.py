@@ -75,6 +75,7 @@ class Registrations:
             raise RegionError(f"kv_layout needs {layout.region_bytes} bytes with counters at "
                               f"{layout.counter_offset}; got {size} bytes, counters at {counter_offset}")
         region = Region.attach(shm_name, size, counter_offset, counter_count)
+        region.populate()  # mapped here now: a restore's landing never stops at a page fault
         # armed: step 1 (with the whole region: the compiled poller can check descriptors in it)
         standing = StandingPuts(layout, region.counters, region.array) if layout is not None else None
         with self._lock:
