@@ -317,8 +317,9 @@ def add_dtype_ratios(result: dict, by_dtype: dict[str, dict]) -> None:
     """Every dtype's result under results.by_kv_dtype, its ratios and failures marked `@<dtype>`, and each
     later dtype's key figures over the first's, per placement: `<figure>@<placement>@<dtype>_vs_<first>`."""
     first, *others = by_dtype
-    result["results"]["by_kv_dtype"] = {d: {"results": r["results"], "ratios": r["ratios"],
-                                            "floors": r.get("floors", {}), "failed": r["failed"]}
+    # each dtype's own (the first's results copied before this key joins them: no cycle)
+    result["results"]["by_kv_dtype"] = {d: {"results": dict(r["results"]), "ratios": dict(r["ratios"]),
+                                            "floors": dict(r.get("floors", {})), "failed": list(r["failed"])}
                                         for d, r in by_dtype.items()}
     for dtype in others:
         r = by_dtype[dtype]

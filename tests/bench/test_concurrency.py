@@ -161,5 +161,7 @@ def test_each_kv_dtype_runs_in_stacks_of_its_own_and_is_compared_with_the_first(
     assert result["ratios"]["tokens_per_s_2_vs_1@bfloat16"] == 2.0
     text = concurrency.report(result)
     assert "KV pool dtype bfloat16" in text and "tokens_per_s_2@shared@bfloat16_vs_float32" in text
+    from bench.results import dumps
+    assert "by_kv_dtype" in dumps(result)  # it is written as JSON: no cycle
     with pytest.raises(SystemExit):
         concurrency.parse_args(["--kv-dtypes", "float16"])
