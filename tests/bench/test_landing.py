@@ -7,6 +7,7 @@ from bench import landing
 from hostmem import dma
 
 
+@pytest.mark.service  # the report's machine record asks git for the commit
 def test_smoke_run_lands_every_block_with_each_landing(tmp_path):
     assert landing.main(["--smoke", "--json", "--out", str(tmp_path), "--kv-dtypes", "bfloat16"]) == 0
     result = json.loads((tmp_path / "results.json").read_text())

@@ -114,6 +114,7 @@ def test_a_failed_size_is_recorded_and_the_others_still_run(monkeypatch):
                                  "error": "RuntimeError: 3 transfers of 1 MiB chunks failed in round 1"}]
 
 
+@pytest.mark.service  # the report's machine record asks git for the commit
 def test_each_placement_runs_with_and_without_the_fire_ring_and_they_are_compared(monkeypatch, tmp_path):
     import contextlib
 
