@@ -5,9 +5,10 @@ KV parts) in one byte range per layer group: group 0's range is the head (header
 MAC) and the KV parts of the group's layers; each later group's range is its layers' parts. The
 bytes are copied into the region as they arrive and hashed while still in the CPU's cache
 (hostmem.dma: with its compiled engine, one C call a piece copies a block's KV and feeds each part's
-MAC without the GIL, hostmem/_lander.c; with numpy, Python does it part by part); a group counts as landed only once the head checked out (the header names the block
-asked for, in the generation the requester knows; the head's MAC covers header and token ids) and
-each of its parts matches its MAC. A GET of a whole value is the case of one group and one range.
+MAC without the GIL, hostmem/_lander.c; with numpy, Python does it part by part); a group counts as
+landed only once the head checked out (the header names the block asked for, in the generation the
+requester knows; the head's MAC covers header and token ids) and each of its parts matches its MAC.
+A GET of a whole value is the case of one group and one range.
 
 Pure: numpy and the copy engine only (no zmq or grpc); the data path feeds it.
 """
