@@ -128,7 +128,8 @@ class Stack:
 
     def __enter__(self) -> Stack:
         private.data_dir(self.data_dir)  # 0700, its config 0600: it holds the deployment's salt
-        private.write_text(self.config_path, yaml.safe_dump(self.config))
+        with private.open_private(self.config_path, "w") as f:
+            f.write(yaml.safe_dump(self.config))
         try:
             self.deployment.start(self.config.get("storage") or {})
         except BaseException:

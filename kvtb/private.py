@@ -87,12 +87,3 @@ def open_private(path: str | os.PathLike, mode: str = "ab"):
         os.close(fd)
         raise
 
-
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write text to path as a file of mode 0600 (an existing file is narrowed to 0600 first)."""
-    path = Path(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        os.fchmod(f.fileno(), FILE_MODE)
-        f.write(text)
-    return path

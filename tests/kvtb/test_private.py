@@ -210,13 +210,16 @@ def test_a_log_on_dev_null_leaves_dev_null_alone():
     assert mode(Path("/dev/null")) == before
 
 
-def test_write_text_makes_a_0600_file_and_narrows_one_left_readable(tmp_path):
+def test_open_private_for_writing_makes_a_0600_file_and_narrows_and_truncates_one_left_readable(tmp_path):
     old = os.umask(0o022)
+    path = tmp_path / "kvtb.yaml"
     try:
-        path = private.write_text(tmp_path / "kvtb.yaml", "salt: x\n")
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_text() == "salt: x\n"
+        with private.open_private(path, "w") as f:
+            f.write("salt: longer\n")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_text() == "salt: longer\n"
         os.chmod(path, 0o644)
-        private.write_text(path, "salt: y\n")
+        with private.open_private(path, "w") as f:
+            f.write("salt: y\n")
         assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_text() == "salt: y\n"
     finally:
         os.umask(old)
