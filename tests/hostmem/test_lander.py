@@ -138,15 +138,13 @@ def header(kv_bytes: int) -> cf.ChunkHeader:
     return cf.ChunkHeader(*REF, kv_bytes, b"n" * 16, GENERATION, cf.MAC_BYTES, "acme", b"p" * 16, kv_parts=PARTS)
 
 
-def land(engine: str, stored: bytes, data_len: int, seed: int, mutate=None):
-    """A grouped restore of `stored` (the value the requester recorded is the true one) through Landing with
-    `engine`, each group's range in random pieces: (reports, the region)."""
+def land(engine: str, stored: bytes, true: bytes, data_len: int, seed: int):
+    """A grouped restore that receives `stored` where the requester recorded `true`, through Landing with
+    `engine`, each group's range in random pieces: (reports, the region, the landing)."""
     h = header(data_len)
-    targets = gather.runs_of([(0, len(IDS))] + [(4_096 + i * 1_500, 1_000) for i in range(PARTS * 3)])
-    true = bytes(stored) if mutate is None else mutate[1]
     chunk = stored_block(h, "s0", KEY, len(true), crc32c(true), len(cf.encode_header(h)))
     mem, reports = np.zeros(MEM_BYTES, np.uint8), []
-    a = Landing(chunk, mem, targets, MAC_KEY, GROUPS, lambda g, err: reports.append((g, err and err.kind)),
+    a = Landing(chunk, mem, TARGETS, MAC_KEY, GROUPS, lambda g, err: reports.append((g, err and err.kind)),
                 lambda err: reports.append(("end", err and err.kind)), engine=engine)
     for group in (1, 0, 2):  # a later group may come first: it waits for the head
         offset, length = a.range(group)
@@ -170,8 +168,8 @@ def test_c_and_python_landings_agree_on_bytes_reports_and_failures(seed, mutant)
         stored[layout.macs_offset + (1 + 5) * cf.MAC_BYTES + seed] ^= 1  # part 5's MAC (group 2)
     elif mutant == "ids":
         stored[layout.ids_offset + seed] ^= 1  # the head's MAC fails: every group
-    c_reports, c_mem, c = land("compiled", bytes(stored), len(data), seed, mutate=(None, true))
-    py_reports, py_mem, py = land("numpy", bytes(stored), len(data), seed, mutate=(None, true))
+    c_reports, c_mem, c = land("compiled", bytes(stored), true, len(data), seed)
+    py_reports, py_mem, py = land("numpy", bytes(stored), true, len(data), seed)
     assert c.lander is not None and py.lander is None
     assert c_reports == py_reports
     assert c_mem.tobytes() == py_mem.tobytes()
