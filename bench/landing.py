@@ -26,7 +26,7 @@ from fabric import chunk_format as cf
 from hostmem import dma, gather
 from hostmem import kv_dtype as kvd
 from kvtb.crc32c import crc32c
-from smartnic.datapath import GET_PDU_BYTES, stored_block
+from smartnic.datapath import GET_PDU_BYTES, _Bulk, stored_block
 from smartnic.landing import Landing
 
 logger = logging.getLogger(__name__)
@@ -74,26 +74,25 @@ class Context:
                                             len(cf.encode_header(header))))
             self.targets.append(gather.runs_of([(b * stride, len(ids)), (b * stride + 4096, len(kv))]))
         self.groups = [(g * LAYERS // layer_groups, (g + 1) * LAYERS // layer_groups) for g in range(layer_groups)]
+        ranges = [Landing(c, self.mem, t, MAC_KEY, self.groups, lambda g, err: None).range
+                  for c, t in zip(self.chunks, self.targets)]
+        self.streams = [b"".join(memoryview(v)[o:o + n] for v, r in zip(self.values, ranges) for o, n in [r(g)])
+                        for g in range(layer_groups)]
         self.kv_dtype = kv_dtype
         self.bytes = sum(len(v) for v in self.values)
 
     def land(self, engine: str) -> None:
-        """Every block's ranges, group by group, in PDUs of GET_PDU_BYTES across the blocks (as a range
-        command sends them); raises unless every block landed and checked out."""
+        """Every block's ranges, group by group, each group as one range command's data PDUs of GET_PDU_BYTES
+        across the blocks, split among them by the data path's own _Bulk; raises unless every block landed
+        and checked out."""
         landings = [Landing(c, self.mem, t, MAC_KEY, self.groups, lambda g, err: None, kv_dtype=self.kv_dtype,
                             engine=engine) for c, t in zip(self.chunks, self.targets)]
         for group in range(len(self.groups)):
-            stream = []  # (landing, offset in its value, bytes) of the group's ranges back to back
-            for a, value in zip(landings, self.values):
-                offset, length = a.range(group)
-                stream.append((a, offset, memoryview(value)[offset:offset + length]))
-            left = GET_PDU_BYTES
-            for a, offset, view in stream:
-                while view.nbytes:
-                    n = min(left, view.nbytes)
-                    a.take(group, offset, [view[:n]])
-                    view, offset, left = view[n:], offset + n, left - n
-                    left = left or GET_PDU_BYTES
+            bulk = _Bulk(group, landings)
+            stream = memoryview(self.streams[group])  # the group's ranges back to back, as the node sends them
+            for offset in range(0, stream.nbytes, GET_PDU_BYTES):
+                bulk.take(offset, [stream[offset:offset + GET_PDU_BYTES]])
+            for a in landings:
                 a.end_range(group)
         failed = [a.error for a in landings if a.error is not None]
         if failed:

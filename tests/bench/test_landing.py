@@ -25,9 +25,9 @@ def test_a_context_whose_bytes_were_damaged_fails_loudly(engine):
     if engine == "compiled" and dma._lander is None:
         pytest.skip("hostmem._lander was not built")
     context = landing.Context(64, 32, "float32", 4)
-    damaged = bytearray(context.values[1])
-    damaged[-1] ^= 1
-    context.values[1] = bytes(damaged)
+    damaged = bytearray(context.streams[-1])  # the last group's ranges as the node sends them
+    damaged[-1] ^= 1  # the last block's last KV byte
+    context.streams[-1] = bytes(damaged)
     with pytest.raises(RuntimeError, match="1 blocks failed to land: mac_mismatch"):
         context.land(engine)
 
