@@ -64,7 +64,7 @@ def lander(targets: Sequence[gather.Run], kv_base: int, part_bytes: int, parts: 
     BLAKE3 starts with prefix, then the part's number (4 bytes, little-endian)."""
     if (engine or ENGINE) != "compiled" or _lander is None:
         return None
-    return _lander.Lander([tuple(r) for r in targets], kv_base, part_bytes, parts, key, prefix)
+    return _lander.Lander(targets, kv_base, part_bytes, parts, key, prefix)
 
 
 def scatter(source, mem: np.ndarray, todo: Sequence[gather.Run], crc: int | None = 0,

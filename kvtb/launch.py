@@ -35,18 +35,24 @@ PARENT_ENV = "KVTB_DIE_WITH_PARENT"
 _PR_SET_PDEATHSIG = 1
 
 
+def parent_death_signal(sig: int) -> bool:
+    """Linux: ask the kernel to send this process `sig` when the thread that started it ends; whether it could."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def die_with_parent_if_asked() -> None:
     """In a service started with die_with_parent: SIGTERM this process when the thread that started it ends
     (Linux's parent-death signal; so a benchmark or `kvtb up` killed with -9 leaves no service running), and
     exit now if that parent is gone already. The variable is taken out of the environment: a process this
     one starts has a parent of its own. Elsewhere than Linux: nothing."""
     parent = os.environ.pop(PARENT_ENV, "")
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
+    if not parent or not parent_death_signal(signal.SIGTERM):
         return
     if str(os.getppid()) != parent:  # it died before the kernel was asked
         raise SystemExit(f"kvtb: the process that started this service ({parent}) is gone")

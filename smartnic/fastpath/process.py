@@ -8,7 +8,6 @@ runs here, so a fire waits for no gRPC call, lookup or eviction pass.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing.connection
 import os
@@ -18,6 +17,7 @@ import threading
 
 from hostmem.layout_proto import layout_to_proto
 from kvtb import placement
+from kvtb.launch import parent_death_signal
 from kvtb.logs import setup_logging
 from scale import settings as scale_settings
 from smartnic.admission import Admission
@@ -34,16 +34,11 @@ logger = logging.getLogger("smartnic.fastpath")
 
 SWITCH_INTERVAL_S = 50e-6
 FLUSH_S = 0.02  # forwarded statistics wait at most this long (a PUT's end sends them at once)
-_PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
     """Linux: SIGKILL this process when the agent that spawned it dies (nothing is left behind)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+    parent_death_signal(signal.SIGKILL)
 
 
 class FastPathProcess:
