@@ -8,7 +8,12 @@ and MAC-fed in one C call without the GIL) and with Python's (hostmem.dma's nump
 in alternating rounds. Two figures for each: MB/s of stored value landed (the best round), and how late a
 second Python thread wakes while the landing goes on (it sleeps 200 µs at a time; p50 and p99 of how much
 later than that it got the GIL back, over every round): the agent's other threads (its gRPC and fabric
-I/O, the watcher's hand-offs) wait that long behind a landing that holds the GIL. In-process: no sockets,
+I/O, the watcher's hand-offs) wait that long behind a landing that holds the GIL.
+
+Then what a page fault costs a landing: the context's bytes copied (the copy engine, no MAC) into a
+region attached the way the agent attaches a pool, whose pages (a) nobody used yet, (b) the creating
+process wrote (a compute node's used pool), or (c) were mapped up front (Region.populate, as the
+compute node and the agent now do), each region fresh; GB/s of each first copy. In-process: no sockets,
 so this is the landing alone (`kvtb bench smartnic` and `kvtb bench ttft` measure it in the services).
 """
 from __future__ import annotations
@@ -120,6 +125,35 @@ def probed(work, nap_s: float = 200e-6) -> list[float]:
     return late
 
 
+def first_copies(nbytes: int) -> dict[str, float]:
+    """GB/s of a first copy of nbytes into an attached region whose pages are unused, used by their creator,
+    or mapped up front (a fresh region each)."""
+    import uuid
+
+    from hostmem.region import Region
+    src = np.random.default_rng(2).integers(0, 256, nbytes, dtype=np.uint8)
+    size = nbytes + 4096  # and a page of counters
+    out = {}
+    for case in ("unused", "used_by_creator", "populated"):
+        name = f"kvtb-bench-landing-{uuid.uuid4().hex[:8]}"
+        creator = Region.create(name, size, nbytes, 1)
+        try:
+            if case == "used_by_creator":
+                creator.array[:nbytes] = 0
+            attached = Region.attach(name, size, nbytes, 1)
+            try:
+                if case == "populated" and not (creator.populate() and attached.populate()):
+                    continue  # not available here: no figure
+                start = time.perf_counter()
+                dma.scatter(src, attached.array, [gather.Run(0, nbytes, nbytes, 1)], None)
+                out[case] = nbytes / (time.perf_counter() - start) / 1e9
+            finally:
+                attached.close()
+        finally:
+            creator.close()
+    return out
+
+
 def measure(args: argparse.Namespace) -> tuple[list[dict], dict[str, float]]:
     engines = ["numpy"] + (["compiled"] if dma.ENGINE == "compiled" and dma._lander is not None else [])
     rows, ratios = [], {}
@@ -156,17 +190,23 @@ def render(result: dict) -> str:
             + format_table(["kv dtype", "landing", "blocks", "MB", "ms", "MB/s", "wake late p50 µs",
                            "p99 µs"], rows)
             + ("" if any(r["engine"] == "compiled" for r in result["results"]["rows"])
-               else "\nthe compiled landing was not built: Python only"))
+               else "\nthe compiled landing was not built: Python only")
+            + "\nfirst copy of the context into an attached region, GB/s: "
+            + ", ".join(f"{case.replace('_', ' ')} {v:.2f}" for case, v in result["results"]["first_copy_gb_per_s"].items()))
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     setup_logging(args)
     rows, ratios = measure(args)
+    copies = first_copies(args.tokens * LAYERS * KV_HEADS * HEAD_DIM * 2 * kvd.size("float32"))  # the fp32 KV
+    for case in ("unused", "used_by_creator"):
+        if case in copies and "populated" in copies:
+            ratios[f"first_copy_populated_vs_{case}"] = round(copies["populated"] / copies[case], 3)
     result = new_result("landing", {"tokens": args.tokens, "block_tokens": args.block_tokens,
                                     "layer_groups": args.layer_groups, "kv_dtypes": args.kv_dtypes,
                                     "rounds": args.rounds})
-    result["results"] = {"rows": rows}
+    result["results"] = {"rows": rows, "first_copy_gb_per_s": copies}
     result["ratios"] = ratios
     finish(args, result, render(result))
     return 0
