@@ -30,7 +30,9 @@ stopped part-way (killed, or out of time) keeps what finished; the steps that al
 (same mode and profile) are kept and the rest run, so that full mode of every step can be taken in
 sittings of a few hours; its budget is the whole run's, planned by the first part over every step (not
 only those `--only` gives it) and kept by the later ones, so each step runs at the tier the budget gave it
-and the report's cuts are the run's. The report and the README block name each part's command,
+and the report's cuts are the run's. A step that takes --resume itself (the poster: each finished point kept
+in OUT/poster/journal.json, bench.study.poster_journal) is given it, so a step longer than a sitting is
+taken in sittings too. The report and the README block name each part's command,
 commit and date, and which steps it ran.
 
 The headline table takes each study's `headline_rows(study)`: a list of rows, each a mapping with
@@ -88,6 +90,7 @@ class Step:
     words: tuple[str, ...]
     title: str
     extra: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    resumable: bool = False  # takes --resume: keeps what a stopped run of it finished (bench.study.poster_journal)
 
     def argv(self, mode: str, out: Path, keep_data: bool = False) -> list[str]:
         flag = {"full": (), "quick": ("--quick",), "smoke": ("--smoke",)}[mode]
@@ -98,7 +101,7 @@ class Step:
 
 
 STEPS = (
-    Step("poster", ("study", "poster"), "Recompute against swap (the poster's Figs 2-6)"),
+    Step("poster", ("study", "poster"), "Recompute against swap (the poster's Figs 2-6)", resumable=True),
     Step("scalellm", ("study", "scalellm"), "Latency against concurrency (ScaleLLM's Table 1, Figs 6-7)"),
     Step("paper", ("study", "paper"), "KV transfer, CPU-centric against triggered (the paper's Figs 2, 5-7)"),
     Step("eviction", ("study", "eviction"), "Eviction on a conversation trace, against Belady's bound"),
@@ -216,6 +219,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                          + placement_args(step, args.placements))
             if profiled:
                 step_argv += ["--profile", profiled, "--dilation", str(args.dilation)]
+            if resume and step.resumable:  # a step stopped part-way keeps its own finished points too
+                step_argv.append("--resume")
             entries.append(run_step(step, step_argv, step_timeout(tier.mode, budget, step.name)))
             progress.update(note=f"{step.name} {'failed' if entries[-1].get('error') else 'done'}")
             if step is not steps[-1]:  # what finished so far, kept: a run stopped later goes on with --resume

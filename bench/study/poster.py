@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,13 @@ from bench import scaled
 from bench.progress import Progress
 from bench.results import services_dir
 from bench.study import overhead as ov
+from bench.study import poster_journal as journals
 from bench.study import poster_fig6 as f6
 from bench.study.poster_claims import CLAIMS, FIG6_SHARE, SEED
-from bench.study.poster_page import intro_text, rows_table, scaled_note, storage_note
+from bench.study.poster_page import intro_text, rows_table, scaled_note, sittings_note, storage_note
 from bench.study.poster_plots import THROUGHPUT_BIN_S, make_plots
 from bench.study.poster_points import STRATEGIES, Points, trim_baseline
-from bench.study.poster_runner import POLL_S, Runner, Workload
+from bench.study.poster_runner import POLL_S, PREFIX_CACHE, Runner, Workload
 from bench.study.report import add_study_args, check_profile, judge, main_of, new_study
 
 __all__ = ["CLAIMS", "SEED", "MODES", "plan", "count_runs", "fig6", "add_ratios", "headline_rows", "main"]
@@ -227,17 +229,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="full mode's workloads at fewer points (shares 12-70%%, block sizes 8/32/128, three "
                              "lengths; swap-storage at 12%% and 30%% only): what kvtb study all runs when full mode "
                              "does not fit its --hours")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the points a stopped run finished (OUT/journal.json, same settings and D) and "
+                             "run the rest: the study taken in sittings (bench/study/poster_journal.py)")
     args = parser.parse_args(argv)
     if args.cut and (args.quick or args.smoke):
         parser.error("--cut is a cut of full mode: give it without --quick or --smoke")
     args.profile_obj = check_profile(parser, args, "poster")
+    args.command = shlex.join(["kvtb", "study", "poster", *argv])
+    args.fingerprint = journals.fingerprint(
+        mode_name(args), dataclasses.asdict(MODES[mode_name(args)]),
+        args.profile_obj.name if args.profile_obj is not None else None, MODES[mode_name(args)].repeats,
+        args.placement, args.torch_threads, PREFIX_CACHE == "true")
+    args.journal = None
+    if args.resume:
+        try:
+            args.journal = journals.load(args.out)
+            if args.journal is not None:
+                journals.check(args.journal, args.fingerprint, args.dilation_value)
+        except journals.JournalError as exc:
+            parser.error(f"--resume: {exc}")
     return args
+
+
+def mode_name(args: argparse.Namespace) -> str:
+    return "smoke" if args.smoke else "quick" if args.quick else "cut" if args.cut else "full"
 
 
 def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
     from bench.stack import Stack, bench_config
 
-    mode = "smoke" if args.smoke else "quick" if args.quick else "cut" if args.cut else "full"
+    mode = mode_name(args)
     m = MODES[mode]
     study = new_study("poster", args, {"mode": dataclasses.asdict(m), "strategies": STRATEGIES, "poll_s": POLL_S,
                                        "torch_threads": args.torch_threads, "prefix_cache": False,
@@ -249,24 +271,46 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
         smoke_model = str(cached_tiny_model())
         compute["model_cache_dir"] = smoke_model
     config = bench_config(pool_tokens=4096, compute=compute)
+    journal = args.journal
     dilation, how, warmup = 1.0, "", None
     if args.profile_obj is not None:  # before the stack starts: its services inherit the profile and D
-        dilation, how, warmup = scaled.choose_dilation(args.profile_obj, args.dilation_value, bool(args.smoke),
-                                                       args.torch_threads)  # at the compute node's threads
+        if journal is not None:  # a later sitting: the first one's D, so that every point is on one scale
+            dilation, how, warmup = journal["dilation"], journal["dilation_chosen"], journal["warmup"]
+        else:
+            dilation, how, warmup = scaled.choose_dilation(args.profile_obj, args.dilation_value, bool(args.smoke),
+                                                           args.torch_threads)  # at the compute node's threads
         scaled.apply(args.profile_obj.name, dilation)
         study["settings"]["profile"], study["settings"]["dilation"] = args.profile_obj.name, dilation
-    progress = Progress(count_runs(m), "poster", enabled=not args.json)
+    if journal is None:
+        journal = journals.new(args.fingerprint, dilation, how, warmup)
+    sitting = journals.start_sitting(journal, study["machine"].get("git_commit"), study["machine"].get("time_utc"),
+                                     args.command)
+    journals.save(args.out, journal)
+    progress = Progress(count_runs(m) - journals.batches(journal), "poster", enabled=not args.json)
     with Stack(services_dir(args, "poster"), config, policy="triggered", keep_data=args.keep_data,
                placement=args.placement) as stack, progress:
         runner = Runner(stack, smoke_model, progress, dilation)
-        try:
-            points = Points(study, runner, progress, m.repeats, planned(m))
-            study["results"] = sweep(points, m)
-            study["results"]["compute_restarts_s"] = runner.restarts_s
+
+        def note_sitting() -> None:  # this sitting's restarts and pacers so far, into the journal
+            here = journal["sittings"][sitting]
+            here["restarts_s"] = list(runner.restarts_s)
             if args.profile_obj is not None:
-                runner.keep_pacing()
-                study["scale"] = scaled.record(args.profile_obj, dilation,
-                                               runner.pacing + scaled.stack_pacing(stack, compute=False), how)
+                here["pacing"] = runner.pacing_so_far() + scaled.stack_pacing(stack, compute=False)
+
+        def on_done(key: tuple, value: dict) -> None:
+            note_sitting()
+            journals.keep(journal, key, value, sitting)
+            journals.save(args.out, journal)
+
+        try:
+            points = Points(study, runner, progress, m.repeats, planned(m), journals.done(journal), on_done)
+            study["results"] = sweep(points, m)
+            note_sitting()
+            journals.save(args.out, journal)
+            study["results"]["compute_restarts_s"] = journals.restarts_s(journal)
+            study["settings"]["sittings"] = journals.summary(journal)
+            if args.profile_obj is not None:
+                study["scale"] = scaled.record(args.profile_obj, dilation, journals.pacing(journal), how)
                 study["scale"]["warmup"] = warmup
         finally:
             runner.close()
@@ -277,7 +321,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str, str, str]:
     add_ratios(study)
     study["plots"] = make_plots(study["results"], Path(args.out), virtual=args.profile_obj is not None,
                                 fig6_share=FIG6_SHARE)
-    body = "\n\n".join(t for t in (storage_note(study), rows_table(study)) if t)
+    body = "\n\n".join(t for t in (sittings_note(study), storage_note(study), rows_table(study)) if t)
     title = "The recompute-vs-swap poster, Figs 2-6"
     if args.profile_obj is not None:
         title += f", under the hardware profile `{args.profile_obj.name}` (virtual time)"

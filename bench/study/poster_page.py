@@ -95,3 +95,19 @@ def scaled_note(study: dict, profile) -> str:
             "the real SmolLM2 still computes every token. Makespans, engine seconds and throughput are virtual "
             "(wall / D); the extra CPU time is this machine's real CPU time and speaks for this machine only.\n\n"
             "| operation | paced | violations | worst real ÷ modeled |\n| --- | --- | --- | --- |\n" + rows)
+
+
+def sittings_note(study: dict) -> str:
+    """The sittings a run was taken in (`--resume`), when more than one: which points each ran, at which
+    commit (empty for a run taken in one sitting)."""
+    sittings = (study.get("settings") or {}).get("sittings") or []
+    if len(sittings) < 2:
+        return ""
+    rows = "\n".join(f"| {i + 1} | {s.get('commit') or '?'} | {s.get('time_utc') or '?'} | {s.get('points', 0)} | "
+                     f"`{s.get('command') or '?'}` |" for i, s in enumerate(sittings))
+    return ("## Sittings\n\nThis run was taken in sittings (`--resume`, bench/study/poster_journal.py): each point "
+            "and ample baseline ran whole, with all its repeats, in one sitting; a point's repeats are paired "
+            "with its baseline's, which may have run in an earlier sitting. Under a profile every sitting ran at "
+            "the first one's D, and the violations below are every sitting's.\n\n"
+            "| sitting | commit | started (UTC) | points and baselines kept | command |\n| --- | --- | --- | --- | --- |\n"
+            + rows)

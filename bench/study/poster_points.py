@@ -5,7 +5,7 @@ out (the ample baseline, same turn policy). `repeat_row` and `point_row` are pur
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from bench.progress import Progress
 from bench.study import overhead as ov
@@ -53,14 +53,20 @@ class Points:
     """Each point run once (its repeats together) and remembered; failures recorded, never dropped.
 
     planned: (workload, block size, share, strategies) of every point the sweeps will ask for, so that one
-    compute node start per block size runs every baseline the study needs at it."""
+    compute node start per block size runs every baseline the study needs at it. kept: points and baselines
+    an earlier sitting finished (bench.study.poster_journal), not run again; on_done(key, value) is told of
+    each one this sitting finishes (a failure is not)."""
 
     def __init__(self, study: dict, runner: Runner, progress: Progress, repeats: int,
-                 planned: Sequence[tuple[Workload, int, float, tuple[str, ...]]]):
+                 planned: Sequence[tuple[Workload, int, float, tuple[str, ...]]],
+                 kept: Mapping[tuple, dict] | None = None,
+                 on_done: Callable[[tuple, dict], None] | None = None):
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         self.study, self.runner, self.progress, self.repeats = study, runner, progress, repeats
-        self.done: dict[tuple, dict | None] = {}
+        self.done: dict[tuple, dict | None] = dict(kept or {})
+        self.on_done = on_done
+        self.kept = len(self.done)
         self.policies: dict[tuple[Workload, int], set[str]] = {}  # (workload, block size) -> baseline policies
         for w, bt, _, strategies in planned:
             self.policies.setdefault((w, bt), set()).update(STRATEGIES[s][1] for s in strategies)
@@ -86,15 +92,20 @@ class Points:
                                                                  repeat=i))
                             self.progress.update(note=f"ample {x.name} bt{block_tokens} {policy} #{i + 1}")
                     return out
-                self.done[("ample", x, block_tokens)] = run_part(self.study, f"ample {x.name} bt{block_tokens}", run)
+                self._finish(("ample", x, block_tokens), run_part(self.study, f"ample {x.name} bt{block_tokens}", run))
         return self.done[key]
 
     def point(self, w: Workload, block_tokens: int, share: float, strategy: str) -> dict | None:
         key = (w, block_tokens, share, strategy)
         if key not in self.done:
-            self.done[key] = run_part(self.study, f"{strategy} {w.name} bt{block_tokens} share {share}",
-                                      lambda: self._run(w, block_tokens, share, strategy))
+            self._finish(key, run_part(self.study, f"{strategy} {w.name} bt{block_tokens} share {share}",
+                                       lambda: self._run(w, block_tokens, share, strategy)))
         return self.done[key]
+
+    def _finish(self, key: tuple, value: dict | None) -> None:
+        self.done[key] = value
+        if value is not None and self.on_done is not None:
+            self.on_done(key, value)
 
     def _run(self, w: Workload, block_tokens: int, share: float, strategy: str) -> dict:
         base = self.baseline(w, block_tokens)

@@ -99,6 +99,15 @@ class Runner:
         if snap:
             self.pacing.append(since(snap, self.warm_pacing))
 
+    def pacing_so_far(self) -> list[dict]:
+        """Under a profile: the compute node's pacer snapshots of this run so far (each finished run of it,
+        and the running one's since its warm-up), without forgetting anything."""
+        if self.dilation == 1.0 or self.config is None:
+            return list(self.pacing)
+        from scale.dilation import since
+        snap = self._compute_pacing()
+        return self.pacing + ([since(snap, self.warm_pacing)] if snap else [])
+
     def _compute_pacing(self) -> dict | None:
         import json
         try:

@@ -83,10 +83,12 @@ def test_the_first_part_runs_its_steps_at_the_whole_runs_tiers(tmp_path, monkeyp
     args = study_all.parse_args(["--out", str(tmp_path), "--resume", "--only", "poster", "--hours", "3"])
     part = study_all.run(args, ["--resume"])
     assert "--cut" in ran[0] and part["budget"]["tiers"].keys() == set(ORDER)
+    assert "--resume" in ran[0]  # the poster keeps its own finished points too (bench.study.poster_journal)
     (tmp_path / "all.json").write_text(json.dumps(part))
     args = study_all.parse_args(["--out", str(tmp_path), "--resume", "--only", "eviction", "--hours", "0"])
     second = study_all.run(args, ["--resume"])
     assert "--quick" in ran[1] and [e["name"] for e in second["steps"]] == ["poster", "eviction"]
+    assert "--resume" not in ran[1]  # the eviction study has no points to keep
     assert second["budget"] == part["budget"]
 
 

@@ -129,6 +129,26 @@ def test_smoke_run_keeps_the_json_contract(tmp_path):
     # the prefix cache is off: nothing evicted is found again, the recompute recomputes it all
     assert all(rep["reused_tokens"] == 0 for by in tight.values() for r in by.values() for rep in r["repeats"])
 
+    # a second sitting (--resume) after a stop that lost the last point: only that point runs again
+    journal = json.loads((out / "journal.json").read_text())
+    assert len(journal["sittings"]) == 1 and journal["sittings"][0]["points"] == len(journal["points"])
+    lost = journal["points"].pop()
+    journal["sittings"][0]["points"] -= 1
+    (out / "journal.json").write_text(json.dumps(journal))
+    proc = subprocess.run(kvtb_argv("study", "poster", "--smoke", "--json", "--out", str(out), "--resume"),
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert again["failed"] == [] and [s["points"] for s in again["settings"]["sittings"]] == [len(journal["points"]), 1]
+    assert "## Sittings" in (out / "README.md").read_text()
+    kept = {json.dumps(p["key"]) for p in journal["points"]}
+    for fig in ("fig2", "fig4", "fig5"):  # the kept points are the first sitting's, to the byte
+        for x, by in result["results"][fig].items():
+            for s, r in by.items():
+                key = json.dumps(["point", [int(v) for v in r["workload"].replace("+", "x").split("x")],
+                                  r["block_tokens"], r["share"], s])
+                assert (again["results"][fig][x][s] == r) == (key in kept), (fig, x, s, lost["key"])
+
 
 @pytest.mark.slow
 def test_smoke_run_under_a_profile_is_in_virtual_time_with_d_and_violations(tmp_path):
