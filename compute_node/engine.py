@@ -220,9 +220,10 @@ class Engine:
         self.offloads.charge_poll_cost()
         started = time.perf_counter()
         self._step(out)
-        if self.step_budget is not None:  # the time the scheduler's step cap learns from (restore waits excluded)
+        if self.step_budget is not None:  # the time the scheduler's step cap learns from (restore waits excluded),
+            # in the users' seconds: virtual under a profile (a paced step's wall time is D times the modeled GPU's)
             self.step_budget.observe([(s.start, s.num_tokens) for s in out.scheduled],
-                                     max(0.0, time.perf_counter() - started - self._layer_waited))
+                                     paced.virtual_s(max(0.0, time.perf_counter() - started - self._layer_waited)))
         return True
 
     # -- turns in and out

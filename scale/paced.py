@@ -49,6 +49,13 @@ def mark(name: str, at: float | None = None) -> None:
         pacer.mark(name, at)
 
 
+def virtual_s(wall_s: float) -> float:
+    """A span of this process's wall time in virtual time (wall / D under a pacer; as is in real time): what a
+    target set in a user's seconds (a step's time budget) is compared with."""
+    pacer = dilation.current()
+    return wall_s if pacer is None else pacer.virtual(wall_s)
+
+
 def active() -> bool:
     return dilation.current() is not None and scale_settings.current_profile() is not None
 

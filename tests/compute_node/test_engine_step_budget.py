@@ -69,3 +69,36 @@ def test_without_a_step_target_the_chunks_stay_full_beside_another_user(make_nod
         assert victim.result(timeout=120)[1] == 8 and hog.result(timeout=120)[1] == 2
     # the token budget alone: the victim's 12 and the hog's chunk share 64 tokens
     assert max(sum(n for _, _, n in step) for step in steps) == 64
+
+
+def test_under_a_profile_the_budget_learns_virtual_seconds_and_keeps_the_chunks_full(make_node):
+    """A paced step's wall time is D times the modeled GPU's: learnt as wall seconds, every step would look
+    D times too slow and a batch's prefills would trickle in (the poster under polaris-a100, D 65: batches
+    of 1.7 sequences where 16 fit)."""
+    from scale import dilation as dl
+    from scale import settings as scale_settings
+    d = 20.0
+    scale_settings.install_from(scale_settings.ScaleSettings("polaris-a100", d))
+    try:
+        node = make_node(max_num_batched_tokens=64, step_target_s=TARGET_S, max_context_tokens=256)
+        seen, real_observe = [], node.engine.step_budget.observe
+        node.engine.step_budget.observe = lambda runs, s: (seen.append(s), real_observe(runs, s))[1]
+        steps = slow_steps(node)  # every 64-token step takes >= 0.256 s of wall time, past the target
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            hog = pool.submit(first_token_at, node, list(range(HOG, HOG + 192)), "hog", "h", 2)
+            deadline = time.monotonic() + 60
+            while not steps:
+                assert time.monotonic() < deadline
+                time.sleep(0.002)
+            victim = pool.submit(first_token_at, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 4)
+            assert victim.result(timeout=300)[1] == 4 and hog.result(timeout=300)[1] == 2
+        wall = dl.current().snapshot()["kinds"]["gpu_step"]["real_s"]
+    finally:
+        scale_settings.install_from(scale_settings.ScaleSettings())
+    assert seen and max(seen) < PER_TOKEN_S * 64 / 4  # virtual: a fraction of the >= 0.256 s of wall time
+    assert sum(seen) <= wall / d * 1.5 + 0.05
+    # in virtual time a full step is well within the target (even its half, while a turn is about to start):
+    # the budget never cuts the long prompt's chunks; learnt in wall seconds it would predict past the target
+    budget = node.engine.step_budget
+    assert budget.coef is not None and budget.predict([(0, 64)]) < TARGET_S * 0.5
+    assert sum(hog_chunks(steps, HOG, 192)) == 192 and max(sum(n for *_, n in step) for step in steps) == 64
