@@ -114,14 +114,15 @@ def choose_dilation(profile: pf.Profile, given: float | None, smoke: bool,
     return report["dilation"], f"auto: {report['dilation_set_by']}", report
 
 
-def storage_pacing(storage) -> dict:
-    """A storage node's (a ServiceProcess) pacer snapshot, over its admin port ({} in real time)."""
+def storage_pacing(storage, credentials_dir: str | None = None) -> dict:
+    """A storage node's (a ServiceProcess) pacer snapshot, over its admin port ({} in real time), as the
+    operator of the deployment whose credentials are in credentials_dir (default: this process's)."""
     import json
 
     from bench.stack import operator_channel
     from kvtb_proto import storage_admin_pb2, storage_admin_pb2_grpc
 
-    with operator_channel(storage.addresses["admin"], peer="storage") as channel:
+    with operator_channel(storage.addresses["admin"], peer="storage", credentials_dir=credentials_dir) as channel:
         stats = storage_admin_pb2_grpc.StorageAdminStub(channel).Stats(storage_admin_pb2.StatsRequest(), timeout=30)
     return json.loads(stats.pacing_json) if stats.pacing_json else {}
 
@@ -153,7 +154,7 @@ def stack_pacing(stack, compute: bool = True, frontend: bool = False) -> list[di
         gets.append(lambda i=i: agent(i))
         if compute:
             gets.append(lambda i=i: _json(stack.compute_stats(i).pacing_json))
-    gets += [lambda proc=proc: storage_pacing(proc) for proc in stack.deployment.procs
+    gets += [lambda proc=proc: storage_pacing(proc, str(stack.deployment.credentials_dir)) for proc in stack.deployment.procs
              if proc.name.startswith("storage")]
     if frontend:
         gets.append(lambda: frontend_pacing(stack.frontend))

@@ -45,9 +45,11 @@ def use_credentials(data_dir: Path) -> Path:
     return Path(os.environ[credentials.ENV_DIR])
 
 
-def operator_channel(address: str, peer: str) -> grpc.Channel:
-    """A channel to a service of this run as its operator (mutual TLS)."""
-    return channel(address, Security.of(OPERATOR), peer=peer)
+def operator_channel(address: str, peer: str, credentials_dir: str | os.PathLike | None = None) -> grpc.Channel:
+    """A channel to a service of this run as its operator (mutual TLS), with the credentials in
+    credentials_dir (default: this process's, $KVTB_CREDENTIALS_DIR)."""
+    return channel(address, Security.of(OPERATOR, "" if credentials_dir is None else str(credentials_dir)),
+                   peer=peer)
 
 
 def start_storage(data_dir: Path, name: str, **settings: object) -> ServiceProcess:

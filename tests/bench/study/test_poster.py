@@ -153,7 +153,8 @@ def test_smoke_run_keeps_the_json_contract(tmp_path):
 @pytest.mark.slow
 def test_smoke_run_under_a_profile_is_in_virtual_time_with_d_and_violations(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # as a user runs it: no credentials directory given, the stack makes its own
+    env = {k: v for k, v in os.environ.items() if k != "KVTB_CREDENTIALS_DIR"} | {"HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(kvtb_argv("study", "poster", "--smoke", "--json", "--out", str(out),
                                     "--profile", "polaris-a100", "--dilation", "3"),
                           capture_output=True, text=True, timeout=900, env=env)
@@ -163,6 +164,9 @@ def test_smoke_run_under_a_profile_is_in_virtual_time_with_d_and_violations(tmp_
     assert scale["profile"] == "polaris-a100" and scale["dilation"] == 3.0 and scale["dilation_chosen"] == "given"
     kinds = scale["pacing"]["kinds"]
     assert kinds["gpu_step"]["ops"] > 0 and "violations" in kinds["gpu_step"]
+    # the storage node's pacer is read too, with the run's own credentials: its NVMe writes are counted
+    assert kinds.get("nvme_write", {}).get("ops", 0) > 0, kinds
+    assert "pacing stats:" not in proc.stderr
     assert result["settings"]["profile"] == "polaris-a100"
     assert result["claims"] and all(c["verdict"] in VERDICTS for c in result["claims"])
     page = (out / "README.md").read_text()
