@@ -66,7 +66,6 @@ class Points:
         self.study, self.runner, self.progress, self.repeats = study, runner, progress, repeats
         self.done: dict[tuple, dict | None] = dict(kept or {})
         self.on_done = on_done
-        self.kept = len(self.done)
         self.policies: dict[tuple[Workload, int], set[str]] = {}  # (workload, block size) -> baseline policies
         for w, bt, _, strategies in planned:
             self.policies.setdefault((w, bt), set()).update(STRATEGIES[s][1] for s in strategies)

@@ -29,6 +29,19 @@ def hog_chunks(steps, base: int, prompt: int = 240) -> list[int]:
     return [n for step in steps for first, start, n in step if base <= first < base + 1000 and start < prompt]
 
 
+def beside(node, steps, hog_first: int, hog_len: int, victim_out: int, timeout_s: float = 120) -> None:
+    """A long prompt of hog_len tokens (ids from hog_first) starts; once its first chunk is under way a short
+    turn of another user (12 tokens, victim_out out) comes in beside it; both end."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        hog = pool.submit(first_token_at, node, list(range(hog_first, hog_first + hog_len)), "hog", f"h{hog_first}", 2)
+        deadline = time.monotonic() + 30
+        while not steps:  # the long prompt's first (full) chunk is under way
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        victim = pool.submit(first_token_at, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", victim_out)
+        assert victim.result(timeout=timeout_s)[1] == victim_out and hog.result(timeout=timeout_s)[1] == 2
+
+
 def test_a_slow_step_shrinks_a_long_prompts_chunks_beside_another_users_turn_and_alone_they_stay_full(make_node):
     node = make_node(max_num_batched_tokens=64, step_target_s=TARGET_S, max_context_tokens=256)
     steps = slow_steps(node)
@@ -38,19 +51,12 @@ def test_a_slow_step_shrinks_a_long_prompts_chunks_beside_another_users_turn_and
     assert alone == [64, 64, 64, 48], alone
 
     steps.clear()
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        hog = pool.submit(first_token_at, node, list(range(HOG + 300, HOG + 540)), "hog", "beside", 2)
-        deadline = time.monotonic() + 30
-        while not steps:  # the long prompt's first (full) chunk is under way
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
-        victim = pool.submit(first_token_at, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 8)
-        assert victim.result(timeout=120)[1] == 8 and hog.result(timeout=120)[1] == 2
-    beside = hog_chunks(steps, HOG + 300)
+    beside(node, steps, HOG + 300, 240, 8)
+    near = hog_chunks(steps, HOG + 300)
     budget = node.engine.step_budget
     assert budget.coef is not None and budget.coef[1] > PER_TOKEN_S / 2  # it measured the slow tokens
-    assert beside[0] == 64 and min(beside) < 64, beside  # the chunks shrank once the victim's turn came in
-    assert sum(beside) == 240
+    assert near[0] == 64 and min(near) < 64, near  # the chunks shrank once the victim's turn came in
+    assert sum(near) == 240
     with_victim = [sum(n for _, _, n in step) for step in steps if any(VICTIM <= f < VICTIM + 1000 for f, _, _ in step)]
     assert max(with_victim) < 64, with_victim  # each step the victim waited on carried well under a full chunk
 
@@ -59,14 +65,7 @@ def test_without_a_step_target_the_chunks_stay_full_beside_another_user(make_nod
     node = make_node(max_num_batched_tokens=64, step_target_s=0, max_context_tokens=256)
     assert node.engine.step_budget is None
     steps = slow_steps(node)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        hog = pool.submit(first_token_at, node, list(range(HOG, HOG + 240)), "hog", "h", 2)
-        deadline = time.monotonic() + 30
-        while not steps:
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
-        victim = pool.submit(first_token_at, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 8)
-        assert victim.result(timeout=120)[1] == 8 and hog.result(timeout=120)[1] == 2
+    beside(node, steps, HOG, 240, 8)
     # the token budget alone: the victim's 12 and the hog's chunk share 64 tokens
     assert max(sum(n for _, _, n in step) for step in steps) == 64
 
@@ -84,14 +83,7 @@ def test_under_a_profile_the_budget_learns_virtual_seconds_and_keeps_the_chunks_
         seen, real_observe = [], node.engine.step_budget.observe
         node.engine.step_budget.observe = lambda runs, s: (seen.append(s), real_observe(runs, s))[1]
         steps = slow_steps(node)  # every 64-token step takes >= 0.256 s of wall time, past the target
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            hog = pool.submit(first_token_at, node, list(range(HOG, HOG + 192)), "hog", "h", 2)
-            deadline = time.monotonic() + 60
-            while not steps:
-                assert time.monotonic() < deadline
-                time.sleep(0.002)
-            victim = pool.submit(first_token_at, node, list(range(VICTIM, VICTIM + 12)), "victim", "v", 4)
-            assert victim.result(timeout=300)[1] == 4 and hog.result(timeout=300)[1] == 2
+        beside(node, steps, HOG, 192, 4, timeout_s=300)
         wall = dl.current().snapshot()["kinds"]["gpu_step"]["real_s"]
     finally:
         scale_settings.install_from(scale_settings.ScaleSettings())

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from bench.study import poster, poster_journal as journals
+from bench.study import overhead as ov, poster, poster_journal as journals
 from bench.study.poster_points import Points
 from bench.study.poster_runner import Workload
 
@@ -105,7 +105,8 @@ def test_a_failed_point_is_not_kept_and_runs_again_on_resume():
     journal = journals.new(fp(), 1.0, "", None)
     s1 = journals.start_sitting(journal, "abc", "t1", "cmd")
     st = study()
-    tight = min(journals_pool(w, bt, share) for w, bt, share in poster.plan(M))
+    tight = min(ov.pool_for_share(share, w.requests, w.input_tokens, w.output_tokens, bt)
+                for w, bt, share in poster.plan(M))  # the tightest pool's point fails
     res = sweep(FakeRunner(fail_strategy_pool=tight), on_done=lambda k, v: journals.keep(journal, k, v, s1), st=st)
     assert st["failed"]  # recorded on the page, and not in the journal
     assert None not in journals.done(journal).values()
@@ -115,11 +116,6 @@ def test_a_failed_point_is_not_kept_and_runs_again_on_resume():
     assert retry.batches == M.repeats * len(st["failed"])
     assert all(r for fig in ("fig5", "fig2", "fig4") for by in again[fig].values() for r in by.values())
     assert any(r is None for fig in ("fig5", "fig2", "fig4") for by in res[fig].values() for r in by.values())
-
-
-def journals_pool(w, bt, share):
-    from bench.study import overhead as ov
-    return ov.pool_for_share(share, w.requests, w.input_tokens, w.output_tokens, bt)
 
 
 def test_a_journal_made_in_other_settings_or_at_another_d_is_refused():
