@@ -3,6 +3,7 @@ through the region (a FakeNic plays the agent's data plane), preemption, failure
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 
 import grpc
@@ -243,15 +244,27 @@ def test_between_layers_a_follow_up_starts_its_restore_and_a_finished_turn_sends
     # A long turn keeps the engine in slow forwards (each layer 30 ms). B, a follow-up with stored KV,
     # arrives meanwhile: its restore is asked for inside a forward, not after it, and B's record (its
     # tail's PUT ended while A's forward ran) leaves inside one too. B's reply is still right.
+    # B is sent while a forward is held at a layer until B reaches the intake: sent at random, it could
+    # land after a forward's last layer and be taken in between two forwards (a flake, 1 run in 4).
     node = make_node(nic=True)
     follow, reference, _ = _built(node, PROMPTS[5])
     engine = node.engine
     in_forward, seen = [False], {"restore": [], "record": []}
     step, start_restore, maybe_record = engine.runner.step, engine.restores.start, engine._maybe_record
+    want_b, holding, b_in = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_until_b_is_in():
+        holding.set()
+        deadline = time.monotonic() + 30
+        while not engine._intake and time.monotonic() < deadline:
+            time.sleep(0.002)
+        b_in.set()
 
     def slow_step(batch, before_layer=None):
         def layer(i):
             time.sleep(0.03)
+            if want_b.is_set() and not b_in.is_set():
+                hold_until_b_is_in()
             before_layer(i)
         in_forward[0] = True
         try:
@@ -274,7 +287,10 @@ def test_between_layers_a_follow_up_starts_its_restore_and_a_finished_turn_sends
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         a = pool.submit(run_turn, node, PROMPTS[0], "a", "resident", 60)
         time.sleep(0.5)
+        want_b.set()
+        assert holding.wait(30), "no forward of A's ran after B was wanted"
         tokens, rec, _ = run_turn(node, follow, "ctx", "triggered", 4)
+        assert b_in.is_set()
         assert not a.done(), "A ended before B: no forward ran beside B, the test tests nothing"
         a.result(timeout=60)
     assert rec.kv_source == "restored", rec.fallback_reason
