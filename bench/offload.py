@@ -18,7 +18,10 @@ that failed (a `cpu` Store the node refused, a triggered PUT that ended with an 
 stall but no block, so samples with failed stores are left out of it and the failures are
 counted and reported. The block sizes are then put side by side, with floors: triggered's stall
 per block at most STALL_CEILING_US, cpu / triggered at least STALL_RATIO_FLOOR. A block size
-whose process fails is reported failed with its error.
+whose process fails is reported failed with its error. Beside triggered's stall (wall time, which
+the floors judge) the table gives how much of it was the engine thread's own CPU time
+(`stall_cpu_per_block_ms`): the rest is the thread waiting, for the interpreter lock mostly, while
+another thread of the compute process (a gRPC stream's, the token sender's) held it.
 
 Each CPU placement of `--placements` (default `shared nic` on 2 CPUs or more: bench.placements)
 runs every block size, in the same run. The child of a block size is told its placement
@@ -137,6 +140,8 @@ def sample_figures(samples: list[dict]) -> dict:
     blocks = sum(s["blocks"] for s in clean)
     return {"tbt_ms": mean(s["tbt_ms"] for s in samples), "tbt_ms_runs": [s["tbt_ms"] for s in samples],
             "stall_per_block_ms": sum(s["stall_ms"] for s in clean) / blocks if blocks else 0.0,
+            # of it, the engine thread's CPU time (the rest: the thread waiting, for the GIL mostly)
+            "stall_cpu_per_block_ms": sum(s.get("stall_cpu_ms", 0.0) for s in clean) / blocks if blocks else 0.0,
             "stall_ms_runs": [s["stall_ms"] for s in samples],
             "blocks_runs": [s["blocks"] for s in samples],
             "blocks_per_sample": mean(s["blocks"] for s in samples),
@@ -167,6 +172,7 @@ def measure_decode(stub, block_tokens: int, decode_tokens: int, repeats: int, tu
                     for _ in range(turns)]
             samples[policy].append({"turns": turns, "tbt_ms": mean(r.tbt_ms for r in recs),
                                     "stall_ms": sum(r.offload_stall_ms for r in recs),
+                                    "stall_cpu_ms": sum(r.offload_stall_cpu_ms for r in recs),
                                     "blocks": sum(r.chunks_offloaded for r in recs),
                                     "failed_stores": failed_stores(policy) - before})
     return {"prompt_tokens": len(prompt), "turns_per_sample": turns, "warm_up": warm,
@@ -283,14 +289,15 @@ def table(result: dict) -> str:
         d = result["results"]["blocks"].get(str(block))
         if d is None:
             error = failure_of(result, f"{block} tokens") or "not measured"
-            rows.append([block, f"failed: {error.splitlines()[0][:120]}", *[""] * 6])
+            rows.append([block, f"failed: {error.splitlines()[0][:120]}", *[""] * 7])
             continue
         rows.append([block, *(f"{d[p]['tbt_ms']:.2f}" for p in POLICIES),
                      *(f"{d[p]['stall_per_block_ms'] * 1e3:.1f}" for p in ("triggered", "cpu")),
+                     f"{d['triggered'].get('stall_cpu_per_block_ms', 0.0) * 1e3:.1f}",
                      f"{d['triggered']['blocks_per_sample']:.1f}",
                      "/".join(str(d[p].get("failed_stores", 0)) for p in ("triggered", "cpu"))])
     head = ["block tokens", "TBT resident ms", "TBT triggered ms", "TBT cpu ms", "stall/block triggered µs",
-            "stall/block cpu µs", "blocks/sample", "failed stores trig/cpu"]
+            "stall/block cpu µs", "of it CPU, triggered µs", "blocks/sample", "failed stores trig/cpu"]
     bounds = [f"{key} {'>=' if 'floor' in f else '<='} {f.get('floor', f.get('ceiling')):g}: "
               f"{f['value']:.3g} ({'met' if f['met'] else 'NOT met'})" for key, f in result.get("floors", {}).items()]
     return (f"decode of {result['settings']['decode_tokens']} tokens, every policy warmed up, "
@@ -321,6 +328,7 @@ def key_figures(sub: dict) -> dict[str, float]:
     out = {}
     for block, d in (sub["results"].get("blocks") or {}).items():
         out[f"triggered_stall_us_{block}"] = d["triggered"]["stall_per_block_ms"] * 1e3
+        out[f"triggered_stall_cpu_us_{block}"] = d["triggered"].get("stall_cpu_per_block_ms", 0.0) * 1e3
         if f"cpu_stall_vs_triggered_{block}" in sub["ratios"]:
             out[f"cpu_stall_vs_triggered_{block}"] = sub["ratios"][f"cpu_stall_vs_triggered_{block}"]
     return out

@@ -122,7 +122,8 @@ def record_to_proto(rec: TurnRecordData) -> compute_pb2.TurnRecord:
         engine_ms=rec.engine_ms, tokens_prefilled=rec.tokens_prefilled, tokens_reused=rec.tokens_reused,
         tokens_out=rec.tokens_out, bytes_restored=rec.bytes_restored, bytes_offloaded=rec.bytes_offloaded,
         steps=steps, output_token_ids=rec.output_token_ids, batch_size=round(rec.batch_size),
-        offload_stall_ms=rec.offload_stall_ms, chunks_offloaded=rec.chunks_offloaded,
+        offload_stall_ms=rec.offload_stall_ms, offload_stall_cpu_ms=rec.offload_stall_cpu_ms,
+        chunks_offloaded=rec.chunks_offloaded,
         finish_reason=rec.finish_reason, queue_ms=rec.queue_ms, policy=rec.policy,
         blocks_restored=rec.blocks_restored, blocks_failed=rec.blocks_failed, preemptions=rec.preemptions,
         tokens_cached=rec.tokens_cached, stop_reason=rec.stop_reason)

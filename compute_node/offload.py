@@ -12,7 +12,9 @@
 - resident and recompute: nothing leaves.
 
 The engine measures the stall (the time its thread spends offloading a block: naming it, the
-offloader's store, its bookkeeping and polling the PUT-done counters), not the offloaders.
+offloader's store, its bookkeeping and polling the PUT-done counters), not the offloaders: in wall
+time, and in its thread's CPU time (the difference is the thread waiting, for the interpreter lock
+mostly, which another thread of the process held).
 """
 from __future__ import annotations
 
@@ -70,6 +72,11 @@ class OffloadStats:
     chunks: int = 0
     bytes: int = 0
     stall_s: float = 0.0
+    stall_cpu_s: float = 0.0  # of stall_s, the engine thread's CPU time (the rest: waits, for the GIL mostly)
+
+    def charge(self, wall_s: float, cpu_s: float) -> None:
+        self.stall_s += wall_s
+        self.stall_cpu_s += cpu_s
 
 
 class NoOffload:

@@ -45,6 +45,7 @@ class TurnRecordData:
     bytes_restored: int = 0
     bytes_offloaded: int = 0
     offload_stall_ms: float = 0.0
+    offload_stall_cpu_ms: float = 0.0  # of offload_stall_ms, the engine thread's CPU time
     chunks_offloaded: int = 0
     finish_reason: str = ""
     stop_reason: str = ""

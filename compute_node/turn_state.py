@@ -141,6 +141,7 @@ class TurnState:
         rec.bytes_restored = self.restored_bytes
         rec.bytes_offloaded, rec.chunks_offloaded = self.offload.bytes, self.offload.chunks
         rec.offload_stall_ms = self.offload.stall_s * 1e3
+        rec.offload_stall_cpu_ms = self.offload.stall_cpu_s * 1e3
         rec.batch_size = self.batch_sum / self.batch_steps if self.batch_steps else 0.0
         rec.preemptions = seq.num_preemptions
         if self.outcome is not None:

@@ -64,7 +64,7 @@ class FakeStub:
             yield compute_pb2.TurnEvent(token=compute_pb2.TurnEvent.Token(id=i))
         stall = 0.01 * blocks + (1000.0 if first_cpu else 0.0)  # the handshake of the first cpu block
         yield compute_pb2.TurnEvent(record=compute_pb2.TurnRecord(
-            tbt_ms=70.0, offload_stall_ms=stall, chunks_offloaded=blocks))
+            tbt_ms=70.0, offload_stall_ms=stall, offload_stall_cpu_ms=0.004 * blocks, chunks_offloaded=blocks))
 
 
 def test_every_policy_is_warmed_up_with_a_block_before_the_clock_runs():
@@ -74,13 +74,14 @@ def test_every_policy_is_warmed_up_with_a_block_before_the_clock_runs():
     assert [p for p, _ in warm] == list(POLICIES)
     assert all(blocks >= 1 for p, blocks in warm if p != "resident")  # the connection is made here
     assert d["cpu"]["stall_per_block_ms"] < 1.0  # the handshake's second stays in the warm-up
+    assert d["triggered"]["stall_cpu_per_block_ms"] == pytest.approx(0.004)  # the engine thread's CPU, apart
     assert [o[0] for o in d["order"]] == ["resident", "triggered", "cpu"]
 
 
 def test_table_shows_every_block_size_policy_failure_and_ratio():
     def figures(t, s):
-        return {"tbt_ms": t, "stall_per_block_ms": s, "blocks_per_turn": 10.0, "blocks_per_sample": 20.0,
-                "failed_stores": 0}
+        return {"tbt_ms": t, "stall_per_block_ms": s, "stall_cpu_per_block_ms": s / 4, "blocks_per_turn": 10.0,
+                "blocks_per_sample": 20.0, "failed_stores": 0}
     decode = {"prompt_tokens": 43, **{p: figures(t, s) for p, t, s in (("resident", 70.0, 0.0),
                                                                          ("triggered", 71.0, 0.5),
                                                                          ("cpu", 90.0, 12.0))}}
@@ -92,7 +93,7 @@ def test_table_shows_every_block_size_policy_failure_and_ratio():
                          "triggered_stall_us_32": {"ceiling": 20.0, "value": 12.5, "met": True}}}
     lines = table(result).splitlines()
     assert lines[0].startswith("decode of 256 tokens")
-    assert lines[3].split() == ["8", "70.00", "71.00", "90.00", "500.0", "12000.0", "20.0", "0/0"]
+    assert lines[3].split() == ["8", "70.00", "71.00", "90.00", "500.0", "12000.0", "125.0", "20.0", "0/0"]
     assert lines[4].split()[0] == "32"
     assert lines[5].split()[:3] == ["128", "failed:", "RuntimeError:"]
     assert lines[-3].split() == ["cpu_stall_vs_triggered_32", "24"]

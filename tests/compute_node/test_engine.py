@@ -68,6 +68,7 @@ def test_triggered_blocks_leave_by_descriptor_and_come_back_bit_identical(make_n
     assert [d.token_count for d in described] == [bt] * (computed // bt) + ([computed % bt] if computed % bt else [])
     assert [d.hash for d in described[:computed // bt]] == hash_chain(ids + first, salt_for("default", "u"), bt)[:computed // bt]
     assert rec1.chunks_offloaded == len(described) and rec1.offload_stall_ms > 0
+    assert 0 < rec1.offload_stall_cpu_ms <= rec1.offload_stall_ms * 1.05  # the thread's CPU, part of the wall
     assert {s.step for s in rec1.steps} == {2, 4}
     stored = dict(node.nic.stored)
     follow = ids + first + [7, 8, 9]
