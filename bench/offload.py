@@ -20,8 +20,8 @@ counted and reported. The block sizes are then put side by side, with floors: tr
 per block at most STALL_CEILING_US, cpu / triggered at least STALL_RATIO_FLOOR. A block size
 whose process fails is reported failed with its error. Beside triggered's stall (wall time, which
 the floors judge) the table gives how much of it was the engine thread's own CPU time
-(`stall_cpu_per_block_ms`): the rest is the thread waiting, for the interpreter lock mostly, while
-another thread of the compute process (a gRPC stream's, the token sender's) held it.
+(`stall_cpu_per_block_ms`): the rest is the thread waiting: for the interpreter lock while another
+thread of the compute process (a gRPC stream's, the token sender's) held it, or for a CPU.
 
 Each CPU placement of `--placements` (default `shared nic` on 2 CPUs or more: bench.placements)
 runs every block size, in the same run. The child of a block size is told its placement
@@ -140,7 +140,7 @@ def sample_figures(samples: list[dict]) -> dict:
     blocks = sum(s["blocks"] for s in clean)
     return {"tbt_ms": mean(s["tbt_ms"] for s in samples), "tbt_ms_runs": [s["tbt_ms"] for s in samples],
             "stall_per_block_ms": sum(s["stall_ms"] for s in clean) / blocks if blocks else 0.0,
-            # of it, the engine thread's CPU time (the rest: the thread waiting, for the GIL mostly)
+            # of it, the engine thread's CPU time (the rest: the thread waiting, for the GIL or a CPU)
             "stall_cpu_per_block_ms": sum(s.get("stall_cpu_ms", 0.0) for s in clean) / blocks if blocks else 0.0,
             "stall_ms_runs": [s["stall_ms"] for s in samples],
             "blocks_runs": [s["blocks"] for s in samples],

@@ -13,8 +13,8 @@
 
 The engine measures the stall (the time its thread spends offloading a block: naming it, the
 offloader's store, its bookkeeping and polling the PUT-done counters), not the offloaders: in wall
-time, and in its thread's CPU time (the difference is the thread waiting, for the interpreter lock
-mostly, which another thread of the process held).
+time, and in its thread's CPU time (the difference is the thread waiting: for the interpreter lock
+another thread of the process held, or for a CPU).
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class OffloadStats:
     chunks: int = 0
     bytes: int = 0
     stall_s: float = 0.0
-    stall_cpu_s: float = 0.0  # of stall_s, the engine thread's CPU time (the rest: waits, for the GIL mostly)
+    stall_cpu_s: float = 0.0  # of stall_s, the engine thread's CPU time (the rest: waits, for the GIL or a CPU)
 
     def charge(self, wall_s: float, cpu_s: float) -> None:
         self.stall_s += wall_s
