@@ -114,7 +114,7 @@ def choose_dilation(profile: pf.Profile, given: float | None, smoke: bool,
     return report["dilation"], f"auto: {report['dilation_set_by']}", report
 
 
-def storage_pacing(storage, credentials_dir: str | None = None) -> dict:
+def storage_pacing(storage, credentials_dir: str | os.PathLike | None = None) -> dict:
     """A storage node's (a ServiceProcess) pacer snapshot, over its admin port ({} in real time), as the
     operator of the deployment whose credentials are in credentials_dir (default: this process's)."""
     import json
@@ -154,7 +154,7 @@ def stack_pacing(stack, compute: bool = True, frontend: bool = False) -> list[di
         gets.append(lambda i=i: agent(i))
         if compute:
             gets.append(lambda i=i: _json(stack.compute_stats(i).pacing_json))
-    gets += [lambda proc=proc: storage_pacing(proc, str(stack.deployment.credentials_dir)) for proc in stack.deployment.procs
+    gets += [lambda proc=proc: storage_pacing(proc, stack.deployment.credentials_dir) for proc in stack.deployment.procs
              if proc.name.startswith("storage")]
     if frontend:
         gets.append(lambda: frontend_pacing(stack.frontend))

@@ -31,6 +31,17 @@ MAX_STORED_NAMES = 1_000_000
 VECTOR_MIN = 8
 
 
+def _clock() -> tuple[float, float]:
+    """Now, in wall seconds and in this thread's CPU seconds: a stall is charged in both."""
+    return time.perf_counter(), time.thread_time()
+
+
+def _since(start: tuple[float, float], share: int = 1) -> tuple[float, float]:
+    """The wall and CPU seconds since `start` (a _clock()), split `share` ways."""
+    wall, cpu = _clock()
+    return (wall - start[0]) / share, (cpu - start[1]) / share
+
+
 @dataclasses.dataclass(eq=False)
 class PutRecord:
     """One PUT in flight: the offloader's handle, the turn it stores for (None: none), the swapped-out
@@ -53,7 +64,7 @@ class OffloadTracker:
         self.put_waiters: dict[int, list[TurnState]] = {}  # turns sharing a block whose PUT is in flight
         self.stuck_puts: dict[int, PendingPut] = {}  # by block id: PUTs past drain_timeout_s, their block pinned
         self.stored_names: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
-        self._poll_cost: list[tuple[TurnState, float, float]] = []  # the last poll's reading time (wall, CPU), per turn
+        self._poll_cost: list[tuple[TurnState, tuple[float, float]]] = []  # the last poll's reading time (wall, CPU), per turn
 
     def __bool__(self) -> bool:
         """Whether any PUT is in flight or stuck (the engine's loop polls, not sleeps)."""
@@ -81,17 +92,17 @@ class OffloadTracker:
         offloader = self.offloaders[state.turn.policy]
         if not offloader.offloads or index in state.storing:
             return
-        start, cpu = time.perf_counter(), time.thread_time()
+        start = _clock()
         block = self.describe(state, index, block_id, tokens)
         self._store_block(state, offloader, block, index, block_id, owner)
-        state.offload.charge(time.perf_counter() - start, time.thread_time() - cpu)
+        state.offload.charge(*_since(start))
 
     def offload_filled(self, filled: list[tuple[TurnState, int, int]]) -> None:
         """The full blocks that filled in one step, (turn, index, pool block) each, stored as one batch: each
         policy's offloader takes its blocks together (triggered: every descriptor written, then every
         trigger stored, and the doorbell rung once: `TriggeredOffload.store_many`). The time spent here
         is shared among the turns by their blocks."""
-        start, cpu, bt = time.perf_counter(), time.thread_time(), self.layout.block_tokens
+        start, bt = _clock(), self.layout.block_tokens
         batches: dict[str, list[tuple[TurnState, int, int, Block]]] = {}
         for state, index, block_id in filled:
             if not self.offloaders[state.turn.policy].offloads or index in state.storing:
@@ -106,10 +117,9 @@ class OffloadTracker:
                     else [offloader.store(b, s.offload) for s, _, _, b in batch])
             for (state, index, block_id, block), put in zip(batch, puts):
                 self._track(state, index, block_id, block, put, None)
-        share, cpu_share = ((time.perf_counter() - start) / max(1, len(filled)),
-                            (time.thread_time() - cpu) / max(1, len(filled)))
+        share = _since(start, max(1, len(filled)))
         for state, _, _ in filled:
-            state.offload.charge(share, cpu_share)
+            state.offload.charge(*share)
 
     def store_found(self, state: TurnState) -> None:
         """Blocks a sequence found in the pool's prefix cache that no PUT of ours stored yet (another
@@ -188,7 +198,7 @@ class OffloadTracker:
         blocks = list(self.puts) if blocks is None else blocks
         if not blocks:
             return False
-        start, cpu = time.perf_counter(), time.thread_time()
+        start = _clock()
         puts = [self.puts[b].put for b in blocks]
         if len(puts) < VECTOR_MIN:
             words = self.pool.words
@@ -201,14 +211,14 @@ class OffloadTracker:
             due = np.fromiter((p.deadline for p in puts), np.float64, len(puts)) <= time.monotonic()
             hits = np.flatnonzero((rows[:, 0] + rows[:, 1] > base) | due)
             ended = [(blocks[i], int(rows[i, 0]), int(rows[i, 1])) for i in hits.tolist()]
-        share, cpu_share = (time.perf_counter() - start) / len(blocks), (time.thread_time() - cpu) / len(blocks)
-        self._poll_cost = [(self.puts[b].state, share, cpu_share) for b in blocks if self.puts[b].state is not None]
+        share = _since(start, len(blocks))
+        self._poll_cost = [(self.puts[b].state, share) for b in blocks if self.puts[b].state is not None]
         for block_id, success, error in ended:
             self._ended(block_id, success, error)
         return bool(ended)
 
     def _ended(self, block_id: int, success: int, error: int) -> None:
-        start, cpu = time.perf_counter(), time.thread_time()
+        start = _clock()
         rec = self.puts.pop(block_id)
         put, state = rec.put, rec.state
         self._wake_waiters(block_id, rec.name, put.stored(success, error))
@@ -230,7 +240,7 @@ class OffloadTracker:
                 self.stored(state.turn.policy, rec.name)
             else:
                 state.offload_failures += 1
-            state.offload.charge(time.perf_counter() - start, time.thread_time() - cpu)
+            state.offload.charge(*_since(start))
             self._record(state)
 
     def poll_stuck(self) -> bool:
@@ -250,8 +260,8 @@ class OffloadTracker:
 
     def charge_poll_cost(self) -> None:
         """The last poll's reading time, to the turns whose PUTs it read: a step waits for it."""
-        for state, seconds, cpu_seconds in self._poll_cost:
-            state.offload.charge(seconds, cpu_seconds)
+        for state, (wall_s, cpu_s) in self._poll_cost:
+            state.offload.charge(wall_s, cpu_s)
         self._poll_cost = []
 
     def _wake_waiters(self, block_id: int, name: bytes, stored: bool) -> None:

@@ -252,19 +252,21 @@ def test_between_layers_a_follow_up_starts_its_restore_and_a_finished_turn_sends
     engine = node.engine
     in_forward, seen = [False], {"restore": [], "record": []}
     step, start_restore, maybe_record = engine.runner.step, engine.restores.start, engine._maybe_record
-    want_b, holding, b_in = threading.Event(), threading.Event(), threading.Event()
+    want_b, holding, held = threading.Event(), threading.Event(), threading.Event()
+    b_in = []  # whether B was in the intake when the held forward went on
 
     def hold_until_b_is_in():
         holding.set()
         deadline = time.monotonic() + 30
         while not engine._intake and time.monotonic() < deadline:
             time.sleep(0.002)
-        b_in.set()
+        b_in.append(bool(engine._intake))
+        held.set()
 
     def slow_step(batch, before_layer=None):
         def layer(i):
             time.sleep(0.03)
-            if want_b.is_set() and not b_in.is_set():
+            if want_b.is_set() and not held.is_set():
                 hold_until_b_is_in()
             before_layer(i)
         in_forward[0] = True
@@ -291,7 +293,7 @@ def test_between_layers_a_follow_up_starts_its_restore_and_a_finished_turn_sends
         want_b.set()
         assert holding.wait(30), "no forward of A's ran after B was wanted"
         tokens, rec, _ = run_turn(node, follow, "ctx", "triggered", 4)
-        assert b_in.is_set()
+        assert b_in == [True], "B did not reach the intake while a forward was held"
         assert not a.done(), "A ended before B: no forward ran beside B, the test tests nothing"
         a.result(timeout=60)
     assert rec.kv_source == "restored", rec.fallback_reason
