@@ -54,7 +54,7 @@ def layout_of(name: str, cpus: tuple[int, ...] | None = None) -> Layout:
     plan = placement.plan(name, cpus)
     given = placement.agent_settings(name, plan["smartnic"] if name == "nic" else ())
     settings = {"fastpath": given["fastpath"], "watcher_busy_poll": given["watcher_busy_poll"] == "true",
-                "fastpath_cpus": given["fastpath_cpus"]}
+                "fastpath_cpus": given["fastpath_cpus"], "watcher_nap_us": float(given["watcher_nap_us"])}
     return Layout(name, plan["smartnic"], plan["storage"], plan["compute"], settings)
 
 

@@ -11,6 +11,12 @@
  * and waits; the compute node, after a counter store, finds SLEEPING and wakes it (one system call
  * per burst, none while the watcher is polling). A wake that is lost (a store racing the flag)
  * costs at most the wait's timeout: the watcher polls again then. All of it with the GIL released.
+ * Where the watcher has a CPU the compute node does not use (placement `nic`), it can nap instead
+ * (`nap_ns`): for `warm_ns` after a fire it sleeps nap_ns at a time and polls, the doorbell left
+ * AWAKE, so the compute node's stores make no system call at all while a decode runs (on a virtual
+ * machine a wake from another CPU cost its thread 25-200 µs: an interprocessor interrupt); the naps
+ * cost the NIC's CPU instead (a 1 ms nap, about 3% of it here), as a NIC's polling costs its own
+ * engine, not the GPU.
  *
  *   Poller(counters, first, stride, count, bell=-1, armed=None)
  *       counters: a writable buffer holding the trigger counters (the region's counter array); block
@@ -20,9 +26,10 @@
  *       not due), and re-arm themselves at each fire: a block fires when its trigger holds a
  *       generation past the one it last fired at.
  *   poll() -> [(block, generation, seen_ns)]          one poll, with the GIL held (about 1 µs)
- *   wait(spin_ns, timeout_ns) -> [(block, generation, seen_ns)]
- *       without the GIL: poll back to back for spin_ns, then sleep on the doorbell (or the timeout)
- *       and poll again; returns as soon as something fired, or empty after the timeout or interrupt()
+ *   wait(spin_ns, timeout_ns, nap_ns=0, warm_ns=0) -> [(block, generation, seen_ns)]
+ *       without the GIL: poll back to back for spin_ns, then (nap_ns > 0, less than warm_ns since
+ *       the last fire) nap and poll, then sleep on the doorbell (or the timeout) and poll again;
+ *       returns as soon as something fired, or empty after the timeout or interrupt()
  *   interrupt()   end a wait() now, from any thread (the watcher has other work: a registration...)
  *   start_ring(capacity, spin_ns, timeout_ns, busy=False)   from now on a native thread of the Poller's
  *       own polls as wait() does and pushes each fire (with its verdict, when checking) into a ring
@@ -30,7 +37,7 @@
  *       without the GIL, interrupt_take() ends a take, stop_ring() ends the thread (close() does too);
  *       ring_pushed, ring_taken, ring_full_waits, ring_wakes: counts. While it runs, poll(), wait()
  *       and check_descriptors() are refused (the thread alone reads the triggers).
- *   polls, fires, sleeps, rings: counts (rings: waits the compute node ended)
+ *   polls, fires, sleeps, rings, naps: counts (rings: waits the compute node ended)
  * seen_ns: CLOCK_MONOTONIC (time.monotonic_ns), read right after the poll found the store.
  *
  * The standing PUT's descriptor check, made right where a poll finds a fired block (no GIL):
@@ -383,7 +390,8 @@ typedef struct {
     Fired *fired;              /* [count]: one poll's finds */
     int waiting;               /* a wait() or the ring's thread is running (one at a time) */
     int interrupted;           /* atomic */
-    unsigned long long polls, fires, sleeps, rings;
+    unsigned long long polls, fires, sleeps, rings, naps;
+    int64_t last_fire_ns;      /* CLOCK_MONOTONIC of the last poll that found a fire (0: none yet) */
     FireRing ring;             /* start_ring(): fires pushed by a native thread, taken by take() */
     pthread_t ring_thread;
     int ring_running, taking, ring_busy;
@@ -418,6 +426,8 @@ static Py_ssize_t poll_once(Poller *p)
         }
     }
     p->fires += (unsigned long long)n;
+    if (n)
+        p->last_fire_ns = p->fired[n - 1].seen_ns;
     return n;
 }
 
@@ -457,8 +467,9 @@ static void sleep_ns(int64_t ns)
         ;
 }
 
-/* Without the GIL: spin, then sleep on the bell (or the timeout), then poll; how many fired. */
-static Py_ssize_t wait_for_stores(Poller *p, int64_t spin_ns, int64_t timeout_ns)
+/* Without the GIL: spin, then nap while warm, then sleep on the bell (or the timeout), then poll;
+ * how many fired. */
+static Py_ssize_t wait_for_stores(Poller *p, int64_t spin_ns, int64_t timeout_ns, int64_t nap_ns, int64_t warm_ns)
 {
     int64_t start = now_ns();
     Py_ssize_t n;
@@ -469,6 +480,18 @@ static Py_ssize_t wait_for_stores(Poller *p, int64_t spin_ns, int64_t timeout_ns
     } while (now_ns() - start < spin_ns);
     if (timeout_ns <= 0)
         return 0;
+    if (nap_ns > 0 && p->last_fire_ns && now_ns() - p->last_fire_ns < warm_ns) {
+        /* warm: the next store is likely soon; the doorbell stays AWAKE (no system call for the store).
+         * Naps until something fires, interrupt(), the timeout (the caller has other work) or warm_ns */
+        int64_t nap_start = now_ns();
+        do {
+            p->naps++;
+            sleep_ns(nap_ns);
+            if ((n = poll_once(p)) || __atomic_exchange_n(&p->interrupted, 0, __ATOMIC_ACQ_REL))
+                return n;
+        } while (now_ns() - nap_start < timeout_ns && now_ns() - p->last_fire_ns < warm_ns);
+        return 0;
+    }
     p->sleeps++;
     if (!p->bell) {
         sleep_ns(timeout_ns);
@@ -596,13 +619,17 @@ static PyObject *Poller_poll(Poller *p, PyObject *Py_UNUSED(ignored))
 
 static PyObject *Poller_wait(Poller *p, PyObject *args)
 {
-    long long spin_ns, timeout_ns;
-    if (!PyArg_ParseTuple(args, "LL", &spin_ns, &timeout_ns) || !ready(p))
+    long long spin_ns, timeout_ns, nap_ns = 0, warm_ns = 0;
+    if (!PyArg_ParseTuple(args, "LL|LL", &spin_ns, &timeout_ns, &nap_ns, &warm_ns) || !ready(p))
         return NULL;
+    if (nap_ns < 0 || warm_ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "nap_ns and warm_ns must be >= 0");
+        return NULL;
+    }
     Py_ssize_t n;
     p->waiting = 1;  /* close() waits for it: the buffer stays while this thread reads it */
     Py_BEGIN_ALLOW_THREADS
-    n = wait_for_stores(p, spin_ns, timeout_ns);
+    n = wait_for_stores(p, spin_ns, timeout_ns, nap_ns, warm_ns);
     Py_END_ALLOW_THREADS
     p->waiting = 0;
     return as_list(p, n);
@@ -628,7 +655,7 @@ static void *ring_main(void *arg)
     Poller *p = arg;
     int64_t spin = 0;
     while (!__atomic_load_n(&p->ring.stop, __ATOMIC_ACQUIRE)) {
-        Py_ssize_t n = wait_for_stores(p, spin, p->ring_timeout_ns);
+        Py_ssize_t n = wait_for_stores(p, spin, p->ring_timeout_ns, 0, 0);
         spin = n || p->ring_busy ? p->ring_spin_ns : 0;  /* spin right after a fire (its burst goes on), or always */
         for (Py_ssize_t i = 0; i < n; i++) {
             if (ring_push(&p->ring, &p->fired[i]) < 0) {
@@ -808,6 +835,7 @@ static PyObject *Poller_check_descriptors(Poller *p, PyObject *args, PyObject *k
 COUNT_GETTER(polls)
 COUNT_GETTER(fires)
 COUNT_GETTER(sleeps)
+COUNT_GETTER(naps)
 COUNT_GETTER(rings)
 
 #define RING_GETTER(name)                                                           \
@@ -838,7 +866,8 @@ static PyObject *Poller_checking(Poller *p, void *Py_UNUSED(closure))
 static PyMethodDef Poller_methods[] = {
     {"poll", (PyCFunction)Poller_poll, METH_NOARGS, "poll() -> [(block, generation, seen_ns)]: one poll."},
     {"wait", (PyCFunction)Poller_wait, METH_VARARGS,
-     "wait(spin_ns, timeout_ns) -> [(block, generation, seen_ns)]: spin, then sleep on the doorbell, without the GIL."},
+     "wait(spin_ns, timeout_ns, nap_ns=0, warm_ns=0) -> [(block, generation, seen_ns)]: spin, then nap while warm, "
+     "then sleep on the doorbell, without the GIL."},
     {"check_descriptors", (PyCFunction)(void (*)(void))Poller_check_descriptors, METH_VARARGS | METH_KEYWORDS,
      "check_descriptors(region, descriptor_first, descriptor_stride, ids_first, ids_stride, block_tokens): from "
      "now on every fire's descriptor is checked and poll()/wait() return (block, generation, seen_ns, verdict, "
@@ -862,6 +891,7 @@ static PyGetSetDef Poller_getset[] = {
     {"polls", (getter)Poller_polls, NULL, "Polls so far.", NULL},
     {"fires", (getter)Poller_fires, NULL, "Entries fired so far.", NULL},
     {"sleeps", (getter)Poller_sleeps, NULL, "Sleeps (on the doorbell or a timer) so far.", NULL},
+    {"naps", (getter)Poller_naps, NULL, "Naps (warm sleeps with the doorbell left awake) so far.", NULL},
     {"rings", (getter)Poller_rings, NULL, "Sleeps the doorbell ended.", NULL},
     {"closed", (getter)Poller_closed, NULL, "Whether close() was called.", NULL},
     {"checking", (getter)Poller_checking, NULL, "Whether fires' descriptors are checked.", NULL},

@@ -82,6 +82,10 @@ class SmartNicSettings:
     watcher_realtime: bool = True          # the watcher thread as SCHED_FIFO 1, where the OS permits it
     watcher_compiled: bool = True          # the compiled poller and the pool's doorbell, where built ...
     watcher_bell_timeout_ms: float = 5.0   # ... whose sleep ends at the doorbell or after this long
+    watcher_nap_us: float = 0.0            # ... or, for watcher_nap_warm_ms after a fire, naps this long at a
+    watcher_nap_warm_ms: float = 10000.0   # time, the doorbell left awake: the compute node's stores then make no
+                                           # system call (0: off; placement nic turns it on, its watcher having a
+                                           # CPU the compute node does not use)
     watcher_fire_ring: bool = False        # the compiled poller's own thread polls and hands checked fires to the
                                            # PUT path through a ring (smartnic/fire_ring.h), no Python between
     # where standing PUTs fire: "thread" (a thread of the agent) or "process" (smartnic.fastpath: a process

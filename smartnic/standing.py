@@ -117,11 +117,12 @@ class StandingPuts:
         poller = self.poller
         return poller is not None and poller.checking
 
-    def wait(self, spin_s: float, timeout_s: float) -> list[tuple[int, ...]]:
-        """(compiled only) Without the GIL: poll back to back for spin_s, then sleep on the doorbell until
-        the compute node rings it, interrupt() or timeout_s; what fired (block, generation, seen ns), and
-        when checking (verdict, checked ns) too."""
-        return self.poller.wait(int(spin_s * 1e9), int(timeout_s * 1e9))
+    def wait(self, spin_s: float, timeout_s: float, nap_s: float = 0.0, warm_s: float = 0.0) -> list[tuple[int, ...]]:
+        """(compiled only) Without the GIL: poll back to back for spin_s, then (nap_s > 0, and less than
+        warm_s since the last fire) nap nap_s at a time with the doorbell left awake, else sleep on the
+        doorbell until the compute node rings it; until interrupt() or timeout_s. What fired (block,
+        generation, seen ns), and when checking (verdict, checked ns) too."""
+        return self.poller.wait(int(spin_s * 1e9), int(timeout_s * 1e9), int(nap_s * 1e9), int(warm_s * 1e9))
 
     def interrupt(self) -> None:
         """End a wait() now (any thread)."""

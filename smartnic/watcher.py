@@ -137,6 +137,8 @@ class WatcherSettings:
     busy: bool = False              # poll back to back, never sleeping (a NIC core of its own)
     cpus: tuple[int, ...] = ()      # the watcher thread's own CPUs; (): its process's
     ring: bool = False              # checked fires pass to the PUT path through the compiled poller's ring
+    nap_s: float = 0.0              # compiled, alone: for nap_warm_s after a fire, nap this long at a time
+    nap_warm_s: float = 10.0        # with the doorbell left awake, instead of sleeping on it (0: off)
 
     @classmethod
     def of(cls, settings, cpus: tuple[int, ...] = ()) -> WatcherSettings:
@@ -144,7 +146,8 @@ class WatcherSettings:
         return cls(settings.queue_bound, settings.watcher_spin_us * 1e-6, settings.watcher_max_sleep_us * 1e-6,
                    settings.watcher_poll_us * 1e-6, settings.watcher_warm_ms * 1e-3, settings.watcher_realtime,
                    settings.watcher_compiled, settings.watcher_bell_timeout_ms * 1e-3, settings.watcher_busy_poll,
-                   tuple(cpus), settings.watcher_fire_ring)
+                   tuple(cpus), settings.watcher_fire_ring, settings.watcher_nap_us * 1e-6,
+                   settings.watcher_nap_warm_ms * 1e-3)
 
 
 class TriggerEngine:
@@ -175,6 +178,7 @@ class TriggerEngine:
         self._drains: dict[int, threading.Thread] = {}  # region id -> the thread draining its pool's ring
         self._process_cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
         self.bell_timeout_s = watch.bell_timeout_s
+        self.nap_s, self.nap_warm_s = (0.0, 0.0) if watch.busy else (watch.nap_s, watch.nap_warm_s)
         self._dwq = DeferredWorkQueue(watch.bound)
         self._lock = threading.Lock()
         self._wakeup = Doorbell()  # ends the watcher's sleeps: wake(), stop()
@@ -315,7 +319,7 @@ class TriggerEngine:
     def _wait(self, reg: Registered, spin_s: float) -> int:
         """Wait in C on the pool's doorbell (spinning spin_s first) and fire what it found; how many."""
         try:
-            due = reg.standing.wait(spin_s, 0.0 if self.busy else self.bell_timeout_s)
+            due = reg.standing.wait(spin_s, 0.0 if self.busy else self.bell_timeout_s, self.nap_s, self.nap_warm_s)
         except (ValueError, RuntimeError, AttributeError):  # closed under us: deregistered
             due = []
         finally:

@@ -53,14 +53,14 @@ def test_nic_on_eight_cpus_gives_the_nic_the_last_quarter():
     assert p["smartnic"] == (6, 7)  # the agent's set holds its fast path's CPU (7), which nothing else gets
     assert p["storage"] == p["frontend"] == (6,)
     assert placement.agent_settings("nic", p["smartnic"]) == {
-        "fastpath": "process", "watcher_busy_poll": "true", "fastpath_cpus": "7"}
+        "fastpath": "process", "watcher_busy_poll": "true", "fastpath_cpus": "7", "watcher_nap_us": "0"}
 
 
 def test_a_fast_path_polls_without_sleeping_only_on_a_cpu_of_its_own():
     assert placement.agent_settings("nic", (1,)) == {"fastpath": "process", "watcher_busy_poll": "false",
-                                                      "fastpath_cpus": ""}
+                                                      "fastpath_cpus": "", "watcher_nap_us": placement.NIC_NAP_US}
     assert placement.agent_settings("shared", (0, 1)) == {"fastpath": "thread", "watcher_busy_poll": "false",
-                                                           "fastpath_cpus": ""}
+                                                           "fastpath_cpus": "", "watcher_nap_us": "0"}
     p = plan("nic", range(16))
     assert format_cpus(p["compute"]) == "0-11" and format_cpus(p["smartnic"]) == "12-15"
     assert plan("nic", (2, 4, 9))["smartnic"] == (9,)  # the last of the set, not of the machine
@@ -195,11 +195,11 @@ def test_nic_with_replicas_gives_each_fast_path_a_nic_cpu_when_there_are_enough(
     assert p["storage"] == p["frontend"] == (12,)
     assert [placement.agent_settings_in("nic", p, n)["fastpath_cpus"] for n in ("smartnic", "smartnic-1",
                                                                                   "smartnic-2")] == ["13", "14", "15"]
-    p = plan("nic", range(8), replicas=2)  # NIC: 6-7, too few: the agents share them, no busy poll
+    p = plan("nic", range(8), replicas=2)  # NIC: 6-7, too few: the agents share them, no busy poll: naps
     assert p["smartnic"] == p["smartnic-1"] == (6, 7)
     assert not placement.own_fast_path(p, "smartnic")
     assert placement.agent_settings_in("nic", p, "smartnic-1") == {"fastpath": "process", "watcher_busy_poll": "false",
-                                                                   "fastpath_cpus": ""}
+                                                                   "fastpath_cpus": "", "watcher_nap_us": "1000"}
     assert plan("nic", range(8), replicas=1) == plan("nic", range(8))
     assert placement.agent_settings_in("nic", plan("nic", range(8)), "smartnic")["fastpath_cpus"] == "7"
 

@@ -140,6 +140,37 @@ def test_a_wait_sleeps_on_the_doorbell_until_the_compute_node_rings_it():
 
 
 @needs_poller
+def test_a_warm_wait_naps_with_the_doorbell_awake_so_a_store_rings_no_one():
+    counters = np.zeros((L.counter_count, 2), dtype=np.uint64)
+    puts, bell = StandingPuts(L, counters), Bell(L, counters)
+    assert puts.start_compiled()
+    poller = puts.poller
+    counters[L.put_trigger(1), 0] = 1
+    assert [f[:2] for f in puts.wait(0.0, 1.0, 0.0005, 5.0)] == [(1, 1)]  # a fire: warm from now on
+    awake = []
+
+    def compute_node():
+        time.sleep(0.02)  # the watcher naps meanwhile
+        awake.append(bell.word[0])
+        counters[L.put_trigger(2), 0] = 1
+        awake.append(bell.ring())
+    thread = threading.Thread(target=compute_node)
+    thread.start()
+    start = time.monotonic()
+    fired = puts.wait(0.0, 10.0, 0.0005, 5.0)
+    thread.join()
+    assert [f[:2] for f in fired] == [(2, 1)] and time.monotonic() - start < 5
+    assert awake == [AWAKE, False] and bell.rings == 0 and poller.naps > 0  # found by a nap, no wake-up
+    sleeps = poller.sleeps
+    time.sleep(0.06)
+    assert puts.wait(0.0, 0.02, 0.0005, 0.05) == []  # cold again (50 ms after the fire): the doorbell
+    assert poller.sleeps == sleeps + 1
+    with pytest.raises(ValueError, match="nap_ns"):
+        poller.wait(0, 1000, -1, 0)
+    puts.close()
+
+
+@needs_poller
 def test_close_waits_for_a_wait_to_end():
     counters = np.zeros((L.counter_count, 2), dtype=np.uint64)
     puts = StandingPuts(L, counters)
