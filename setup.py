@@ -1,11 +1,12 @@
 """The optional C extensions (the data path's copy engine and its landing, the standing PUTs' counter poller,
-the compute node's attention kernel); everything else is in pyproject.toml.
+the compute node's batched triggers, the compute node's attention kernel); everything else is in pyproject.toml.
 
 setuptools' pyproject table for extensions ([tool.setuptools.ext-modules]) is still experimental
 and warns at every install; an Extension here is the stable way. optional=True: without a C
 compiler, or off x86-64 (the copy engine, the landing) or Linux (the poller), the install goes on, and
 hostmem.dma uses numpy, smartnic.landing copies and hashes from Python, smartnic.standing polls from
-Python and compute_node.paged_attention gathers for torch instead.
+Python, compute_node.offload writes descriptors from Python and compute_node.paged_attention gathers
+for torch instead.
 """
 import platform
 
@@ -25,6 +26,8 @@ setup(ext_modules=[
               depends=["hostmem/dma_runs.h", f"{BLAKE3}blake3.h", f"{BLAKE3}blake3_impl.h", *BLAKE3_ASM],
               extra_objects=BLAKE3_ASM if X86_64 else [], extra_compile_args=["-O3"], optional=True),
     Extension("smartnic._poller", ["smartnic/_poller.c"], include_dirs=["kvtb"], depends=["kvtb/crc32c.h"],
+              extra_compile_args=["-O2"], optional=True),
+    Extension("hostmem._trigger", ["hostmem/_trigger.c"], include_dirs=["kvtb"], depends=["kvtb/crc32c.h"],
               extra_compile_args=["-O2"], optional=True),
     # OpenMP: imported after torch, the kernel runs on torch's own OpenMP threads (one runtime)
     Extension("compute_node._attention", ["compute_node/_attention.c"],

@@ -120,15 +120,20 @@ class Writer:
     def write(self, offset: int, generation: int, chunk_index: int, token_count: int, hash_: bytes, parent: bytes,
               tenant: str, user: str, context: str, shared: bool = False) -> None:
         """The record at `offset` (a descriptor_range's start), unstamped: stamp() it right before the store."""
+        part = self.owner(tenant, user, context)
+        body = _body(generation, chunk_index, token_count, hash_, parent, part, shared)
+        self.buffer[offset:offset + len(body)] = body
+        self.buffer[offset + CRC_OFFSET:offset + DESCRIPTOR_BYTES] = _CRC.pack(google_crc32c.value(body))
+
+    def owner(self, tenant: str, user: str, context: str) -> bytes:
+        """The owner's part of a record (owner()), kept."""
         key = (tenant, user, context)
         part = self._owners.get(key)
         if part is None:
             if len(self._owners) >= self.max_owners:
                 self._owners.clear()
             part = self._owners[key] = owner(tenant, user, context)
-        body = _body(generation, chunk_index, token_count, hash_, parent, part, shared)
-        self.buffer[offset:offset + len(body)] = body
-        self.buffer[offset + CRC_OFFSET:offset + DESCRIPTOR_BYTES] = _CRC.pack(google_crc32c.value(body))
+        return part
 
     def stamp(self, offset: int) -> None:
         """The record's stamp_ns: now (CLOCK_MONOTONIC). The last write before the counter store."""

@@ -2,6 +2,9 @@
 when the agent's watcher sleeps (a real region; no agent)."""
 import uuid
 
+import pytest
+
+from compute_node import offload as offload_module
 from compute_node.kv_pool import KvPool
 from compute_node.offload import Block, OffloadStats, TriggeredOffload
 from hostmem import descriptor
@@ -9,12 +12,16 @@ from hostmem.bell import AWAKE, SLEEPING
 from hostmem.kv_layout import KvLayout
 
 L = KvLayout(num_blocks=4, num_layers=2, num_kv_heads=1, block_tokens=4, head_dim=2, layer_groups=2)
+# both writers: hostmem._trigger's one call (where built) and the Python one
+COMPILED = [False] + ([True] if offload_module._trigger is not None else [])
 
 
-def test_a_store_writes_the_descriptor_then_the_generation_and_rings_only_a_sleeping_watcher():
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_a_store_writes_the_descriptor_then_the_generation_and_rings_only_a_sleeping_watcher(compiled):
     pool = KvPool.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", L)
     try:
-        offload, stats = TriggeredOffload(pool, drain_timeout_s=5.0), OffloadStats()
+        offload, stats = TriggeredOffload(pool, drain_timeout_s=5.0, compiled=compiled), OffloadStats()
+        assert offload.compiled == compiled
         pool.region.add_counter(L.put_done(2), success=3)
         block = Block(2, 1, 4, b"h" * 16, b"p" * 16, "default", "alice", "c1")
         put = offload.store(block, stats)
@@ -31,10 +38,11 @@ def test_a_store_writes_the_descriptor_then_the_generation_and_rings_only_a_slee
         pool.close()
 
 
-def test_a_batch_describes_every_block_then_triggers_each_and_rings_once():
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_a_batch_describes_every_block_then_triggers_each_and_rings_once(compiled):
     pool = KvPool.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", L)
     try:
-        offload = TriggeredOffload(pool, drain_timeout_s=5.0)
+        offload = TriggeredOffload(pool, drain_timeout_s=5.0, compiled=compiled)
         offload.bell.word[0] = SLEEPING
         blocks = [Block(b, i, 4, bytes([b]) * 16, b"p" * 16 if i else b"", "default", "alice", "c1")
               for i, b in enumerate((3, 0, 2))]
