@@ -25,13 +25,8 @@ from typing import NamedTuple
 
 from compute_node.kv_pool import KvPool
 from hostmem.bell import Bell
-from hostmem.descriptor import Writer
+from hostmem.descriptor import Writer, store_batch
 from hostmem.kv_layout import DESCRIPTOR_BYTES, TOKEN_ID_BYTES
-
-try:  # the step's records and triggers in one C call (hostmem/_trigger.c), where built
-    from hostmem import _trigger
-except ImportError:  # pragma: no cover - without a C compiler
-    _trigger = None
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +99,7 @@ class TriggeredOffload:
 
     def __init__(self, pool: KvPool, drain_timeout_s: float, compiled: bool = True):
         self.pool = pool
-        self.compiled = compiled and _trigger is not None  # records and triggers written by hostmem._trigger
+        self.compiled = compiled and store_batch is not None  # records and triggers in one C call (hostmem/_trigger.c)
         self.layout = L = pool.layout
         self.drain_timeout_s = drain_timeout_s
         self.words = pool.words  # [counter * 2 + success|error] u64: the region's counters
@@ -152,7 +147,7 @@ class TriggeredOffload:
     def _store_compiled(self, blocks: list[Block], stats: list[OffloadStats]) -> list[PendingPut]:
         """store_many in one C call (the same records and stores, in the same order)."""
         owner = self.writer.owner
-        rows = _trigger.store(self.pool.region.buffer, self._descriptors, self.layout.counter_offset,
+        rows = store_batch(self.pool.region.buffer, self._descriptors, self.layout.counter_offset,
                               self._per_block, self.layout.num_blocks,
                               [(b.block_id, b.index, b.token_count, b.hash, b.parent, owner(b.tenant, b.user, b.context),
                                 b.shared) for b in blocks])

@@ -29,6 +29,11 @@ import google_crc32c
 from hostmem.kv_layout import DESCRIPTOR_BYTES
 from kvtb import crc32c as _crc
 
+try:  # one engine step's records written, stamped and triggered in one C call (hostmem/_trigger.c)
+    from hostmem._trigger import store as store_batch
+except ImportError:  # pragma: no cover - built where there is a C compiler
+    store_batch = None
+
 MAGIC = b"KVBD"
 VERSION = 2
 SHARED = 1

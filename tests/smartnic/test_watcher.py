@@ -19,6 +19,7 @@ from smartnic.watcher import (TIMER_SLACK_NS, CounterWork, DataWork, TriggerEngi
                               realtime)
 from hostmem.region import Region, RegionError
 from smartnic.registrations import Registrations
+from smartnic.settings import SmartNicSettings
 from smartnic.stats import Stats
 
 REF = ChunkRef("alice", "c1", 0, 0, 16)
@@ -235,3 +236,38 @@ def test_the_watcher_sleeps_on_the_doorbell_and_a_registration_ends_its_wait():
         regions.close()
         for region in pools:
             region.close()
+
+
+@pytest.mark.skipif(standing._poller is None, reason="the compiled poller was not built")
+def test_a_napping_watcher_finds_the_stores_after_a_fire_with_its_doorbell_awake():
+    settings = SmartNicSettings(watcher_nap_us=500, watcher_nap_warm_ms=30_000, watcher_bell_timeout_ms=30_000)
+    watch = WatcherSettings.of(settings)
+    assert (watch.nap_s, watch.nap_warm_s) == (500e-6, 30.0)
+    regions, fired = Registrations(), []
+    eng = TriggerEngine(regions, Stats(), lambda *a: None, watch, fire_block=lambda reg, b, g: fired.append((b, g)))
+    pool = Region.create(f"kvtb-test-{uuid.uuid4().hex[:8]}", POOL.region_bytes, POOL.counter_offset, POOL.counter_count)
+    eng.start()
+    try:
+        reg = regions.register(pool.name, POOL.region_bytes, "k", POOL.counter_offset, POOL.counter_count,
+                               layout_to_proto(POOL))
+        eng.wake()
+        bell, deadline = Bell(POOL, pool.counters), time.monotonic() + 10
+        while bell.word[0] != SLEEPING:  # cold: nothing fired yet, it sleeps on the doorbell
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        pool.store_counter(POOL.put_trigger(1), 1)
+        assert bell.ring()
+        for generation in (1, 2, 3):  # warm from the first fire on: each store found by a nap, none rung
+            if generation > 1:
+                time.sleep(0.02)
+                assert bell.word[0] != SLEEPING
+                pool.store_counter(POOL.put_trigger(1), generation)
+                assert not bell.ring()
+            while (1, generation) not in fired:
+                assert time.monotonic() < deadline, fired
+                time.sleep(0.001)
+        assert reg.standing.poller.rings == 1 and reg.standing.poller.naps > 0
+    finally:
+        eng.stop()
+        regions.close()
+        pool.close()
