@@ -6,7 +6,8 @@
   agent's watcher went to sleep since the last burst of stores (then one, to ring its doorbell:
   hostmem.bell). The blocks that filled in one step go as one batch (`store_many`: every descriptor,
   then every trigger, then the doorbell once). The block stays pinned until the agent's PUT-done counter moves, however long that
-  takes (past drain_timeout_s the turn no longer waits for it, but the block is not reused).
+  takes (past drain_timeout_s the turn no longer waits for it, but the block is not reused). Where
+  hostmem/_trigger.c is built, a batch's records, stamps and trigger stores are one C call.
 - cpu (the CPU-centric baseline): the compute process copies the block out and stores it through
   the fabric itself, waiting for the acknowledgement before it goes on (compute_node.cpu_offload).
 - resident and recompute: nothing leaves.

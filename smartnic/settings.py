@@ -132,7 +132,8 @@ class SmartNicSettings:
                 "grpc_workers and max_relayed_turns must be positive")
         require(self.view_min_bytes > 0, "view_min_bytes must be positive")
         require(min(self.watcher_spin_us, self.watcher_poll_us, self.watcher_warm_ms, self.watcher_max_sleep_us,
-                    self.watcher_bell_timeout_ms) >= 0, "watcher_*: not negative")
+                    self.watcher_bell_timeout_ms, self.watcher_nap_us, self.watcher_nap_warm_ms) >= 0,
+                "watcher_*: not negative")
         # the storage node refuses smaller PDUs (storage_node.commands.MIN_DATA_PDU_BYTES), so every
         # GET would fail: refused here, at start, instead (not imported: settings stay free of protobuf)
         require(self.get_pdu_bytes == 0 or self.get_pdu_bytes >= 4096, "get_pdu_bytes: 0 or at least 4096")

@@ -241,6 +241,8 @@ def test_the_watcher_sleeps_on_the_doorbell_and_a_registration_ends_its_wait():
 @pytest.mark.skipif(standing._poller is None, reason="the compiled poller was not built")
 def test_a_napping_watcher_finds_the_stores_after_a_fire_with_its_doorbell_awake():
     settings = SmartNicSettings(watcher_nap_us=500, watcher_nap_warm_ms=30_000, watcher_bell_timeout_ms=30_000)
+    with pytest.raises(Exception, match="not negative"):  # a negative nap would make every wait refuse at once
+        SmartNicSettings(watcher_nap_us=-1)
     watch = WatcherSettings.of(settings)
     assert (watch.nap_s, watch.nap_warm_s) == (500e-6, 30.0)
     regions, fired = Registrations(), []
