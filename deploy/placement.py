@@ -29,7 +29,7 @@ def variable(service: str) -> str:
 def assignments(name: str, cpus: str = "", replicas: int = 1) -> dict[str, str]:
     """KVTB_<SERVICE>_CPUS -> its CPU list, for every service of placement `name` (replica i's pair:
     KVTB_SMARTNICi_*, KVTB_COMPUTEi_CPUS), and each agent's fast path settings for it
-    (KVTB_SMARTNIC[i]_FASTPATH, _FASTPATH_CPUS, _WATCHER_BUSY_POLL)."""
+    (KVTB_SMARTNIC[i]_FASTPATH, _FASTPATH_CPUS, _WATCHER_BUSY_POLL, _WATCHER_NAP_US)."""
     plan = placement.plan(name, placement.parse_cpus(cpus) or None, replicas)
     out = {f"KVTB_{variable(service)}_CPUS": text for service, text in placement.formatted(plan).items()}
     for i in range(replicas):

@@ -47,7 +47,7 @@ def test_placement_script_assigns_each_section_its_plan():
     assert module.assignments("nic", "0-15") == {
         "KVTB_STORAGE_CPUS": "12-14", "KVTB_SMARTNIC_CPUS": "12-15", "KVTB_COMPUTE_CPUS": "0-11",
         "KVTB_FRONTEND_CPUS": "12-14", "KVTB_SMARTNIC_FASTPATH": "process", "KVTB_SMARTNIC_WATCHER_BUSY_POLL": "true",
-        "KVTB_SMARTNIC_FASTPATH_CPUS": "15"}
+        "KVTB_SMARTNIC_FASTPATH_CPUS": "15", "KVTB_SMARTNIC_WATCHER_NAP_US": "0"}
     shared = module.assignments("shared", "0-1")
     assert {v for k, v in shared.items() if k.endswith("_CPUS") and "FASTPATH" not in k} == {"0-1"}
     assert shared["KVTB_SMARTNIC_FASTPATH"] == "thread" and shared["KVTB_SMARTNIC_WATCHER_BUSY_POLL"] == "false"
@@ -61,7 +61,7 @@ def test_placement_script_prints_what_make_up_passes_to_compose(capsys):
     assert capsys.readouterr().out.split() == ["KVTB_STORAGE_CPUS=1", "KVTB_SMARTNIC_CPUS=1",
                                                "KVTB_COMPUTE_CPUS=0", "KVTB_FRONTEND_CPUS=1",
                                                "KVTB_SMARTNIC_FASTPATH=process", "KVTB_SMARTNIC_WATCHER_BUSY_POLL=false",
-                                               "KVTB_SMARTNIC_FASTPATH_CPUS="]
+                                               "KVTB_SMARTNIC_FASTPATH_CPUS=", "KVTB_SMARTNIC_WATCHER_NAP_US=1000"]
     assert module.main(["nic", "--cpus", "5"]) == 2
     assert "at least 2 CPUs" in capsys.readouterr().err
 
