@@ -117,8 +117,20 @@ class TriggeredOffload:
     def store_many(self, blocks: list[Block], stats: list[OffloadStats]) -> list[PendingPut]:
         """Describe every block, then trigger their standing PUTs, then ring the doorbell once (the blocks
         that filled in one step: one batch); stats[i] is blocks[i]'s turn's. The PUTs to wait for."""
-        if self.compiled:
-            return self._store_compiled(blocks, stats)
+        bases = self._trigger_compiled(blocks) if self.compiled else self._trigger(blocks)
+        puts, deadline = [], time.monotonic() + self.drain_timeout_s
+        for block, s, base in zip(blocks, stats, bases):
+            nbytes = block.token_count * TOKEN_ID_BYTES + self._block_bytes  # KvLayout.chunk_payload_bytes
+            s.chunks += 1
+            s.bytes += nbytes
+            puts.append(PendingPut(block.block_id, block.block_id * self._per_block + 1, base, nbytes, deadline))
+        if puts:
+            self.bell.ring()  # a read; a wake-up only when the watcher sleeps
+        return puts
+
+    def _trigger(self, blocks: list[Block]) -> list[tuple[int, int]]:
+        """Every record written and stamped, then each trigger stored (in Python); each block's PUT-done
+        counter (success, error) before its trigger."""
         words, n = self.words, self.layout.num_blocks
         for block in blocks:
             if not 0 <= block.block_id < n:
@@ -132,32 +144,18 @@ class TriggeredOffload:
                               block.tenant, block.user, block.context, block.shared)
             self.writer.stamp(record)  # trigger-to-fire is timed from here
             triggers.append((trigger, generation))
-        puts, deadline = [], time.monotonic() + self.drain_timeout_s
-        for block, s, (trigger, generation) in zip(blocks, stats, triggers):
+        bases = []
+        for trigger, generation in triggers:
             done = trigger + 1
-            base = (words[2 * done], words[2 * done + 1])
+            bases.append((words[2 * done], words[2 * done + 1]))
             words[2 * trigger] = generation  # the flag write (one aligned 8-byte store): the agent's entry fires
-            nbytes = block.token_count * TOKEN_ID_BYTES + self._block_bytes  # KvLayout.chunk_payload_bytes
-            s.chunks += 1
-            s.bytes += nbytes
-            puts.append(PendingPut(block.block_id, done, base, nbytes, deadline))
-        if puts:
-            self.bell.ring()  # a read; a wake-up only when the watcher sleeps
-        return puts
+        return bases
 
-    def _store_compiled(self, blocks: list[Block], stats: list[OffloadStats]) -> list[PendingPut]:
-        """store_many in one C call (the same records and stores, in the same order)."""
+    def _trigger_compiled(self, blocks: list[Block]) -> list[tuple[int, int]]:
+        """_trigger in one C call (hostmem/_trigger.c: the same records and stores, in the same order)."""
         owner = self.writer.owner
-        rows = store_batch(self.pool.region.buffer, self._descriptors, self.layout.counter_offset,
-                              self._per_block, self.layout.num_blocks,
-                              [(b.block_id, b.index, b.token_count, b.hash, b.parent, owner(b.tenant, b.user, b.context),
-                                b.shared) for b in blocks])
-        puts, deadline, per_block, block_bytes = [], time.monotonic() + self.drain_timeout_s, self._per_block, self._block_bytes
-        for block, s, (_, success, error) in zip(blocks, stats, rows):
-            nbytes = block.token_count * TOKEN_ID_BYTES + block_bytes  # KvLayout.chunk_payload_bytes
-            s.chunks += 1
-            s.bytes += nbytes
-            puts.append(PendingPut(block.block_id, block.block_id * per_block + 1, (success, error), nbytes, deadline))
-        if puts:
-            self.bell.ring()
-        return puts
+        rows = store_batch(self.pool.region.buffer, self._descriptors, self.layout.counter_offset, self._per_block,
+                           self.layout.num_blocks,
+                           [(b.block_id, b.index, b.token_count, b.hash, b.parent, owner(b.tenant, b.user, b.context),
+                             b.shared) for b in blocks])
+        return [(success, error) for _, success, error in rows]

@@ -101,11 +101,17 @@ def test_the_compiled_poller_takes_over_the_arming():
     assert due(puts) == [] and puts.poller is None  # closed: nothing fires any more
 
 
-@needs_poller
-def test_a_wait_sleeps_on_the_doorbell_until_the_compute_node_rings_it():
+def _compiled_with_bell():
+    """Counters, their standing PUTs polled by the compiled poller, and the compute node's doorbell."""
     counters = np.zeros((L.counter_count, 2), dtype=np.uint64)
     puts, bell = StandingPuts(L, counters), Bell(L, counters)
     assert puts.start_compiled()
+    return counters, puts, bell
+
+
+@needs_poller
+def test_a_wait_sleeps_on_the_doorbell_until_the_compute_node_rings_it():
+    counters, puts, bell = _compiled_with_bell()
     poller = puts.poller
     start = time.monotonic()
     assert puts.wait(0.0, 0.02) == [] and time.monotonic() - start >= 0.015  # nothing: the timeout
@@ -141,9 +147,7 @@ def test_a_wait_sleeps_on_the_doorbell_until_the_compute_node_rings_it():
 
 @needs_poller
 def test_a_warm_wait_naps_with_the_doorbell_awake_so_a_store_rings_no_one():
-    counters = np.zeros((L.counter_count, 2), dtype=np.uint64)
-    puts, bell = StandingPuts(L, counters), Bell(L, counters)
-    assert puts.start_compiled()
+    counters, puts, bell = _compiled_with_bell()
     poller = puts.poller
     counters[L.put_trigger(1), 0] = 1
     assert [f[:2] for f in puts.wait(0.0, 1.0, 0.0005, 5.0)] == [(1, 1)]  # a fire: warm from now on
