@@ -98,10 +98,13 @@ static PyObject *trigger_store(PyObject *self, PyObject *args)
                           &blocks))
         return NULL;
     uint8_t *base = region.buf;
+    /* divided, never multiplied: a huge num_blocks or per_block must not wrap past the check */
     if (per_block < 2 || num_blocks < 0 || descriptor_first < 0 || counter_first < 0 ||
-        descriptor_first + num_blocks * DESCRIPTOR_BYTES > region.len ||
-        counter_first + num_blocks * per_block * 16 > region.len || (counter_first % 8) != 0 ||
-        ((uintptr_t)base % 8) != 0) {
+        descriptor_first > region.len || counter_first > region.len ||
+        num_blocks > (region.len - descriptor_first) / DESCRIPTOR_BYTES ||
+        per_block > (region.len - counter_first) / 16 ||
+        (num_blocks && num_blocks > (region.len - counter_first) / 16 / per_block) ||
+        (counter_first % 8) != 0 || ((uintptr_t)base % 8) != 0) {
         PyErr_SetString(PyExc_ValueError, "the descriptors or counters pass the region (or are not aligned)");
         goto done;
     }

@@ -76,5 +76,11 @@ def test_the_call_refuses_a_layout_past_the_region(pools):
         _trigger.store(pool.region.buffer, size - DESCRIPTOR_BYTES, L.counter_offset, L.counters_per_block, 2, [])
     with pytest.raises(ValueError, match="pass the region"):
         _trigger.store(pool.region.buffer, L.descriptor_offset, size, L.counters_per_block, 1, [])
+    huge = Block(1 << 40, 0, 4, b"h" * 16, b"", "default", "alice", "c1")
+    owner = descriptor.owner("default", "alice", "c1")
+    for num_blocks, per_block in ((1 << 61, L.counters_per_block), (2, 1 << 62)):  # products that wrap in 64 bits
+        with pytest.raises(ValueError, match="pass the region"):
+            _trigger.store(pool.region.buffer, L.descriptor_offset, L.counter_offset, per_block, num_blocks,
+                           [(huge.block_id, 0, 4, huge.hash, b"", owner, False)])
     with pytest.raises(TypeError):
         _trigger.store(bytes(16), 0, 0, 2, 0, [])  # read-only
