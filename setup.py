@@ -25,9 +25,9 @@ setup(ext_modules=[
                                                                                            "blake3_portable"))],
               depends=["hostmem/dma_runs.h", f"{BLAKE3}blake3.h", f"{BLAKE3}blake3_impl.h", *BLAKE3_ASM],
               extra_objects=BLAKE3_ASM if X86_64 else [], extra_compile_args=["-O3"], optional=True),
-    Extension("smartnic._poller", ["smartnic/_poller.c"], include_dirs=["kvtb"], depends=["kvtb/crc32c.h"],
+    Extension("smartnic._poller", ["smartnic/_poller.c"], include_dirs=["kvtb"], depends=["kvtb/bounds.h", "kvtb/crc32c.h"],
               extra_compile_args=["-O2"], optional=True),
-    Extension("hostmem._trigger", ["hostmem/_trigger.c"], include_dirs=["kvtb"], depends=["kvtb/crc32c.h"],
+    Extension("hostmem._trigger", ["hostmem/_trigger.c"], include_dirs=["kvtb"], depends=["kvtb/bounds.h", "kvtb/crc32c.h"],
               extra_compile_args=["-O2"], optional=True),
     # OpenMP: imported after torch, the kernel runs on torch's own OpenMP threads (one runtime)
     Extension("compute_node._attention", ["compute_node/_attention.c"],

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bounds.h"
 #include "crc32c.h"
 
 #define DESCRIPTOR_BYTES 512
@@ -98,13 +99,10 @@ static PyObject *trigger_store(PyObject *self, PyObject *args)
                           &blocks))
         return NULL;
     uint8_t *base = region.buf;
-    /* divided, never multiplied: a huge num_blocks or per_block must not wrap past the check */
-    if (per_block < 2 || num_blocks < 0 || descriptor_first < 0 || counter_first < 0 ||
-        descriptor_first > region.len || counter_first > region.len ||
-        num_blocks > (region.len - descriptor_first) / DESCRIPTOR_BYTES ||
-        per_block > (region.len - counter_first) / 16 ||
-        (num_blocks && num_blocks > (region.len - counter_first) / 16 / per_block) ||
-        (counter_first % 8) != 0 || ((uintptr_t)base % 8) != 0) {
+    Py_ssize_t counters;  /* every block's counters: the PUT trigger, the PUT-done, ... */
+    if (per_block < 2 || __builtin_mul_overflow(num_blocks, per_block, &counters) ||
+        !fits(region.len, descriptor_first, DESCRIPTOR_BYTES, num_blocks, DESCRIPTOR_BYTES) ||
+        !fits(region.len, counter_first, 16, counters, 16) || (counter_first % 8) != 0 || ((uintptr_t)base % 8) != 0) {
         PyErr_SetString(PyExc_ValueError, "the descriptors or counters pass the region (or are not aligned)");
         goto done;
     }

@@ -158,6 +158,7 @@ static inline void put_le32(uint8_t *p, uint32_t v)
 }
 
 /* -- CRC32C: kvtb/crc32c.h (the one C copy, shared with hostmem/_dma.c) */
+#include "bounds.h"
 #include "crc32c.h"
 
 /* -- BLAKE2b, unkeyed (RFC 7693's reference implementation, with a block-wise update) */
@@ -360,19 +361,6 @@ static int check_record(const uint8_t *rec, const uint8_t *ids, uint32_t block_t
     return memcmp(name, hash, 16) == 0 ? V_ACCEPTED : V_HASH;
 }
 
-/* Whether n items of `size` bytes from `first` every `stride` bytes fit in len bytes (no overflow). */
-static int fits(Py_ssize_t len, Py_ssize_t first, Py_ssize_t stride, Py_ssize_t n, Py_ssize_t size)
-{
-    if (first < 0 || stride < 0 || n < 0 || size < 0 || first > len)
-        return 0;
-    if (n == 0)
-        return 1;
-    Py_ssize_t last;
-    if (__builtin_mul_overflow(n - 1, stride, &last) || __builtin_add_overflow(last, first, &last) ||
-        __builtin_add_overflow(last, size, &last))
-        return 0;
-    return last <= len;
-}
 
 typedef struct {
     PyObject_HEAD
@@ -546,7 +534,7 @@ static int Poller_init(Poller *p, PyObject *args, PyObject *kwds)
     if (PyObject_GetBuffer(counters, &p->view, PyBUF_WRITABLE) < 0)
         return -1;
     p->has_view = 1;
-    if ((count && first + (count - 1) * stride + 8 > p->view.len) || bell + 4 > p->view.len) {
+    if (!fits(p->view.len, first, stride, count, 8) || (bell >= 0 && !fits(p->view.len, bell, 0, 1, 4))) {
         release(p);
         PyErr_Format(PyExc_ValueError, "%zd triggers from byte %zd every %zd bytes, or the bell at %zd, pass the "
                      "buffer's %zd bytes", count, first, stride, bell, p->view.len);

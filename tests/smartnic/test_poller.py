@@ -448,3 +448,15 @@ def test_a_poller_refuses_a_layout_outside_the_region(region):
     assert poller.checking
     poller.close()
     assert not poller.checking
+
+
+def test_a_poller_refuses_triggers_or_a_bell_past_its_buffer_even_where_the_arithmetic_wraps(region):
+    counters = counters_of(region, L)
+    size = counters.nbytes
+    for args in ((0, 1 << 62, 5), (16, 16, size // 16), (1 << 62, 16, 1)):  # 4 * 2**62 wraps to 0 in 64 bits
+        with pytest.raises(ValueError, match="pass the"):
+            P.Poller(counters, *args)
+    for bell in (size - 2 if size % 4 == 0 else size, (1 << 63) - 4):  # bell + 4 overflowed before
+        with pytest.raises(ValueError, match="pass the|multiple of 4"):
+            P.Poller(counters, 0, 16, 1, bell)
+    P.Poller(counters, 0, 16, size // 16).close()  # the whole buffer, exactly
