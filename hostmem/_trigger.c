@@ -99,10 +99,10 @@ static PyObject *trigger_store(PyObject *self, PyObject *args)
                           &blocks))
         return NULL;
     uint8_t *base = region.buf;
-    Py_ssize_t counters;  /* every block's counters: the PUT trigger, the PUT-done, ... */
-    if (per_block < 2 || __builtin_mul_overflow(num_blocks, per_block, &counters) ||
+    Py_ssize_t num_counters;  /* every block's counters: the PUT trigger, the PUT-done, ... */
+    if (per_block < 2 || __builtin_mul_overflow(num_blocks, per_block, &num_counters) ||
         !fits(region.len, descriptor_first, DESCRIPTOR_BYTES, num_blocks, DESCRIPTOR_BYTES) ||
-        !fits(region.len, counter_first, 16, counters, 16) || (counter_first % 8) != 0 || ((uintptr_t)base % 8) != 0) {
+        !fits(region.len, counter_first, 16, num_counters, 16) || (counter_first % 8) != 0 || ((uintptr_t)base % 8) != 0) {
         PyErr_SetString(PyExc_ValueError, "the descriptors or counters pass the region (or are not aligned)");
         goto done;
     }
