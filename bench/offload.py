@@ -99,6 +99,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"turns per sample (default 0: enough for {MIN_BLOCKS_PER_SAMPLE} blocks, "
                              f"at most {MAX_TURNS_PER_SAMPLE})")
     add_placements_arg(parser)
+    parser.add_argument("--offload-thread", choices=("on", "off"), default="on",
+                        help="the triggered stores on the compute node's offload thread (on: the default, under "
+                             "placement nic on the NIC's CPUs) or on its engine thread (off)")
     parser.add_argument("--one-block", type=int, help=argparse.SUPPRESS)  # the process of one block size
     parser.add_argument("--placement", choices=cpu_placement.PLACEMENTS, default="shared",
                         help=argparse.SUPPRESS)  # ... and its placement
@@ -249,7 +252,8 @@ def measure_one_block(args: argparse.Namespace, directory: Path) -> dict:
                                    block_tokens=args.one_block, listen_address="127.0.0.1:0",
                                    agent_address=agent.addresses["grpc"], key_salt=SALT,
                                    storage_fabric_addresses=(storage.addresses["fabric"],), node_name="bench",
-                                   torch_threads=threads)
+                                   torch_threads=threads, offload_thread=args.offload_thread == "on",
+                                   **cpu_placement.compute_settings_in(args.placement, plan))
         model, tokenizer = load_model(settings.model_cache_dir, settings.torch_threads)
         import torch
         record = {"name": args.placement, "torch_threads": torch.get_num_threads(), "started": True,
@@ -264,6 +268,9 @@ def measure_one_block(args: argparse.Namespace, directory: Path) -> dict:
             decode = measure_decode(stub, args.one_block, args.decode_tokens, args.repeats,
                                     args.turns_per_sample,
                                     store_failures(node.engine, smartnic_pb2_grpc.SmartNicStub(channel)))
+        thread = node.engine.offloads.thread
+        record["offload_thread"] = ({"cpus": settings.offload_thread_cpus or record["cpus"]["compute"],
+                                     **thread.stats.as_dict()} if thread is not None else None)
         return decode | {"torch_threads": settings.torch_threads, "placement": record}
 
 
@@ -274,7 +281,8 @@ def run_one_block(args: argparse.Namespace, block: int, placement: str = "shared
     argv = [sys.executable, "-m", "bench.offload", "--one-block", str(block), "--placement", placement,
             "--out", str(args.out),
             "--decode-tokens", str(args.decode_tokens), "--repeats", str(args.repeats),
-            "--turns-per-sample", str(args.turns_per_sample), *(["--keep-data"] if args.keep_data else [])]
+            "--turns-per-sample", str(args.turns_per_sample), "--offload-thread", args.offload_thread,
+            *(["--keep-data"] if args.keep_data else [])]
     done = run_child(argv, timeout_s=3600)
     if done.returncode != 0:
         raise RuntimeError(f"offload with blocks of {block} tokens ({placement}) failed "
@@ -375,7 +383,7 @@ def report(result: dict) -> str:
 
 def run(args: argparse.Namespace) -> dict:
     result = new_result("offload", {"block_tokens": args.block_tokens, "decode_tokens": args.decode_tokens,
-                                    "repeats": args.repeats,
+                                    "repeats": args.repeats, "offload_thread": args.offload_thread,
                                     "turns_per_sample": args.turns_per_sample or "auto",
                                     "min_blocks_per_sample": MIN_BLOCKS_PER_SAMPLE,
                                     "warm_up": "every policy", "order": "rotating",

@@ -13,6 +13,7 @@ The engine is the step loop and the turns' lives; the I/O in flight lives in thr
 its state and answering for the pins of an aborted turn (`release`):
 
 - compute_node.offload_tracker: PUTs in flight, their waiters, stuck PUTs, stored names, poll cost;
+- compute_node.offload_thread: the triggered stores (descriptors, triggers, doorbell) off this thread;
 - compute_node.restore_tracker: restores outside the batch (the scheduler's restoring set), joined
   restores whose later layer groups still land (compute_node.restore: join, LayerWait), late pins;
 - compute_node.preemption: swap-outs and swap-ins (the host swap tier), and their cost.
@@ -35,6 +36,7 @@ from compute_node.block_manager import BlockManager
 from compute_node.chat_template import TokenPieces
 from compute_node.model_loader import generation_defaults
 from compute_node.model_runner import ModelRunner, SeqRun
+from compute_node.offload_thread import OffloadThread
 from compute_node.offload_tracker import OffloadTracker
 from compute_node.preemption import Preemption
 from compute_node.preemption_cost import PreemptionCost
@@ -106,7 +108,8 @@ class Engine:
         self.known: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         self.stats = Stats()
         self.offloads = OffloadTracker(settings, self.layout, pool, self.bm, self.scheduler, offloaders,
-                                       self.stats.totals, lambda state: self._maybe_record(state))
+                                       self.stats.totals, lambda state: self._maybe_record(state),
+                                       OffloadThread(settings.offload_thread_cpus) if settings.offload_thread else None)
         cost = PreemptionCost()  # the engine's own time in preemption work
         self.restores = RestoreTracker(settings, self.layout, pool, self.scheduler, self.offloads, self.states,
                                        cost, self.stats.totals, self._only, cpu_store)
@@ -131,6 +134,7 @@ class Engine:
             self._stopping = True
             self.lock.notify_all()
         self._thread.join(timeout_s)
+        self.offloads.close()
 
     def policies(self) -> list[str]:
         return sorted(self.offloaders)

@@ -75,6 +75,11 @@ class OffloadStats:
     stall_s: float = 0.0
     stall_cpu_s: float = 0.0  # of stall_s, the engine thread's CPU time (the rest: waits, for the GIL or a CPU)
 
+    def count(self, nbytes: int) -> None:
+        """A chunk of nbytes went out (or its PUT is in flight)."""
+        self.chunks += 1
+        self.bytes += nbytes
+
     def charge(self, wall_s: float, cpu_s: float) -> None:
         self.stall_s += wall_s
         self.stall_cpu_s += cpu_s
@@ -114,15 +119,16 @@ class TriggeredOffload:
         """Describe the block and trigger its standing PUT; the PUT to wait for before the block is reused."""
         return self.store_many([block], [stats])[0]
 
-    def store_many(self, blocks: list[Block], stats: list[OffloadStats]) -> list[PendingPut]:
+    def store_many(self, blocks: list[Block], stats: list[OffloadStats | None]) -> list[PendingPut]:
         """Describe every block, then trigger their standing PUTs, then ring the doorbell once (the blocks
-        that filled in one step: one batch); stats[i] is blocks[i]'s turn's. The PUTs to wait for."""
+        that filled in one step: one batch); stats[i] is blocks[i]'s turn's (None: the caller counts the
+        PUT itself, as the offload thread's engine does). The PUTs to wait for."""
         bases = self._trigger_compiled(blocks) if self.compiled else self._trigger(blocks)
         puts, deadline = [], time.monotonic() + self.drain_timeout_s
         for block, s, base in zip(blocks, stats, bases):
             nbytes = block.token_count * TOKEN_ID_BYTES + self._block_bytes  # KvLayout.chunk_payload_bytes
-            s.chunks += 1
-            s.bytes += nbytes
+            if s is not None:
+                s.count(nbytes)
             puts.append(PendingPut(block.block_id, block.block_id * self._per_block + 1, base, nbytes, deadline))
         if puts:
             self.bell.ring()  # a read; a wake-up only when the watcher sleeps

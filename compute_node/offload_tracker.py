@@ -6,6 +6,13 @@ owner) and handed to its turn's policy (compute_node.offload); a triggered PUT s
 pinned, until its PUT-done counter moves (read from the region: no RPC). A PUT past drain_timeout_s
 no longer holds its turn's record back, but its block stays quarantined until the counter moves: the
 NIC may still read it. Engine thread only.
+
+With an offload thread (compute_node.offload_thread; setting offload_thread), a triggered block is
+named, admitted and pinned here, and its record enters `puts` at once with no PUT yet (`put` None:
+handed over); the thread writes the descriptors and stores the triggers, and the PUTs come back at the
+next poll. A handed block counts as in flight for everything here (a second PUT of it waits, a
+swap-out's pins wait for it, an aborted turn's pins stay with it), so nothing changes for the engine
+but who makes the store.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from compute_node.offload import Block, PendingPut
+from compute_node.offload_thread import OffloadThread, Stored
 from compute_node.scheduler import SwapOut
 from compute_node.sequence import Sequence
 from compute_node.turn_state import TurnState
@@ -44,10 +52,11 @@ def _since(start: tuple[float, float], share: int = 1) -> tuple[float, float]:
 
 @dataclasses.dataclass(eq=False)
 class PutRecord:
-    """One PUT in flight: the offloader's handle, the turn it stores for (None: none), the swapped-out
-    sequence whose pin it also holds (None: none) and the block's name."""
+    """One PUT in flight: the offloader's handle (None: handed to the offload thread, not triggered yet),
+    the turn it stores for (None: none), the swapped-out sequence whose pin it also holds (None: none)
+    and the block's name."""
 
-    put: PendingPut
+    put: PendingPut | None
     state: TurnState | None
     owner: Sequence | None
     name: bytes
@@ -57,7 +66,8 @@ class OffloadTracker:
     """PUTs in flight by block id, their waiters, stuck PUTs, stored names and the poll's cost."""
 
     def __init__(self, settings, layout, pool, bm, scheduler, offloaders: dict, totals: collections.Counter,
-                 record: Callable[[TurnState], None]):
+                 record: Callable[[TurnState], None], thread: OffloadThread | None = None):
+        self.thread = thread  # triggered stores off the engine's thread (None: on it)
         self.settings, self.layout, self.pool, self.bm, self.scheduler = settings, layout, pool, bm, scheduler
         self.offloaders, self.totals, self._record = offloaders, totals, record
         self.puts: dict[int, PutRecord] = {}  # by block id
@@ -65,6 +75,11 @@ class OffloadTracker:
         self.stuck_puts: dict[int, PendingPut] = {}  # by block id: PUTs past drain_timeout_s, their block pinned
         self.stored_names: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
         self._poll_cost: list[tuple[TurnState, tuple[float, float]]] = []  # the last poll's reading time (wall, CPU), per turn
+
+    def close(self) -> None:
+        """Stop the offload thread (what it was handed is stored first)."""
+        if self.thread is not None:
+            self.thread.close()
 
     def __bool__(self) -> bool:
         """Whether any PUT is in flight or stuck (the engine's loop polls, not sleeps)."""
@@ -112,6 +127,8 @@ class OffloadTracker:
                 batches.setdefault(state.turn.policy, []).append((state, index, block_id, block))
         for policy, batch in batches.items():
             offloader = self.offloaders[policy]
+            if self._hand(offloader, [(s, i, b, block, None) for s, i, b, block in batch]):
+                continue
             many = getattr(offloader, "store_many", None)
             puts = (many([b for *_, b in batch], [s.offload for s, *_ in batch]) if many is not None
                     else [offloader.store(b, s.offload) for s, _, _, b in batch])
@@ -148,7 +165,7 @@ class OffloadTracker:
     def _store_block(self, state: TurnState, offloader, block: Block, index: int, block_id: int,
                      owner: Sequence | None) -> None:
         """Hand a described block to its policy's offloader, unless stored already or in flight for another turn."""
-        if self._admit(state, block, block_id):
+        if self._admit(state, block, block_id) and not self._hand(offloader, [(state, index, block_id, block, owner)]):
             self._track(state, index, block_id, block, offloader.store(block, state.offload), owner)
 
     def _admit(self, state: TurnState, block: Block, block_id: int) -> bool:
@@ -164,6 +181,43 @@ class OffloadTracker:
             self.put_waiters.setdefault(block_id, []).append(state)
             return False
         return True
+
+    def _hand(self, offloader, batch: list[tuple[TurnState, int, int, Block, Sequence | None]]) -> bool:
+        """Hand admitted blocks (turn, index, pool block, block, swap owner) to the offload thread, each
+        pinned and in flight from now on; False (nothing done) without a thread, for an offloader that
+        stores synchronously (cpu), or while the thread has all the batches it may hold."""
+        if self.thread is None or getattr(offloader, "store_many", None) is None or not self.thread.room:
+            return False
+        for state, index, block_id, block, owner in batch:
+            self.bm.pin(block_id)
+            state.storing[index] = block_id
+            self.puts[block_id] = PutRecord(None, state, owner, block.hash)
+        self.thread.hand(offloader, [block for *_, block, _ in batch])
+        return True
+
+    def _take_stored(self) -> None:
+        """The offload thread's answers: each handed block's PUT, now in flight (its chunk counted for its
+        turn), or, where the store raised, the block not stored (never triggered: the offloader checks every
+        block of a batch before it writes anything; unpinned at once)."""
+        for stored in self.thread.take():
+            start = _clock()
+            states = [self._took(block.block_id, put, stored) for block, put in
+                      zip(stored.blocks, stored.puts if stored.puts is not None else [None] * len(stored.blocks))]
+            share = _since(start, len(states))
+            for state in states:
+                if state is not None:
+                    state.offload.charge(*share)
+
+    def _took(self, block_id: int, put: PendingPut | None, stored: Stored) -> TurnState | None:
+        rec = self.puts[block_id]
+        if put is not None:
+            rec.put = put
+            if rec.state is not None:
+                rec.state.offload.count(put.bytes)
+            return rec.state
+        self.totals["offload_thread_failures"] += 1
+        self._settle(block_id, stored=False, ended=True)
+        return None
 
     def _track(self, state: TurnState, index: int, block_id: int, block: Block, put: PendingPut | None,
                owner: Sequence | None) -> None:
@@ -195,7 +249,10 @@ class OffloadTracker:
         bookkeeping is its turn's offload stall; reading the counters is shared by the turns whose PUTs
         were read (charge_poll_cost, when a step follows: a poll while the engine has nothing else to do
         stalls nothing)."""
+        if self.thread is not None and self.thread.pending:
+            self._take_stored()
         blocks = list(self.puts) if blocks is None else blocks
+        blocks = [b for b in blocks if self.puts[b].put is not None]  # not the ones still being handed over
         if not blocks:
             return False
         start = _clock()
@@ -218,11 +275,17 @@ class OffloadTracker:
         return bool(ended)
 
     def _ended(self, block_id: int, success: int, error: int) -> None:
+        put = self.puts[block_id].put
+        self._settle(block_id, put.stored(success, error), put.ended(success, error))
+
+    def _settle(self, block_id: int, stored: bool, ended: bool) -> None:
+        """A PUT is over for the engine: stored or not, and ended (else it timed out, its block quarantined
+        until it ends)."""
         start = _clock()
         rec = self.puts.pop(block_id)
         put, state = rec.put, rec.state
-        self._wake_waiters(block_id, rec.name, put.stored(success, error))
-        if put.ended(success, error):
+        self._wake_waiters(block_id, rec.name, stored)
+        if ended:
             self.bm.unpin(block_id)
         else:  # the turn goes on without it, but the NIC may still read the block: it stays pinned
             logger.warning("block %d: PUT not done after %.0f s; the block stays out of use until it ends",
@@ -235,7 +298,7 @@ class OffloadTracker:
         if state is not None:
             index = next(i for i, b in state.storing.items() if b == block_id)
             del state.storing[index]
-            if put.stored(success, error):
+            if stored:
                 state.stored.add(rec.name)
                 self.stored(state.turn.policy, rec.name)
             else:

@@ -97,6 +97,11 @@ class ComputeSettings:
     # CPU of that set; with a set given, each OpenMP thread is bound to one of its CPUs (torch_bind).
     cpus: str = ""
     torch_threads: int = 0
+    # Triggered stores (each filled block's descriptor and trigger) on a thread of their own, as the NIC's
+    # work (compute_node.offload_thread), on these CPUs ("": the node's; placement nic: the NIC's), not on
+    # the engine's; false: on the engine's thread, between two steps.
+    offload_thread: bool = True
+    offload_thread_cpus: str = ""
     torch_bind: bool = True
     node_name: str = "compute0"
     access_key: str = ""  # empty: a random key per start
@@ -104,6 +109,7 @@ class ComputeSettings:
 
     def __post_init__(self):
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
+        parse_cpus(self.offload_thread_cpus)
         if self.torch_threads < 0:
             raise ValueError(f"torch_threads must not be negative, got {self.torch_threads}")
         require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")

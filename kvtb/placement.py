@@ -96,6 +96,15 @@ def agent_settings(name: str, nic: Iterable[int] = ()) -> dict[str, str]:
             "fastpath_cpus": format_cpus(nic[-1:]) if own else "", "watcher_nap_us": "0" if own else NIC_NAP_US}
 
 
+def compute_settings_in(name: str, plan: Mapping[str, Iterable[int]]) -> dict[str, str]:
+    """The compute node's settings under placement `name`: under `nic`, its offload thread (the triggered
+    stores, compute_node.offload_thread: the NIC's work) runs on the NIC's CPUs that no fast path has to
+    itself (the storage nodes' and the frontend's); under `shared`, on the node's own."""
+    if name != "nic":
+        return {"offload_thread_cpus": ""}
+    return {"offload_thread_cpus": format_cpus(plan["storage"])}
+
+
 def parse_cpus(text: str) -> tuple[int, ...]:
     """"0-2,5" -> (0, 1, 2, 5): sorted, unique; "" -> () (every CPU). ValueError on anything else."""
     text = (text or "").strip()

@@ -202,6 +202,15 @@ def agent_placement_env(name: str, plan: dict[str, tuple[int, ...]], config: dic
             if not environ.get(f"KVTB_SMARTNIC_{field.upper()}") and field not in section}
 
 
+def compute_placement_env(name: str, plan: dict[str, tuple[int, ...]], config: dict[str, Any],
+                          environ=os.environ) -> dict[str, str]:
+    """The compute node's placement settings (kvtb.placement.compute_settings_in: its offload thread's
+    CPUs), each unless its environment or config section sets it already."""
+    section = config.get("compute") or {}
+    return {f"KVTB_COMPUTE_{field.upper()}": value for field, value in placement.compute_settings_in(name, plan).items()
+            if not environ.get(f"KVTB_COMPUTE_{field.upper()}") and field not in section}
+
+
 def unbound_env(name: str, config: dict[str, Any], environ=os.environ) -> dict[str, str]:
     """Under `shared` torch's threads are not bound one per CPU (every service runs on every CPU: a thread
     bound to a core another service keeps busy could not move away), unless the operator says so."""
@@ -279,7 +288,8 @@ class Deployment:
             kind = placement.section(service)
             return {**cpus_env(service, self.plan, config), **wiring,
                     **(agent_placement_env(self.placement, self.plan, config, agent=service) if kind == "smartnic" else {}),
-                    **(unbound_env(self.placement, config) if kind == "compute" else {})}
+                    **(unbound_env(self.placement, config) if kind == "compute" else {}),
+                    **(compute_placement_env(self.placement, self.plan, config) if kind == "compute" else {})}
 
         storage = [self._start(f"storage-{i}", ["storage"],
                                env("storage", storage_env(i, section, self.data_dir, hosts)), 60)

@@ -66,6 +66,12 @@ def test_a_fast_path_polls_without_sleeping_only_on_a_cpu_of_its_own():
     assert plan("nic", (2, 4, 9))["smartnic"] == (9,)  # the last of the set, not of the machine
 
 
+def test_the_offload_thread_runs_on_the_nics_cpus_that_no_fast_path_has_to_itself():
+    assert placement.compute_settings_in("nic", plan("nic", (0, 1))) == {"offload_thread_cpus": "1"}
+    assert placement.compute_settings_in("nic", plan("nic", range(8))) == {"offload_thread_cpus": "6"}
+    assert placement.compute_settings_in("shared", plan("shared", (0, 1))) == {"offload_thread_cpus": ""}
+
+
 def test_nic_on_one_cpu_cannot_be_honoured():
     with pytest.raises(ValueError, match="at least 2 CPUs"):
         plan("nic", (0,))

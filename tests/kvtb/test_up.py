@@ -78,6 +78,7 @@ def test_nic_gives_the_nic_services_the_last_quarter(deployment):
     assert compute.given["KVTB_COMPUTE_CPUS"] == "0-5"
     assert "KVTB_COMPUTE_AGENT_ADDRESS" in compute.given  # the wiring is still there
     assert dep.torch_threads() == 6
+    assert compute.given["KVTB_COMPUTE_OFFLOAD_THREAD_CPUS"] == "6"  # its triggered stores: the NIC's work
     agent = next(p for p in dep.procs if p.name == "smartnic")  # the NIC's fast path: its own process, polling
     assert (agent.given["KVTB_SMARTNIC_FASTPATH"], agent.given["KVTB_SMARTNIC_WATCHER_BUSY_POLL"],
             agent.given["KVTB_SMARTNIC_FASTPATH_CPUS"]) == ("process", "true", "7")
@@ -89,6 +90,7 @@ def test_shared_gives_every_service_every_cpu(deployment):
     assert set(dep.cpus().values()) == {"0-7"}
     compute = next(p for p in dep.procs if p.name == "compute")  # torch's threads free to move off a busy core
     assert compute.given["KVTB_COMPUTE_TORCH_BIND"] == "false"
+    assert compute.given["KVTB_COMPUTE_OFFLOAD_THREAD_CPUS"] == ""  # the node's own CPUs
     agent = next(p for p in dep.procs if p.name == "smartnic")  # no spinning watcher on the forward's cores
     assert (agent.given["KVTB_SMARTNIC_FASTPATH"], agent.given["KVTB_SMARTNIC_WATCHER_BUSY_POLL"]) == ("thread", "false")
 

@@ -1,0 +1,141 @@
+"""The offload thread (compute_node.offload_thread): the triggered stores off the engine's thread.
+
+The thread alone, with an offloader that records what it was given; then the engine with it (tiny
+model, FakeNic): the chunks stored are those the engine's own thread stores, a store that raises
+there leaves no block pinned and is counted, and the thread runs on the CPUs it is given.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from compute_node.offload import TriggeredOffload
+from compute_node.offload_thread import OffloadThread
+from tests.compute_node.conftest import run_turn
+from tests.compute_node.test_engine import PROMPTS
+
+
+class Recorder:
+    """An offloader that answers each block with its id doubled, and notes the thread and its CPUs."""
+
+    def __init__(self, fail_on: int | None = None, gate: threading.Event | None = None):
+        self.calls, self.fail_on, self.gate = [], fail_on, gate
+
+    def store_many(self, blocks, stats):
+        if self.gate is not None:
+            self.gate.wait(5)
+        self.calls.append((list(blocks), list(stats), threading.current_thread().name, os.sched_getaffinity(0)))
+        if self.fail_on in blocks:
+            raise ValueError("no such block")
+        return [b * 2 for b in blocks]
+
+
+def taken(thread: OffloadThread, batches: int, timeout_s: float = 5.0) -> list:
+    out, deadline = [], time.monotonic() + timeout_s
+    while len(out) < batches and time.monotonic() < deadline:
+        out += thread.take()
+        time.sleep(0.001)
+    return out
+
+
+def test_batches_come_back_in_order_with_their_puts_stored_on_the_thread():
+    thread, rec = OffloadThread(), Recorder()
+    try:
+        thread.hand(rec, [1, 2])
+        thread.hand(rec, [3])
+        assert thread.pending == 2
+        out = taken(thread, 2)
+        assert [(s.blocks, s.puts, s.error) for s in out] == [([1, 2], [2, 4], None), ([3], [6], None)]
+        assert thread.pending == 0
+        assert all(name == "offload" and stats == [None] * len(blocks) for blocks, stats, name, _ in rec.calls)
+        assert thread.stats.batches == 2 and thread.stats.blocks == 3 and thread.stats.failed == 0
+    finally:
+        thread.close()
+
+
+def test_a_store_that_raises_comes_back_as_an_error_and_the_thread_goes_on():
+    thread, rec = OffloadThread(), Recorder(fail_on=7)
+    try:
+        thread.hand(rec, [7, 8])
+        thread.hand(rec, [9])
+        first, second = taken(thread, 2)
+        assert first.puts is None and isinstance(first.error, ValueError) and first.blocks == [7, 8]
+        assert second.puts == [18] and thread.stats.failed == 1
+    finally:
+        thread.close()
+
+
+def test_no_room_past_max_batches_and_room_again_once_taken():
+    gate = threading.Event()
+    thread, rec = OffloadThread(max_batches=2), Recorder(gate=gate)
+    try:
+        thread.hand(rec, [1])
+        thread.hand(rec, [2])
+        assert not thread.room
+        with pytest.raises(RuntimeError, match="at most 2"):
+            thread.hand(rec, [3])
+        gate.set()
+        assert len(taken(thread, 2)) == 2 and thread.room
+    finally:
+        gate.set()
+        thread.close()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_the_thread_runs_on_the_cpus_it_is_given():
+    cpu = max(os.sched_getaffinity(0))
+    thread, rec = OffloadThread(str(cpu)), Recorder()
+    try:
+        thread.hand(rec, [1])
+        taken(thread, 1)
+        assert rec.calls[0][3] == {cpu}
+        assert len(os.sched_getaffinity(0)) >= 2  # the caller's own set is untouched
+    finally:
+        thread.close()
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="CPU list"):
+        OffloadThread("x")
+    with pytest.raises(ValueError, match="max_batches"):
+        OffloadThread(max_batches=0)
+
+
+def stored_after_turns(make_node, **settings) -> tuple[dict, list, object]:
+    node = make_node(nic=True, **settings)
+    for i, ids in enumerate(PROMPTS[3:6]):
+        run_turn(node, ids, f"ctx-{i}", "triggered", n=24)
+    time.sleep(0.1)
+    described = sorted((d.user, d.context, d.chunk_index, d.token_count, d.hash) for d in node.nic.descriptors)
+    return dict(node.nic.stored), described, node
+
+
+def test_the_thread_stores_the_chunks_the_engine_thread_stores(make_node):
+    handed, handed_described, node = stored_after_turns(make_node, offload_thread=True)
+    assert node.engine.offloads.thread.stats.blocks >= len(handed) > 0
+    own, own_described, other = stored_after_turns(make_node, offload_thread=False)
+    assert other.engine.offloads.thread is None
+    assert handed == own and handed_described == own_described
+
+
+def test_a_store_that_raises_on_the_thread_leaves_nothing_pinned_and_is_counted(make_node, monkeypatch):
+    node = make_node(nic=True, offload_thread=True)
+
+    def broken(self, blocks, stats):
+        if threading.current_thread().name == "offload":
+            raise OSError("the region went away")
+        return real(self, blocks, stats)
+    real = TriggeredOffload.store_many
+    monkeypatch.setattr(TriggeredOffload, "store_many", broken)
+    tokens, record, _ = run_turn(node, PROMPTS[3], "ctx-broken", "triggered", n=24)
+    assert len(tokens) == 24 and record.chunks_offloaded == 0
+    engine = node.engine
+    deadline = time.monotonic() + 5
+    while engine.offloads.puts and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.offloads.puts and engine.bm.num_pinned_blocks == 0
+    assert engine.stats.totals["offload_thread_failures"] > 0 and not node.nic.stored
+
