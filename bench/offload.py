@@ -224,6 +224,14 @@ def agent_placement_env(name: str, plan: dict[str, tuple[int, ...]]) -> dict[str
         return up.agent_placement_env(name, config={})
 
 
+def compute_placement(name: str, plan) -> dict:
+    """The compute node's settings for placement `name` as `kvtb up` gives them (its offload thread's)."""
+    given = cpu_placement.compute_settings_in(name, plan)
+    nap = os.environ.get("KVTB_COMPUTE_OFFLOAD_THREAD_NAP_US") or given["offload_thread_nap_us"]
+    return {"offload_thread_cpus": os.environ.get("KVTB_COMPUTE_OFFLOAD_THREAD_CPUS") or given["offload_thread_cpus"],
+            "offload_thread_nap_us": int(nap)}
+
+
 def measure_one_block(args: argparse.Namespace, directory: Path) -> dict:
     """In this process: storage node and agent as processes, the compute node here with blocks of
     args.one_block tokens, each placed by args.placement's plan; the decode figures and the
@@ -253,7 +261,7 @@ def measure_one_block(args: argparse.Namespace, directory: Path) -> dict:
                                    agent_address=agent.addresses["grpc"], key_salt=SALT,
                                    storage_fabric_addresses=(storage.addresses["fabric"],), node_name="bench",
                                    torch_threads=threads, offload_thread=args.offload_thread == "on",
-                                   **cpu_placement.compute_settings_in(args.placement, plan))
+                                   **compute_placement(args.placement, plan))
         model, tokenizer = load_model(settings.model_cache_dir, settings.torch_threads)
         import torch
         record = {"name": args.placement, "torch_threads": torch.get_num_threads(), "started": True,
@@ -270,6 +278,7 @@ def measure_one_block(args: argparse.Namespace, directory: Path) -> dict:
                                     store_failures(node.engine, smartnic_pb2_grpc.SmartNicStub(channel)))
         thread = node.engine.offloads.thread
         record["offload_thread"] = ({"cpus": settings.offload_thread_cpus or record["cpus"]["compute"],
+                                     "nap_us": settings.offload_thread_nap_us,
                                      **thread.stats.as_dict()} if thread is not None else None)
         return decode | {"torch_threads": settings.torch_threads, "placement": record}
 

@@ -12,8 +12,8 @@ starts and a finished turn's record leaves without waiting for the step to end.
 The engine is the step loop and the turns' lives; the I/O in flight lives in three rooms, each owning
 its state and answering for the pins of an aborted turn (`release`):
 
-- compute_node.offload_tracker: PUTs in flight, their waiters, stuck PUTs, stored names, poll cost;
-- compute_node.offload_thread: the triggered stores (descriptors, triggers, doorbell) off this thread;
+- compute_node.offload_tracker: PUTs in flight, their waiters, stuck PUTs, stored names, poll cost
+  (the triggered stores themselves, descriptors, triggers and doorbell, on compute_node.offload_thread's);
 - compute_node.restore_tracker: restores outside the batch (the scheduler's restoring set), joined
   restores whose later layer groups still land (compute_node.restore: join, LayerWait), late pins;
 - compute_node.preemption: swap-outs and swap-ins (the host swap tier), and their cost.
@@ -109,7 +109,8 @@ class Engine:
         self.stats = Stats()
         self.offloads = OffloadTracker(settings, self.layout, pool, self.bm, self.scheduler, offloaders,
                                        self.stats.totals, lambda state: self._maybe_record(state),
-                                       OffloadThread(settings.offload_thread_cpus) if settings.offload_thread else None)
+                                       OffloadThread(settings.offload_thread_cpus, nap_us=settings.offload_thread_nap_us)
+                                       if settings.offload_thread else None)
         cost = PreemptionCost()  # the engine's own time in preemption work
         self.restores = RestoreTracker(settings, self.layout, pool, self.scheduler, self.offloads, self.states,
                                        cost, self.stats.totals, self._only, cpu_store)

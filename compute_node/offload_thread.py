@@ -27,6 +27,7 @@ from kvtb.placement import parse_cpus
 logger = logging.getLogger(__name__)
 
 MAX_BATCHES = 1024
+MAX_NAP_US = 100_000
 
 
 @dataclasses.dataclass
@@ -70,13 +71,18 @@ class OffloadThread:
     """One daemon thread storing the batches the engine hands over. `hand` and `take` are the engine's;
     `close` stops the thread (what was handed and not stored yet is stored first)."""
 
-    def __init__(self, cpus: str = "", max_batches: int = MAX_BATCHES, name: str = "offload"):
+    def __init__(self, cpus: str = "", max_batches: int = MAX_BATCHES, name: str = "offload", nap_us: int = 0):
         self.cpus = parse_cpus(cpus)  # ValueError on a bad list
         if max_batches < 1:
             raise ValueError(f"max_batches must be 1 or more, got {max_batches}")
-        self.max_batches = max_batches
+        if not 0 <= nap_us <= MAX_NAP_US:
+            raise ValueError(f"nap_us must be 0 .. {MAX_NAP_US}, got {nap_us}")
+        self.max_batches, self.nap_s = max_batches, nap_us / 1e6
         self.stats = HandStats()
-        self._in: queue.SimpleQueue[Handed | None] = queue.SimpleQueue()
+        # nap_us 0: the thread sleeps on the queue and a hand-off wakes it (a futex wake, on the engine's
+        # thread); else it looks every nap_us and a hand-off is an append (for a thread on CPUs of its own)
+        self._in: queue.SimpleQueue[Handed | None] | collections.deque[Handed | None] = \
+            collections.deque() if nap_us else queue.SimpleQueue()
         self._out: collections.deque[Stored] = collections.deque()
         self._waiting = 0  # handed and not yet taken back (the engine's count: bounds both queues)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -92,7 +98,7 @@ class OffloadThread:
         if self._waiting >= self.max_batches:
             raise RuntimeError(f"offload thread: {self._waiting} batches wait already (at most {self.max_batches})")
         self._waiting += 1
-        self._in.put(Handed(offloader, blocks))
+        (self._in.append if self.nap_s else self._in.put)(Handed(offloader, blocks))
 
     def take(self) -> list[Stored]:
         """The batches stored since the last take (engine thread)."""
@@ -108,7 +114,7 @@ class OffloadThread:
         return self._waiting
 
     def close(self, timeout_s: float = 5.0) -> None:
-        self._in.put(None)
+        (self._in.append if self.nap_s else self._in.put)(None)
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
@@ -119,7 +125,13 @@ class OffloadThread:
                 logger.warning("offload thread: CPUs %s not allowed here (%s); it runs where the node runs",
                                self.cpus, exc.strerror)
         while True:
-            handed = self._in.get()
+            if self.nap_s:
+                if not self._in:
+                    time.sleep(self.nap_s)
+                    continue
+                handed = self._in.popleft()
+            else:
+                handed = self._in.get()
             if handed is None:
                 return
             started, cpu = time.perf_counter(), time.thread_time()

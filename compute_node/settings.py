@@ -102,6 +102,10 @@ class ComputeSettings:
     # the engine's; false: on the engine's thread, between two steps.
     offload_thread: bool = True
     offload_thread_cpus: str = ""
+    # 0: a hand-off wakes the thread (a futex wake, on the engine's thread); else the thread looks for work
+    # every this many µs and a hand-off is an append (placement nic: on the NIC's CPUs, where naps cost
+    # the NIC's CPU, not the forward's)
+    offload_thread_nap_us: int = 0
     torch_bind: bool = True
     node_name: str = "compute0"
     access_key: str = ""  # empty: a random key per start
@@ -110,6 +114,8 @@ class ComputeSettings:
     def __post_init__(self):
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
         parse_cpus(self.offload_thread_cpus)
+        if not 0 <= self.offload_thread_nap_us <= 100_000:
+            raise ValueError(f"offload_thread_nap_us must be 0 .. 100000, got {self.offload_thread_nap_us}")
         if self.torch_threads < 0:
             raise ValueError(f"torch_threads must not be negative, got {self.torch_threads}")
         require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")

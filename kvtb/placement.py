@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 PLACEMENTS = ("shared", "nic")
 SERVICES = ("storage", "smartnic", "compute", "frontend")
 NIC_SERVICES = ("storage", "smartnic", "frontend")  # on the NIC's cores under `nic`
+OFFLOAD_NAP_US = "200"  # the compute node's offload thread on the NIC's CPUs looks for work this often
 NIC_NAP_US = "1000"  # a fast path sharing its NIC CPU naps this long (a wake-up costs ~30 µs here: ~3% of it)
 
 
@@ -99,10 +100,11 @@ def agent_settings(name: str, nic: Iterable[int] = ()) -> dict[str, str]:
 def compute_settings_in(name: str, plan: Mapping[str, Iterable[int]]) -> dict[str, str]:
     """The compute node's settings under placement `name`: under `nic`, its offload thread (the triggered
     stores, compute_node.offload_thread: the NIC's work) runs on the NIC's CPUs that no fast path has to
-    itself (the storage nodes' and the frontend's); under `shared`, on the node's own."""
+    itself (the storage nodes' and the frontend's), looking for work every OFFLOAD_NAP_US (a hand-off
+    is then an append, not a wake-up from the engine's thread); under `shared`, on the node's own, woken."""
     if name != "nic":
-        return {"offload_thread_cpus": ""}
-    return {"offload_thread_cpus": format_cpus(plan["storage"])}
+        return {"offload_thread_cpus": "", "offload_thread_nap_us": "0"}
+    return {"offload_thread_cpus": format_cpus(plan["storage"]), "offload_thread_nap_us": OFFLOAD_NAP_US}
 
 
 def parse_cpus(text: str) -> tuple[int, ...]:

@@ -102,6 +102,8 @@ def test_bad_settings_are_refused():
         OffloadThread("x")
     with pytest.raises(ValueError, match="max_batches"):
         OffloadThread(max_batches=0)
+    with pytest.raises(ValueError, match="nap_us"):
+        OffloadThread(nap_us=-1)
 
 
 def stored_after_turns(make_node, **settings) -> tuple[dict, list, object]:
@@ -139,3 +141,21 @@ def test_a_store_that_raises_on_the_thread_leaves_nothing_pinned_and_is_counted(
     assert not engine.offloads.puts and engine.bm.num_pinned_blocks == 0
     assert engine.stats.totals["offload_thread_failures"] > 0 and not node.nic.stored
 
+
+
+def test_a_napping_thread_finds_what_was_appended():
+    thread, rec = OffloadThread(nap_us=200), Recorder()
+    try:
+        thread.hand(rec, [4])
+        thread.hand(rec, [5, 6])
+        assert [s.puts for s in taken(thread, 2)] == [[8], [10, 12]]
+    finally:
+        thread.close()
+    assert not thread._thread.is_alive()
+
+
+def test_a_napping_thread_on_the_engine_stores_the_same_chunks(make_node):
+    napping, napping_described, node = stored_after_turns(make_node, offload_thread_nap_us=200)
+    assert node.engine.offloads.thread.nap_s == 200e-6 and napping
+    woken, woken_described, _ = stored_after_turns(make_node, offload_thread_nap_us=0)
+    assert napping == woken and napping_described == woken_described

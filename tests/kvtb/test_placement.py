@@ -67,9 +67,9 @@ def test_a_fast_path_polls_without_sleeping_only_on_a_cpu_of_its_own():
 
 
 def test_the_offload_thread_runs_on_the_nics_cpus_that_no_fast_path_has_to_itself():
-    assert placement.compute_settings_in("nic", plan("nic", (0, 1))) == {"offload_thread_cpus": "1"}
-    assert placement.compute_settings_in("nic", plan("nic", range(8))) == {"offload_thread_cpus": "6"}
-    assert placement.compute_settings_in("shared", plan("shared", (0, 1))) == {"offload_thread_cpus": ""}
+    assert placement.compute_settings_in("nic", plan("nic", (0, 1)))["offload_thread_cpus"] == "1"
+    assert placement.compute_settings_in("nic", plan("nic", range(8)))["offload_thread_cpus"] == "6"
+    assert placement.compute_settings_in("shared", plan("shared", (0, 1))) == {"offload_thread_cpus": "", "offload_thread_nap_us": "0"}
 
 
 def test_nic_on_one_cpu_cannot_be_honoured():
