@@ -20,6 +20,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvtb.placement import parse_cpus
@@ -50,19 +51,23 @@ class HandStats:
 
 @dataclasses.dataclass(eq=False)
 class Handed:
-    """A batch handed over: the offloader, its blocks (compute_node.offload.Block), and when."""
+    """A batch handed over: the offloader, its items, what makes each item a block (compute_node.offload.Block:
+    `describe`, run on the thread; None: the items are blocks), and when."""
 
     offloader: Any
-    blocks: list
+    items: list
+    describe: Callable[[Any], Any] | None = None
     at: float = dataclasses.field(default_factory=time.perf_counter)
 
 
 @dataclasses.dataclass(eq=False)
 class Stored:
-    """A batch's answer: its blocks and their PUTs (compute_node.offload.PendingPut), or the error the
-    store raised (then no PUT is known, and the engine counts every block of it as not stored)."""
+    """A batch's answer: its items, their blocks and their PUTs (compute_node.offload.PendingPut), or the
+    error describing or storing raised (then no PUT is known, and the engine counts every block of it
+    as not stored)."""
 
-    blocks: list
+    items: list
+    blocks: list | None
     puts: list | None
     error: BaseException | None = None
 
@@ -93,12 +98,13 @@ class OffloadThread:
         """Whether another batch may be handed over (fewer than max_batches wait)."""
         return self._waiting < self.max_batches
 
-    def hand(self, offloader, blocks: list) -> None:
-        """Hand a batch over (RuntimeError, nothing handed, when there is no `room`)."""
+    def hand(self, offloader, items: list, describe: Callable[[Any], Any] | None = None) -> None:
+        """Hand a batch over: items, each made a block by `describe` on the thread (None: blocks already).
+        RuntimeError, nothing handed, when there is no `room`."""
         if self._waiting >= self.max_batches:
             raise RuntimeError(f"offload thread: {self._waiting} batches wait already (at most {self.max_batches})")
         self._waiting += 1
-        (self._in.append if self.nap_s else self._in.put)(Handed(offloader, blocks))
+        (self._in.append if self.nap_s else self._in.put)(Handed(offloader, items, describe))
 
     def take(self) -> list[Stored]:
         """The batches stored since the last take (engine thread)."""
@@ -135,15 +141,17 @@ class OffloadThread:
             if handed is None:
                 return
             started, cpu = time.perf_counter(), time.thread_time()
+            items = handed.items
             try:
-                stored = Stored(handed.blocks, handed.offloader.store_many(handed.blocks, [None] * len(handed.blocks)))
+                blocks = items if handed.describe is None else [handed.describe(item) for item in items]
+                stored = Stored(items, blocks, handed.offloader.store_many(blocks, [None] * len(blocks)))
             except Exception as exc:  # a bug: the engine counts the batch as not stored
-                logger.exception("offload thread: storing %d blocks failed", len(handed.blocks))
-                stored = Stored(handed.blocks, None, exc)
+                logger.exception("offload thread: storing %d blocks failed", len(items))
+                stored = Stored(items, None, None, exc)
                 self.stats.failed += 1
             s = self.stats
             s.batches += 1
-            s.blocks += len(handed.blocks)
-            s.handoff_s += (started - handed.at) * len(handed.blocks)
+            s.blocks += len(items)
+            s.handoff_s += (started - handed.at) * len(items)
             s.cpu_s += time.thread_time() - cpu
             self._out.append(stored)
