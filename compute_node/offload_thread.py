@@ -20,7 +20,6 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from kvtb.placement import parse_cpus
@@ -51,23 +50,19 @@ class HandStats:
 
 @dataclasses.dataclass(eq=False)
 class Handed:
-    """A batch handed over: the offloader, its items, what makes each item a block (compute_node.offload.Block:
-    `describe`, run on the thread; None: the items are blocks), and when."""
+    """A batch handed over: the offloader, its blocks (compute_node.offload.Block), and when."""
 
     offloader: Any
-    items: list
-    describe: Callable[[Any], Any] | None = None
+    blocks: list
     at: float = dataclasses.field(default_factory=time.perf_counter)
 
 
 @dataclasses.dataclass(eq=False)
 class Stored:
-    """A batch's answer: its items, their blocks and their PUTs (compute_node.offload.PendingPut), or the
-    error describing or storing raised (then no PUT is known, and the engine counts every block of it
-    as not stored)."""
+    """A batch's answer: its blocks and their PUTs (compute_node.offload.PendingPut), or the error the
+    store raised (then no PUT is known, and the engine counts every block of it as not stored)."""
 
-    items: list
-    blocks: list | None
+    blocks: list
     puts: list | None
     error: BaseException | None = None
 
@@ -98,13 +93,12 @@ class OffloadThread:
         """Whether another batch may be handed over (fewer than max_batches wait)."""
         return self._waiting < self.max_batches
 
-    def hand(self, offloader, items: list, describe: Callable[[Any], Any] | None = None) -> None:
-        """Hand a batch over: items, each made a block by `describe` on the thread (None: blocks already).
-        RuntimeError, nothing handed, when there is no `room`."""
+    def hand(self, offloader, blocks: list) -> None:
+        """Hand a batch over (RuntimeError, nothing handed, when there is no `room`)."""
         if self._waiting >= self.max_batches:
             raise RuntimeError(f"offload thread: {self._waiting} batches wait already (at most {self.max_batches})")
         self._waiting += 1
-        (self._in.append if self.nap_s else self._in.put)(Handed(offloader, items, describe))
+        (self._in.append if self.nap_s else self._in.put)(Handed(offloader, blocks))
 
     def take(self) -> list[Stored]:
         """The batches stored since the last take (engine thread)."""
@@ -141,17 +135,15 @@ class OffloadThread:
             if handed is None:
                 return
             started, cpu = time.perf_counter(), time.thread_time()
-            items = handed.items
             try:
-                blocks = items if handed.describe is None else [handed.describe(item) for item in items]
-                stored = Stored(items, blocks, handed.offloader.store_many(blocks, [None] * len(blocks)))
+                stored = Stored(handed.blocks, handed.offloader.store_many(handed.blocks, [None] * len(handed.blocks)))
             except Exception as exc:  # a bug: the engine counts the batch as not stored
-                logger.exception("offload thread: storing %d blocks failed", len(items))
-                stored = Stored(items, None, None, exc)
+                logger.exception("offload thread: storing %d blocks failed", len(handed.blocks))
+                stored = Stored(handed.blocks, None, exc)
                 self.stats.failed += 1
             s = self.stats
             s.batches += 1
-            s.blocks += len(items)
-            s.handoff_s += (started - handed.at) * len(items)
+            s.blocks += len(handed.blocks)
+            s.handoff_s += (started - handed.at) * len(handed.blocks)
             s.cpu_s += time.thread_time() - cpu
             self._out.append(stored)

@@ -8,10 +8,9 @@ no longer holds its turn's record back, but its block stays quarantined until th
 NIC may still read it. Engine thread only.
 
 With an offload thread (compute_node.offload_thread; setting offload_thread), a triggered block is
-admitted and pinned here, and its record enters `puts` at once with no PUT yet (`put` None: handed
-over). The thread describes the blocks (a full block's name is the hash chain's, taken here; a partial
-one's is hashed there, from tokens the engine no longer changes), writes the descriptors and stores
-the triggers, and the PUTs come back at the next poll. A handed block counts as in flight for everything here (a second PUT of it waits, a
+named, admitted and pinned here, and its record enters `puts` at once with no PUT yet (`put` None:
+handed over); the thread writes the descriptors and stores the triggers, and the PUTs come back at the
+next poll. A handed block counts as in flight for everything here (a second PUT of it waits, a
 swap-out's pins wait for it, an aborted turn's pins stay with it), so nothing changes for the engine
 but who makes the store.
 """
@@ -22,8 +21,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-
-from typing import NamedTuple
 
 import numpy as np
 
@@ -53,26 +50,16 @@ def _since(start: tuple[float, float], share: int = 1) -> tuple[float, float]:
     return (wall - start[0]) / share, (cpu - start[1]) / share
 
 
-class Handing(NamedTuple):
-    """A block handed to the offload thread, which describes it (`OffloadTracker.described`)."""
-
-    state: TurnState
-    index: int
-    block_id: int
-    tokens: int
-    name: bytes | None  # None: a partial block, hashed on the thread
-
-
 @dataclasses.dataclass(eq=False)
 class PutRecord:
     """One PUT in flight: the offloader's handle (None: handed to the offload thread, not triggered yet),
     the turn it stores for (None: none), the swapped-out sequence whose pin it also holds (None: none)
-    and the block's name (None: a partial block handed over, named when its PUT comes back)."""
+    and the block's name."""
 
     put: PendingPut | None
     state: TurnState | None
     owner: Sequence | None
-    name: bytes | None
+    name: bytes
 
 
 class OffloadTracker:
@@ -110,31 +97,6 @@ class OffloadTracker:
         return Block(block_id, index, tokens, name, parent, turn.tenant, turn.user_id, turn.context_id,
                      salts.is_shared(index, tokens == bt))
 
-    def described(self, item: Handing) -> Block:
-        """describe() on the offload thread: it reads the sequence's hash chain up to the block (which the
-        engine made reach it before handing it over, and only ever appends to) and, for a partial block,
-        its tokens (which the engine no longer changes), and nothing the engine writes."""
-        seq, turn, bt, index = item.state.seq, item.state.turn, self.layout.block_tokens, item.index
-        parent = seq.block_hashes[index - 1] if index else b""
-        salts = salts_of(seq.salt)
-        name = item.name if item.name is not None else \
-            block_hash(parent, seq.token_ids[index * bt:index * bt + item.tokens], salts.private)
-        return Block(item.block_id, index, item.tokens, name, parent, turn.tenant, turn.user_id, turn.context_id,
-                     salts.is_shared(index, item.tokens == bt))
-
-    def _named(self, state: TurnState, index: int, tokens: int) -> bytes | None:
-        """A full block's name (the hash chain's), None for a partial one; either way the chain reaches the
-        block's parent now, for the offload thread to read."""
-        if tokens == self.layout.block_tokens:
-            return self.bm.hashes(state.seq, index + 1)[index]
-        self.bm.hashes(state.seq, index)
-        return None
-
-    def _hands(self, offloader) -> bool:
-        """Whether the offloader's stores go to the offload thread (there is one, with room, and the
-        offloader stores in batches: triggered, not cpu)."""
-        return self.thread is not None and getattr(offloader, "store_many", None) is not None and self.thread.room
-
     def offloads(self, state: TurnState) -> bool:
         """Whether the turn's policy stores anything."""
         return self.offloaders[state.turn.policy].offloads
@@ -146,13 +108,8 @@ class OffloadTracker:
         if not offloader.offloads or index in state.storing:
             return
         start = _clock()
-        if self._hands(offloader):
-            name = self._named(state, index, tokens)
-            if self._admit(state, name, block_id):
-                self._hand(offloader, [Handing(state, index, block_id, tokens, name)], owner)
-        else:
-            block = self.describe(state, index, block_id, tokens)
-            self._store_block(state, offloader, block, index, block_id, owner)
+        block = self.describe(state, index, block_id, tokens)
+        self._store_block(state, offloader, block, index, block_id, owner)
         state.offload.charge(*_since(start))
 
     def offload_filled(self, filled: list[tuple[TurnState, int, int]]) -> None:
@@ -162,23 +119,16 @@ class OffloadTracker:
         is shared among the turns by their blocks."""
         start, bt = _clock(), self.layout.block_tokens
         batches: dict[str, list[tuple[TurnState, int, int, Block]]] = {}
-        handing: dict[str, list[Handing]] = {}
         for state, index, block_id in filled:
-            offloader = self.offloaders[state.turn.policy]
-            if not offloader.offloads or index in state.storing:
-                continue
-            if self._hands(offloader):  # named here, described on the offload thread
-                name = self._named(state, index, bt)
-                if self._admit(state, name, block_id):
-                    handing.setdefault(state.turn.policy, []).append(Handing(state, index, block_id, bt, name))
+            if not self.offloaders[state.turn.policy].offloads or index in state.storing:
                 continue
             block = self.describe(state, index, block_id, bt)
-            if self._admit(state, block.hash, block_id):
+            if self._admit(state, block, block_id):
                 batches.setdefault(state.turn.policy, []).append((state, index, block_id, block))
-        for policy, items in handing.items():
-            self._hand(self.offloaders[policy], items, None)
         for policy, batch in batches.items():
             offloader = self.offloaders[policy]
+            if self._hand(offloader, [(s, i, b, block, None) for s, i, b, block in batch]):
+                continue
             many = getattr(offloader, "store_many", None)
             puts = (many([b for *_, b in batch], [s.offload for s, *_ in batch]) if many is not None
                     else [offloader.store(b, s.offload) for s, _, _, b in batch])
@@ -215,14 +165,13 @@ class OffloadTracker:
     def _store_block(self, state: TurnState, offloader, block: Block, index: int, block_id: int,
                      owner: Sequence | None) -> None:
         """Hand a described block to its policy's offloader, unless stored already or in flight for another turn."""
-        if self._admit(state, block.hash, block_id):
+        if self._admit(state, block, block_id) and not self._hand(offloader, [(state, index, block_id, block, owner)]):
             self._track(state, index, block_id, block, offloader.store(block, state.offload), owner)
 
-    def _admit(self, state: TurnState, name: bytes | None, block_id: int) -> bool:
+    def _admit(self, state: TurnState, block: Block, block_id: int) -> bool:
         """Whether the block goes to the offloader: not when stored already, or in flight (for another turn:
-        this one then waits for it), or its block still read by a PUT that outlived its timeout. (A partial
-        block handed to the offload thread has no name yet: one stored already is stored again.)"""
-        if name is not None and name in state.stored:  # this block, with these tokens, is stored already
+        this one then waits for it), or its block still read by a PUT that outlived its timeout."""
+        if block.hash in state.stored:  # this block, with these tokens, is stored already
             return False
         if block_id in self.stuck_puts:  # a PUT that outlived its timeout may still read it: no second one
             state.offload_failures += 1
@@ -233,14 +182,18 @@ class OffloadTracker:
             return False
         return True
 
-    def _hand(self, offloader, items: list[Handing], owner: Sequence | None) -> None:
-        """Hand admitted blocks to the offload thread (only where _hands), each pinned and in flight from now
-        on (owner: the swapped-out sequence whose pins they also hold, None: none)."""
-        for item in items:
-            self.bm.pin(item.block_id)
-            item.state.storing[item.index] = item.block_id
-            self.puts[item.block_id] = PutRecord(None, item.state, owner, item.name)
-        self.thread.hand(offloader, items, self.described)
+    def _hand(self, offloader, batch: list[tuple[TurnState, int, int, Block, Sequence | None]]) -> bool:
+        """Hand admitted blocks (turn, index, pool block, block, swap owner) to the offload thread, each
+        pinned and in flight from now on; False (nothing done) without a thread, for an offloader that
+        stores synchronously (cpu), or while the thread has all the batches it may hold."""
+        if self.thread is None or getattr(offloader, "store_many", None) is None or not self.thread.room:
+            return False
+        for state, index, block_id, block, owner in batch:
+            self.bm.pin(block_id)
+            state.storing[index] = block_id
+            self.puts[block_id] = PutRecord(None, state, owner, block.hash)
+        self.thread.hand(offloader, [block for *_, block, _ in batch])
+        return True
 
     def _take_stored(self) -> None:
         """The offload thread's answers: each handed block's PUT, now in flight (its chunk counted for its
@@ -248,24 +201,23 @@ class OffloadTracker:
         block of a batch before it writes anything; unpinned at once)."""
         for stored in self.thread.take():
             start = _clock()
-            states = [self._took(stored, i) for i in range(len(stored.items))]
+            states = [self._took(block.block_id, put, stored) for block, put in
+                      zip(stored.blocks, stored.puts if stored.puts is not None else [None] * len(stored.blocks))]
             share = _since(start, len(states))
             for state in states:
                 if state is not None:
                     state.offload.charge(*share)
 
-    def _took(self, stored: Stored, i: int) -> TurnState | None:
-        """Item i of a batch the offload thread answered: its PUT in flight (the turn, to charge), or not stored."""
-        block_id = stored.items[i].block_id
-        if stored.puts is None:
-            self.totals["offload_thread_failures"] += 1
-            self._settle(block_id, stored=False, ended=True)
-            return None
-        rec, put = self.puts[block_id], stored.puts[i]
-        rec.put, rec.name = put, stored.blocks[i].hash
-        if rec.state is not None:
-            rec.state.offload.count(put.bytes)
-        return rec.state
+    def _took(self, block_id: int, put: PendingPut | None, stored: Stored) -> TurnState | None:
+        rec = self.puts[block_id]
+        if put is not None:
+            rec.put = put
+            if rec.state is not None:
+                rec.state.offload.count(put.bytes)
+            return rec.state
+        self.totals["offload_thread_failures"] += 1
+        self._settle(block_id, stored=False, ended=True)
+        return None
 
     def _track(self, state: TurnState, index: int, block_id: int, block: Block, put: PendingPut | None,
                owner: Sequence | None) -> None:

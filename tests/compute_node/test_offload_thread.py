@@ -62,23 +62,8 @@ def test_a_store_that_raises_comes_back_as_an_error_and_the_thread_goes_on():
         thread.hand(rec, [7, 8])
         thread.hand(rec, [9])
         first, second = taken(thread, 2)
-        assert first.puts is None and isinstance(first.error, ValueError) and first.items == [7, 8]
+        assert first.puts is None and isinstance(first.error, ValueError) and first.blocks == [7, 8]
         assert second.puts == [18] and thread.stats.failed == 1
-    finally:
-        thread.close()
-
-
-def test_items_are_described_on_the_thread():
-    thread, rec, seen = OffloadThread(), Recorder(), []
-
-    def describe(item):
-        seen.append(threading.current_thread().name)
-        return item + 100
-    try:
-        thread.hand(rec, [1, 2], describe)
-        (stored,) = taken(thread, 1)
-        assert stored.items == [1, 2] and stored.blocks == [101, 102] and stored.puts == [202, 204]
-        assert seen == ["offload", "offload"]
     finally:
         thread.close()
 
@@ -122,16 +107,11 @@ def test_bad_settings_are_refused():
 
 
 def stored_after_turns(make_node, **settings) -> tuple[dict, list, object]:
-    """Three turns' chunks and descriptors (full blocks and each turn's partial last one; the last turn
-    under a tenant's shared prefix, whose first blocks are named under the tenant's salt)."""
     node = make_node(nic=True, **settings)
     for i, ids in enumerate(PROMPTS[3:6]):
-        run_turn(node, ids, f"ctx-{i}", "triggered", n=24,
-                 **({"tenant": "acme", "shared_prefix_tokens": 20} if i == 2 else {}))
+        run_turn(node, ids, f"ctx-{i}", "triggered", n=24)
     time.sleep(0.1)
-    described = sorted((d.tenant, d.user, d.context, d.chunk_index, d.token_count, d.hash, d.parent, d.shared)
-                       for d in node.nic.descriptors)
-    assert any(d.shared for d in node.nic.descriptors) and any(d.token_count < 8 for d in node.nic.descriptors)
+    described = sorted((d.user, d.context, d.chunk_index, d.token_count, d.hash) for d in node.nic.descriptors)
     return dict(node.nic.stored), described, node
 
 
