@@ -107,11 +107,16 @@ def test_bad_settings_are_refused():
 
 
 def stored_after_turns(make_node, **settings) -> tuple[dict, list, object]:
+    """Three turns' chunks and descriptors (full blocks and each turn's partial last one; the last turn
+    under a tenant's shared prefix, whose first blocks are named under the tenant's salt)."""
     node = make_node(nic=True, **settings)
     for i, ids in enumerate(PROMPTS[3:6]):
-        run_turn(node, ids, f"ctx-{i}", "triggered", n=24)
+        run_turn(node, ids, f"ctx-{i}", "triggered", n=24,
+                 **({"tenant": "acme", "shared_prefix_tokens": 20} if i == 2 else {}))
     time.sleep(0.1)
-    described = sorted((d.user, d.context, d.chunk_index, d.token_count, d.hash) for d in node.nic.descriptors)
+    described = sorted((d.tenant, d.user, d.context, d.chunk_index, d.token_count, d.hash, d.parent, d.shared)
+                       for d in node.nic.descriptors)
+    assert any(d.shared for d in node.nic.descriptors) and any(d.token_count < 8 for d in node.nic.descriptors)
     return dict(node.nic.stored), described, node
 
 
