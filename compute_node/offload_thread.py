@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 MAX_BATCHES = 1024
 MAX_NAP_US = 100_000
+NAP_FOR_S = 10.0  # a napping thread naps this long after its last batch, then waits to be woken (as the agent's watcher)
 
 
 @dataclasses.dataclass
@@ -83,6 +84,8 @@ class OffloadThread:
         # thread); else it looks every nap_us and a hand-off is an append (for a thread on CPUs of its own)
         self._in: queue.SimpleQueue[Handed | None] | collections.deque[Handed | None] = \
             collections.deque() if nap_us else queue.SimpleQueue()
+        # a napping thread idle for NAP_FOR_S stops napping and waits on _bell, which the next hand-off rings
+        self._bell, self._asleep = threading.Event(), False
         self._out: collections.deque[Stored] = collections.deque()
         self._waiting = 0  # handed and not yet taken back (the engine's count: bounds both queues)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -98,7 +101,7 @@ class OffloadThread:
         if self._waiting >= self.max_batches:
             raise RuntimeError(f"offload thread: {self._waiting} batches wait already (at most {self.max_batches})")
         self._waiting += 1
-        (self._in.append if self.nap_s else self._in.put)(Handed(offloader, blocks))
+        self._push(Handed(offloader, blocks))
 
     def take(self) -> list[Stored]:
         """The batches stored since the last take (engine thread)."""
@@ -114,8 +117,16 @@ class OffloadThread:
         return self._waiting
 
     def close(self, timeout_s: float = 5.0) -> None:
-        (self._in.append if self.nap_s else self._in.put)(None)
+        self._push(None)
         self._thread.join(timeout_s)
+
+    def _push(self, handed: Handed | None) -> None:
+        if not self.nap_s:
+            self._in.put(handed)
+            return
+        self._in.append(handed)
+        if self._asleep:  # idle for NAP_FOR_S: one wake-up
+            self._bell.set()
 
     def _run(self) -> None:
         if self.cpus:
@@ -124,12 +135,21 @@ class OffloadThread:
             except OSError as exc:
                 logger.warning("offload thread: CPUs %s not allowed here (%s); it runs where the node runs",
                                self.cpus, exc.strerror)
+        last = time.monotonic()
         while True:
             if self.nap_s:
                 if not self._in:
-                    time.sleep(self.nap_s)
+                    if time.monotonic() - last < NAP_FOR_S:
+                        time.sleep(self.nap_s)
+                        continue
+                    self._bell.clear()
+                    self._asleep = True
+                    if not self._in:  # (a hand-off after this sees _asleep and rings)
+                        self._bell.wait()
+                    self._asleep = False
                     continue
                 handed = self._in.popleft()
+                last = time.monotonic()
             else:
                 handed = self._in.get()
             if handed is None:

@@ -164,3 +164,19 @@ def test_a_napping_thread_on_the_engine_stores_the_same_chunks(make_node):
     assert node.engine.offloads.thread.nap_s == 200e-6 and napping
     woken, woken_described, _ = stored_after_turns(make_node, offload_thread_nap_us=0)
     assert napping == woken and napping_described == woken_described
+
+
+def test_an_idle_napping_thread_sleeps_until_a_hand_off_wakes_it(monkeypatch):
+    from compute_node import offload_thread
+    monkeypatch.setattr(offload_thread, "NAP_FOR_S", 0.05)
+    thread, rec = OffloadThread(nap_us=200), Recorder()
+    try:
+        deadline = time.monotonic() + 5
+        while not thread._asleep and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert thread._asleep  # stopped napping
+        thread.hand(rec, [3])
+        assert [s.puts for s in taken(thread, 1)] == [[6]]
+    finally:
+        thread.close()
+    assert not thread._thread.is_alive()
