@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from compute_node.offload import Block, PendingPut
-from compute_node.offload_thread import OffloadThread, Stored
+from compute_node.offload_thread import OffloadThread
 from compute_node.scheduler import SwapOut
 from compute_node.sequence import Sequence
 from compute_node.turn_state import TurnState
@@ -189,9 +189,7 @@ class OffloadTracker:
         if self.thread is None or getattr(offloader, "store_many", None) is None or not self.thread.room:
             return False
         for state, index, block_id, block, owner in batch:
-            self.bm.pin(block_id)
-            state.storing[index] = block_id
-            self.puts[block_id] = PutRecord(None, state, owner, block.hash)
+            self._in_flight(state, index, block_id, block.hash, None, owner)
         self.thread.hand(offloader, [block for *_, block, _ in batch])
         return True
 
@@ -201,14 +199,15 @@ class OffloadTracker:
         block of a batch before it writes anything; unpinned at once)."""
         for stored in self.thread.take():
             start = _clock()
-            states = [self._took(block.block_id, put, stored) for block, put in
+            states = [self._took(block.block_id, put) for block, put in
                       zip(stored.blocks, stored.puts if stored.puts is not None else [None] * len(stored.blocks))]
             share = _since(start, len(states))
             for state in states:
                 if state is not None:
                     state.offload.charge(*share)
 
-    def _took(self, block_id: int, put: PendingPut | None, stored: Stored) -> TurnState | None:
+    def _took(self, block_id: int, put: PendingPut | None) -> TurnState | None:
+        """A handed block's PUT, now in flight (its turn, to charge), or None: its store raised (not stored)."""
         rec = self.puts[block_id]
         if put is not None:
             rec.put = put
@@ -226,9 +225,14 @@ class OffloadTracker:
             state.stored.add(block.hash)
             self.stored(state.turn.policy, block.hash)
             return
+        self._in_flight(state, index, block_id, block.hash, put, owner)
+
+    def _in_flight(self, state: TurnState, index: int, block_id: int, name: bytes, put: PendingPut | None,
+                   owner: Sequence | None) -> None:
+        """The block's PUT is in flight (put None: handed to the offload thread): pinned until it ends."""
         self.bm.pin(block_id)
         state.storing[index] = block_id
-        self.puts[block_id] = PutRecord(put, state, owner, block.hash)
+        self.puts[block_id] = PutRecord(put, state, owner, name)
 
     def stored(self, policy: str, name: bytes) -> None:
         """A block of this name is on the policy's storage (as far as this node knows: the agent's

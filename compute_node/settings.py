@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from compute_node.offload_thread import MAX_NAP_US
 from fabric.auth import MODES as FABRIC_SECURITY_MODES
 from hostmem.kv_dtype import KV_DTYPES
 from kvtb.credentials import COMPUTE_NQN
@@ -114,8 +115,8 @@ class ComputeSettings:
     def __post_init__(self):
         parse_cpus(self.cpus)  # ValueError on a bad CPU list
         parse_cpus(self.offload_thread_cpus)
-        if not 0 <= self.offload_thread_nap_us <= 100_000:
-            raise ValueError(f"offload_thread_nap_us must be 0 .. 100000, got {self.offload_thread_nap_us}")
+        if not 0 <= self.offload_thread_nap_us <= MAX_NAP_US:
+            raise ValueError(f"offload_thread_nap_us must be 0 .. {MAX_NAP_US}, got {self.offload_thread_nap_us}")
         if self.torch_threads < 0:
             raise ValueError(f"torch_threads must not be negative, got {self.torch_threads}")
         require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
