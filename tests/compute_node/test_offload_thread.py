@@ -180,3 +180,33 @@ def test_an_idle_napping_thread_sleeps_until_a_hand_off_wakes_it(monkeypatch):
     finally:
         thread.close()
     assert not thread._thread.is_alive()
+
+
+def test_swap_outs_of_blocks_still_on_the_thread_keep_their_pins_until_the_put_ends(make_node, monkeypatch):
+    """A slow offload thread: victims are swapped out while their blocks are handed over and not yet
+    triggered; their pins wait for those PUTs, every reply is right and no block stays pinned."""
+    from compute_node.offload_tracker import OffloadTracker
+    from tests.compute_node.test_engine import alone, together
+    prompts = [list(range(300 + 11 * i, 300 + 11 * i + 40)) for i in range(6)]
+    solo = alone(make_node, prompts, pool_tokens=512)
+    real_store, real_swap = TriggeredOffload.store_many, OffloadTracker.swap_out
+    handed_at_swap = []
+
+    def slow(self, blocks, stats):
+        if threading.current_thread().name == "offload":
+            time.sleep(0.02)
+        return real_store(self, blocks, stats)
+
+    def swap_out(self, state, swap):
+        handed_at_swap.extend(i for i, b in state.storing.items() if self.puts[b].put is None)
+        return real_swap(self, state, swap)
+    monkeypatch.setattr(TriggeredOffload, "store_many", slow)
+    monkeypatch.setattr(OffloadTracker, "swap_out", swap_out)
+    node = make_node(nic=True, pool_tokens=16 * 8, preemption="swap")  # 16 blocks; each needs 7
+    results = together(node, prompts, policy="triggered", n=12)
+    assert [tokens for tokens, _, _ in results] == solo
+    assert node.engine.snapshot()["preemptions"].get("swap", 0) > 0 and handed_at_swap
+    deadline = time.monotonic() + 5
+    while node.engine.offloads.puts and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not node.engine.offloads.puts and node.engine.bm.num_pinned_blocks == 0
